@@ -1,0 +1,154 @@
+"""Plain descriptions of pools and operations, shared by strategies, reference and targets.
+
+These are data only: no torch tensors are created here and no pool code is imported, so
+the reference models, the Hypothesis strategies and every target can agree on one
+vocabulary without depending on each other.
+
+Example:
+    >>> spec = PoolSpec(family="mha", size=16, page_size=4, layer_num=2,
+    ...                 dtype="bfloat16", head_num=2, head_dim=8)
+    >>> spec.num_slots
+    20
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+PoolFamily = Literal["mha", "noop", "mla", "dsa"]
+POOL_FAMILIES: tuple[PoolFamily, ...] = ("mha", "noop", "mla", "dsa")
+
+#: dtype names as ``torch.<name>``; fp8 names are stored as uint8 by every pool.
+DTYPE_ITEMSIZE: dict[str, int] = {
+    "float32": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+FP8_DTYPES: frozenset[str] = frozenset({"float8_e4m3fn", "float8_e5m2"})
+
+#: DSA index keys are fp8 with one fp32 scale per block of this many channels.
+DSA_QUANT_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """Everything needed to build one pool of any family.
+
+    ``size`` is the token capacity the scheduler sees; buffers hold ``size + page_size``
+    slots because slot row 0..page_size-1 is SGLang's padding page. Layer ids are global:
+    the pool serves ``start_layer .. start_layer + layer_num - 1``.
+    Fields that do not apply to ``family`` are ignored.
+    """
+
+    family: PoolFamily
+    size: int
+    page_size: int
+    layer_num: int
+    dtype: str
+    start_layer: int = 0
+    # MHA / NoOp
+    head_num: int = 1
+    head_dim: int = 8
+    v_head_dim: int | None = None
+    # MLA / DSA
+    kv_lora_rank: int = 16
+    qk_rope_head_dim: int = 8
+    # DSA
+    index_head_dim: int = 128
+    skip_topk_layers: tuple[bool, ...] | None = None
+    index_buf_size: int | None = None
+
+    @property
+    def num_slots(self) -> int:
+        """Rows in each per-layer token buffer: capacity plus the padding page."""
+        return self.size + self.page_size
+
+    @property
+    def layer_ids(self) -> range:
+        """Global ids of the layers this pool serves."""
+        return range(self.start_layer, self.start_layer + self.layer_num)
+
+    @property
+    def effective_v_head_dim(self) -> int:
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_ITEMSIZE[self.dtype]
+
+    @property
+    def skip_mask(self) -> tuple[bool, ...]:
+        """Per local layer: True where the DSA index-K buffer is skipped."""
+        if self.skip_topk_layers is None:
+            return (False,) * self.layer_num
+        return tuple(self.skip_topk_layers)
+
+    @property
+    def effective_index_buf_size(self) -> int:
+        return self.size if self.index_buf_size is None else self.index_buf_size
+
+
+# --- operations -------------------------------------------------------------------------
+# Token payloads are raw bytes (numpy-free, hashable), row-major per token, so the
+# reference can compare them without knowing any dtype semantics.
+
+
+@dataclass(frozen=True)
+class WriteKV:
+    """``set_kv_buffer`` on one layer. ``k_rows[i]`` / ``v_rows[i]`` are slot ``locs[i]``'s bytes.
+
+    For MLA/DSA ``v_rows`` is empty: the latent row is the whole cache entry.
+    """
+
+    layer_id: int
+    locs: tuple[int, ...]
+    k_rows: tuple[bytes, ...]
+    v_rows: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class WriteIndexK:
+    """DSA ``set_index_k_scale_buffer``: fp8 key bytes and fp32 scale bytes per token."""
+
+    layer_id: int
+    locs: tuple[int, ...]
+    key_rows: tuple[bytes, ...]
+    scale_rows: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Move:
+    """``move_kv_cache(tgt_loc, src_loc)``: every source is read before any target is written."""
+
+    tgt: tuple[int, ...]
+    src: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HostCopy:
+    """``get_cpu_copy(indices)``; the copy is remembered under ``name`` for a later reload."""
+
+    name: str
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HostReload:
+    """``load_cpu_copy(copy, indices)`` of the copy taken under ``name``."""
+
+    name: str
+    indices: tuple[int, ...]
+
+
+Op = WriteKV | WriteIndexK | Move | HostCopy | HostReload
+
+
+@dataclass(frozen=True)
+class OpSequence:
+    """A pool and the operations to run on it, in order."""
+
+    spec: PoolSpec
+    ops: tuple[Op, ...] = field(default_factory=tuple)

@@ -1,0 +1,102 @@
+"""The target protocol: what the property suite needs from an implementation under test.
+
+A target adapts one implementation (kvcheck's own pools, the installed ``sglang``, or a
+user's package) to a small, fixed surface. The suite never imports pool code directly;
+it asks the target. What a target cannot do is declared in ``unsupported`` with a
+reason, and the suite turns each such capability into a skip that quotes the reason.
+
+Example:
+    >>> from kvcheck.targets import resolve_target
+    >>> target = resolve_target("kvcheck")
+    >>> pool = target.make_pool(spec, device="cpu")      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from kvcheck.specs import PoolSpec
+
+#: Capability names a target may declare in ``unsupported``. The suite marks each test
+#: with the capabilities it needs (``@pytest.mark.kvcheck_needs("host_copy")``).
+CAPABILITIES: tuple[str, ...] = (
+    "mha_pool",
+    "noop_pool",
+    "mla_pool",
+    "dsa_pool",
+    "meta_device",  # pools build on torch's meta device
+    "move",  # move_kv_cache
+    "host_copy",  # get_cpu_copy / load_cpu_copy
+    "index_k_write",  # DSA set_index_k_scale_buffer
+    "state_buf_infos",  # DSA get_state_buf_infos
+    "input_validation",  # bad locations/shapes/dtypes raise and leave the pool unchanged
+    "server_args",  # validate_server_args
+    "pool_selection",  # select_pool_family
+    "configurator",  # cell_size_bytes / max_total_num_tokens
+    "skip_rule",  # dsa_layer_skips_topk
+)
+
+
+@runtime_checkable
+class Target(Protocol):
+    """Something the suite can check.
+
+    Pools returned by ``make_pool`` must follow SGLang's pool API (``k_buffer``,
+    ``set_kv_buffer``, ``move_kv_cache``, ...). Serving-side methods take plain values:
+    ``flags`` is a dict of ``ServerArgs`` field names to values, ``model`` a
+    :class:`kvcheck.serving.ModelConfig`.
+    """
+
+    name: str
+    version: str
+    #: capability -> reason it is unavailable (empty when the target can do everything)
+    unsupported: Mapping[str, str]
+
+    def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
+        """Build the pool ``spec`` describes on ``device``."""
+        ...
+
+    def write_index_k(
+        self, pool: Any, layer_id: int, loc: Any, index_k: Any, index_k_scale: Any
+    ) -> None:
+        """DSA index-K write (``set_index_k_scale_buffer`` or an equivalent)."""
+        ...
+
+    def validate_server_args(self, flags: Mapping[str, Any]) -> None:
+        """Build and validate server arguments; raise ``ValueError`` on a rejected combination."""
+        ...
+
+    def select_pool_family(self, flags: Mapping[str, Any], model: Any, *, is_draft: bool) -> str:
+        """Return the family of the pool that would be built ("mha", "noop", "mla", "dsa").
+
+        Raise ``RuntimeError`` where the flags and the model cannot be served.
+        """
+        ...
+
+    def cell_size_bytes(
+        self, model: Any, *, dtype: str, is_draft: bool, enable_hisparse: bool
+    ) -> int:
+        """Bytes one token costs across all layers."""
+        ...
+
+    def max_total_num_tokens(
+        self,
+        model: Any,
+        *,
+        budget_bytes: int,
+        dtype: str,
+        page_size: int,
+        is_draft: bool,
+        enable_hisparse: bool,
+    ) -> int:
+        """Page-aligned token capacity for a memory budget."""
+        ...
+
+    def dsa_layer_skips_topk(self, model: Any, layer_id: int) -> bool:
+        """Whether DSA layer ``layer_id`` reuses the previous layer's top-k."""
+        ...
+
+    def skip_topk_layers(self, model: Any) -> Sequence[bool]:
+        """The per-layer skip mask a DSA pool for ``model`` is built with."""
+        ...
