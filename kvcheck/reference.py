@@ -1,0 +1,972 @@
+"""Naive reference models of the KV pools and of the serving rules.
+
+Everything here is written to be obviously right rather than fast: pools are per-layer
+dicts from token slot to bytes, expected buffers are built row by row with loops, byte
+counts come straight from the formulas, and the ``--prefill-only-disable-kv-cache`` rules
+are a table read top to bottom. Nothing is imported from ``kvcheck.pools`` or
+``kvcheck.serving``: a bug there cannot leak into the model it is checked against.
+
+Example:
+    >>> from kvcheck.specs import PoolSpec, WriteKV, Move
+    >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1,
+    ...                 dtype="float8_e4m3fn", head_num=1, head_dim=2)
+    >>> ref = ReferencePool(spec)
+    >>> ref.apply(WriteKV(layer_id=0, locs=(3,), k_rows=(b"\\x01\\x02",), v_rows=(b"\\x03\\x04",)))
+    >>> ref.apply(Move(tgt=(5,), src=(3,)))
+    >>> ref.expected_k_buffer(0)[5].tobytes()
+    b'\\x01\\x02'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from kvcheck.specs import (
+    DSA_QUANT_BLOCK,
+    HostCopy,
+    HostReload,
+    Move,
+    Op,
+    PoolSpec,
+    WriteIndexK,
+    WriteKV,
+)
+
+__all__ = [
+    "FP4_KV_CACHE_DTYPES",
+    "PREFILL_ONLY_FLAG_DEFAULTS",
+    "PREFILL_ONLY_RULES",
+    "PrefillOnlyRule",
+    "ReferencePool",
+    "expected_buffer_bytes",
+    "expected_kv_size_bytes",
+    "expected_mem_usage",
+    "expected_num_index_pages",
+    "expected_state_buf_infos",
+    "index_k_row_bytes",
+    "index_scale_row_bytes",
+    "reference_cell_size_bytes",
+    "reference_first_violation",
+    "reference_max_total_num_tokens",
+    "reference_pool_bytes",
+    "reference_pool_family",
+    "reference_skip_mask",
+    "reference_skips_topk",
+    "reference_unsupported_family",
+    "reference_violations",
+]
+
+_GIB = 1 << 30
+
+
+# --- per-token row sizes -----------------------------------------------------------------
+
+
+def index_k_row_bytes(index_head_dim: int) -> int:
+    """fp8 key bytes one token occupies in a DSA index-K page (one byte per channel).
+
+    Example:
+        >>> index_k_row_bytes(128)
+        128
+    """
+    return index_head_dim
+
+
+def index_scale_row_bytes(index_head_dim: int) -> int:
+    """fp32 scale bytes one token occupies: one float per block of 128 channels.
+
+    Example:
+        >>> index_scale_row_bytes(128)
+        4
+    """
+    return index_head_dim // DSA_QUANT_BLOCK * 4
+
+
+def _k_row_bytes(spec: PoolSpec) -> int:
+    return spec.head_num * spec.head_dim * spec.itemsize
+
+
+def _v_row_bytes(spec: PoolSpec) -> int:
+    return spec.head_num * spec.effective_v_head_dim * spec.itemsize
+
+
+def _latent_row_bytes(spec: PoolSpec) -> int:
+    return (spec.kv_lora_rank + spec.qk_rope_head_dim) * spec.itemsize
+
+
+def _index_page_row_bytes(spec: PoolSpec) -> int:
+    d = spec.index_head_dim
+    return spec.page_size * (index_k_row_bytes(d) + index_scale_row_bytes(d))
+
+
+def expected_num_index_pages(spec: PoolSpec) -> int:
+    """Rows of each non-skip DSA index-K buffer: ``(index_buf_size + page_size + 1) // page_size``.
+
+    Example:
+        >>> expected_num_index_pages(PoolSpec(family="dsa", size=8, page_size=2,
+        ...                                   layer_num=1, dtype="bfloat16"))
+        5
+    """
+    return (spec.effective_index_buf_size + spec.page_size + 1) // spec.page_size
+
+
+# --- byte accounting -----------------------------------------------------------------------
+
+
+def _index_bytes_per_layer(spec: PoolSpec) -> list[int]:
+    full = expected_num_index_pages(spec) * _index_page_row_bytes(spec)
+    return [0 if skip else full for skip in spec.skip_mask]
+
+
+def expected_kv_size_bytes(spec: PoolSpec) -> tuple[int, int] | int:
+    """What ``get_kv_size_bytes()`` must return for a pool built from ``spec``.
+
+    MHA: ``(k_bytes, v_bytes)`` over all layers; NoOp: ``(0, 0)`` (its placeholders are not
+    counted); MLA: the latent bytes as one int; DSA: latent bytes plus the index-K bytes of
+    every non-skip layer, as one int (SGLang 0.5.23 returns a single int for both).
+
+    Example:
+        >>> expected_kv_size_bytes(PoolSpec(family="mha", size=2, page_size=2, layer_num=3,
+        ...                                 dtype="bfloat16", head_num=1, head_dim=4))
+        (96, 96)
+    """
+    if spec.family == "noop":
+        return (0, 0)
+    if spec.family == "mha":
+        rows = spec.layer_num * spec.num_slots
+        return (rows * _k_row_bytes(spec), rows * _v_row_bytes(spec))
+    latent = spec.layer_num * spec.num_slots * _latent_row_bytes(spec)
+    if spec.family == "mla":
+        return latent
+    return latent + sum(_index_bytes_per_layer(spec))
+
+
+def expected_buffer_bytes(spec: PoolSpec) -> int:
+    """Bytes the pool's tensors actually hold, all buffers of all layers.
+
+    Equal to the sum of :func:`expected_kv_size_bytes` except for NoOp, whose
+    ``[page_size, head_num, head_dim]`` placeholders are held but reported as zero.
+
+    Example:
+        >>> expected_buffer_bytes(PoolSpec(family="noop", size=64, page_size=2, layer_num=3,
+        ...                                dtype="bfloat16", head_num=1, head_dim=4))
+        96
+    """
+    if spec.family == "noop":
+        return spec.layer_num * spec.page_size * (_k_row_bytes(spec) + _v_row_bytes(spec))
+    reported = expected_kv_size_bytes(spec)
+    return sum(reported) if isinstance(reported, tuple) else reported
+
+
+def expected_mem_usage(spec: PoolSpec) -> float:
+    """``mem_usage`` in GiB: the reported bytes over ``1 << 30`` (``0.0`` for NoOp).
+
+    Example:
+        >>> expected_mem_usage(PoolSpec(family="mla", size=0, page_size=1, layer_num=1,
+        ...                             dtype="float32", kv_lora_rank=(1 << 28) - 8,
+        ...                             qk_rope_head_dim=8))
+        1.0
+    """
+    reported = expected_kv_size_bytes(spec)
+    total = sum(reported) if isinstance(reported, tuple) else reported
+    return total / _GIB
+
+
+def expected_state_buf_infos(spec: PoolSpec) -> tuple[list[int], list[int]]:
+    """``(lens, item_lens)`` of a DSA pool's ``get_state_buf_infos()``, one entry per local layer.
+
+    A non-skip layer's buffer is ``num_pages`` rows of one page each; a skip layer keeps its
+    entry with ``0, 0`` so layer offsets line up between peers. Pointers are not modeled.
+
+    Example:
+        >>> spec = PoolSpec(family="dsa", size=2, page_size=2, layer_num=2, dtype="bfloat16",
+        ...                 skip_topk_layers=(False, True))
+        >>> expected_state_buf_infos(spec)
+        ([528, 0], [264, 0])
+    """
+    if spec.family != "dsa":
+        raise ValueError(f"spec.family={spec.family!r}: only DSA pools have state buffers")
+    row = _index_page_row_bytes(spec)
+    lens = _index_bytes_per_layer(spec)
+    item_lens = [0 if skip else row for skip in spec.skip_mask]
+    return lens, item_lens
+
+
+# --- the pool model ------------------------------------------------------------------------
+
+
+@dataclass
+class _LayerState:
+    """Bytes written so far to one local layer; a missing slot reads as zeros."""
+
+    k: dict[int, bytes] = field(default_factory=dict)  # MHA K, or MLA/DSA latent
+    v: dict[int, bytes] = field(default_factory=dict)  # MHA V only
+    index_key: dict[int, bytes] = field(default_factory=dict)  # DSA, per token
+    index_scale: dict[int, bytes] = field(default_factory=dict)  # DSA, per token
+
+
+@dataclass(frozen=True)
+class _TokenSnapshot:
+    """One token's bytes in every layer, as a host copy carries them."""
+
+    k: tuple[bytes, ...]
+    v: tuple[bytes, ...]
+    index_key: tuple[bytes | None, ...]  # None where the layer skips index-K
+    index_scale: tuple[bytes | None, ...]
+
+
+class ReferencePool:
+    """A pool of any family modeled as per-layer ``slot -> bytes`` maps.
+
+    ``apply(op)`` performs one :mod:`kvcheck.specs` operation, or raises the exception the
+    contract demands (see :meth:`expected_error`) and changes nothing. ``expected_buffers()``
+    renders the state with the pool's exact storage layout, as uint8 arrays.
+
+    Example:
+        >>> spec = PoolSpec(family="mla", size=2, page_size=1, layer_num=1, dtype="float8_e5m2",
+        ...                 kv_lora_rank=1, qk_rope_head_dim=1)
+        >>> ref = ReferencePool(spec)
+        >>> ref.apply(WriteKV(layer_id=0, locs=(1,), k_rows=(b"ab",)))
+        >>> ref.expected_kv_buffer(0).tolist()
+        [[0, 0], [97, 98], [0, 0]]
+    """
+
+    def __init__(self, spec: PoolSpec) -> None:
+        if spec.family == "dsa" and len(spec.skip_mask) != spec.layer_num:
+            raise ValueError(
+                f"spec.skip_topk_layers has {len(spec.skip_mask)} entries "
+                f"but layer_num={spec.layer_num}"
+            )
+        self.spec = spec
+        self._layers = [_LayerState() for _ in range(spec.layer_num)]
+        self._host_copies: dict[str, tuple[_TokenSnapshot, ...]] = {}
+
+    # -- validation: which exception the contract demands for an op ----------------------
+
+    def expected_error(self, op: Op) -> type[Exception] | None:
+        """The exception type the pool must raise for ``op`` in the current state, or None.
+
+        - NoOp: every write (``WriteKV``, ``WriteIndexK``, ``HostReload``) -> RuntimeError,
+          whatever its arguments; moves and host copies are accepted and do nothing.
+        - ValueError for bad input: layer id outside the pool, a location outside
+          ``[0, size + page_size)`` or repeated where it is written, rows of the wrong byte
+          length or count, ``tgt``/``src`` of different lengths, an index-K write to a DSA
+          skip layer or to a family without index-K, DSA host copies or reloads that are not
+          whole pages in order, a reload whose length differs from its copy's, or a reload of
+          a name never copied (the harness has nothing to pass).
+
+        Example:
+            >>> ref = ReferencePool(PoolSpec(family="noop", size=4, page_size=1, layer_num=1,
+            ...                              dtype="float16"))
+            >>> ref.expected_error(WriteKV(layer_id=0, locs=(), k_rows=()))
+            <class 'RuntimeError'>
+        """
+        return None if (problem := self._problem(op)) is None else problem[0]
+
+    def rejects(self, op: Op) -> bool:
+        """Whether the pool must raise for ``op`` (see :meth:`expected_error`).
+
+        Example:
+            >>> ref = ReferencePool(PoolSpec(family="mha", size=4, page_size=1, layer_num=1,
+            ...                              dtype="float16"))
+            >>> ref.rejects(Move(tgt=(1, 1), src=(2, 3)))
+            True
+        """
+        return self._problem(op) is not None
+
+    def _problem(self, op: Op) -> tuple[type[Exception], str] | None:
+        spec = self.spec
+        writes = isinstance(op, WriteKV | WriteIndexK | HostReload)
+        if spec.family == "noop":
+            if writes:
+                return RuntimeError, f"NoOpMHATokenToKVPool rejects every write, got {op!r}"
+            return None
+        if isinstance(op, WriteKV):
+            return self._write_kv_problem(op)
+        if isinstance(op, WriteIndexK):
+            return self._write_index_k_problem(op)
+        if isinstance(op, Move):
+            if len(op.tgt) != len(op.src):
+                return ValueError, f"len(tgt)={len(op.tgt)} != len(src)={len(op.src)}"
+            return self._locs_problem("tgt", op.tgt, distinct=True) or self._locs_problem(
+                "src", op.src, distinct=False
+            )
+        if isinstance(op, HostCopy):
+            return self._host_indices_problem(op.indices, distinct=False)
+        if isinstance(op, HostReload):
+            if op.name not in self._host_copies:
+                return ValueError, f"name={op.name!r} was never copied"
+            copied = len(self._host_copies[op.name])
+            if len(op.indices) != copied:
+                return ValueError, f"len(indices)={len(op.indices)} != copied tokens {copied}"
+            return self._host_indices_problem(op.indices, distinct=True)
+        raise TypeError(f"op={op!r} is not an operation from kvcheck.specs")
+
+    def _layer_problem(self, layer_id: int) -> tuple[type[Exception], str] | None:
+        ids = self.spec.layer_ids
+        if not isinstance(layer_id, int) or layer_id not in ids:
+            return ValueError, f"layer_id={layer_id!r} not in [{ids.start}, {ids.stop})"
+        return None
+
+    def _locs_problem(
+        self, name: str, locs: Sequence[int], *, distinct: bool
+    ) -> tuple[type[Exception], str] | None:
+        limit = self.spec.num_slots
+        for loc in locs:
+            if not isinstance(loc, int) or not 0 <= loc < limit:
+                return ValueError, f"{name}={tuple(locs)!r}: {loc!r} not in [0, {limit})"
+        if distinct and len(set(locs)) != len(locs):
+            return ValueError, f"{name}={tuple(locs)!r} repeats a location"
+        return None
+
+    @staticmethod
+    def _rows_problem(
+        name: str, rows: Sequence[bytes], count: int, length: int
+    ) -> tuple[type[Exception], str] | None:
+        if len(rows) != count:
+            return ValueError, f"len({name})={len(rows)} != len(locs)={count}"
+        for row in rows:
+            if len(row) != length:
+                return ValueError, f"{name} has a row of {len(row)} bytes, expected {length}"
+        return None
+
+    def _write_kv_problem(self, op: WriteKV) -> tuple[type[Exception], str] | None:
+        spec = self.spec
+        problem = self._layer_problem(op.layer_id) or self._locs_problem(
+            "locs", op.locs, distinct=True
+        )
+        if problem is not None:
+            return problem
+        if spec.family == "mha":
+            return self._rows_problem(
+                "k_rows", op.k_rows, len(op.locs), _k_row_bytes(spec)
+            ) or self._rows_problem("v_rows", op.v_rows, len(op.locs), _v_row_bytes(spec))
+        # MLA/DSA: the latent row is the whole entry; v_rows are ignored like cache_v.
+        return self._rows_problem("k_rows", op.k_rows, len(op.locs), _latent_row_bytes(spec))
+
+    def _write_index_k_problem(self, op: WriteIndexK) -> tuple[type[Exception], str] | None:
+        spec = self.spec
+        if spec.family != "dsa":
+            return ValueError, f"family={spec.family!r} has no index-K buffer"
+        problem = self._layer_problem(op.layer_id)
+        if problem is not None:
+            return problem
+        if spec.skip_mask[op.layer_id - spec.start_layer]:
+            return ValueError, f"layer_id={op.layer_id} is a skip-topk layer without index-K"
+        d = spec.index_head_dim
+        count = len(op.locs)
+        return (
+            self._locs_problem("locs", op.locs, distinct=True)
+            or self._rows_problem("key_rows", op.key_rows, count, index_k_row_bytes(d))
+            or self._rows_problem("scale_rows", op.scale_rows, count, index_scale_row_bytes(d))
+        )
+
+    def _host_indices_problem(
+        self, indices: Sequence[int], *, distinct: bool
+    ) -> tuple[type[Exception], str] | None:
+        problem = self._locs_problem("indices", indices, distinct=distinct)
+        if problem is not None or self.spec.family != "dsa":
+            return problem
+        page_size = self.spec.page_size
+        if len(indices) % page_size:
+            return ValueError, f"len(indices)={len(indices)} is not whole pages of {page_size}"
+        for start in range(0, len(indices), page_size):
+            first = indices[start]
+            expected = tuple(range(first, first + page_size))
+            if first % page_size or tuple(indices[start : start + page_size]) != expected:
+                return ValueError, f"indices={tuple(indices)!r} are not whole pages in order"
+        return None
+
+    # -- applying operations -----------------------------------------------------------------
+
+    def apply(self, op: Op) -> None:
+        """Perform ``op``, or raise :meth:`expected_error`'s type and leave the state unchanged.
+
+        Example:
+            >>> ref = ReferencePool(PoolSpec(family="mha", size=4, page_size=1, layer_num=1,
+            ...                              dtype="float8_e5m2", head_dim=1))
+            >>> ref.apply(Move(tgt=(9,), src=(0,)))
+            Traceback (most recent call last):
+            ...
+            ValueError: tgt=(9,): 9 not in [0, 5)
+        """
+        problem = self._problem(op)
+        if problem is not None:
+            error, message = problem
+            raise error(message)
+        if self.spec.family == "noop":
+            if isinstance(op, HostCopy):
+                self._host_copies[op.name] = ()
+            return
+        if isinstance(op, WriteKV):
+            layer = self._layer(op.layer_id)
+            for i, loc in enumerate(op.locs):
+                layer.k[loc] = bytes(op.k_rows[i])
+                if self.spec.family == "mha":
+                    layer.v[loc] = bytes(op.v_rows[i])
+        elif isinstance(op, WriteIndexK):
+            layer = self._layer(op.layer_id)
+            for i, loc in enumerate(op.locs):
+                layer.index_key[loc] = bytes(op.key_rows[i])
+                layer.index_scale[loc] = bytes(op.scale_rows[i])
+        elif isinstance(op, Move):
+            # Gather every source first, then scatter: a target that is also a source must
+            # still give out its old bytes.
+            gathered = [self._snapshot(src) for src in op.src]
+            for tgt, snapshot in zip(op.tgt, gathered, strict=True):
+                self._restore(tgt, snapshot)
+        elif isinstance(op, HostCopy):
+            self._host_copies[op.name] = tuple(self._snapshot(i) for i in op.indices)
+        elif isinstance(op, HostReload):
+            for index, snapshot in zip(op.indices, self._host_copies[op.name], strict=True):
+                self._restore(index, snapshot)
+
+    def _layer(self, layer_id: int) -> _LayerState:
+        return self._layers[layer_id - self.spec.start_layer]
+
+    def _has_index_k(self, local: int) -> bool:
+        return self.spec.family == "dsa" and not self.spec.skip_mask[local]
+
+    def _snapshot(self, slot: int) -> _TokenSnapshot:
+        keys: list[bytes | None] = []
+        scales: list[bytes | None] = []
+        for local, layer in enumerate(self._layers):
+            indexed = self._has_index_k(local)
+            keys.append(layer.index_key.get(slot) if indexed else None)
+            scales.append(layer.index_scale.get(slot) if indexed else None)
+        return _TokenSnapshot(
+            k=tuple(layer.k.get(slot, b"") for layer in self._layers),
+            v=tuple(layer.v.get(slot, b"") for layer in self._layers),
+            index_key=tuple(keys),
+            index_scale=tuple(scales),
+        )
+
+    def _restore(self, slot: int, snapshot: _TokenSnapshot) -> None:
+        # An empty or None entry means "never written": the slot goes back to zeros.
+        for local, layer in enumerate(self._layers):
+            _put(layer.k, slot, snapshot.k[local])
+            _put(layer.v, slot, snapshot.v[local])
+            if self._has_index_k(local):
+                _put(layer.index_key, slot, snapshot.index_key[local])
+                _put(layer.index_scale, slot, snapshot.index_scale[local])
+
+    # -- expected storage --------------------------------------------------------------------
+
+    def _rows(self, values: Mapping[int, bytes], num_rows: int, row_bytes: int) -> np.ndarray:
+        out = np.zeros((num_rows, row_bytes), dtype=np.uint8)
+        for slot in range(num_rows):
+            data = values.get(slot)
+            if data:
+                out[slot, :] = np.frombuffer(data, dtype=np.uint8)
+        return out
+
+    def _check_family(self, layer_id: int, families: tuple[str, ...], what: str) -> int:
+        if self.spec.family not in families:
+            raise ValueError(f"family={self.spec.family!r} has no {what}")
+        problem = self._layer_problem(layer_id)
+        if problem is not None:
+            raise problem[0](problem[1])
+        return layer_id - self.spec.start_layer
+
+    def expected_k_buffer(self, layer_id: int) -> np.ndarray:
+        """MHA/NoOp K storage of global layer ``layer_id``: ``[rows, head_num*head_dim*itemsize]``.
+
+        Rows are ``size + page_size`` (NoOp: ``page_size`` placeholder rows, always zero).
+
+        Example:
+            >>> ref = ReferencePool(PoolSpec(family="noop", size=64, page_size=2, layer_num=1,
+            ...                              dtype="float16", head_dim=2))
+            >>> ref.expected_k_buffer(0).shape
+            (2, 4)
+        """
+        local = self._check_family(layer_id, ("mha", "noop"), "K/V buffers")
+        rows = self.spec.page_size if self.spec.family == "noop" else self.spec.num_slots
+        return self._rows(self._layers[local].k, rows, _k_row_bytes(self.spec))
+
+    def expected_v_buffer(self, layer_id: int) -> np.ndarray:
+        """MHA/NoOp V storage: ``[rows, head_num*v_head_dim*itemsize]`` (see expected_k_buffer).
+
+        Example:
+            >>> ref = ReferencePool(PoolSpec(family="mha", size=2, page_size=1, layer_num=1,
+            ...                              dtype="float16", head_dim=2, v_head_dim=3))
+            >>> ref.expected_v_buffer(0).shape
+            (3, 6)
+        """
+        local = self._check_family(layer_id, ("mha", "noop"), "K/V buffers")
+        rows = self.spec.page_size if self.spec.family == "noop" else self.spec.num_slots
+        return self._rows(self._layers[local].v, rows, _v_row_bytes(self.spec))
+
+    def expected_kv_buffer(self, layer_id: int) -> np.ndarray:
+        """MLA/DSA latent storage: ``[size + page_size, (kv_lora_rank + rope) * itemsize]``.
+
+        Example:
+            >>> ref = ReferencePool(PoolSpec(family="dsa", size=2, page_size=2, layer_num=1,
+            ...                              dtype="bfloat16", kv_lora_rank=4,
+            ...                              qk_rope_head_dim=2))
+            >>> ref.expected_kv_buffer(0).shape
+            (4, 12)
+        """
+        local = self._check_family(layer_id, ("mla", "dsa"), "latent buffer")
+        return self._rows(self._layers[local].k, self.spec.num_slots, _latent_row_bytes(self.spec))
+
+    def expected_index_k_buffer(self, layer_id: int) -> np.ndarray:
+        """DSA index-K pages of one layer: ``[num_pages, page_size * (D + S)]`` uint8.
+
+        Token ``t`` lives in page ``t // page_size`` at offset ``o = t % page_size``: its key
+        bytes at columns ``[o*D, (o+1)*D)``, its scale bytes at
+        ``[page_size*D + o*S, page_size*D + (o+1)*S)`` (``D = index_head_dim``,
+        ``S = index_head_dim // 128 * 4``). A skip layer has zero rows.
+
+        Example:
+            >>> spec = PoolSpec(family="dsa", size=2, page_size=2, layer_num=1, dtype="bfloat16")
+            >>> ReferencePool(spec).expected_index_k_buffer(0).shape
+            (2, 264)
+        """
+        local = self._check_family(layer_id, ("dsa",), "index-K buffer")
+        spec = self.spec
+        d = index_k_row_bytes(spec.index_head_dim)
+        s = index_scale_row_bytes(spec.index_head_dim)
+        page_size = spec.page_size
+        if spec.skip_mask[local]:
+            return np.zeros((0, _index_page_row_bytes(spec)), dtype=np.uint8)
+        layer = self._layers[local]
+        num_pages = expected_num_index_pages(spec)
+        out = np.zeros((num_pages, _index_page_row_bytes(spec)), dtype=np.uint8)
+        for page in range(num_pages):
+            for offset in range(page_size):
+                token = page * page_size + offset
+                key = layer.index_key.get(token)
+                if key:
+                    out[page, offset * d : (offset + 1) * d] = np.frombuffer(key, np.uint8)
+                scale = layer.index_scale.get(token)
+                if scale:
+                    start = page_size * d + offset * s
+                    out[page, start : start + s] = np.frombuffer(scale, np.uint8)
+        return out
+
+    def expected_buffers(self) -> dict[str, list[np.ndarray]]:
+        """Every expected buffer, keyed by the pool attribute that holds it, one per local layer.
+
+        Keys: ``k_buffer``/``v_buffer`` (MHA, NoOp), ``kv_buffer`` (MLA, DSA) and
+        ``index_k_with_scale_buffer`` (DSA). Compare with
+        ``pool.<key>[i].view(torch.uint8).reshape(rows, -1)``.
+
+        Example:
+            >>> spec = PoolSpec(family="dsa", size=2, page_size=2, layer_num=1, dtype="bfloat16")
+            >>> sorted(ReferencePool(spec).expected_buffers())
+            ['index_k_with_scale_buffer', 'kv_buffer']
+        """
+        ids = self.spec.layer_ids
+        if self.spec.family in ("mha", "noop"):
+            return {
+                "k_buffer": [self.expected_k_buffer(i) for i in ids],
+                "v_buffer": [self.expected_v_buffer(i) for i in ids],
+            }
+        buffers = {"kv_buffer": [self.expected_kv_buffer(i) for i in ids]}
+        if self.spec.family == "dsa":
+            buffers["index_k_with_scale_buffer"] = [self.expected_index_k_buffer(i) for i in ids]
+        return buffers
+
+
+def _put(values: dict[int, bytes], slot: int, data: bytes | None) -> None:
+    if data:
+        values[slot] = data
+    else:
+        values.pop(slot, None)
+
+
+# --- serving: --prefill-only-disable-kv-cache ----------------------------------------------
+
+#: FP4 ``--kv-cache-dtype`` values the flag rejects (rule 2).
+FP4_KV_CACHE_DTYPES: frozenset[str] = frozenset({"nvfp4", "fp4_mx_block16", "fp4_e2m1"})
+_FA_PREFILL_BACKENDS = frozenset({"fa3", "fa4"})
+
+#: Values the rules assume for ``ServerArgs`` fields missing from a flags mapping.
+PREFILL_ONLY_FLAG_DEFAULTS: Mapping[str, Any] = {
+    "prefill_only_disable_kv_cache": False,
+    "is_embedding": False,
+    "kv_cache_dtype": "auto",
+    "chunked_prefill_size": None,
+    "disable_radix_cache": False,
+    "attn_cp_size": 1,
+    "enable_prefill_context_parallel": False,
+    "enable_hisparse": False,
+    "attention_backend": None,
+    "prefill_attention_backend": None,
+}
+
+
+class PrefillOnlyRule(NamedTuple):
+    """One precondition of ``--prefill-only-disable-kv-cache``."""
+
+    rule_id: str
+    #: the CLI flag that conflicts when the rule is violated
+    conflicting_flag: str
+    #: True when the (resolved) flags violate the rule
+    violated: Callable[[Mapping[str, Any]], bool]
+
+
+def _prefill_backend(flags: Mapping[str, Any]) -> Any:
+    # The split prefill backend wins when set; otherwise the shared one applies.
+    return flags["prefill_attention_backend"] or flags["attention_backend"]
+
+
+#: The rules in the order validation checks them; the first violated one raises. Ids match
+#: ``kvcheck.serving.PREFILL_ONLY_RULE_ORDER``. Rule ``fa_prefill_backend`` names
+#: ``--attention-backend``, or ``--prefill-attention-backend`` when that one is set.
+PREFILL_ONLY_RULES: tuple[PrefillOnlyRule, ...] = (
+    PrefillOnlyRule("is_embedding", "--is-embedding", lambda f: not f["is_embedding"]),
+    PrefillOnlyRule(
+        "fp4_kv_cache_dtype",
+        "--kv-cache-dtype",
+        lambda f: f["kv_cache_dtype"] in FP4_KV_CACHE_DTYPES,
+    ),
+    PrefillOnlyRule(
+        "mxfp8_kv_cache_dtype", "--kv-cache-dtype", lambda f: f["kv_cache_dtype"] == "mxfp8"
+    ),
+    PrefillOnlyRule(
+        "chunked_prefill_size",
+        "--chunked-prefill-size",
+        lambda f: f["chunked_prefill_size"] != -1,
+    ),
+    PrefillOnlyRule(
+        "disable_radix_cache",
+        "--disable-radix-cache",
+        lambda f: not f["disable_radix_cache"],
+    ),
+    PrefillOnlyRule("attn_cp_size", "--attn-cp-size", lambda f: f["attn_cp_size"] > 1),
+    PrefillOnlyRule(
+        "prefill_context_parallel",
+        "--enable-prefill-context-parallel",
+        lambda f: bool(f["enable_prefill_context_parallel"]),
+    ),
+    PrefillOnlyRule("hisparse", "--enable-hisparse", lambda f: bool(f["enable_hisparse"])),
+    PrefillOnlyRule(
+        "fa_prefill_backend",
+        "--attention-backend",
+        lambda f: _prefill_backend(f) not in _FA_PREFILL_BACKENDS,
+    ),
+)
+
+
+def reference_violations(resolved_flags: Mapping[str, Any]) -> tuple[str, ...]:
+    """Ids of every violated rule, in precedence order (empty when the flag is off).
+
+    ``resolved_flags`` maps ``ServerArgs`` field names to values after defaults are filled;
+    missing fields take :data:`PREFILL_ONLY_FLAG_DEFAULTS`.
+
+    Example:
+        >>> reference_violations({"prefill_only_disable_kv_cache": True, "is_embedding": True,
+        ...                       "chunked_prefill_size": -1, "attention_backend": "fa3"})
+        ('disable_radix_cache',)
+    """
+    flags = {**PREFILL_ONLY_FLAG_DEFAULTS, **resolved_flags}
+    if not flags["prefill_only_disable_kv_cache"]:
+        return ()
+    return tuple(rule.rule_id for rule in PREFILL_ONLY_RULES if rule.violated(flags))
+
+
+def reference_first_violation(resolved_flags: Mapping[str, Any]) -> str | None:
+    """Id of the rule validation must raise for, or None when the flags are accepted.
+
+    Example:
+        >>> reference_first_violation({"prefill_only_disable_kv_cache": True,
+        ...                            "enable_hisparse": True})
+        'is_embedding'
+        >>> reference_first_violation({"enable_hisparse": True}) is None
+        True
+    """
+    violations = reference_violations(resolved_flags)
+    return violations[0] if violations else None
+
+
+# --- serving: skip-topk rule, cell size, pool bytes ----------------------------------------
+
+
+def _require_dsa(config: Any) -> None:
+    arch = getattr(config, "attention_arch", "dsa")
+    if arch != "dsa":
+        raise ValueError(f"attention_arch={arch!r}: the skip-topk rule applies to DSA models")
+
+
+def reference_skips_topk(config: Any, layer_id: int) -> bool:
+    """Whether DSA layer ``layer_id`` reuses the previous layer's top-k (no indexer of its own).
+
+    Reads ``config`` with getattr, so any object with the fields works (a config without
+    ``attention_arch`` is taken as DSA). The first field that is set decides:
+
+    1. ``indexer_types``: the layer skips iff it is listed as ``"shared"``;
+    2. ``cli_factor > 1``: only every ``cli_factor``-th layer computes top-k;
+    3. ``index_topk_pattern``: the layer skips iff its letter is ``"S"``;
+    4. ``index_topk_freq`` (default 1) with ``index_skip_topk_offset``:
+       ``max(layer_id - offset + 1, 0) % freq != 0``, or ``max(layer_id - 1, 0) % freq != 0``
+       without an offset.
+
+    Fields are checked only when reached, as upstream does: ``cli_factor <= 0``,
+    ``index_topk_freq <= 0`` and ``index_skip_topk_offset <= 0`` raise ValueError there.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> glm = SimpleNamespace(index_topk_freq=4, index_skip_topk_offset=3)
+        >>> [reference_skips_topk(glm, layer) for layer in range(8)]
+        [False, False, False, True, True, True, False, True]
+    """
+    _require_dsa(config)
+    indexer_types = getattr(config, "indexer_types", None)
+    if indexer_types is not None:
+        return 0 <= layer_id < len(indexer_types) and indexer_types[layer_id] == "shared"
+
+    cli_factor = getattr(config, "cli_factor", None)
+    cli_factor = 1 if cli_factor is None else cli_factor
+    if cli_factor <= 0:
+        raise ValueError(f"cli_factor={cli_factor!r} must be positive")
+    if cli_factor > 1:
+        return layer_id % cli_factor != 0
+
+    pattern = getattr(config, "index_topk_pattern", None)
+    if pattern is not None:
+        return layer_id < len(pattern) and pattern[layer_id] == "S"
+
+    freq = getattr(config, "index_topk_freq", None)
+    freq = 1 if freq is None else freq
+    if freq <= 0:
+        raise ValueError(f"index_topk_freq={freq!r} must be positive")
+    offset = getattr(config, "index_skip_topk_offset", None)
+    if offset is None:
+        return max(layer_id - 1, 0) % freq != 0
+    if offset <= 0:
+        raise ValueError(
+            f"index_skip_topk_offset={offset!r} must be positive: layer 0 has no top-k to reuse"
+        )
+    return max(layer_id - offset + 1, 0) % freq != 0
+
+
+def reference_skip_mask(
+    config: Any,
+    *,
+    is_draft_worker: bool = False,
+    enable_hisparse: bool = False,
+    start_layer: int = 0,
+    layer_num: int | None = None,
+) -> tuple[bool, ...]:
+    """The skip mask a DSA pool for ``config`` is built with, for local layers.
+
+    ``layer_num=None`` means ``num_hidden_layers - start_layer``. A draft worker or HiSparse
+    allocates every layer's index-K, so its mask is all False.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> cfg = SimpleNamespace(num_hidden_layers=4, cli_factor=2)
+        >>> reference_skip_mask(cfg)
+        (False, True, False, True)
+        >>> reference_skip_mask(cfg, is_draft_worker=True)
+        (False, False, False, False)
+    """
+    _require_dsa(config)
+    if layer_num is None:
+        layer_num = config.num_hidden_layers - start_layer
+    layers = range(start_layer, start_layer + layer_num)
+    if is_draft_worker or enable_hisparse:
+        return tuple(False for _ in layers)
+    return tuple(reference_skips_topk(config, layer) for layer in layers)
+
+
+def _num_indexer_layers(config: Any, *, is_draft_worker: bool, enable_hisparse: bool) -> int:
+    mask = reference_skip_mask(
+        config, is_draft_worker=is_draft_worker, enable_hisparse=enable_hisparse
+    )
+    return sum(1 for skip in mask if not skip)
+
+
+def _index_bytes_per_token(config: Any) -> int:
+    d = config.index_head_dim
+    return index_k_row_bytes(d) + index_scale_row_bytes(d)
+
+
+def _token_row_bytes(config: Any, itemsize: int) -> int:
+    """Bytes one token costs in one layer's main buffers (K+V, or the latent)."""
+    if config.attention_arch == "mha":
+        v_head_dim = config.head_dim if config.v_head_dim is None else config.v_head_dim
+        return config.num_key_value_heads * (config.head_dim + v_head_dim) * itemsize
+    if config.attention_arch in ("mla", "dsa"):
+        return (config.kv_lora_rank + config.qk_rope_head_dim) * itemsize
+    raise ValueError(f"attention_arch={config.attention_arch!r} is not mha, mla or dsa")
+
+
+def reference_cell_size_bytes(
+    config: Any, *, itemsize: int, is_draft_worker: bool = False, enable_hisparse: bool = False
+) -> int:
+    """Bytes one token costs across all layers.
+
+    MHA: ``layers * kv_heads * (head_dim + v_head_dim) * itemsize``; MLA:
+    ``layers * (kv_lora_rank + qk_rope_head_dim) * itemsize``; DSA: MLA plus
+    ``indexer_layers * (index_head_dim + index_head_dim // 128 * 4)`` where indexer layers
+    are the non-skip ones (every layer for a draft worker or HiSparse).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> glm = SimpleNamespace(attention_arch="dsa", num_hidden_layers=78, kv_lora_rank=512,
+        ...                       qk_rope_head_dim=64, index_head_dim=128,
+        ...                       index_topk_freq=4, index_skip_topk_offset=3)
+        >>> reference_cell_size_bytes(glm, itemsize=1)
+        47700
+    """
+    cell = config.num_hidden_layers * _token_row_bytes(config, itemsize)
+    if config.attention_arch == "dsa":
+        indexers = _num_indexer_layers(
+            config, is_draft_worker=is_draft_worker, enable_hisparse=enable_hisparse
+        )
+        cell += indexers * _index_bytes_per_token(config)
+    return cell
+
+
+def reference_pool_bytes(
+    config: Any,
+    *,
+    num_tokens: int,
+    itemsize: int,
+    page_size: int,
+    is_draft_worker: bool = False,
+    enable_hisparse: bool = False,
+) -> int:
+    """Bytes the (non-NoOp) pools for ``num_tokens`` tokens hold, padding page included.
+
+    Main buffers hold ``num_tokens + page_size`` rows per layer; each DSA indexer layer holds
+    ``(num_tokens + page_size + 1) // page_size`` pages (``index_buf_size = num_tokens``).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> mha = SimpleNamespace(attention_arch="mha", num_hidden_layers=2,
+        ...                       num_key_value_heads=1, head_dim=4, v_head_dim=None)
+        >>> reference_pool_bytes(mha, num_tokens=6, itemsize=2, page_size=2)
+        256
+    """
+    layers = config.num_hidden_layers
+    total = layers * (num_tokens + page_size) * _token_row_bytes(config, itemsize)
+    if config.attention_arch == "dsa":
+        indexers = _num_indexer_layers(
+            config, is_draft_worker=is_draft_worker, enable_hisparse=enable_hisparse
+        )
+        num_pages = (num_tokens + page_size + 1) // page_size
+        total += indexers * num_pages * page_size * _index_bytes_per_token(config)
+    return total
+
+
+def reference_max_total_num_tokens(
+    config: Any,
+    *,
+    budget_bytes: int,
+    itemsize: int,
+    page_size: int,
+    is_draft_worker: bool = False,
+    enable_hisparse: bool = False,
+) -> int:
+    """The largest page-aligned token count whose pools fit in ``budget_bytes`` (0 if none).
+
+    Found by bisection over :func:`reference_pool_bytes`, which grows with the token count.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> mha = SimpleNamespace(attention_arch="mha", num_hidden_layers=2,
+        ...                       num_key_value_heads=1, head_dim=4, v_head_dim=None)
+        >>> reference_max_total_num_tokens(mha, budget_bytes=300, itemsize=2, page_size=2)
+        6
+    """
+
+    def fits(pages: int) -> bool:
+        used = reference_pool_bytes(
+            config,
+            num_tokens=pages * page_size,
+            itemsize=itemsize,
+            page_size=page_size,
+            is_draft_worker=is_draft_worker,
+            enable_hisparse=enable_hisparse,
+        )
+        return used <= budget_bytes
+
+    if not fits(0):
+        return 0
+    low, high = 0, 1
+    while fits(high):
+        low, high = high, high * 2
+    while high - low > 1:  # fits(low) and not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low * page_size
+
+
+def _is_fp4_kv(flags: Mapping[str, Any], config: Any) -> bool:
+    kv_cache_dtype = flags.get("kv_cache_dtype") or "auto"
+    if kv_cache_dtype in FP4_KV_CACHE_DTYPES:
+        return True
+    # Only "auto" takes the checkpoint's KV quantization; an explicit dtype overrides it.
+    quant_algo = str(getattr(config, "kv_cache_quant_algo", None) or "").upper()
+    return kv_cache_dtype == "auto" and "FP4" in quant_algo
+
+
+def reference_unsupported_family(
+    flags: Mapping[str, Any], config: Any, *, is_draft_worker: bool = False
+) -> str | None:
+    """The pool family that keeps ``--prefill-only-disable-kv-cache`` from using the NoOp pool.
+
+    None when the flag is off, for a draft worker (it keeps its normal pool), and for plain
+    MHA. Otherwise, first match wins: ``"hybrid DSA/MLA-SWA KV pool"`` (MLA/DSA with a
+    sliding window), ``"DSA/MLA KV pool"``, ``"MLA KV pool"`` (MLA without hybrid linear
+    layers), ``"SWA KV pool"``, ``"hybrid linear/Mamba KV pool"``, ``"FP4 MHA KV pool"``
+    (an FP4 ``kv_cache_dtype``, or ``"auto"`` with a ``kv_cache_quant_algo`` containing FP4).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> mla = SimpleNamespace(attention_arch="mla", sliding_window=None,
+        ...                       is_hybrid_linear=False, kv_cache_quant_algo=None)
+        >>> reference_unsupported_family({"prefill_only_disable_kv_cache": True}, mla)
+        'MLA KV pool'
+    """
+    if not flags.get("prefill_only_disable_kv_cache") or is_draft_worker:
+        return None
+    arch = getattr(config, "attention_arch", "mha")
+    latent = arch in ("mla", "dsa")
+    swa = getattr(config, "sliding_window", None) is not None
+    hybrid_linear = bool(getattr(config, "is_hybrid_linear", False))
+    if latent and swa:
+        return "hybrid DSA/MLA-SWA KV pool"
+    if arch == "dsa":
+        return "DSA/MLA KV pool"
+    if arch == "mla" and not hybrid_linear:
+        return "MLA KV pool"
+    if swa:
+        return "SWA KV pool"
+    if hybrid_linear:
+        return "hybrid linear/Mamba KV pool"
+    if _is_fp4_kv(flags, config):
+        return "FP4 MHA KV pool"
+    return None
+
+
+def reference_pool_family(
+    flags: Mapping[str, Any], config: Any, *, is_draft_worker: bool = False
+) -> str:
+    """The family (``"mha"``, ``"noop"``, ``"mla"``, ``"dsa"``) pool selection must build.
+
+    Raises RuntimeError where :func:`reference_unsupported_family` names a family.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> mha = SimpleNamespace(attention_arch="mha")
+        >>> reference_pool_family({"prefill_only_disable_kv_cache": True}, mha)
+        'noop'
+        >>> reference_pool_family({"prefill_only_disable_kv_cache": True}, mha,
+        ...                       is_draft_worker=True)
+        'mha'
+    """
+    unsupported = reference_unsupported_family(flags, config, is_draft_worker=is_draft_worker)
+    if unsupported is not None:
+        raise RuntimeError(f"--prefill-only-disable-kv-cache cannot serve a {unsupported}")
+    arch = getattr(config, "attention_arch", "mha")
+    if arch == "mha" and flags.get("prefill_only_disable_kv_cache") and not is_draft_worker:
+        return "noop"
+    return str(arch)
