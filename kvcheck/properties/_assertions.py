@@ -1,0 +1,77 @@
+"""One failure vocabulary for every property: ``got … but should be … [call]``.
+
+Comparisons run in bulk first; only when they fail do we walk the data to name the first
+difference (layer, row, byte), so the happy path stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class PropertyFailure(AssertionError):
+    """A property did not hold. The message names what was compared and the call."""
+
+
+def fail(*, got: Any, expected: Any, call: str, detail: str = "") -> PropertyFailure:
+    """Build (not raise) the failure for ``got`` differing from ``expected`` in ``call``.
+
+    Example:
+        >>> str(fail(got=3, expected=4, call="pool.get_kv_size_bytes()"))
+        'got 3 but should be 4 [pool.get_kv_size_bytes()]'
+    """
+    message = f"got {got!r} but should be {expected!r} [{call}]"
+    if detail:
+        message = f"{message}\n{detail}"
+    return PropertyFailure(message)
+
+
+def assert_equal(got: Any, expected: Any, *, call: str, detail: str = "") -> None:
+    """Raise :class:`PropertyFailure` unless ``got == expected``.
+
+    Example:
+        >>> assert_equal((0, 0), (0, 0), call="noop.get_kv_size_bytes()")
+    """
+    __tracebackhide__ = True
+    if got != expected:
+        raise fail(got=got, expected=expected, call=call, detail=detail)
+
+
+def first_difference(got: np.ndarray, expected: np.ndarray) -> tuple[int, ...] | None:
+    """Index of the first element where two same-shaped arrays differ, or None.
+
+    Example:
+        >>> first_difference(np.array([[1, 2], [3, 4]]), np.array([[1, 2], [3, 5]]))
+        (1, 1)
+    """
+    if got.shape != expected.shape:
+        raise ValueError(f"shapes differ: got.shape={got.shape}, expected.shape={expected.shape}")
+    mismatch = np.argwhere(got != expected)
+    if mismatch.size == 0:
+        return None
+    return tuple(int(i) for i in mismatch[0])
+
+
+def assert_bytes_equal(got: np.ndarray, expected: np.ndarray, *, what: str, call: str) -> None:
+    """Byte-for-byte equality of two uint8 arrays; names the first differing (row, byte).
+
+    Example:
+        >>> a = np.zeros((2, 4), dtype=np.uint8)
+        >>> assert_bytes_equal(a, a.copy(), what="k_buffer[layer 0]", call="set_kv_buffer")
+    """
+    __tracebackhide__ = True
+    if got.shape != expected.shape:
+        raise fail(got=got.shape, expected=expected.shape, call=call, detail=f"shape of {what}")
+    if np.array_equal(got, expected):
+        return
+    index = first_difference(got, expected)
+    assert index is not None
+    where = ", ".join(f"{name}={i}" for name, i in zip(("row", "byte", "col"), index, strict=False))
+    raise fail(
+        got=int(got[index]),
+        expected=int(expected[index]),
+        call=call,
+        detail=f"{what} first differs at {where}",
+    )
