@@ -1,0 +1,37 @@
+"""Production-grade KV-cache pools modeled on SGLang 0.5.23's ``memory_pool.py``.
+
+Four families share the abstract :class:`KVCache` (layer mapping, argument checks,
+byte accounting):
+
+- :class:`MHATokenToKVPool`: per-layer K and V token buffers.
+- :class:`NoOpMHATokenToKVPool`: the MHA API with one-page placeholders; every write
+  raises ``RuntimeError`` (``--prefill-only-disable-kv-cache``).
+- :class:`MLATokenToKVPool`: one latent buffer per layer.
+- :class:`DSATokenToKVPool`: MLA plus the DSA indexer's paged fp8 keys, with skip layers.
+
+Every pool works on ``cpu``, ``cuda`` and ``meta``; bad input raises ``ValueError`` naming
+the argument and leaves the pool unchanged.
+
+Example:
+    >>> import torch
+    >>> from kvcheck.pools import DSATokenToKVPool
+    >>> pool = DSATokenToKVPool(size=3_000_000, page_size=64, kv_lora_rank=512,
+    ...                         dtype=torch.float8_e4m3fn, qk_rope_head_dim=64, layer_num=78,
+    ...                         device="meta", index_head_dim=128)
+    >>> round(pool.mem_usage, 2)
+    154.3
+"""
+
+from kvcheck.pools.base import KVCache
+from kvcheck.pools.dsa import DSATokenToKVPool
+from kvcheck.pools.mha import MHATokenToKVPool
+from kvcheck.pools.mla import MLATokenToKVPool
+from kvcheck.pools.noop import NoOpMHATokenToKVPool
+
+__all__ = [
+    "DSATokenToKVPool",
+    "KVCache",
+    "MHATokenToKVPool",
+    "MLATokenToKVPool",
+    "NoOpMHATokenToKVPool",
+]

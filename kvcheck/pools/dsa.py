@@ -1,0 +1,343 @@
+"""``DSATokenToKVPool``: MLA latent buffers plus the DSA indexer's paged fp8 keys."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from kvcheck.pools._checks import check_payload, require_int
+from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
+from kvcheck.pools._index_k import QUANT_BLOCK, IndexKPageLayout, whole_page_ids
+from kvcheck.pools._rows import gather_rows, move_rows
+from kvcheck.pools.mla import MLATokenToKVPool
+
+#: Index-K storage: raw bytes (fp8 keys and fp32 scales packed per page).
+INDEX_K_DTYPE = torch.uint8
+
+
+def _check_index_head_dim(index_head_dim: object) -> int:
+    value = require_int("index_head_dim", index_head_dim, minimum=1)
+    if value % QUANT_BLOCK != 0:
+        raise ValueError(
+            f"index_head_dim={value} must be a positive multiple of {QUANT_BLOCK}"
+            f" (one fp32 scale per {QUANT_BLOCK} channels; SGLang's CUDA kernels need 128)"
+        )
+    return value
+
+
+def _check_skip_mask(skip_topk_layers: object, layer_num: int) -> list[bool]:
+    if skip_topk_layers is None:
+        return [False] * layer_num
+    if not isinstance(skip_topk_layers, Sequence) or isinstance(skip_topk_layers, str):
+        raise ValueError(
+            f"skip_topk_layers={skip_topk_layers!r} must be a list of bools, one per local layer"
+        )
+    mask = list(skip_topk_layers)
+    if len(mask) != layer_num:
+        raise ValueError(
+            f"skip_topk_layers has the wrong length: len(skip_topk_layers)={len(mask)} but"
+            f" layer_num={layer_num}; give one bool per local layer"
+        )
+    for i, flag in enumerate(mask):
+        if not isinstance(flag, bool):
+            raise ValueError(f"skip_topk_layers[{i}]={flag!r} must be a bool")
+    return mask
+
+
+class DSATokenToKVPool(MLATokenToKVPool):
+    """MLA latent buffers plus, per local layer, a ``uint8`` index-K page buffer.
+
+    ``index_k_with_scale_buffer[i]`` is ``[num_index_pages, page_size * (D + S)]`` with
+    ``D = index_head_dim`` fp8 key bytes and ``S = index_head_dim // 128 * 4`` fp32 scale
+    bytes per token, ``num_index_pages = (index_buf_size + page_size + 1) // page_size``
+    (``index_buf_size`` defaults to ``size``). A page row holds its ``page_size`` keys, then
+    their scales (see :mod:`kvcheck.pools._index_k`). Index-K covers token ids
+    ``[0, num_index_pages * page_size)``; index writes, moves and host copies refuse
+    tokens beyond that while any layer has an index buffer.
+
+    ``skip_topk_layers[i]`` (local) marks a layer that reuses the previous layer's top-k:
+    its index buffer has zero rows (zero bytes, still a list entry so layers stay aligned),
+    index writes to it raise ``ValueError``, and moves and host copies skip it.
+
+    Accepted here on every device: ``page_size >= 1`` and ``index_head_dim`` any positive
+    multiple of 128. SGLang's CUDA kernels require ``page_size == 64`` and
+    ``index_head_dim == 128``; this pool copies bytes with torch indexing instead, so it
+    is not bound to those values.
+
+    Example:
+        >>> import torch
+        >>> pool = DSATokenToKVPool(size=8, page_size=4, kv_lora_rank=4, dtype=torch.bfloat16,
+        ...                         qk_rope_head_dim=2, layer_num=2, device="cpu",
+        ...                         index_head_dim=128, skip_topk_layers=[False, True])
+        >>> [tuple(b.shape) for b in pool.index_k_with_scale_buffer]
+        [(3, 528), (0, 528)]
+        >>> key = torch.full((1, 128), 7, dtype=torch.uint8)
+        >>> pool.set_index_k_scale_buffer(0, torch.tensor([5]), key, torch.ones(1, 1))
+        >>> pool.move_kv_cache(tgt_loc=torch.tensor([9]), src_loc=torch.tensor([5]))
+        >>> pool.get_index_k_with_scale_buffer(0)[2, 128:256].unique().tolist()
+        [7]
+        >>> pool.get_state_buf_infos()[1:]
+        ([1584, 0], [528, 0])
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        kv_lora_rank: int,
+        dtype: torch.dtype,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device,
+        index_head_dim: int,
+        enable_memory_saver: bool = False,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+        skip_topk_layers: Sequence[bool] | None = None,
+        index_buf_size: int | None = None,
+    ) -> None:
+        # Validate the DSA arguments before the latent buffers are allocated.
+        checked_layer_num = require_int("layer_num", layer_num, minimum=1)
+        checked_head_dim = _check_index_head_dim(index_head_dim)
+        checked_mask = _check_skip_mask(skip_topk_layers, checked_layer_num)
+        checked_buf_size = (
+            None
+            if index_buf_size is None
+            else require_int("index_buf_size", index_buf_size, minimum=1)
+        )
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            kv_lora_rank,
+            qk_rope_head_dim,
+            layer_num,
+            device,
+            enable_memory_saver,
+            start_layer,
+            end_layer,
+        )
+        self.index_head_dim = checked_head_dim
+        self.skip_topk_layers = checked_mask
+        self.index_buf_size = self.size if checked_buf_size is None else checked_buf_size
+        self.index_layout = IndexKPageLayout(self.page_size, self.index_head_dim)
+        self.num_index_pages = (self.index_buf_size + self.page_size + 1) // self.page_size
+        self.index_k_with_scale_buffer = [
+            self._zeros((self._index_rows(i), self.index_layout.row_bytes), INDEX_K_DTYPE)
+            for i in range(self.layer_num)
+        ]
+
+    # --- index-K geometry ----------------------------------------------------------------
+
+    def _index_rows(self, local: int) -> int:
+        return 0 if self.skip_topk_layers[local] else self.num_index_pages
+
+    @property
+    def _index_layers(self) -> list[int]:
+        """Local layers that hold index keys."""
+        return [i for i, skip in enumerate(self.skip_topk_layers) if not skip]
+
+    def _index_token_limit(self) -> tuple[int | None, str]:
+        """Location bound for operations that touch index-K (``None``: the slot bound)."""
+        capacity = self.num_index_pages * self.page_size
+        if not self._index_layers or capacity >= self.num_slots:
+            return None, ""
+        return capacity, (
+            f"index-K holds token ids [0, {capacity}): num_index_pages={self.num_index_pages}"
+            f" of page_size={self.page_size} for index_buf_size={self.index_buf_size}"
+        )
+
+    # --- index-K reads and writes --------------------------------------------------------
+
+    def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
+        """Global layer ``layer_id``'s ``uint8`` page buffer (zero rows for a skip layer)."""
+        local = self._local_layer(layer_id, where="get_index_k_with_scale_buffer")
+        return self.index_k_with_scale_buffer[local]
+
+    def set_index_k_scale_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        index_k: torch.Tensor,
+        index_k_scale: torch.Tensor,
+    ) -> None:
+        """Write token ``loc[i]``'s index key and scales inside its page.
+
+        ``index_k``: ``[n, index_head_dim]`` float8_e4m3fn or uint8. ``index_k_scale``:
+        ``[n, index_head_dim // 128]`` float32, or ``[n]`` float32 when that is 1 (SGLang's
+        1-D form), or its raw bytes ``[n, index_head_dim // 128 * 4]`` uint8. ``loc``:
+        distinct token ids. A skip layer raises ``ValueError``.
+        """
+        where = "set_index_k_scale_buffer"
+        local = self._local_layer(layer_id, where=where)
+        if self.skip_topk_layers[local]:
+            raise ValueError(
+                f"{where}: layer_id={layer_id} is a skip-topk layer (skip_topk_layers[{local}]"
+                " is True): it reuses the previous layer's top-k and has no index-K buffer"
+            )
+        limit, reason = self._index_token_limit()
+        loc = self._locations(
+            "loc", loc, distinct=True, where=where, limit=limit, limit_reason=reason
+        )
+        n = loc.numel()
+        key = check_payload(
+            "index_k",
+            index_k,
+            shape=(n, self.index_head_dim),
+            dtypes=(torch.float8_e4m3fn, torch.uint8),
+            device=self._torch_device,
+            where=where,
+        )
+        scale = self._scale_bytes(index_k_scale, n, where=where)
+        if self.is_meta:
+            return
+        self.index_layout.write(
+            self.index_k_with_scale_buffer[local], loc, key.view(INDEX_K_DTYPE), scale
+        )
+
+    def _scale_bytes(self, value: object, n: int, *, where: str) -> torch.Tensor:
+        """Validate ``index_k_scale`` and return its bytes as ``[n, S]`` uint8."""
+        layout = self.index_layout
+        if isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 2:
+            return check_payload(
+                "index_k_scale",
+                value,
+                shape=(n, layout.scale_bytes),
+                dtypes=(torch.uint8,),
+                device=self._torch_device,
+                where=where,
+            )
+        if isinstance(value, torch.Tensor) and value.dim() == 1 and layout.scale_count == 1:
+            shape: tuple[int, ...] = (n,)
+        else:
+            shape = (n, layout.scale_count)
+        scale = check_payload(
+            "index_k_scale",
+            value,
+            shape=shape,
+            dtypes=(torch.float32,),
+            device=self._torch_device,
+            where=where,
+        )
+        # .contiguous() copies only when needed and never writes to the caller's tensor.
+        return scale.reshape(n, layout.scale_count).contiguous().view(INDEX_K_DTYPE)
+
+    # --- moves ---------------------------------------------------------------------------
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Move latent rows and, for each non-skip layer, each token's index key and scales.
+
+        Token ``src_loc[i]``'s key bytes and scale bytes are copied to token
+        ``tgt_loc[i]``'s place in its own page; the page's other tokens are untouched.
+        All sources are read before any target is written; targets must be distinct.
+        """
+        limit, reason = self._index_token_limit()
+        tgt, src = self._move_locations(tgt_loc, src_loc, limit=limit, limit_reason=reason)
+        if self.is_meta or tgt.numel() == 0:
+            return
+        move_rows(self.kv_buffer, tgt=tgt, src=src)
+        for i in self._index_layers:
+            self.index_layout.move(self.index_k_with_scale_buffer[i], tgt=tgt, src=src)
+
+    # --- host copies ---------------------------------------------------------------------
+
+    def _whole_pages(
+        self, indices: object, *, distinct: bool, where: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        limit, reason = self._index_token_limit()
+        idx = self._locations(
+            "indices", indices, distinct=distinct, where=where, limit=limit, limit_reason=reason
+        )
+        return idx, whole_page_ids(idx, self.page_size, name="indices", where=where)
+
+    def _host_layout(self, num_tokens: int) -> dict[str, list[tuple[int, ...]]]:
+        num_pages = num_tokens // self.page_size
+        row_bytes = self.index_layout.row_bytes
+        return {
+            "kv": self._latent_host_layout(num_tokens),
+            "index_k": [(0 if skip else num_pages, row_bytes) for skip in self.skip_topk_layers],
+        }
+
+    def get_cpu_copy(self, indices: torch.Tensor) -> KVHostCopy:
+        """Copy whole pages of latent rows and, for non-skip layers, index-K page rows.
+
+        ``indices`` must be whole pages: ``len(indices) % page_size == 0`` and each
+        consecutive group of ``page_size`` entries is one page's slots in order
+        (``p*page_size + 0 .. page_size-1``), as a request's slots are. Other index sets
+        raise ``ValueError`` rather than silently dropping the index keys of part pages.
+        Skip layers contribute zero-row entries.
+        """
+        idx, pages = self._whole_pages(indices, distinct=False, where="get_cpu_copy")
+        index_rows = tuple(
+            self._to_host(gather_rows(buffer, pages[:0] if skip else pages))
+            for buffer, skip in zip(
+                self.index_k_with_scale_buffer, self.skip_topk_layers, strict=True
+            )
+        )
+        return KVHostCopy(
+            source=type(self).__name__,
+            num_tokens=idx.numel(),
+            parts={"kv": self._copy_latent_rows(idx), "index_k": index_rows},
+        )
+
+    def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
+        """Write a copy back to whole pages ``indices`` (distinct; may differ from the
+        copied pages; same whole-page rule and token count as the copy)."""
+        where = "load_cpu_copy"
+        idx, pages = self._whole_pages(indices, distinct=True, where=where)
+        copy = check_host_copy(
+            kv_cache_cpu,
+            source=type(self).__name__,
+            expected=self._host_layout(idx.numel()),
+            dtypes={"kv": self.store_dtype, "index_k": INDEX_K_DTYPE},
+            where=where,
+        )
+        if self.is_meta:
+            return
+        self._load_latent_rows(copy.parts["kv"], idx)
+        for i in self._index_layers:
+            rows = copy.parts["index_k"][i].to(self._torch_device)
+            self.index_k_with_scale_buffer[i].index_copy_(0, pages, rows)
+
+    # --- transfer descriptors and accounting ---------------------------------------------
+
+    def get_state_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """Index-K transfer descriptors, one entry per local layer (as SGLang's DSA pool).
+
+        Returns ``(ptrs, lens, item_lens)``: the buffer's ``data_ptr()``, its total bytes
+        (``num_index_pages * row_bytes``) and the bytes of one page row
+        (``page_size * (D + S)``). Skip layers give ``(0, 0, 0)``; their entries are kept so
+        layer offsets line up between transfer peers. The latent buffers are not included
+        (SGLang describes them separately). On ``meta`` every pointer is 0.
+        """
+        ptrs, lens, item_lens = [], [], []
+        for buffer, skip in zip(self.index_k_with_scale_buffer, self.skip_topk_layers, strict=True):
+            ptrs.append(0 if skip else buffer.data_ptr())
+            lens.append(0 if skip else buffer.nbytes)
+            item_lens.append(0 if skip else self.index_layout.row_bytes)
+        return ptrs, lens, item_lens
+
+    def get_kv_size_bytes(self) -> int:
+        """One ``int``, as SGLang 0.5.23 returns for DSA: the bytes of all latent buffers
+        plus the bytes of all index-K page buffers (skip layers add 0)."""
+        return super().get_kv_size_bytes() + sum(
+            buffer.nbytes for buffer in self.index_k_with_scale_buffer
+        )
+
+    def check_valid(self) -> None:
+        """Assert the latent invariants and one index buffer per layer, empty for skip layers."""
+        super().check_valid()
+        self._check_common_invariants({"index_k_with_scale_buffer": self.index_k_with_scale_buffer})
+        self._invariant(
+            len(self.skip_topk_layers) == self.layer_num,
+            f"skip_topk_layers has {len(self.skip_topk_layers)} entries, expected {self.layer_num}",
+        )
+        for i, buffer in enumerate(self.index_k_with_scale_buffer):
+            expected = (self._index_rows(i), self.index_layout.row_bytes)
+            self._invariant(
+                tuple(buffer.shape) == expected and buffer.dtype == INDEX_K_DTYPE,
+                f"index_k_with_scale_buffer[{i}] is {tuple(buffer.shape)} {buffer.dtype},"
+                f" expected {expected} {INDEX_K_DTYPE}"
+                f" (skip_topk_layers[{i}]={self.skip_topk_layers[i]})",
+            )

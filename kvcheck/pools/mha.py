@@ -1,0 +1,200 @@
+"""``MHATokenToKVPool``: per-layer K and V token buffers for multi-head attention."""
+
+from __future__ import annotations
+
+import torch
+
+from kvcheck.pools._checks import require_int
+from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
+from kvcheck.pools._rows import gather_rows, move_rows, scatter_rows
+from kvcheck.pools.base import KVCache
+
+
+class MHATokenToKVPool(KVCache):
+    """K and V buffers per local layer: ``[size + page_size, head_num, head_dim]``.
+
+    V may have its own head dim (``v_head_dim``, default ``head_dim``). fp8 dtypes are
+    stored as ``uint8``; ``get_key_buffer``/``get_value_buffer`` return fp8 views.
+    Layer ids are global; ``start_layer`` maps them to local buffers.
+
+    Example:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> pool = MHATokenToKVPool(size=8, page_size=4, dtype=torch.float8_e4m3fn,
+        ...                         head_num=2, head_dim=4, layer_num=1, device="cpu")
+        >>> pool.k_buffer[0].shape, pool.k_buffer[0].dtype
+        (torch.Size([12, 2, 4]), torch.uint8)
+        >>> k = torch.ones(1, 2, 4).to(torch.float8_e4m3fn)
+        >>> pool.set_kv_buffer(SimpleNamespace(layer_id=0), torch.tensor([5]), k, k)
+        >>> pool.move_kv_cache(tgt_loc=torch.tensor([6]), src_loc=torch.tensor([5]))
+        >>> pool.get_key_buffer(0)[6].float().sum().item()
+        8.0
+        >>> pool.get_kv_size_bytes()
+        (96, 96)
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        layer_num: int,
+        device: str | torch.device,
+        enable_memory_saver: bool = False,
+        v_head_dim: int | None = None,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+    ) -> None:
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            layer_num,
+            device,
+            enable_memory_saver,
+            start_layer,
+            end_layer,
+        )
+        self.head_num = require_int("head_num", head_num, minimum=1)
+        self.head_dim = require_int("head_dim", head_dim, minimum=1)
+        self.v_head_dim = (
+            self.head_dim
+            if v_head_dim is None
+            else require_int("v_head_dim", v_head_dim, minimum=1)
+        )
+        self.k_buffer, self.v_buffer = self._create_buffers()
+
+    def _buffer_rows(self) -> int:
+        """Rows of each per-layer buffer (the NoOp pool keeps only one page)."""
+        return self.num_slots
+
+    def _create_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        rows = self._buffer_rows()
+        k = [self._zeros((rows, self.head_num, self.head_dim)) for _ in range(self.layer_num)]
+        v = [self._zeros((rows, self.head_num, self.v_head_dim)) for _ in range(self.layer_num)]
+        return k, v
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """Global layer ``layer_id``'s K buffer, in ``dtype`` (an fp8 view for fp8 pools)."""
+        return self._as_read_dtype(
+            self.k_buffer[self._local_layer(layer_id, where="get_key_buffer")]
+        )
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """Global layer ``layer_id``'s V buffer, in ``dtype`` (an fp8 view for fp8 pools)."""
+        return self._as_read_dtype(
+            self.v_buffer[self._local_layer(layer_id, where="get_value_buffer")]
+        )
+
+    # --- writes --------------------------------------------------------------------------
+
+    def set_kv_buffer(
+        self,
+        layer: object,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+    ) -> None:
+        """Write ``cache_k[i]``/``cache_v[i]`` to slot ``loc[i]`` of ``layer.layer_id``.
+
+        ``loc``: 1-D int32/int64, distinct, in ``[0, size + page_size)``. ``cache_k`` is
+        ``[len(loc), head_num, head_dim]`` and ``cache_v`` ``[len(loc), head_num,
+        v_head_dim]``, in the pool's dtype (fp8 pools also take raw ``uint8``), on the
+        pool's device. ``k_scale``/``v_scale`` are accepted for SGLang's signature; SGLang
+        applies them only when it casts a payload of another dtype, and this pool takes
+        payloads already in its dtype, so they have no effect.
+        """
+        where = "set_kv_buffer"
+        local = self._layer_of(layer, where=where)
+        loc = self._locations("loc", loc, distinct=True, where=where)
+        n = loc.numel()
+        k = self._payload("cache_k", cache_k, (n, self.head_num, self.head_dim), where=where)
+        v = self._payload("cache_v", cache_v, (n, self.head_num, self.v_head_dim), where=where)
+        if self.is_meta:
+            return
+        scatter_rows(self.k_buffer[local], loc, k)
+        scatter_rows(self.v_buffer[local], loc, v)
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Copy slot ``src_loc[i]`` to slot ``tgt_loc[i]`` in every layer's K and V.
+
+        All sources are read before any target is written, so sources may repeat and
+        overlap targets; targets must be distinct. Empty locations are a no-op.
+        """
+        tgt, src = self._move_locations(tgt_loc, src_loc)
+        if self.is_meta or tgt.numel() == 0:
+            return
+        move_rows(self.k_buffer + self.v_buffer, tgt=tgt, src=src)
+
+    # --- host copies ---------------------------------------------------------------------
+
+    def _host_layout(self, num_tokens: int) -> dict[str, list[tuple[int, ...]]]:
+        return {
+            "k": [(num_tokens, self.head_num, self.head_dim)] * self.layer_num,
+            "v": [(num_tokens, self.head_num, self.v_head_dim)] * self.layer_num,
+        }
+
+    def get_cpu_copy(self, indices: torch.Tensor) -> KVHostCopy:
+        """Copy slots ``indices`` (may repeat) of every layer's K and V to the CPU.
+
+        Returns an opaque copy for ``load_cpu_copy``; on ``meta`` its tensors are meta.
+        """
+        idx = self._locations("indices", indices, distinct=False, where="get_cpu_copy")
+        return KVHostCopy(
+            source=type(self).__name__,
+            num_tokens=idx.numel(),
+            parts={
+                "k": tuple(self._to_host(gather_rows(b, idx)) for b in self.k_buffer),
+                "v": tuple(self._to_host(gather_rows(b, idx)) for b in self.v_buffer),
+            },
+        )
+
+    def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
+        """Write copied token ``i`` to slot ``indices[i]`` (distinct; may differ from the
+        copied slots; ``len(indices)`` must equal the number of copied tokens)."""
+        where = "load_cpu_copy"
+        idx = self._locations("indices", indices, distinct=True, where=where)
+        copy = check_host_copy(
+            kv_cache_cpu,
+            source=type(self).__name__,
+            expected=self._host_layout(idx.numel()),
+            dtypes={"k": self.store_dtype, "v": self.store_dtype},
+            where=where,
+        )
+        if self.is_meta:
+            return
+        for buffer, rows in zip(self.k_buffer, copy.parts["k"], strict=True):
+            scatter_rows(buffer, idx, rows.to(self._torch_device))
+        for buffer, rows in zip(self.v_buffer, copy.parts["v"], strict=True):
+            scatter_rows(buffer, idx, rows.to(self._torch_device))
+
+    # --- accounting ----------------------------------------------------------------------
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        """``(k_bytes, v_bytes)``: bytes of all K buffers and of all V buffers."""
+        return (
+            sum(b.nbytes for b in self.k_buffer),
+            sum(b.nbytes for b in self.v_buffer),
+        )
+
+    def check_valid(self) -> None:
+        """Assert one K and one V buffer per layer with the documented shapes and dtype."""
+        self._check_common_invariants({"k_buffer": self.k_buffer, "v_buffer": self.v_buffer})
+        rows = self._buffer_rows()
+        for name, layers, dim in (
+            ("k_buffer", self.k_buffer, self.head_dim),
+            ("v_buffer", self.v_buffer, self.v_head_dim),
+        ):
+            for i, buffer in enumerate(layers):
+                expected = (rows, self.head_num, dim)
+                self._invariant(
+                    tuple(buffer.shape) == expected and buffer.dtype == self.store_dtype,
+                    f"{name}[{i}] is {tuple(buffer.shape)} {buffer.dtype},"
+                    f" expected {expected} {self.store_dtype}",
+                )

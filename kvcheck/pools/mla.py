@@ -1,0 +1,163 @@
+"""``MLATokenToKVPool``: one latent (compressed KV + rope key) buffer per layer."""
+
+from __future__ import annotations
+
+import torch
+
+from kvcheck.pools._checks import require_int
+from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
+from kvcheck.pools._rows import gather_rows, move_rows, scatter_rows
+from kvcheck.pools.base import KVCache
+
+
+class MLATokenToKVPool(KVCache):
+    """Latent buffers ``[size + page_size, 1, kv_lora_rank + qk_rope_head_dim]`` per layer.
+
+    The key buffer of a layer is the whole latent row; the value buffer is its first
+    ``kv_lora_rank`` channels (a view, as in SGLang). fp8 dtypes are stored as ``uint8``.
+
+    Example:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> pool = MLATokenToKVPool(size=8, page_size=4, dtype=torch.bfloat16, kv_lora_rank=4,
+        ...                         qk_rope_head_dim=2, layer_num=2, device="cpu")
+        >>> pool.kv_buffer[0].shape
+        torch.Size([12, 1, 6])
+        >>> row = torch.arange(6, dtype=torch.bfloat16).view(1, 1, 6)
+        >>> pool.set_kv_buffer(SimpleNamespace(layer_id=1), torch.tensor([4]), row, None)
+        >>> pool.get_value_buffer(1)[4].tolist()
+        [[0.0, 1.0, 2.0, 3.0]]
+        >>> pool.get_kv_size_bytes()  # one int: all latent buffers
+        288
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str | torch.device,
+        enable_memory_saver: bool = False,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
+    ) -> None:
+        super().__init__(
+            size,
+            page_size,
+            dtype,
+            layer_num,
+            device,
+            enable_memory_saver,
+            start_layer,
+            end_layer,
+        )
+        self.kv_lora_rank = require_int("kv_lora_rank", kv_lora_rank, minimum=1)
+        # SGLang allows a model without a rope part (qk_rope_head_dim == 0).
+        self.qk_rope_head_dim = require_int("qk_rope_head_dim", qk_rope_head_dim, minimum=0)
+        self.kv_cache_dim = self.kv_lora_rank + self.qk_rope_head_dim
+        self.kv_buffer = [
+            self._zeros((self.num_slots, 1, self.kv_cache_dim)) for _ in range(self.layer_num)
+        ]
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """Global layer ``layer_id``'s latent buffer, in ``dtype``."""
+        local = self._local_layer(layer_id, where="get_key_buffer")
+        return self._as_read_dtype(self.kv_buffer[local])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """The first ``kv_lora_rank`` channels of layer ``layer_id``'s latent buffer."""
+        local = self._local_layer(layer_id, where="get_value_buffer")
+        return self._as_read_dtype(self.kv_buffer[local][..., : self.kv_lora_rank])
+
+    # --- writes --------------------------------------------------------------------------
+
+    def set_kv_buffer(
+        self,
+        layer: object,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor | None = None,
+    ) -> None:
+        """Write latent rows ``cache_k[i]`` (``[len(loc), 1, kv_cache_dim]``) to ``loc[i]``.
+
+        ``loc``: 1-D int32/int64, distinct, in ``[0, size + page_size)``. ``cache_k`` is in
+        the pool's dtype (fp8 pools also take raw ``uint8``), on the pool's device.
+        ``cache_v`` is ignored (the latent row holds both), and may be ``None``.
+        """
+        where = "set_kv_buffer"
+        local = self._layer_of(layer, where=where)
+        loc = self._locations("loc", loc, distinct=True, where=where)
+        rows = self._payload("cache_k", cache_k, (loc.numel(), 1, self.kv_cache_dim), where=where)
+        if self.is_meta:
+            return
+        scatter_rows(self.kv_buffer[local], loc, rows)
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        """Copy slot ``src_loc[i]`` to ``tgt_loc[i]`` in every layer's latent buffer.
+
+        All sources are read before any target is written, so sources may repeat and
+        overlap targets; targets must be distinct. Empty locations are a no-op.
+        """
+        tgt, src = self._move_locations(tgt_loc, src_loc)
+        if self.is_meta or tgt.numel() == 0:
+            return
+        move_rows(self.kv_buffer, tgt=tgt, src=src)
+
+    # --- host copies ---------------------------------------------------------------------
+
+    def _latent_host_layout(self, num_tokens: int) -> list[tuple[int, ...]]:
+        return [(num_tokens, 1, self.kv_cache_dim)] * self.layer_num
+
+    def _copy_latent_rows(self, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self._to_host(gather_rows(buffer, idx)) for buffer in self.kv_buffer)
+
+    def _load_latent_rows(self, rows: tuple[torch.Tensor, ...], idx: torch.Tensor) -> None:
+        for buffer, layer_rows in zip(self.kv_buffer, rows, strict=True):
+            scatter_rows(buffer, idx, layer_rows.to(self._torch_device))
+
+    def get_cpu_copy(self, indices: torch.Tensor) -> KVHostCopy:
+        """Copy slots ``indices`` (may repeat) of every layer's latent buffer to the CPU."""
+        idx = self._locations("indices", indices, distinct=False, where="get_cpu_copy")
+        return KVHostCopy(
+            source=type(self).__name__,
+            num_tokens=idx.numel(),
+            parts={"kv": self._copy_latent_rows(idx)},
+        )
+
+    def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
+        """Write copied token ``i`` to slot ``indices[i]`` (distinct, same count as copied)."""
+        where = "load_cpu_copy"
+        idx = self._locations("indices", indices, distinct=True, where=where)
+        copy = check_host_copy(
+            kv_cache_cpu,
+            source=type(self).__name__,
+            expected={"kv": self._latent_host_layout(idx.numel())},
+            dtypes={"kv": self.store_dtype},
+            where=where,
+        )
+        if self.is_meta:
+            return
+        self._load_latent_rows(copy.parts["kv"], idx)
+
+    # --- accounting ----------------------------------------------------------------------
+
+    def get_kv_size_bytes(self) -> int:
+        """Bytes of all latent buffers, one ``int`` (SGLang 0.5.23 returns one number
+        for MLA: ``layer_num * (size + page_size) * kv_cache_dim * itemsize``)."""
+        return sum(buffer.nbytes for buffer in self.kv_buffer)
+
+    def check_valid(self) -> None:
+        """Assert one latent buffer per layer with the documented shape and dtype."""
+        self._check_common_invariants({"kv_buffer": self.kv_buffer})
+        expected = (self.num_slots, 1, self.kv_cache_dim)
+        for i, buffer in enumerate(self.kv_buffer):
+            self._invariant(
+                tuple(buffer.shape) == expected and buffer.dtype == self.store_dtype,
+                f"kv_buffer[{i}] is {tuple(buffer.shape)} {buffer.dtype},"
+                f" expected {expected} {self.store_dtype}",
+            )

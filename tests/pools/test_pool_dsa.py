@@ -1,0 +1,258 @@
+"""DSA index-K: page byte layout, token-granular moves, whole-page host copies, skip layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _pools_support import (
+    fill,
+    index_tokens,
+    layer,
+    locs,
+    make_dsa,
+    payload,
+    random_bytes,
+    snapshot,
+    token_index_bytes,
+    token_state,
+)
+
+
+def scale_values(n: int, blocks: int, *, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.rand(n, blocks, generator=gen) + 0.5
+
+
+# --- byte layout ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("page_size", "index_head_dim"),
+    [(4, 128), (3, 256), (1, 128)],
+    ids=["page4-d128", "page3-d256", "page1-d128"],
+)
+def test_index_write_places_each_tokens_key_and_scale_bytes(page_size, index_head_dim):
+    """Token t's key bytes sit at columns [o*D, (o+1)*D) and its scales at
+    [P*D + o*S, P*D + (o+1)*S) of page t // P, checked token by token."""
+    pool = make_dsa(page_size=page_size, index_head_dim=index_head_dim, size=8)
+    tokens = torch.randperm(index_tokens(pool), generator=torch.Generator().manual_seed(0))
+    n, blocks = tokens.numel(), index_head_dim // 128
+    keys = payload((n, index_head_dim), torch.float32, seed=1).to(torch.float8_e4m3fn)
+    scales = scale_values(n, blocks, seed=2)
+    pool.set_index_k_scale_buffer(0, tokens, keys, scales)
+    for i, token in enumerate(tokens.tolist()):
+        key_bytes, scale_bytes = token_index_bytes(pool, 0, token)
+        assert key_bytes == bytes(keys[i].view(torch.uint8).tolist())
+        assert scale_bytes == bytes(scales[i].view(torch.uint8).tolist())
+        assert torch.equal(torch.frombuffer(bytearray(scale_bytes), dtype=torch.float32), scales[i])
+
+
+def test_index_write_leaves_neighbours_in_the_page_untouched():
+    """Writing one token changes only that token's key and scale columns."""
+    pool = make_dsa(page_size=4)
+    fill(pool, seed=3)
+    before = {t: token_index_bytes(pool, 0, t) for t in range(12)}
+    pool.set_index_k_scale_buffer(
+        0, locs(6), random_bytes((1, 128), seed=4), scale_values(1, 1, seed=5)
+    )
+    after = {t: token_index_bytes(pool, 0, t) for t in range(12)}
+    assert {t for t in before if before[t] != after[t]} == {6}
+
+
+def test_index_write_accepts_sglangs_1d_scale_and_raw_scale_bytes():
+    """index_k_scale may be [n] float32 (one block) or its raw [n, S] uint8 bytes."""
+    pool = make_dsa()
+    key = random_bytes((2, 128), seed=6)
+    scale = scale_values(2, 1, seed=7)
+    pool.set_index_k_scale_buffer(0, locs(1, 2), key, scale.view(-1))
+    pool.set_index_k_scale_buffer(2, locs(1, 2), key, scale.view(torch.uint8))
+    for token in (1, 2):
+        assert token_index_bytes(pool, 0, token) == token_index_bytes(pool, 2, token)
+
+
+def test_index_write_does_not_modify_the_callers_tensors():
+    """set_index_k_scale_buffer only reads loc, index_k and a non-contiguous scale."""
+    pool = make_dsa(index_head_dim=256)
+    loc = locs(3, 1)
+    key = random_bytes((2, 256), seed=8).view(torch.float8_e4m3fn)
+    scale = scale_values(2, 4, seed=9)[:, ::2]  # non-contiguous [2, 2]
+    copies = [loc.clone(), key.view(torch.uint8).clone(), scale.clone()]
+    pool.set_index_k_scale_buffer(0, loc, key, scale)
+    assert torch.equal(loc, copies[0]) and torch.equal(key.view(torch.uint8), copies[1])
+    assert torch.equal(scale, copies[2])
+    assert token_index_bytes(pool, 0, 1)[1] == bytes(
+        scale[1].contiguous().view(torch.uint8).tolist()
+    )
+
+
+# --- moves ------------------------------------------------------------------------------
+
+
+def test_move_copies_one_tokens_bytes_not_the_whole_page_row():
+    """Moving token 1 to token 2 changes only token 2's bytes. Both whole-row readings give
+    a different buffer: page rows indexed by token ids (the upstream bug) and copying the
+    token's whole page (which would also overwrite token 3)."""
+    pool = make_dsa(page_size=2, size=8)  # pages 0:{0,1} 1:{2,3} ...
+    fill(pool, seed=10)
+    buffer = pool.index_k_with_scale_buffer[0]
+    rows_by_token_id = buffer.clone()
+    rows_by_token_id[2] = rows_by_token_id[1]
+    whole_page = buffer.clone()
+    whole_page[1] = whole_page[0]
+    expected = {t: token_state(pool, t) for t in range(pool.num_slots)}
+    expected[2] = token_state(pool, 1)
+    pool.move_kv_cache(locs(2), locs(1))
+    assert {t: token_state(pool, t) for t in range(pool.num_slots)} == expected
+    assert not torch.equal(buffer, rows_by_token_id)
+    assert not torch.equal(buffer, whole_page)
+
+
+def test_move_with_overlap_in_one_page_reads_sources_first():
+    """Shifting tokens within a page reads all sources before writing any target."""
+    pool = make_dsa(page_size=4)
+    fill(pool, seed=11)
+    before = {t: token_index_bytes(pool, 2, t) for t in range(12)}
+    pool.move_kv_cache(locs(5, 6, 7), locs(4, 5, 6))
+    assert [token_index_bytes(pool, 2, t) for t in (4, 5, 6, 7)] == [
+        before[4],
+        before[4],
+        before[5],
+        before[6],
+    ]
+
+
+def test_move_skips_skip_layers():
+    """A move leaves skip layers' zero-row index buffers empty."""
+    pool = make_dsa(skip_topk_layers=[True, True, False])
+    fill(pool, seed=12)
+    pool.move_kv_cache(locs(0, 1), locs(9, 9))
+    assert [b.shape[0] for b in pool.index_k_with_scale_buffer] == [0, 0, 3]
+    assert token_index_bytes(pool, 2, 0) == token_index_bytes(pool, 2, 9)
+
+
+# --- whole-page host copies -------------------------------------------------------------
+
+NOT_WHOLE_PAGES = {
+    "partial-length": [4, 5, 6],
+    "misaligned-start": [5, 6, 7, 8],
+    "out-of-order": [4, 6, 5, 7],
+    "two-pages-mixed": [4, 5, 10, 11],
+}
+
+
+@pytest.mark.parametrize("indices", list(NOT_WHOLE_PAGES))
+def test_host_copy_refuses_index_sets_that_are_not_whole_pages(indices):
+    """get_cpu_copy and load_cpu_copy take only whole pages, in slot order."""
+    pool = make_dsa(page_size=4)
+    with pytest.raises(ValueError, match=r"indices.*whole pages"):
+        pool.get_cpu_copy(locs(*NOT_WHOLE_PAGES[indices]))
+    copy = pool.get_cpu_copy(torch.arange(4, 8))
+    before = snapshot(pool)
+    with pytest.raises(ValueError, match=r"indices.*whole pages"):
+        pool.load_cpu_copy(copy, locs(*NOT_WHOLE_PAGES[indices]))
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(pool), strict=True))
+
+
+def test_host_copy_of_several_pages_in_any_page_order():
+    """Whole pages may be listed in any page order; copies carry each page's index row."""
+    pool = make_dsa(page_size=2, size=8)
+    fill(pool, seed=13)
+    copy = pool.get_cpu_copy(locs(6, 7, 2, 3))
+    assert torch.equal(copy.parts["index_k"][0][0], pool.index_k_with_scale_buffer[0][3])
+    assert torch.equal(copy.parts["index_k"][0][1], pool.index_k_with_scale_buffer[0][1])
+
+
+# --- index capacity ---------------------------------------------------------------------
+
+
+def test_tokens_beyond_the_index_pages_are_refused_for_index_operations():
+    """With fewer index pages than slots, index writes and moves past them raise."""
+    pool = make_dsa(size=6, page_size=4)  # 10 slots, (6+4+1)//4 = 2 index pages = 8 tokens
+    assert pool.num_index_pages * pool.page_size == 8
+    rows = payload((1, 1, 6), torch.float32, seed=14)
+    pool.set_kv_buffer(layer(0), locs(9), rows, None)  # the latent buffer has the slot
+    before = snapshot(pool)
+    with pytest.raises(ValueError, match=r"tgt_loc\[0\]=9 not in \[0, 8\).*index-K"):
+        pool.move_kv_cache(locs(9), locs(1))
+    with pytest.raises(ValueError, match=r"loc\[0\]=8 not in \[0, 8\)"):
+        pool.set_index_k_scale_buffer(
+            0, locs(8), random_bytes((1, 128), seed=1), scale_values(1, 1, seed=1)
+        )
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(pool), strict=True))
+
+
+def test_all_skip_pool_moves_any_slot():
+    """Without index buffers, moves are bounded only by the latent slots."""
+    pool = make_dsa(size=6, page_size=4, skip_topk_layers=[True, True, True])
+    pool.move_kv_cache(locs(9), locs(1))
+    assert pool.get_kv_size_bytes() == 3 * 10 * 6 * 4
+
+
+# --- skip layers and transfer descriptors -------------------------------------------------
+
+
+def test_skip_layers_hold_zero_bytes():
+    """A skip layer's index buffer has zero rows and adds nothing to the byte count."""
+    with_skips = make_dsa(skip_topk_layers=[False, True, True])
+    without = make_dsa(skip_topk_layers=[False, False, False])
+    assert [b.nbytes for b in with_skips.index_k_with_scale_buffer][1:] == [0, 0]
+    row_pages = without.index_k_with_scale_buffer[0].nbytes
+    assert without.get_kv_size_bytes() - with_skips.get_kv_size_bytes() == 2 * row_pages
+
+
+@pytest.mark.parametrize("start_layer", [0, 10])
+def test_index_write_to_a_skip_layer_names_the_layer(start_layer):
+    """Writing index keys to a skip layer raises ValueError naming the (global) layer."""
+    pool = make_dsa(start_layer=start_layer)
+    before = snapshot(pool)
+    with pytest.raises(ValueError, match=rf"layer_id={start_layer + 1} is a skip-topk layer"):
+        pool.set_index_k_scale_buffer(
+            start_layer + 1, locs(0), random_bytes((1, 128), seed=0), scale_values(1, 1, seed=0)
+        )
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(pool), strict=True))
+
+
+def test_get_index_buffer_returns_the_page_buffer():
+    """get_index_k_with_scale_buffer maps a global id to its page buffer (empty for skips)."""
+    pool = make_dsa(start_layer=4)
+    assert pool.get_index_k_with_scale_buffer(4) is pool.index_k_with_scale_buffer[0]
+    assert pool.get_index_k_with_scale_buffer(5).shape == (0, 528)
+
+
+def test_state_buf_infos_describe_index_buffers_with_zeros_for_skip_layers():
+    """get_state_buf_infos: (data_ptr, nbytes, page-row bytes) per layer; skips give zeros."""
+    pool = make_dsa(skip_topk_layers=[False, True, False])
+    ptrs, lens, item_lens = pool.get_state_buf_infos()
+    buffers = pool.index_k_with_scale_buffer
+    assert ptrs == [buffers[0].data_ptr(), 0, buffers[2].data_ptr()]
+    assert lens == [3 * 528, 0, 3 * 528]
+    assert item_lens == [528, 0, 528]
+
+
+# --- meta ---------------------------------------------------------------------------------
+
+
+def test_meta_dsa_operations_check_shapes_and_do_nothing():
+    """On meta, index writes, moves and host copies validate shapes and return quietly."""
+    pool = make_dsa(device="meta")
+    meta_loc = torch.tensor([1, 2], device="meta")
+    pool.set_index_k_scale_buffer(
+        0,
+        meta_loc,
+        torch.empty(2, 128, dtype=torch.uint8, device="meta"),
+        torch.empty(2, 1, device="meta"),
+    )
+    pool.move_kv_cache(meta_loc, meta_loc)
+    copy = pool.get_cpu_copy(torch.arange(4, 8))
+    assert [tuple(t.shape) for t in copy.parts["index_k"]] == [(1, 528), (0, 528), (1, 528)]
+    assert all(t.is_meta for t in copy.parts["kv"])
+    pool.load_cpu_copy(copy, torch.arange(8, 12))
+    with pytest.raises(ValueError, match="index_k must have shape"):
+        pool.set_index_k_scale_buffer(
+            0,
+            meta_loc,
+            torch.empty(3, 128, dtype=torch.uint8, device="meta"),
+            torch.empty(2, 1, device="meta"),
+        )
+    assert pool.get_state_buf_infos() == ([0, 0, 0], [3 * 528, 0, 3 * 528], [528, 0, 528])
+    pool.check_valid()
