@@ -1,0 +1,236 @@
+"""Argument validation shared by every varlen attention entry point.
+
+Every backend (torch reference, flash-attn, paged) validates through here first, so
+a bad call gets the same ``ValueError`` whichever backend would have served it, and
+no backend ever sees offsets it could silently misread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+
+#: dtypes the attention paths accept for q, k and v (fp8 caches are not attended directly).
+ATTENTION_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class VarlenCall:
+    """A validated varlen call, with the segment bounds read once as Python ints."""
+
+    q_bounds: tuple[tuple[int, int], ...]
+    k_bounds: tuple[tuple[int, int], ...]
+    softmax_scale: float
+    window: tuple[int, int]
+    softcap: float
+    causal: bool
+    #: query heads per KV head: query head h reads KV head h // group_size
+    group_size: int
+
+
+def _check_rank3(name: str, tensor: object, layout: str) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name}={type(tensor).__name__} must be a torch.Tensor {layout}")
+    if tensor.dim() != 3:
+        raise ValueError(f"{name}.shape={tuple(tensor.shape)} must have 3 dimensions {layout}")
+    return tensor
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r} must be an int")
+    if value < minimum:
+        raise ValueError(f"{name}={value!r} must be >= {minimum}")
+    return value
+
+
+def segment_bounds(
+    cu_seqlens: object, *, name: str, num_tokens: int, tokens_name: str
+) -> tuple[tuple[int, int], ...]:
+    """Validate cumulative sequence offsets and return each segment's ``(start, end)``.
+
+    ``cu_seqlens`` must be a 1-D int32 tensor that starts at 0, never decreases and ends
+    exactly at ``num_tokens`` (rows beyond the last offset would be read by no segment,
+    which flash-attn does not check).
+
+    Example:
+        >>> segment_bounds(torch.tensor([0, 2, 5], dtype=torch.int32), name="cu_seqlens",
+        ...                num_tokens=5, tokens_name="q.shape[0]")
+        ((0, 2), (2, 5))
+    """
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"{name}={type(cu_seqlens).__name__} must be a torch.Tensor")
+    if cu_seqlens.dtype != torch.int32:
+        raise ValueError(
+            f"{name}.dtype={cu_seqlens.dtype} must be torch.int32 "
+            "(flash-attn's varlen kernels read 32-bit offsets)"
+        )
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() == 0:
+        raise ValueError(
+            f"{name}.shape={tuple(cu_seqlens.shape)} must be 1-D with at least one entry "
+            "([num_seqs + 1])"
+        )
+    offsets = [int(x) for x in cu_seqlens.tolist()]
+    if offsets[0] != 0:
+        raise ValueError(f"{name}[0]={offsets[0]} must be 0")
+    for i in range(1, len(offsets)):
+        if offsets[i] < offsets[i - 1]:
+            raise ValueError(
+                f"{name} must be non-decreasing: {name}[{i}]={offsets[i]} < "
+                f"{name}[{i - 1}]={offsets[i - 1]} (offsets={offsets})"
+            )
+    if offsets[-1] < num_tokens:
+        raise ValueError(
+            f"{name}[-1]={offsets[-1]} < {tokens_name}={num_tokens}: "
+            f"{num_tokens - offsets[-1]} row(s) lie beyond the last sequence; append them "
+            "as a segment of their own (kvcheck.attention.append_padding_segment) instead "
+            "of leaving them uncovered"
+        )
+    if offsets[-1] > num_tokens:
+        raise ValueError(
+            f"{name}[-1]={offsets[-1]} > {tokens_name}={num_tokens}: the offsets describe "
+            "more tokens than the tensor holds"
+        )
+    return tuple(itertools.pairwise(offsets))
+
+
+def _check_max_seqlen(
+    name: str, value: object, bounds: tuple[tuple[int, int], ...], cu_name: str
+) -> None:
+    _check_int(name, value, minimum=0)
+    longest = max((end - start for start, end in bounds), default=0)
+    if longest > value:  # type: ignore[operator]
+        raise ValueError(
+            f"{name}={value} < {longest}, the longest segment in {cu_name}; "
+            "flash-attn would skip the rows beyond max_seqlen"
+        )
+
+
+def check_window(window: object) -> tuple[int, int]:
+    """Validate a flash-attn ``window_size``: two ints, each -1 (unbounded) or >= 0.
+
+    Example:
+        >>> check_window((4, -1))
+        (4, -1)
+    """
+    if not isinstance(window, tuple | list) or len(window) != 2:
+        raise ValueError(f"window={window!r} must be a pair (left, right)")
+    left, right = window
+    for side, value in (("left", left), ("right", right)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+            raise ValueError(
+                f"window={tuple(window)!r}: {side}={value!r} must be an int >= -1 "
+                "(-1 means unbounded)"
+            )
+    return (left, right)
+
+
+def check_varlen_call(
+    q: object,
+    k: object,
+    v: object,
+    cu_seqlens: object,
+    max_seqlen: object,
+    *,
+    causal: object,
+    softmax_scale: object,
+    window: object,
+    softcap: object,
+    cu_seqlens_k: object = None,
+    max_seqlen_k: object = None,
+) -> VarlenCall:
+    """Validate a varlen attention call; raise ``ValueError`` naming the bad argument.
+
+    ``cu_seqlens_k`` / ``max_seqlen_k`` default to the query's (self-attention, as in
+    embedding prefill).
+
+    Example:
+        >>> q = torch.zeros(3, 4, 8); kv = torch.zeros(3, 2, 8)
+        >>> cu = torch.tensor([0, 1, 3], dtype=torch.int32)
+        >>> call = check_varlen_call(q, kv, kv, cu, 2, causal=True, softmax_scale=None,
+        ...                          window=(-1, -1), softcap=0.0)
+        >>> call.q_bounds, call.group_size
+        (((0, 1), (1, 3)), 2)
+    """
+    q = _check_rank3("q", q, "([total_q, num_heads, head_dim])")
+    k = _check_rank3("k", k, "([total_k, num_kv_heads, head_dim])")
+    v = _check_rank3("v", v, "([total_k, num_kv_heads, v_head_dim])")
+    if q.dtype not in ATTENTION_DTYPES:
+        allowed = ", ".join(str(d) for d in ATTENTION_DTYPES)
+        raise ValueError(f"q.dtype={q.dtype} is not supported; use one of {allowed}")
+    for name, tensor in (("k", k), ("v", v)):
+        if tensor.dtype != q.dtype:
+            raise ValueError(f"{name}.dtype={tensor.dtype} != q.dtype={q.dtype}")
+        if tensor.device != q.device:
+            raise ValueError(f"{name}.device={tensor.device} != q.device={q.device}")
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"v.shape[0]={v.shape[0]} != k.shape[0]={k.shape[0]} (tokens)")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"v.shape[1]={v.shape[1]} != k.shape[1]={k.shape[1]} (KV heads)")
+    if k.shape[2] != q.shape[2]:
+        raise ValueError(f"k.shape[2]={k.shape[2]} != q.shape[2]={q.shape[2]} (head_dim)")
+    num_heads, num_kv_heads = q.shape[1], k.shape[1]
+    if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"q.shape[1]={num_heads} query heads is not divisible by "
+            f"k.shape[1]={num_kv_heads} KV heads (GQA groups query heads per KV head)"
+        )
+
+    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != q.device:
+        raise ValueError(f"cu_seqlens.device={cu_seqlens.device} != q.device={q.device}")
+    q_bounds = segment_bounds(
+        cu_seqlens, name="cu_seqlens", num_tokens=q.shape[0], tokens_name="q.shape[0]"
+    )
+    _check_max_seqlen("max_seqlen", max_seqlen, q_bounds, "cu_seqlens")
+    if cu_seqlens_k is None:
+        if max_seqlen_k is not None:
+            raise ValueError(f"max_seqlen_k={max_seqlen_k!r} given without cu_seqlens_k")
+        k_cu_name = "cu_seqlens"
+        k_bounds = segment_bounds(
+            cu_seqlens, name=k_cu_name, num_tokens=k.shape[0], tokens_name="k.shape[0]"
+        )
+    else:
+        if isinstance(cu_seqlens_k, torch.Tensor) and cu_seqlens_k.device != q.device:
+            raise ValueError(f"cu_seqlens_k.device={cu_seqlens_k.device} != q.device={q.device}")
+        k_bounds = segment_bounds(
+            cu_seqlens_k, name="cu_seqlens_k", num_tokens=k.shape[0], tokens_name="k.shape[0]"
+        )
+        if len(k_bounds) != len(q_bounds):
+            raise ValueError(
+                f"cu_seqlens_k has {len(k_bounds)} segments but cu_seqlens has "
+                f"{len(q_bounds)}; they must describe the same sequences"
+            )
+        _check_max_seqlen(
+            "max_seqlen_k",
+            max_seqlen if max_seqlen_k is None else max_seqlen_k,
+            k_bounds,
+            "cu_seqlens_k",
+        )
+
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal={causal!r} must be a bool")
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(q.shape[2])
+    else:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, int | float):
+            raise ValueError(f"softmax_scale={softmax_scale!r} must be a float or None")
+        if not math.isfinite(softmax_scale):
+            raise ValueError(f"softmax_scale={softmax_scale!r} must be finite")
+        scale = float(softmax_scale)
+    if isinstance(softcap, bool) or not isinstance(softcap, int | float):
+        raise ValueError(f"softcap={softcap!r} must be a float (0.0 disables it)")
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap={softcap!r} must be finite and >= 0 (0.0 disables it)")
+
+    return VarlenCall(
+        q_bounds=q_bounds,
+        k_bounds=k_bounds,
+        softmax_scale=scale,
+        window=check_window(window),
+        softcap=float(softcap),
+        causal=causal,
+        group_size=num_heads // num_kv_heads,
+    )

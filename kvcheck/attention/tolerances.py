@@ -1,0 +1,119 @@
+"""The one table of tolerances for comparing attention outputs.
+
+Keyed by (comparison, device type, dtype). Why each entry is what it is:
+
+* ``paged_vs_raw``: both paths run the same kernel on equal values; on the CPU that
+  is bit for bit in fp32. fp16/bf16 (and fp32 on CUDA, where the library may pick a
+  different GEMM for another buffer) get one rounding step of the output dtype.
+* ``padding``: real sequences are computed alone whether or not a padding segment
+  follows, by the same backend: exact.
+* ``flash_vs_torch``: flash-attn rounds the softmax probabilities to fp16/bf16 before
+  the P.V product and uses a fast tanh for softcap; the torch reference stays in fp32.
+  A few output ulps, scaled to the dtype.
+* ``suffix_vs_full``: the bottom-right-alignment property compares a suffix of queries
+  against full self-attention: different GEMM shapes, so fp32 rounding may differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``torch.testing.assert_close`` tolerances: ``|a - e| <= atol + rtol * |e|``."""
+
+    rtol: float
+    atol: float
+
+
+EXACT = Tolerance(rtol=0.0, atol=0.0)
+_ONE_ROUNDING = {
+    torch.float32: Tolerance(rtol=1.3e-6, atol=1e-5),
+    torch.float16: Tolerance(rtol=1e-3, atol=1e-5),
+    torch.bfloat16: Tolerance(rtol=1.6e-2, atol=1e-5),
+}
+_FLASH = {
+    torch.float16: Tolerance(rtol=4e-3, atol=4e-3),
+    torch.bfloat16: Tolerance(rtol=2e-2, atol=3e-2),
+}
+
+COMPARISONS: tuple[str, ...] = ("paged_vs_raw", "padding", "flash_vs_torch", "suffix_vs_full")
+
+TOLERANCES: dict[tuple[str, str, torch.dtype], Tolerance] = {
+    ("paged_vs_raw", "cpu", torch.float32): EXACT,
+    ("paged_vs_raw", "cpu", torch.float16): _ONE_ROUNDING[torch.float16],
+    ("paged_vs_raw", "cpu", torch.bfloat16): _ONE_ROUNDING[torch.bfloat16],
+    ("paged_vs_raw", "cuda", torch.float32): _ONE_ROUNDING[torch.float32],
+    ("paged_vs_raw", "cuda", torch.float16): _ONE_ROUNDING[torch.float16],
+    ("paged_vs_raw", "cuda", torch.bfloat16): _ONE_ROUNDING[torch.bfloat16],
+    **{("padding", dev, dt): EXACT for dev in ("cpu", "cuda") for dt in _ONE_ROUNDING},
+    ("flash_vs_torch", "cuda", torch.float16): _FLASH[torch.float16],
+    ("flash_vs_torch", "cuda", torch.bfloat16): _FLASH[torch.bfloat16],
+    # flash-attn never runs on the CPU; these serve stand-in kernels in kvcheck's tests.
+    ("flash_vs_torch", "cpu", torch.float16): _FLASH[torch.float16],
+    ("flash_vs_torch", "cpu", torch.bfloat16): _FLASH[torch.bfloat16],
+    ("suffix_vs_full", "cpu", torch.float32): _ONE_ROUNDING[torch.float32],
+    ("suffix_vs_full", "cuda", torch.float32): _ONE_ROUNDING[torch.float32],
+    ("suffix_vs_full", "cuda", torch.float16): _FLASH[torch.float16],
+    ("suffix_vs_full", "cuda", torch.bfloat16): _FLASH[torch.bfloat16],
+}
+
+
+def tolerance(comparison: str, *, dtype: torch.dtype, device: torch.device | str) -> Tolerance:
+    """The tolerance for ``comparison`` of ``dtype`` outputs on ``device``.
+
+    Example:
+        >>> tolerance("paged_vs_raw", dtype=torch.float32, device="cpu")
+        Tolerance(rtol=0.0, atol=0.0)
+    """
+    device_type = torch.device(device).type
+    key = (comparison, device_type, dtype)
+    if key not in TOLERANCES:
+        known = sorted({(c, d, str(t)) for c, d, t in TOLERANCES})
+        raise ValueError(
+            f"no tolerance for comparison={comparison!r}, device={device_type!r}, "
+            f"dtype={dtype}; the table holds {known}"
+        )
+    return TOLERANCES[key]
+
+
+def assert_outputs_close(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    *,
+    comparison: str,
+    context: str = "",
+) -> None:
+    """Assert two attention outputs agree within the table's tolerance.
+
+    The message has the shape ``got ... but should be ... [context]`` and names the first
+    differing token and head.
+
+    Example:
+        >>> x = torch.ones(2, 1, 4)
+        >>> assert_outputs_close(x, x.clone(), comparison="paged_vs_raw")
+    """
+    __tracebackhide__ = True
+    if actual.shape != expected.shape or actual.dtype != expected.dtype:
+        raise AssertionError(
+            f"got shape {tuple(actual.shape)} {actual.dtype} but should be "
+            f"{tuple(expected.shape)} {expected.dtype} [{comparison}] {context}"
+        )
+    tol = tolerance(comparison, dtype=expected.dtype, device=expected.device)
+    close = torch.isclose(
+        actual.float(), expected.float(), rtol=tol.rtol, atol=tol.atol, equal_nan=False
+    )
+    if bool(close.all()):
+        return
+    bad = (~close).nonzero()
+    token, head = (int(x) for x in bad[0][:2])
+    diff = (actual.float() - expected.float()).abs()
+    raise AssertionError(
+        f"got {actual[token, head].tolist()} but should be {expected[token, head].tolist()} "
+        f"at token {token}, head {head} ({bad.shape[0]} of {actual.numel()} values differ, "
+        f"max |diff|={float(diff.nan_to_num(float('inf')).max()):.3g}, "
+        f"{tol}) [{comparison}] {context}"
+    )

@@ -1,0 +1,89 @@
+"""``varlen_attention``: one entry point that picks flash-attn or the torch reference.
+
+``backend="auto"`` uses flash-attn when it is installed and can serve the call (CUDA,
+fp16/bf16, supported head dims) and the torch reference otherwise, so the same property
+runs everywhere and uses the production kernel where one exists.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+from kvcheck.attention.flash import flash_unsupported_reason, flash_varlen_attention
+from kvcheck.attention.reference import reference_varlen_attention
+
+Backend = Literal["auto", "torch", "flash"]
+BACKENDS: tuple[Backend, ...] = ("auto", "torch", "flash")
+
+
+def resolve_backend(backend: str, *, q: torch.Tensor, v: torch.Tensor) -> Literal["torch", "flash"]:
+    """The backend that will serve a call: ``"torch"`` or ``"flash"``.
+
+    ``"auto"`` picks flash-attn when it can serve ``q``/``v`` and torch otherwise;
+    ``"torch"`` and ``"flash"`` are returned as asked (``flash_varlen_attention`` then
+    says why flash-attn cannot serve a call).
+
+    Example:
+        >>> resolve_backend("auto", q=torch.zeros(1, 1, 8), v=torch.zeros(1, 1, 8))
+        'torch'
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
+    if backend == "torch" or backend == "flash":
+        return backend
+    reason = flash_unsupported_reason(
+        device_type=q.device.type, dtype=q.dtype, head_dim=q.shape[-1], v_head_dim=v.shape[-1]
+    )
+    return "flash" if reason is None else "torch"
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    *,
+    causal: bool,
+    softmax_scale: float | None = None,
+    window: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_k: int | None = None,
+    backend: Backend = "auto",
+) -> torch.Tensor:
+    """Varlen attention on raw K/V with ``flash_attn_varlen_func``'s semantics.
+
+    q ``[total, H, d]``, k ``[total, Hkv, d]``, v ``[total, Hkv, dv]``; int32
+    ``cu_seqlens`` shared by q and k unless ``cu_seqlens_k`` is given. See
+    ``kvcheck.attention.reference`` for the exact semantics (bottom-right causal mask,
+    windows with -1 unbounded, softcap, GQA grouping, default scale ``1/sqrt(d)``).
+    Returns ``[total, H, dv]`` in q's dtype. Bad input raises ``ValueError`` naming the
+    argument, whichever backend serves the call.
+
+    Example:
+        >>> q = torch.randn(4, 2, 8); kv = torch.randn(4, 1, 8)
+        >>> cu = torch.tensor([0, 1, 4], dtype=torch.int32)
+        >>> varlen_attention(q, kv, kv, cu, 3, causal=True).shape
+        torch.Size([4, 2, 8])
+    """
+    if isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == v.dim() == 3:
+        chosen = resolve_backend(backend, q=q, v=v)
+    else:
+        chosen = "torch"  # the shared validation then reports the bad tensor
+    implementation = flash_varlen_attention if chosen == "flash" else reference_varlen_attention
+    return implementation(
+        q,
+        k,
+        v,
+        cu_seqlens,
+        max_seqlen,
+        causal=causal,
+        softmax_scale=softmax_scale,
+        window=window,
+        softcap=softcap,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_k=max_seqlen_k,
+    )
