@@ -1,0 +1,324 @@
+"""Scoped workarounds that let sglang 0.5.23's real pools run outside an sglang server.
+
+sglang expects a process that its launcher prepared: a GPU, a loadable ``torchvision``,
+published parallel widths and Triton kernels. kvcheck checks sglang's pool code on a
+plain CPU machine, so each gap is bridged here by a context manager that restores
+exactly what it changed when the block ends. Nothing in this module imports sglang at
+module import time; each helper imports what it needs when it runs.
+
+Example:
+    >>> with torchvision_stand_in():                      # doctest: +SKIP
+    ...     import sglang.srt.mem_cache.memory_pool
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import types
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+TORCHVISION = "torchvision"
+
+#: Environment variable that makes sglang's MHA pool move K/V with plain tensor
+#: indexing instead of its Triton copy kernel (read once, in the pool constructor).
+NATIVE_MOVE_ENV = "SGLANG_NATIVE_MOVE_KV_CACHE"
+
+#: Parallel widths for one process serving every attention head: what sglang's
+#: launcher publishes for a single-GPU server without decode context parallelism.
+SINGLE_RANK_PARALLEL: Mapping[str, Any] = {
+    "attn_dcp_size": 1,
+    "dcp_enabled": False,
+    "attn_dcp_rank": 0,
+}
+
+
+class TorchvisionStandInError(RuntimeError):
+    """Raised when sglang code actually uses the torchvision stand-in."""
+
+
+class _TorchvisionStandIn(types.ModuleType):
+    """A module whose every attribute is another stand-in and which raises when called.
+
+    sglang's config package imports ``torchvision.transforms`` (and names such as
+    ``InterpolationMode``) at module level for image models that kvcheck never builds.
+    The stand-in satisfies those imports; any real use fails loudly instead of
+    silently computing something.
+    """
+
+    def __getattr__(self, name: str) -> _TorchvisionStandIn:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        child = _TorchvisionStandIn(f"{self.__name__}.{name}")
+        setattr(self, name, child)  # one object per dotted name, like a real module
+        return child
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        raise TorchvisionStandInError(
+            f"{self.__name__} was called, but torchvision is kvcheck's import-time "
+            "stand-in: the installed torchvision does not load beside this torch. "
+            "Install a torchvision built for this torch to use image code."
+        )
+
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        # A class body that subclasses a torchvision type gets a plain base instead.
+        return (object,)
+
+
+class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves ``torchvision`` and every ``torchvision.*`` submodule with stand-ins."""
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != TORCHVISION and not fullname.startswith(TORCHVISION + "."):
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = _TorchvisionStandIn(spec.name)
+        module.__path__ = []  # a package, so submodule imports reach this finder
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Nothing to run: attributes are created on first access."""
+
+
+def real_torchvision_loads() -> bool:
+    """Whether ``import torchvision`` succeeds in this process (imports it if so).
+
+    A failed attempt leaves no half-imported ``torchvision`` modules behind.
+
+    Example:
+        >>> isinstance(real_torchvision_loads(), bool)
+        True
+    """
+    loaded = sys.modules.get(TORCHVISION)
+    if loaded is not None:
+        return not isinstance(loaded, _TorchvisionStandIn)
+    if importlib.util.find_spec(TORCHVISION) is None:
+        return False
+    try:
+        importlib.import_module(TORCHVISION)
+    except Exception:  # a CUDA-only or mismatched build fails in many ways
+        _drop_modules(lambda name, module: _is_torchvision_name(name))
+        return False
+    return True
+
+
+def _is_torchvision_name(name: str) -> bool:
+    return name == TORCHVISION or name.startswith(TORCHVISION + ".")
+
+
+def _drop_modules(predicate: Any) -> None:
+    for name, module in list(sys.modules.items()):
+        if predicate(name, module):
+            del sys.modules[name]
+
+
+def _settle_torchvision_probes() -> None:
+    """Let transformers record, before the stand-in exists, that torchvision is absent.
+
+    transformers caches ``is_torchvision_available()`` for the life of the process and
+    decides it with ``importlib.util.find_spec``, which would see the stand-in. Asking
+    first caches the true answer, so no transformers code, now or after the block,
+    mistakes the stand-in for a usable torchvision.
+    """
+    try:
+        from transformers.utils import import_utils
+    except Exception:  # transformers absent or broken: nothing to settle
+        return
+    for probe_name in ("is_torchvision_available", "is_torchvision_v2_available"):
+        probe = getattr(import_utils, probe_name, None)
+        if callable(probe):
+            probe()
+
+
+@contextmanager
+def torchvision_stand_in() -> Iterator[bool]:
+    """Let ``import torchvision...`` succeed inside the block when the real one cannot load.
+
+    Yields True when the stand-in is active. On exit the import hook and every stand-in
+    module are removed from ``sys.modules``; modules imported inside the block keep
+    the stand-in objects they bound, which raise :class:`TorchvisionStandInError` if
+    called. When the real torchvision loads, nothing is changed.
+
+    Example:
+        >>> with torchvision_stand_in() as active:
+        ...     import torchvision.transforms as T
+        >>> active == ("torchvision" not in sys.modules)
+        True
+    """
+    if real_torchvision_loads():
+        yield False
+        return
+    _settle_torchvision_probes()
+    finder = _StandInFinder()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield True
+    finally:
+        sys.meta_path.remove(finder)
+        _drop_modules(lambda name, module: isinstance(module, _TorchvisionStandIn))
+
+
+@contextmanager
+def scoped_environ(**values: str) -> Iterator[None]:
+    """Set environment variables for the block and restore the previous state on exit.
+
+    Example:
+        >>> with scoped_environ(KVCHECK_EXAMPLE="1"):
+        ...     os.environ["KVCHECK_EXAMPLE"]
+        '1'
+        >>> "KVCHECK_EXAMPLE" in os.environ
+        False
+    """
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def native_kv_move() -> Iterator[None]:
+    """Build MHA pools that move K/V with tensor indexing (sglang's CPU path).
+
+    sglang's default move is a Triton kernel that needs a GPU and
+    ``enable_kv_cache_copy=True``; the pool reads ``SGLANG_NATIVE_MOVE_KV_CACHE`` once,
+    in its constructor, so the variable is set only while pools are constructed.
+    """
+    with scoped_environ(**{NATIVE_MOVE_ENV: "1"}):
+        yield
+
+
+@contextmanager
+def single_rank_parallel() -> Iterator[None]:
+    """Give sglang's MLA/DSA code the parallel widths of a single-GPU server.
+
+    The MLA and DSA pools read ``attn_dcp_size``, ``dcp_enabled`` and ``attn_dcp_rank``
+    from sglang's runtime context, which only a launched server publishes. sglang's
+    own scoped override supplies them and is undone on exit.
+    """
+    from sglang.srt.runtime_context import get_parallel
+
+    with get_parallel().override(**SINGLE_RANK_PARALLEL):
+        yield
+
+
+def _no_cuda_synchronize(device: int | str | torch.device | None = None) -> None:
+    """Stands in for ``torch.cuda.synchronize`` on CPU, where there is nothing to wait for."""
+
+
+@contextmanager
+def cpu_cuda_synchronize() -> Iterator[None]:
+    """Make ``torch.cuda.synchronize()`` a no-op inside the block on a CPU-only torch.
+
+    sglang's DSA host copies call ``torch.cuda.synchronize()`` unconditionally, which
+    raises on a torch built without CUDA. CPU work is synchronous, so skipping the
+    call changes no result. Where CUDA is available nothing is patched.
+    """
+    if torch.cuda.is_available():
+        yield
+        return
+    original = torch.cuda.synchronize
+    torch.cuda.synchronize = _no_cuda_synchronize
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize = original
+
+
+#: Where sglang keeps the Triton kernel behind ``DSATokenToKVPool.set_index_k_scale_buffer``.
+INDEX_K_KERNEL_MODULE = "sglang.kernels.ops.kvcache.dsa_index_k_cache"
+INDEX_K_KERNEL_NAME = "_set_k_and_s_triton_kernel"
+
+
+class _CpuIndexKKernel:
+    """CPU body of sglang's ``_set_k_and_s_triton_kernel``, launched as ``kernel[grid](...)``.
+
+    Follows the byte layout that kernel documents (and that kvcheck's pool contract
+    states): token ``loc`` lives in page ``loc // PAGE_SIZE`` at offset
+    ``o = loc % PAGE_SIZE``; its fp8 key fills bytes ``[o*K, (o+1)*K)`` of the page row and
+    its fp32 scale the 4 bytes at ``S_OFFSET + 4*o``. One difference is unavoidable: a
+    location outside the buffer raises ``IndexError`` here, where the GPU kernel, which
+    has no bounds check, writes outside the allocation.
+    """
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self._launch
+
+    @staticmethod
+    def _launch(
+        buf_fp8: torch.Tensor,
+        buf_fp32: torch.Tensor,
+        loc: torch.Tensor,
+        index_k: torch.Tensor,
+        index_k_scale: torch.Tensor,
+        index_k_row_stride: int,
+        *,
+        PAGE_SIZE: int,
+        BUF_NUMEL_PER_PAGE: int,
+        NUM_K_ELEMS_PER_TOKEN: int,
+        S_OFFSET_NBYTES_IN_PAGE: int,
+        PRESHUFFLE_TILE: int,
+        **launch_options: Any,
+    ) -> None:
+        if PRESHUFFLE_TILE:
+            raise NotImplementedError("the preshuffled (ROCm AITER) index-K layout has no CPU body")
+        count = loc.numel()
+        if count == 0:
+            return
+        key_bytes = buf_fp8.view(torch.uint8).view(-1)
+        scale_words = buf_fp32.view(-1)
+        token = loc.view(-1).long()
+        page, offset = token // PAGE_SIZE, token % PAGE_SIZE
+        columns = torch.arange(NUM_K_ELEMS_PER_TOKEN, device=token.device)
+        key_at = (page * BUF_NUMEL_PER_PAGE + offset * NUM_K_ELEMS_PER_TOKEN)[:, None] + columns
+        rows = torch.as_strided(
+            index_k.view(torch.uint8), (count, NUM_K_ELEMS_PER_TOKEN), (index_k_row_stride, 1)
+        )
+        scale_at = page * (BUF_NUMEL_PER_PAGE // 4) + S_OFFSET_NBYTES_IN_PAGE // 4 + offset
+        # Check every location before writing, so a bad one leaves the buffer unchanged.
+        for name, at, limit in (
+            ("key", key_at, key_bytes.numel()),
+            ("scale", scale_at, scale_words.numel()),
+        ):
+            if at.numel() and (int(at.min()) < 0 or int(at.max()) >= limit):
+                raise IndexError(
+                    f"index-K {name} write at element {int(at.max())} outside a buffer of "
+                    f"{limit} (loc={token.tolist()}); sglang's GPU kernel has no bounds check"
+                )
+        key_bytes[key_at.reshape(-1)] = rows.reshape(-1)
+        scale_words[scale_at] = index_k_scale.reshape(-1)[:count].to(scale_words.dtype)
+
+
+@contextmanager
+def cpu_index_k_kernel() -> Iterator[None]:
+    """Run sglang's index-K write on CPU: its Python path, with the Triton kernel's body on CPU.
+
+    ``set_index_k_scale_buffer`` checks shapes, dtypes and the page size in Python, then
+    launches a Triton kernel that needs a GPU. Inside the block that one kernel symbol is
+    replaced by :class:`_CpuIndexKKernel`; everything else that runs is sglang's.
+    """
+    import importlib
+
+    module = importlib.import_module(INDEX_K_KERNEL_MODULE)
+    original = getattr(module, INDEX_K_KERNEL_NAME)
+    setattr(module, INDEX_K_KERNEL_NAME, _CpuIndexKKernel())
+    try:
+        yield
+    finally:
+        setattr(module, INDEX_K_KERNEL_NAME, original)

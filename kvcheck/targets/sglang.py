@@ -1,0 +1,420 @@
+"""The ``sglang`` target: the installed sglang 0.5.23's real pools and serving functions.
+
+Pools are sglang's own classes (``MHATokenToKVPool``, ``NoOpMHATokenToKVPool``,
+``MLATokenToKVPool``, ``DSATokenToKVPool``); validation, pool-family checks, KV sizing
+and the DSA skip rule are sglang's own functions. What a launched sglang server would
+have provided (a GPU, published parallel widths, resolved server arguments, a loaded
+checkpoint) is supplied by the scoped workarounds in :mod:`kvcheck.targets._sglang_env`
+and the translations in :mod:`kvcheck.targets._sglang_adapt`; each is documented where
+it is used.
+
+Importing this module does not import sglang (7-15 s); the first method that
+needs it does, once per process. Install sglang with ``scripts/install_sglang.sh``.
+
+Example:
+    >>> target = SGLangTarget()                              # doctest: +SKIP
+    >>> from kvcheck.specs import PoolSpec
+    >>> pool = target.make_pool(PoolSpec(family="mha", size=8, page_size=4, layer_num=2,
+    ...                                  dtype="bfloat16"), device="cpu")  # doctest: +SKIP
+    >>> type(pool).__module__                                # doctest: +SKIP
+    'sglang.srt.mem_cache.memory_pool'
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from importlib.metadata import PackageNotFoundError, version
+from types import MappingProxyType, SimpleNamespace
+from typing import Any
+
+import torch
+
+from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.targets import _sglang_adapt as adapt
+from kvcheck.targets import _sglang_env as env
+
+#: The sglang release this adapter was written against.
+SGLANG_VERSION = "0.5.23"
+
+INSTALL_HINT = "install it with `bash scripts/install_sglang.sh` (sglang==0.5.23, --no-deps)"
+
+#: sglang modules loaded together, under the torchvision stand-in, on first use.
+_SGLANG_MODULES: Mapping[str, str] = {
+    "memory_pool": "sglang.srt.mem_cache.memory_pool",
+    "kv_cache_hook": "sglang.srt.arg_groups.kv_cache_hook",
+    "configurator": "sglang.srt.mem_cache.kv_cache_configurator",
+    "pool_configurator": "sglang.srt.model_executor.pool_configurator",
+    "model_config": "sglang.srt.configs.model_config",
+    "runtime_context": "sglang.srt.runtime_context",
+    "server_args": "sglang.srt.server_args",
+    "overrides": "sglang.srt.arg_groups.overrides",
+    "platform_hook": "sglang.srt.arg_groups.platform_hook",
+    "index_k_kernels": env.INDEX_K_KERNEL_MODULE,
+    "platforms": "sglang.srt.platforms",
+}
+
+#: Why each capability cannot be served, whatever the device.
+UNSUPPORTED: Mapping[str, str] = MappingProxyType(
+    {
+        "meta_device": (
+            "sglang 0.5.23's MHATokenToKVPool and NoOpMHATokenToKVPool call "
+            "torch.get_device_module(device) in their constructor, which raises for 'meta' "
+            "(MLATokenToKVPool and DSATokenToKVPool do build on meta)"
+        ),
+    }
+)
+
+#: Capability -> how the target serves it on CPU, where that differs from a GPU server.
+CPU_NOTES: Mapping[str, str] = MappingProxyType(
+    {
+        "index_k_write": (
+            "set_index_k_scale_buffer runs sglang's Python checks, but its Triton kernel is "
+            "replaced by a CPU body that writes the documented byte layout (key bytes at "
+            "offset*128 of the page row, fp32 scale after the page's keys)"
+        ),
+        "move": (
+            "MHA pools are built with SGLANG_NATIVE_MOVE_KV_CACHE=1, sglang's tensor-indexing "
+            "move; on CUDA the Triton copy (enable_kv_cache_copy=True) is used"
+        ),
+        "host_copy": (
+            "DSA host copies call torch.cuda.synchronize(), which is a no-op during the call "
+            "on a CPU-only torch"
+        ),
+        "pool_selection": (
+            "sglang's FP4 check (is_float4_e2m1fn_x2) is False without CUDA, so on CPU an "
+            "FP4 KV dtype does not make the pool-family check reject the no-op pool"
+        ),
+    }
+)
+
+#: Pool methods that read sglang's runtime context (parallel widths) or sync CUDA.
+_MLA_SCOPED_METHODS: tuple[str, ...] = (
+    "set_kv_buffer",
+    "set_mla_kv_buffer",
+    "get_cpu_copy",
+    "load_cpu_copy",
+)
+_DSA_SCOPED_METHODS: tuple[str, ...] = (*_MLA_SCOPED_METHODS, "set_index_k_scale_buffer")
+
+#: Flags sglang's pool-family decision reads from its published config
+#: (``get_schedule().prefill_only_disable_kv_cache``, ``get_exec().kernel.attention_backend``);
+#: the KV dtype reaches it through the configurator instead.
+_FAMILY_FLAGS: tuple[str, ...] = ("prefill_only_disable_kv_cache", "attention_backend")
+
+
+@functools.cache
+def _sglang() -> SimpleNamespace:
+    """Import the sglang modules the target uses (once per process)."""
+    if importlib.util.find_spec("sglang") is None:
+        raise ModuleNotFoundError(f"sglang is not installed; {INSTALL_HINT}")
+    loaded: dict[str, Any] = {}
+    # sglang warns at import about CPU-only features (AWQ, GGUF) and triggers torch
+    # deprecation warnings; they are about sglang's environment, not what kvcheck checks.
+    with warnings.catch_warnings(), env.torchvision_stand_in():
+        warnings.simplefilter("ignore")
+        for key, module_name in _SGLANG_MODULES.items():
+            loaded[key] = importlib.import_module(module_name)
+    return SimpleNamespace(**loaded)
+
+
+def _installed_sglang_version() -> str:
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        raise ModuleNotFoundError(f"sglang is not installed; {INSTALL_HINT}") from None
+
+
+def _is_cuda(device: str | torch.device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+class SGLangTarget:
+    """sglang 0.5.23's pools and serving rules, adapted to the kvcheck target protocol.
+
+    ``unsupported`` lists what sglang cannot serve with reasons; ``cpu_notes`` says how
+    the capabilities that need a GPU in sglang are served on CPU.
+    """
+
+    name: str = "sglang"
+
+    def __init__(self) -> None:
+        self.version: str = _installed_sglang_version()
+        self.unsupported: Mapping[str, str] = UNSUPPORTED
+        self.cpu_notes: Mapping[str, str] = CPU_NOTES
+        if self.version != SGLANG_VERSION:
+            warnings.warn(
+                f"kvcheck's sglang target was written for sglang {SGLANG_VERSION}; "
+                f"found {self.version}",
+                stacklevel=2,
+            )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, version={self.version!r})"
+
+    # --- pools ----------------------------------------------------------------------------
+
+    def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
+        """Build sglang's pool for ``spec`` on ``device`` ("cpu", "cuda", "cuda:N", "meta").
+
+        ``end_layer`` is passed as ``start_layer + layer_num`` (exclusive), as sglang's
+        configurator does. DSA pools get ``kv_cache_dim = kv_lora_rank +
+        qk_rope_head_dim`` (the raw latent row kvcheck describes) and need a page size of
+        64, which sglang asserts. On CPU, MHA pools use sglang's native move; MLA/DSA
+        pool methods run with single-rank parallel widths (see :mod:`._sglang_env`).
+        """
+        if not isinstance(spec, PoolSpec):
+            raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
+        if spec.family not in POOL_FAMILIES:
+            raise ValueError(f"spec.family={spec.family!r} not in {POOL_FAMILIES}")
+        memory_pool = _sglang().memory_pool
+        common: dict[str, Any] = {
+            "size": spec.size,
+            "page_size": spec.page_size,
+            "dtype": adapt.pool_dtype(spec.dtype),
+            "layer_num": spec.layer_num,
+            "device": device,
+            "enable_memory_saver": False,
+            "start_layer": spec.start_layer,
+            "end_layer": spec.start_layer + spec.layer_num,
+        }
+        if spec.family in ("mha", "noop"):
+            return self._make_mha_pool(memory_pool, spec, common, device)
+        latent = {"kv_lora_rank": spec.kv_lora_rank, "qk_rope_head_dim": spec.qk_rope_head_dim}
+        with env.single_rank_parallel():
+            if spec.family == "mla":
+                pool = memory_pool.MLATokenToKVPool(**common, **latent)
+            else:
+                pool = memory_pool.DSATokenToKVPool(
+                    **common,
+                    **latent,
+                    index_head_dim=spec.index_head_dim,
+                    kv_cache_dim=spec.kv_lora_rank + spec.qk_rope_head_dim,
+                    index_buf_size=spec.index_buf_size,
+                    skip_topk_layers=list(spec.skip_mask),
+                )
+        methods = _MLA_SCOPED_METHODS if spec.family == "mla" else _DSA_SCOPED_METHODS
+        on_cpu = not _is_cuda(device)
+        _run_methods_in_scope(pool, methods, functools.partial(_latent_pool_scope, cpu=on_cpu))
+        return pool
+
+    @staticmethod
+    def _make_mha_pool(
+        memory_pool: Any, spec: PoolSpec, common: dict[str, Any], device: str
+    ) -> Any:
+        pool_class = (
+            memory_pool.MHATokenToKVPool
+            if spec.family == "mha"
+            else memory_pool.NoOpMHATokenToKVPool
+        )
+        on_cuda = _is_cuda(device)
+        # On CUDA: the Triton move sglang uses with speculative decoding. Elsewhere:
+        # sglang's own tensor-indexing move, selected by the variable it reads here.
+        build_scope = nullcontext() if on_cuda else env.native_kv_move()
+        with build_scope:
+            return pool_class(
+                **common,
+                head_num=spec.head_num,
+                head_dim=spec.head_dim,
+                v_head_dim=spec.v_head_dim,
+                enable_kv_cache_copy=on_cuda,
+            )
+
+    def write_index_k(
+        self, pool: Any, layer_id: int, loc: Any, index_k: Any, index_k_scale: Any
+    ) -> None:
+        """``pool.set_index_k_scale_buffer``, with bytes given as uint8 reinterpreted.
+
+        sglang takes fp8 keys and fp32 scales ([n, 1]); uint8 keys [n, D] and uint8
+        scales [n, 4] carry the same bytes and are viewed as those dtypes. On CPU the
+        write runs sglang's checks with a CPU kernel body (see ``cpu_notes``).
+        """
+        if isinstance(index_k, torch.Tensor) and index_k.dtype == torch.uint8:
+            index_k = index_k.view(torch.float8_e4m3fn)
+        if isinstance(index_k_scale, torch.Tensor) and index_k_scale.dtype == torch.uint8:
+            index_k_scale = index_k_scale.contiguous().view(torch.float32)
+        pool.set_index_k_scale_buffer(layer_id, loc, index_k, index_k_scale)
+
+    # --- serving --------------------------------------------------------------------------
+
+    def validate_server_args(self, flags: Mapping[str, Any]) -> None:
+        """sglang's two --prefill-only-disable-kv-cache checks on an unresolved ``ServerArgs``.
+
+        ``validate_prefill_only_disable_kv_cache_args`` runs first, as in sglang's
+        pipeline; then the attention backend is resolved the way the pipeline would
+        (:func:`._sglang_adapt.resolve_attention_backend`) and
+        ``handle_prefill_only_disable_kv_cache`` checks it. kvcheck flag names are
+        mapped to sglang's (``enable_prefill_context_parallel`` -> ``enable_prefill_cp``).
+        """
+        hooks = _sglang().kv_cache_hook
+        server_args = adapt.sglang_server_args(flags)
+        hooks.validate_prefill_only_disable_kv_cache_args(server_args)
+        adapt.resolve_attention_backend(server_args, flags)
+        hooks.handle_prefill_only_disable_kv_cache(server_args)
+
+    def select_pool_family(self, flags: Mapping[str, Any], model: Any, *, is_draft: bool) -> str:
+        """The family sglang's ``_init_pools`` builds for ``flags`` and ``model``.
+
+        Runs sglang's ``_validate_prefill_only_disable_kv_cache_pool_family`` (RuntimeError
+        for families the flag cannot serve), then follows ``_build_token_to_kv_pool``:
+        DSA, else MLA, else SWA / hybrid-linear pools over MHA pools (reported as "mha"),
+        else the plain MHA builder, which picks ``NoOpMHATokenToKVPool`` whenever the flag
+        is on, draft worker included (MXFP8 first takes its own pool); then sglang's
+        closing check that a non-draft worker got the no-op pool. Flags are taken as given
+        (not validated).
+        """
+        sg = _sglang()
+        # Publish only what the family decision reads; other flags (attn_cp_size, say) would
+        # need a parallel topology that one process cannot publish, and are not consulted.
+        server_args = adapt.sglang_server_args(
+            {name: flags[name] for name in _FAMILY_FLAGS if name in flags}
+        )
+        kv_dtype_name = str(flags.get("kv_cache_dtype", "auto"))
+        with _published(server_args):
+            configurator = adapt.configurator_for(
+                model,
+                server_args=server_args,
+                kv_cache_dtype=adapt.kv_cache_torch_dtype(kv_dtype_name, model),
+                kv_cache_dtype_str=kv_dtype_name,
+                is_draft=is_draft,
+            )
+            is_dsa = sg.model_config.is_deepseek_dsa(configurator.model_config.hf_config)
+            configurator_class = sg.configurator.KVCacheConfigurator
+            configurator_class._validate_prefill_only_disable_kv_cache_pool_family(
+                configurator, is_dsa, False, sg.platforms.current_platform
+            )
+            flag_on = bool(sg.runtime_context.get_schedule().prefill_only_disable_kv_cache)
+        family = _built_family(configurator, is_dsa=is_dsa, flag_on=flag_on)
+        if flag_on and not is_draft and family != "noop":
+            raise RuntimeError(
+                "sglang 0.5.23 _init_pools: --prefill-only-disable-kv-cache expected "
+                f"NoOpMHATokenToKVPool but the runtime pool would be the {family} family "
+                f"(kv_cache_dtype={kv_dtype_name!r})"
+            )
+        return family
+
+    def cell_size_bytes(
+        self, model: Any, *, dtype: str, is_draft: bool, enable_hisparse: bool
+    ) -> int:
+        """Per-token bytes from sglang's pool configurator (``DefaultPoolConfigurator``).
+
+        ``dtype`` is the pool dtype name ("bfloat16", "float8_e4m3fn", ...).
+        """
+        configurator = self._pool_configurator(
+            model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
+        )
+        return int(configurator._cell_size)
+
+    def max_total_num_tokens(
+        self,
+        model: Any,
+        *,
+        budget_bytes: int,
+        dtype: str,
+        page_size: int,
+        is_draft: bool,
+        enable_hisparse: bool,
+    ) -> int:
+        """sglang's ``calculate_pool_sizes(budget_bytes, page_size).max_total_num_tokens``."""
+        configurator = self._pool_configurator(
+            model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
+        )
+        with _published(_serving_args(enable_hisparse=enable_hisparse)):
+            config = configurator.calculate_pool_sizes(budget_bytes, page_size)
+        return int(config.max_total_num_tokens)
+
+    def _pool_configurator(
+        self, model: Any, *, dtype: str, is_draft: bool, enable_hisparse: bool
+    ) -> Any:
+        sg = _sglang()
+        server_args = _serving_args(enable_hisparse=enable_hisparse)
+        with _published(server_args):
+            configurator = adapt.configurator_for(
+                model,
+                server_args=server_args,
+                kv_cache_dtype=adapt.pool_dtype(dtype),
+                kv_cache_dtype_str=None,
+                is_draft=is_draft,
+            )
+            return sg.pool_configurator.create_memory_pool_configurator(configurator)
+
+    def dsa_layer_skips_topk(self, model: Any, layer_id: int) -> bool:
+        """sglang's ``dsa_layer_skips_topk`` on a HuggingFace-style config of ``model``."""
+        config = adapt.hf_config_for(model)
+        return bool(_sglang().model_config.dsa_layer_skips_topk(config, layer_id))
+
+    def skip_topk_layers(self, model: Any) -> Sequence[bool]:
+        """The mask sglang's ``_build_dsa_kv_pool`` passes for a normal (non-draft) worker."""
+        sg = _sglang()
+        config = adapt.hf_config_for(model)
+        with _published(_serving_args(enable_hisparse=False)):
+            if not sg.configurator._should_elide_dsa_index_k(is_draft_worker=False):
+                return [False] * int(model.num_hidden_layers)
+        return [
+            bool(sg.model_config.dsa_layer_skips_topk(config, layer_id))
+            for layer_id in range(int(model.num_hidden_layers))
+        ]
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _serving_args(*, enable_hisparse: bool) -> Any:
+    return adapt.sglang_server_args({"enable_hisparse": enable_hisparse})
+
+
+@contextmanager
+def _published(server_args: Any) -> Iterator[Any]:
+    """Run the block with ``server_args`` published in a private sglang runtime context.
+
+    sglang's configurator reads published config namespaces (``get_schedule()``,
+    ``get_memory()``, ...). ``create_context`` builds a context without touching the
+    process-wide one; ``use_context`` activates it for the block only.
+    """
+    runtime = _sglang().runtime_context
+    context = runtime.create_context(server_args, role="test")
+    with runtime.use_context(context):
+        yield context
+
+
+@contextmanager
+def _latent_pool_scope(*, cpu: bool) -> Iterator[None]:
+    """What one MLA/DSA pool call needs: parallel widths; on CPU, CUDA sync and index kernel."""
+    with ExitStack() as stack:
+        stack.enter_context(env.single_rank_parallel())
+        if cpu:
+            stack.enter_context(env.cpu_cuda_synchronize())
+            stack.enter_context(env.cpu_index_k_kernel())
+        yield
+
+
+def _run_methods_in_scope(
+    pool: Any, names: Sequence[str], scope: Callable[[], AbstractContextManager[None]]
+) -> None:
+    """Make each named method of ``pool`` (this instance only) run inside ``scope()``."""
+    for name in names:
+        method = getattr(type(pool), name, None)
+        if method is None:
+            continue
+
+        @functools.wraps(method)
+        def scoped(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            with scope():
+                return _method(pool, *args, **kwargs)
+
+        setattr(pool, name, scoped)
+
+
+def _built_family(configurator: Any, *, is_dsa: bool, flag_on: bool) -> str:
+    """Which of kvcheck's families sglang's ``_build_token_to_kv_pool`` dispatch lands on."""
+    if configurator.use_mla_backend:
+        return "dsa" if is_dsa else "mla"
+    if configurator.is_hybrid_swa or configurator.mambaish_config is not None:
+        return "mha"  # SWAKVPool / HybridLinearKVPool over MHA pools; never the no-op pool
+    if configurator.kv_cache_dtype_str == "mxfp8":
+        return "mha"  # MHATokenToKVPoolMXFP8: chosen before the no-op pool is considered
+    return "noop" if flag_on else "mha"

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Install sglang 0.5.23 for kvcheck's `sglang` target, beside an existing torch.
+#
+# sglang's own dependency list pins a CUDA torch and GPU kernel packages, so it is
+# installed with --no-deps, plus exactly the packages that its pool, configurator and
+# server-argument code import. torch is held at the installed build by a constraint, so
+# nothing here can replace a CPU torch with a CUDA one. torchvision is deliberately
+# absent: kvcheck's adapter supplies a stand-in while sglang is imported.
+#
+# Usage:  bash scripts/install_sglang.sh            (idempotent; prints how long it took)
+# Env:    KVCHECK_TORCH_PIN   torch release sglang must sit beside (default 2.13.0)
+#         PYTHON              interpreter whose environment receives the packages
+set -euo pipefail
+
+PYTHON="${PYTHON:-python}"
+TORCH_PIN="${KVCHECK_TORCH_PIN:-2.13.0}"
+SGLANG_VERSION="0.5.23"
+start=$(date +%s)
+
+die() { echo "install_sglang: $*" >&2; exit 1; }
+
+torch_version() { "$PYTHON" -c 'from importlib.metadata import version; print(version("torch"))'; }
+
+installed_torch=$(torch_version 2>/dev/null) \
+  || die "torch is not installed for $PYTHON; install torch==$TORCH_PIN (CPU build) first"
+case "$installed_torch" in
+  "$TORCH_PIN" | "$TORCH_PIN"+*) ;;
+  *) die "found torch $installed_torch but sglang is checked beside torch==$TORCH_PIN (set KVCHECK_TORCH_PIN to override)" ;;
+esac
+
+# Direct imports of sglang's pool code (versions verified with sglang 0.5.23 on CPU).
+REQUIREMENTS=(
+  "sglang==$SGLANG_VERSION"
+  numpy==2.4.6 orjson==3.8.3 psutil==7.2.2 pybase64==1.5.1 requests==2.34.2
+  triton==3.9.0 packaging==26.2 pillow==13.0.0 starlette==1.10.0 msgspec==0.23.0
+  pydantic==2.13.4 pyzmq==27.3.0 tqdm==4.70.1 ipython==8.12.3 aiohttp==3.14.5
+  transformers==5.19.0 tokenizers==0.23.2 dill==0.4.1 apache-tvm-ffi==0.1.11
+  sentencepiece==0.2.1 compressed-tensors==0.18.0 gguf==0.19.0 einops==0.8.2
+  openai==2.8.0 partial-json-parser==0.2.1.1.post7
+)
+
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+# torch stays exactly the installed build; the rest pins the transitive set so that
+# CI resolves the same environment every time.
+cat > "$constraints" <<PINS
+torch==$installed_torch
+aiohappyeyeballs==2.7.1
+aiosignal==1.4.0
+annotated-doc==0.0.7
+anyio==4.16.0
+click==8.5.1
+distro==1.9.0
+frozenlist==1.8.0
+h11==0.16.0
+hf-xet==1.8.0
+httpcore==1.0.9
+httpx==0.28.1
+huggingface-hub==1.33.0
+jiter==0.19.0
+loguru==0.7.3
+markdown-it-py==4.3.0
+mdurl==0.1.2
+multidict==7.2.1
+propcache==0.5.4
+rich==15.0.0
+safetensors==0.8.0
+shellingham==1.5.4
+typer==0.29.2
+typing-extensions==4.16.0
+yarl==1.25.1
+PINS
+
+already_installed() {
+  "$PYTHON" - "${REQUIREMENTS[@]}" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+for requirement in sys.argv[1:]:
+    name, wanted = requirement.split("==")
+    try:
+        if version(name) != wanted:
+            sys.exit(1)
+    except PackageNotFoundError:
+        sys.exit(1)
+PY
+}
+
+if already_installed; then
+  echo "install_sglang: sglang==$SGLANG_VERSION and its pinned imports are already installed"
+else
+  # sglang alone, without its CUDA-only dependency list.
+  "$PYTHON" -m pip install --no-deps -c "$constraints" "sglang==$SGLANG_VERSION"
+  # What its pool code imports; the constraint keeps torch as it is.
+  "$PYTHON" -m pip install -c "$constraints" "${REQUIREMENTS[@]:1}"
+fi
+
+after_torch=$(torch_version)
+[ "$after_torch" = "$installed_torch" ] \
+  || die "torch changed from $installed_torch to $after_torch; this must not happen"
+
+"$PYTHON" - "${REQUIREMENTS[@]}" $(grep -v '^torch==' "$constraints") <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, distribution
+
+total = 0
+for requirement in sys.argv[1:]:
+    try:
+        files = distribution(requirement.split("==")[0]).files or ()
+    except PackageNotFoundError:  # a transitive pin that this resolution did not need
+        continue
+    total += sum(f.size or 0 for f in files)
+print(f"install_sglang: the pinned set occupies {total / 1e9:.2f} GB on disk")
+PY
+echo "install_sglang: done in $(( $(date +%s) - start )) s (torch $after_torch untouched)"

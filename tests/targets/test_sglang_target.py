@@ -1,0 +1,295 @@
+"""Smoke tests of the ``sglang`` target against the installed sglang 0.5.23, on CPU.
+
+These pin that the adapter reaches sglang's real code and leaves the process as it found
+it; whether sglang satisfies kvcheck's contracts is the property suite's question.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip(
+    "sglang", reason="sglang is not installed; run `bash scripts/install_sglang.sh`"
+)
+
+import torch
+
+from kvcheck.serving import GLM_5_2_LIKE, QWEN3_EMBEDDING_8B
+from kvcheck.specs import PoolSpec
+from kvcheck.targets import CAPABILITIES, Target, check_target
+from kvcheck.targets import _sglang_env as env
+from kvcheck.targets.sglang import SGLangTarget, _sglang
+
+NATIVE_MOVE_BEFORE = os.environ.get(env.NATIVE_MOVE_ENV)
+DSA_PAGE = 64  # sglang 0.5.23 asserts 64-token DSA pages on CPU and CUDA
+INDEX_DIM = 128
+SCALE_BYTES = 4
+VALID_FLAGS = {
+    "is_embedding": True,
+    "prefill_only_disable_kv_cache": True,
+    "chunked_prefill_size": -1,
+    "disable_radix_cache": True,
+    "attention_backend": "fa3",
+}
+
+
+class Layer:
+    """The one attribute sglang's set_kv_buffer reads from a RadixAttention layer."""
+
+    def __init__(self, layer_id: int) -> None:
+        self.layer_id = layer_id
+
+
+def spec_for(family: str) -> PoolSpec:
+    """A small pool of ``family`` serving global layers 2, 3, 4."""
+    page = DSA_PAGE if family == "dsa" else 4
+    return PoolSpec(
+        family=family,  # type: ignore[arg-type]
+        size=2 * page,
+        page_size=page,
+        layer_num=3,
+        dtype="bfloat16",
+        start_layer=2,
+        head_num=2,
+        head_dim=8,
+        kv_lora_rank=16,
+        qk_rope_head_dim=8,
+        skip_topk_layers=(False, True, False) if family == "dsa" else None,
+    )
+
+
+def rows_for(spec: PoolSpec, count: int, start: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Distinct K (and V) rows for ``count`` tokens of ``spec``'s pool."""
+    if spec.family in ("mla", "dsa"):
+        width = spec.kv_lora_rank + spec.qk_rope_head_dim
+        k = torch.arange(count * width, dtype=torch.float32).view(count, 1, width) + start
+        return k.to(torch.bfloat16), None
+    shape = (count, spec.head_num, spec.head_dim)
+    k = torch.arange(count * spec.head_num * spec.head_dim, dtype=torch.float32).view(shape)
+    return (k + start).to(torch.bfloat16), (k - start).to(torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def target() -> SGLangTarget:
+    return SGLangTarget()
+
+
+def test_importing_the_target_module_leaves_sglang_unimported() -> None:
+    """Importing kvcheck.targets.sglang and building the target does not import sglang."""
+    code = (
+        "import sys, kvcheck.targets.sglang as m; m.SGLangTarget(); "
+        "print(any(n == 'sglang' or n.startswith('sglang.') for n in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "False"
+
+
+def test_target_satisfies_the_protocol(target: SGLangTarget) -> None:
+    """The target passes the resolver's protocol check and names only known capabilities."""
+    assert isinstance(target, Target)
+    assert check_target(target) == []
+    assert target.version == "0.5.23"
+    assert set(target.unsupported) <= set(CAPABILITIES)
+    assert "meta_device" in target.unsupported
+
+
+@pytest.mark.parametrize("family", ["mha", "noop", "mla", "dsa"])
+def test_make_pool_builds_sglangs_own_class(target: SGLangTarget, family: str) -> None:
+    """Each family is built as sglang's pool class from sglang.srt.mem_cache.memory_pool."""
+    expected = {
+        "mha": "MHATokenToKVPool",
+        "noop": "NoOpMHATokenToKVPool",
+        "mla": "MLATokenToKVPool",
+        "dsa": "DSATokenToKVPool",
+    }[family]
+    pool = target.make_pool(spec_for(family), device="cpu")
+    assert type(pool) is getattr(_sglang().memory_pool, expected)
+    assert (pool.start_layer, pool.layer_num) == (2, 3)
+
+
+@pytest.mark.parametrize("family", ["mha", "mla", "dsa"])
+def test_write_move_and_host_copy_round_trip(target: SGLangTarget, family: str) -> None:
+    """Written rows read back, move to new slots, and survive a host copy and reload."""
+    spec = spec_for(family)
+    pool = target.make_pool(spec, device="cpu")
+    page = spec.page_size
+    source = torch.arange(page, 2 * page)  # one whole page (DSA host copies need pages)
+    k, v = rows_for(spec, page, start=1.0)
+    pool.set_kv_buffer(Layer(3), source, k, v)
+    assert torch.equal(pool.get_key_buffer(3)[source], k)
+
+    moved = torch.tensor([2 * page, 2 * page + 1])
+    pool.move_kv_cache(moved, source[:2])
+    assert torch.equal(pool.get_key_buffer(3)[moved], k[:2])
+
+    copy = pool.get_cpu_copy(source)
+    reload_at = torch.arange(2 * page, 3 * page)
+    pool.load_cpu_copy(copy, reload_at)
+    assert torch.equal(pool.get_key_buffer(3)[reload_at], k)
+    if v is not None:
+        assert torch.equal(pool.get_value_buffer(3)[reload_at], v)
+
+
+def test_noop_pool_rejects_writes_and_ignores_moves(target: SGLangTarget) -> None:
+    """The no-op pool raises RuntimeError on set_kv_buffer and moves nothing."""
+    spec = spec_for("noop")
+    pool = target.make_pool(spec, device="cpu")
+    k, v = rows_for(spec, 1, start=1.0)
+    with pytest.raises(RuntimeError, match="NoOpMHATokenToKVPool"):
+        pool.set_kv_buffer(Layer(2), torch.tensor([1]), k, v)
+    pool.move_kv_cache(torch.tensor([0]), torch.tensor([1]))
+    assert pool.get_kv_size_bytes() == (0, 0)
+    assert all(int(buffer.count_nonzero()) == 0 for buffer in pool.k_buffer)
+
+
+def index_k_rows(count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    keys = (torch.arange(count * INDEX_DIM) % 251 + 1).to(torch.uint8).view(count, INDEX_DIM)
+    scales = torch.arange(1, count + 1, dtype=torch.float32).view(count, 1) / 2
+    return keys, scales
+
+
+def key_bytes_of(pool: object, layer_id: int, token: int) -> torch.Tensor:
+    buffer = pool.get_index_k_with_scale_buffer(layer_id)  # type: ignore[attr-defined]
+    page, offset = divmod(token, DSA_PAGE)
+    return buffer[page, offset * INDEX_DIM : (offset + 1) * INDEX_DIM]
+
+
+def scale_of(pool: object, layer_id: int, token: int) -> float:
+    buffer = pool.get_index_k_with_scale_buffer(layer_id)  # type: ignore[attr-defined]
+    page, offset = divmod(token, DSA_PAGE)
+    start = DSA_PAGE * INDEX_DIM + offset * SCALE_BYTES
+    return float(buffer[page, start : start + SCALE_BYTES].view(torch.float32))
+
+
+def test_index_k_write_lands_at_the_documented_bytes(target: SGLangTarget) -> None:
+    """write_index_k puts key bytes at offset*128 of the page row and the scale after the keys."""
+    pool = target.make_pool(spec_for("dsa"), device="cpu")
+    keys, scales = index_k_rows(2)
+    tokens = torch.tensor([DSA_PAGE + 1, DSA_PAGE + 5])
+    target.write_index_k(pool, 2, tokens, keys, scales)
+    assert torch.equal(key_bytes_of(pool, 2, DSA_PAGE + 5), keys[1])
+    assert scale_of(pool, 2, DSA_PAGE + 1) == 0.5
+    assert int(key_bytes_of(pool, 2, DSA_PAGE + 2).count_nonzero()) == 0
+
+
+def test_dsa_move_and_host_copy_carry_index_k(target: SGLangTarget) -> None:
+    """A DSA move copies one token's index-K bytes; a page host copy reloads them elsewhere."""
+    pool = target.make_pool(spec_for("dsa"), device="cpu")
+    keys, scales = index_k_rows(1)
+    target.write_index_k(pool, 4, torch.tensor([DSA_PAGE + 3]), keys, scales)
+    pool.move_kv_cache(torch.tensor([7]), torch.tensor([DSA_PAGE + 3]))
+    assert torch.equal(key_bytes_of(pool, 4, 7), keys[0])
+    assert int(key_bytes_of(pool, 4, 6).count_nonzero()) == 0
+
+    copy = pool.get_cpu_copy(torch.arange(DSA_PAGE, 2 * DSA_PAGE))
+    pool.load_cpu_copy(copy, torch.arange(2 * DSA_PAGE, 3 * DSA_PAGE))
+    assert torch.equal(key_bytes_of(pool, 4, 2 * DSA_PAGE + 3), keys[0])
+    assert scale_of(pool, 4, 2 * DSA_PAGE + 3) == 0.5
+
+
+def test_dsa_skip_layer_holds_no_index_k(target: SGLangTarget) -> None:
+    """A skip layer gets a zero-row index-K buffer and a (0, 0, 0) transfer entry."""
+    pool = target.make_pool(spec_for("dsa"), device="cpu")
+    ptrs, lens, item_lens = pool.get_state_buf_infos()
+    assert pool.get_index_k_with_scale_buffer(3).shape[0] == 0
+    assert (ptrs[1], lens[1], item_lens[1]) == (0, 0, 0)
+    assert lens[0] == pool.get_index_k_with_scale_buffer(2).numel()
+
+
+@pytest.mark.parametrize("family", ["mla", "dsa"])
+def test_latent_pools_build_on_meta(target: SGLangTarget, family: str) -> None:
+    """MLA and DSA pools build on the meta device (shapes without memory)."""
+    pool = target.make_pool(spec_for(family), device="meta")
+    assert pool.kv_buffer[0].device.type == "meta"
+
+
+@pytest.mark.parametrize("family", ["mha", "noop"])
+def test_mha_pools_fail_on_meta_as_declared(target: SGLangTarget, family: str) -> None:
+    """MHA and no-op pools fail on meta, which is why meta_device is declared unsupported."""
+    with pytest.raises(RuntimeError, match="meta"):
+        target.make_pool(spec_for(family), device="meta")
+
+
+def test_valid_prefill_only_flags_pass_validation(target: SGLangTarget) -> None:
+    """A flag set meeting every precondition passes sglang's two validation steps."""
+    target.validate_server_args(VALID_FLAGS)
+    target.validate_server_args({**VALID_FLAGS, "attention_backend": None, "gpu_arch": "sm90"})
+    assert target.validate_server_args({}) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "flag"),
+    [
+        ({"is_embedding": False}, "--is-embedding"),
+        ({"kv_cache_dtype": "nvfp4"}, "nvfp4"),
+        ({"chunked_prefill_size": 4096}, "--chunked-prefill-size"),
+        ({"enable_prefill_context_parallel": True}, "--enable-prefill-cp"),
+        ({"attention_backend": "triton"}, "fa3/fa4"),
+    ],
+    ids=["not-embedding", "nvfp4", "chunked", "prefill-cp", "triton-backend"],
+)
+def test_invalid_prefill_only_flags_are_rejected(
+    target: SGLangTarget, change: dict[str, object], flag: str
+) -> None:
+    """A violated precondition raises sglang's ValueError naming the flag."""
+    with pytest.raises(ValueError, match="--prefill-only-disable-kv-cache") as error:
+        target.validate_server_args({**VALID_FLAGS, **change})
+    assert flag in str(error.value)
+
+
+def test_pool_selection_picks_noop_for_mha_and_rejects_dsa(target: SGLangTarget) -> None:
+    """With the flag, an MHA model gets the no-op pool and a DSA model a RuntimeError."""
+    assert target.select_pool_family(VALID_FLAGS, QWEN3_EMBEDDING_8B, is_draft=False) == "noop"
+    assert target.select_pool_family({}, GLM_5_2_LIKE, is_draft=False) == "dsa"
+    with pytest.raises(RuntimeError, match="DSA/MLA KV pool"):
+        target.select_pool_family(VALID_FLAGS, GLM_5_2_LIKE, is_draft=False)
+
+
+def test_skip_rule_on_glm_5_2_like(target: SGLangTarget) -> None:
+    """GLM-5.2-like (78 layers, freq 4, offset 3) runs the indexer on 0, 1, 2, 6, ..., 74."""
+    mask = target.skip_topk_layers(GLM_5_2_LIKE)
+    indexer_layers = [layer for layer, skips in enumerate(mask) if not skips]
+    assert len(mask) == 78
+    assert indexer_layers == [0, 1, 2, *range(6, 78, 4)]
+    assert target.dsa_layer_skips_topk(GLM_5_2_LIKE, 3) is True
+    assert target.dsa_layer_skips_topk(GLM_5_2_LIKE, 6) is False
+
+
+def test_configurator_sizes_glm_5_2_like(target: SGLangTarget) -> None:
+    """bf16 cell size is 78 latent rows of 576 x 2 bytes plus 21 indexer rows of 132 bytes."""
+    cell = target.cell_size_bytes(
+        GLM_5_2_LIKE, dtype="bfloat16", is_draft=False, enable_hisparse=False
+    )
+    assert cell == 78 * 576 * 2 + 21 * 132
+    tokens = target.max_total_num_tokens(
+        GLM_5_2_LIKE,
+        budget_bytes=100 * cell,
+        dtype="bfloat16",
+        page_size=DSA_PAGE,
+        is_draft=False,
+        enable_hisparse=False,
+    )
+    assert tokens == 64
+
+
+def test_using_the_target_leaves_no_workaround_behind(target: SGLangTarget) -> None:
+    """After pools and serving calls, no stand-in module, env var or patch is left in place."""
+    for family in ("mha", "dsa"):
+        pool = target.make_pool(spec_for(family), device="cpu")
+        pool.get_cpu_copy(torch.arange(spec_for(family).page_size))
+    target.validate_server_args(VALID_FLAGS)
+    target.cell_size_bytes(GLM_5_2_LIKE, dtype="bfloat16", is_draft=False, enable_hisparse=False)
+    stand_ins = [
+        name for name, module in sys.modules.items() if isinstance(module, env._TorchvisionStandIn)
+    ]
+    assert stand_ins == []
+    assert os.environ.get(env.NATIVE_MOVE_ENV) == NATIVE_MOVE_BEFORE
+    assert torch.cuda.synchronize is not env._no_cuda_synchronize
+    kernel = getattr(_sglang().index_k_kernels, env.INDEX_K_KERNEL_NAME)
+    assert not isinstance(kernel, env._CpuIndexKKernel)
