@@ -1,0 +1,274 @@
+"""The Hypothesis example database that ``KVCHECK_DB`` names.
+
+Failures reproduce because Hypothesis stores every failing example and replays it first on
+the next run. ``KVCHECK_DB`` says where they are stored:
+
+- unset or empty: ``.hypothesis/examples`` under the current directory;
+- a directory path: that directory (created on first write);
+- ``LOCAL{os.pathsep}SHARED``: write to ``LOCAL``, also read ``SHARED`` without ever writing
+  to it (a database another runner uploaded as a CI artifact);
+- ``redis://host:port/db``: a Redis server several runners share (needs
+  ``pip install 'kvcheck[redis]'``).
+
+:class:`RecordingDatabase` wraps any of them and counts, per running test, how many stored
+examples the test fetched, which is how ``kvcheck replay`` knows what had something to
+replay.
+
+Example:
+    >>> db = database_from_spec("/tmp/kvcheck-db")
+    >>> describe_database(db)
+    'directory /tmp/kvcheck-db'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import urllib.parse
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from hypothesis.database import (
+    DirectoryBasedExampleDatabase,
+    ExampleDatabase,
+    MultiplexedDatabase,
+    ReadOnlyDatabase,
+)
+
+__all__ = [
+    "DATABASE_ENV_VAR",
+    "DEFAULT_DATABASE_DIR",
+    "DatabaseSpecError",
+    "RecordingDatabase",
+    "database_from_spec",
+    "describe_database",
+    "recording_test",
+    "stored_examples_fetched",
+]
+
+DATABASE_ENV_VAR = "KVCHECK_DB"
+#: Relative to the current directory, like Hypothesis's own default.
+DEFAULT_DATABASE_DIR = Path(".hypothesis") / "examples"
+_REDIS_SCHEMES = ("redis", "rediss")
+#: A shared database must not hang a run: fail fast when the server is unreachable.
+_REDIS_CONNECT_TIMEOUT_S = 5.0
+_REDIS_OPERATION_TIMEOUT_S = 30.0
+
+
+class DatabaseSpecError(ValueError):
+    """A ``KVCHECK_DB`` value that does not name a usable database."""
+
+
+def database_from_spec(
+    spec: str | None, *, cwd: Path | None = None, check_connection: bool = True
+) -> ExampleDatabase:
+    """Build the example database ``spec`` (a ``KVCHECK_DB`` value) names.
+
+    Relative paths are taken from ``cwd`` (default: the current directory) and made
+    absolute, so a later ``chdir`` does not move the database. A ``redis://`` database is
+    pinged unless ``check_connection`` is False.
+
+    Example:
+        >>> import os
+        >>> db = database_from_spec("local" + os.pathsep + "/tmp", cwd=Path("/work"))
+        >>> describe_database(db)
+        'directory /work/local + read-only directory /tmp'
+    """
+    base = Path.cwd() if cwd is None else Path(cwd)
+    text = "" if spec is None else spec.strip()
+    if not text:
+        return DirectoryBasedExampleDatabase(base / DEFAULT_DATABASE_DIR)
+    scheme = urllib.parse.urlsplit(text).scheme
+    if scheme in _REDIS_SCHEMES:
+        return _redis_database(text, check_connection=check_connection)
+    if "://" in text:
+        raise DatabaseSpecError(
+            f"{DATABASE_ENV_VAR}={text!r}: unsupported URL scheme {scheme!r}; use a directory, "
+            f"LOCAL{os.pathsep}SHARED directories, or redis://host:port/db"
+        )
+    parts = text.split(os.pathsep)
+    if len(parts) == 1:
+        return DirectoryBasedExampleDatabase(_directory(text, base, role="database"))
+    if len(parts) == 2 and all(part.strip() for part in parts):
+        local = _directory(parts[0].strip(), base, role="local database")
+        shared = _directory(parts[1].strip(), base, role="shared database")
+        if not shared.is_dir():
+            raise DatabaseSpecError(
+                f"{DATABASE_ENV_VAR}={text!r}: the shared (read-only) database {str(shared)!r} "
+                "does not exist; download it first or drop it from the setting"
+            )
+        return MultiplexedDatabase(
+            DirectoryBasedExampleDatabase(local),
+            ReadOnlyDatabase(DirectoryBasedExampleDatabase(shared)),
+        )
+    raise DatabaseSpecError(
+        f"{DATABASE_ENV_VAR}={text!r}: expected one directory or exactly two joined by "
+        f"{os.pathsep!r} (LOCAL{os.pathsep}SHARED), got {len(parts)} parts"
+    )
+
+
+def describe_database(db: Any) -> str:
+    """One line saying where ``db`` keeps examples, for report headers and summaries.
+
+    Example:
+        >>> describe_database(None)
+        'none (examples are not saved)'
+    """
+    if db is None:
+        return "none (examples are not saved)"
+    if isinstance(db, RecordingDatabase):
+        return describe_database(db.inner)
+    if isinstance(db, DirectoryBasedExampleDatabase):
+        return f"directory {db.path}"
+    # Hypothesis keeps the wrapped databases in ``_wrapped``; fall back to repr without it.
+    wrapped = getattr(db, "_wrapped", None)
+    if isinstance(db, ReadOnlyDatabase) and wrapped is not None:
+        return f"read-only {describe_database(wrapped)}"
+    if isinstance(db, MultiplexedDatabase) and wrapped is not None:
+        return " + ".join(describe_database(part) for part in wrapped)
+    redis_client = getattr(db, "redis", None)
+    if redis_client is not None:
+        kwargs = redis_client.connection_pool.connection_kwargs
+        host, port, number = kwargs.get("host"), kwargs.get("port"), kwargs.get("db", 0)
+        return f"redis redis://{host}:{port}/{number}"
+    return repr(db)
+
+
+# --- recording which tests had stored examples ----------------------------------------------
+
+_current_test: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "kvcheck_current_test", default=None
+)
+#: test id -> stored examples fetched while it ran; per process, keyed by test, so xdist
+#: workers and tests never share an entry.
+_fetched: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def recording_test(test_id: str) -> Iterator[None]:
+    """Attribute database fetches made inside the block to ``test_id`` (and reset its count).
+
+    Example:
+        >>> with recording_test("test_a"):
+        ...     pass
+        >>> stored_examples_fetched("test_a")
+        0
+    """
+    _fetched[test_id] = 0
+    token = _current_test.set(test_id)
+    try:
+        yield
+    finally:
+        _current_test.reset(token)
+
+
+def stored_examples_fetched(test_id: str) -> int:
+    """Stored examples that ``test_id`` fetched through a :class:`RecordingDatabase`."""
+    return _fetched.get(test_id, 0)
+
+
+class RecordingDatabase(ExampleDatabase):
+    """Delegates to ``inner`` and counts fetched values for the test that is running.
+
+    Example:
+        >>> from hypothesis.database import InMemoryExampleDatabase
+        >>> db = RecordingDatabase(InMemoryExampleDatabase())
+        >>> db.save(b"key", b"example")
+        >>> with recording_test("test_b"):
+        ...     _ = list(db.fetch(b"key"))
+        >>> stored_examples_fetched("test_b")
+        1
+    """
+
+    def __init__(self, inner: ExampleDatabase) -> None:
+        super().__init__()
+        if not isinstance(inner, ExampleDatabase):
+            raise ValueError(f"inner={inner!r} is not a Hypothesis ExampleDatabase")
+        self.inner = inner
+
+    def __repr__(self) -> str:
+        return f"RecordingDatabase({self.inner!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RecordingDatabase) and self.inner == other.inner
+
+    def __hash__(self) -> int:
+        return hash((RecordingDatabase, id(self.inner)))
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        test_id = _current_test.get()
+        for value in self.inner.fetch(key):
+            if test_id is not None:
+                _fetched[test_id] = _fetched.get(test_id, 0) + 1
+            yield value
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self.inner.save(key, value)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self.inner.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self.inner.move(src, dest, value)
+
+    def _start_listening(self) -> None:
+        self.inner.add_listener(self._broadcast_change)
+
+    def _stop_listening(self) -> None:
+        self.inner.remove_listener(self._broadcast_change)
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _directory(text: str, base: Path, *, role: str) -> Path:
+    path = Path(text).expanduser()
+    path = path if path.is_absolute() else base / path
+    if path.exists() and not path.is_dir():
+        raise DatabaseSpecError(
+            f"{DATABASE_ENV_VAR}: the {role} {str(path)!r} exists but is not a directory"
+        )
+    return path
+
+
+def _redis_database(url: str, *, check_connection: bool) -> ExampleDatabase:
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise DatabaseSpecError(f"{DATABASE_ENV_VAR}={url!r}: bad port ({exc})") from exc
+    if not parts.hostname:
+        raise DatabaseSpecError(
+            f"{DATABASE_ENV_VAR}={url!r}: no host; expected redis://host:port/db"
+        )
+    number = parts.path.strip("/")
+    if number and not number.isdigit():
+        raise DatabaseSpecError(
+            f"{DATABASE_ENV_VAR}={url!r}: database {number!r} is not a number; "
+            "expected redis://host:port/db"
+        )
+    try:
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+    except ImportError as exc:
+        raise DatabaseSpecError(
+            f"{DATABASE_ENV_VAR}={url!r} needs the 'redis' package: "
+            f"pip install 'kvcheck[redis]' ({exc})"
+        ) from exc
+    client = redis.Redis.from_url(
+        url,
+        socket_connect_timeout=_REDIS_CONNECT_TIMEOUT_S,
+        socket_timeout=_REDIS_OPERATION_TIMEOUT_S,
+    )
+    if check_connection:
+        try:
+            client.ping()
+        except redis.RedisError as exc:
+            raise DatabaseSpecError(
+                f"{DATABASE_ENV_VAR}={url!r}: cannot reach Redis at "
+                f"{parts.hostname}:{port or 6379} ({type(exc).__name__}: {exc}); "
+                "start the server or change the setting"
+            ) from exc
+    return RedisExampleDatabase(client)

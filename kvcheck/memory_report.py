@@ -1,0 +1,175 @@
+"""``kvcheck memory-report``: what the KV pools of real model configs cost.
+
+For each named config in :data:`kvcheck.serving.MODELS`: bytes per token (cell size), the
+token capacity of a memory budget, and the bytes of the pools actually built for that
+capacity on torch's ``meta`` device (shapes without memory, so production scale fits on a
+laptop), checked against the configurator's formula. DSA models are reported twice: with
+their skip layers (the indexer buffer only on non-skip layers) and with every layer
+allocated (what a draft worker or ``--enable-hisparse`` gets), which shows what the skip
+layers save.
+
+Example:
+    >>> rows = memory_rows(["GLM-5.2-like"], budget_bytes=8 << 30, dtype="bfloat16",
+    ...                    page_size=64)
+    >>> [row.variant for row in rows]
+    ['skip layers honoured', 'every layer allocated']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MemoryRow", "memory_rows", "pool_tensor_bytes", "render_memory_report"]
+
+_GIB = 1 << 30
+_BUFFER_ATTRIBUTES = ("k_buffer", "v_buffer", "kv_buffer", "index_k_with_scale_buffer")
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """One model in one allocation variant."""
+
+    model: str
+    variant: str
+    cell_bytes: int
+    tokens: int
+    formula_bytes: int
+    built_bytes: int | None  # None when kvcheck has no pool for the model
+    note: str = ""
+
+
+def pool_tensor_bytes(pool: Any) -> int:
+    """Bytes of every KV tensor a pool holds (works on ``meta``: shapes times itemsize).
+
+    Example:
+        >>> import torch
+        >>> class Pool:
+        ...     kv_buffer = [torch.empty(4, 1, 8, dtype=torch.bfloat16, device="meta")]
+        >>> pool_tensor_bytes(Pool())
+        64
+    """
+    total = 0
+    for name in _BUFFER_ATTRIBUTES:
+        for tensor in getattr(pool, name, None) or ():
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def memory_rows(
+    model_names: Sequence[str] | None,
+    *,
+    budget_bytes: int,
+    dtype: str,
+    page_size: int,
+) -> list[MemoryRow]:
+    """Rows for ``model_names`` (None: every model in :data:`kvcheck.serving.MODELS`).
+
+    Raises ``ValueError`` naming an unknown model or a bad budget, dtype or page size.
+    """
+    from kvcheck.serving import (
+        MODELS,
+        ServerArgs,
+        cell_size_bytes,
+        max_total_num_tokens,
+        pool_bytes,
+        select_kv_pool,
+    )
+
+    if not isinstance(budget_bytes, int) or budget_bytes <= 0:
+        raise ValueError(f"budget_bytes={budget_bytes!r} must be a positive int")
+    names = list(MODELS) if not model_names else list(model_names)
+    unknown = [name for name in names if name not in MODELS]
+    if unknown:
+        raise ValueError(f"model={unknown[0]!r} is not a kvcheck model; known: {', '.join(MODELS)}")
+    rows: list[MemoryRow] = []
+    for name in names:
+        model = MODELS[name]
+        variants = [("skip layers honoured", False), ("every layer allocated", True)]
+        if not model.is_dsa:
+            variants = [("all layers", False)]
+        for label, every_layer in variants:
+            sizing: dict[str, Any] = {
+                "dtype": dtype,
+                "page_size": page_size,
+                "enable_hisparse": every_layer,
+            }
+            tokens = max_total_num_tokens(model, budget_bytes=budget_bytes, **sizing)
+            built: int | None = None
+            note = ""
+            try:
+                pool = select_kv_pool(
+                    ServerArgs.unchecked(enable_hisparse=every_layer),
+                    model,
+                    max_total_num_tokens=tokens,
+                    page_size=page_size,
+                    dtype=dtype,
+                    device="meta",
+                )
+                built = pool_tensor_bytes(pool)
+            except ValueError as exc:  # a family kvcheck does not build
+                note = str(exc)
+            rows.append(
+                MemoryRow(
+                    model=name,
+                    variant=label,
+                    cell_bytes=cell_size_bytes(model, dtype=dtype, enable_hisparse=every_layer),
+                    tokens=tokens,
+                    formula_bytes=pool_bytes(model, num_tokens=tokens, **sizing),
+                    built_bytes=built,
+                    note=note,
+                )
+            )
+    return rows
+
+
+def render_memory_report(
+    rows: Sequence[MemoryRow], *, budget_bytes: int, dtype: str, page_size: int
+) -> str:
+    """The report as text: a table, then the skip-layer saving for each DSA model."""
+    lines = [
+        f"KV pools for a {budget_bytes / _GIB:.1f} GiB budget, dtype {dtype}, "
+        f"page size {page_size}; pools built on the meta device",
+        "",
+        f"{'MODEL':<28} {'VARIANT':<22} {'BYTES/TOKEN':>11} {'TOKENS':>11} {'POOL GiB':>9}  CHECK",
+    ]
+    for row in rows:
+        if row.built_bytes is None:
+            check = f"not built: {row.note}"
+        elif row.built_bytes == row.formula_bytes:
+            check = "built == formula"
+        else:
+            check = f"MISMATCH: built {row.built_bytes} B, formula {row.formula_bytes} B"
+        shown = row.formula_bytes if row.built_bytes is None else row.built_bytes
+        lines.append(
+            f"{row.model:<28} {row.variant:<22} {row.cell_bytes:>11,} {row.tokens:>11,} "
+            f"{shown / _GIB:>9.2f}  {check}"
+        )
+    savings = _skip_savings(rows)
+    if savings:
+        lines += ["", "Skip-layer saving (skip layers honoured vs every layer allocated):"]
+        lines += savings
+    return "\n".join(lines)
+
+
+def _skip_savings(rows: Sequence[MemoryRow]) -> list[str]:
+    by_model: dict[str, dict[str, MemoryRow]] = {}
+    for row in rows:
+        by_model.setdefault(row.model, {})[row.variant] = row
+    lines = []
+    for model, variants in by_model.items():
+        skip = variants.get("skip layers honoured")
+        full = variants.get("every layer allocated")
+        if skip is None or full is None:
+            continue
+        saved = full.cell_bytes - skip.cell_bytes
+        gained = skip.tokens - full.tokens
+        if saved == 0:
+            lines.append(f"  {model}: no skip layers (every layer runs its indexer)")
+            continue
+        lines.append(
+            f"  {model}: {saved:,} bytes/token saved ({100 * saved / full.cell_bytes:.1f}%), "
+            f"{gained:+,} tokens ({100 * gained / max(full.tokens, 1):+.1f}%) in the same budget"
+        )
+    return lines

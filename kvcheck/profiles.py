@@ -1,0 +1,160 @@
+"""kvcheck's Hypothesis settings profiles.
+
+=====================  ===================================================================
+``kvcheck-dev``        local runs: 100 examples per property, fresh randomness each run.
+``kvcheck-ci``         CI: like dev; failures go to the shared database for replay.
+``kvcheck-thorough``   nightly / GPU runners: 2000 examples, longer state-machine runs.
+``kvcheck-replay``     only the explicit and stored examples (``kvcheck replay``).
+=====================  ===================================================================
+
+All keep ``deadline=None`` (device warm-up and shared CI cores make per-example timing
+meaningless), ``print_blob=True`` (every failure prints its ``@reproduce_failure``) and the
+example database named by ``KVCHECK_DB``. Hypothesis turns the database *off* in its own
+``ci`` profile, which it loads whenever ``CI`` is set; ``kvcheck-ci`` keeps it on so that a
+failure found by a runner can be replayed elsewhere.
+
+The profile in effect is ``--kvcheck-profile``, else ``KVCHECK_PROFILE``, else
+``kvcheck-ci`` when ``CI`` is set and ``kvcheck-dev`` otherwise.
+
+Example:
+    >>> register_profiles()
+    >>> from hypothesis import settings
+    >>> settings.get_profile(DEV).max_examples
+    100
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.database import ExampleDatabase
+
+from kvcheck.db import DATABASE_ENV_VAR, RecordingDatabase, database_from_spec
+
+__all__ = [
+    "CI",
+    "DEV",
+    "PROFILE_ENV_VAR",
+    "PROFILE_NAMES",
+    "REPLAY",
+    "THOROUGH",
+    "choose_profile_to_load",
+    "default_profile_name",
+    "profile_options",
+    "register_profiles",
+]
+
+DEV = "kvcheck-dev"
+CI = "kvcheck-ci"
+THOROUGH = "kvcheck-thorough"
+REPLAY = "kvcheck-replay"
+PROFILE_NAMES: tuple[str, ...] = (DEV, CI, THOROUGH, REPLAY)
+PROFILE_ENV_VAR = "KVCHECK_PROFILE"
+
+#: Hypothesis's built-in profiles: loaded without anyone choosing them.
+_HYPOTHESIS_DEFAULT_PROFILES = ("default", "ci")
+
+_COMMON: dict[str, Any] = {
+    "deadline": None,
+    "print_blob": True,
+    # Example generation is timed on shared CI cores next to torch work; "too slow" there
+    # says nothing about the strategies.
+    "suppress_health_check": (HealthCheck.too_slow,),
+}
+_OPTIONS: dict[str, dict[str, Any]] = {
+    DEV: {"max_examples": 100, "stateful_step_count": 25},
+    # Not derandomized: Hypothesis forbids a database with derandomize=True, and the
+    # database is what lets a CI failure be replayed on another machine.
+    CI: {"max_examples": 100, "stateful_step_count": 25},
+    THOROUGH: {"max_examples": 2000, "stateful_step_count": 100},
+    REPLAY: {"phases": (Phase.explicit, Phase.reuse)},
+}
+
+
+def profile_options(name: str) -> dict[str, Any]:
+    """The settings ``name`` sets, database excluded.
+
+    Example:
+        >>> profile_options(CI)["deadline"] is None
+        True
+    """
+    if name not in _OPTIONS:
+        raise ValueError(f"name={name!r} is not a kvcheck profile; known: {PROFILE_NAMES}")
+    return {**_COMMON, **_OPTIONS[name]}
+
+
+def register_profiles(database: ExampleDatabase | None = None) -> None:
+    """Register every kvcheck profile with ``database`` (re-registering replaces them).
+
+    ``None`` builds the database ``KVCHECK_DB`` names, wrapped in a
+    :class:`~kvcheck.db.RecordingDatabase`. Raises :class:`kvcheck.db.DatabaseSpecError`
+    (a ``ValueError``) when ``KVCHECK_DB`` is unusable.
+
+    Example:
+        >>> from hypothesis.database import InMemoryExampleDatabase
+        >>> register_profiles(InMemoryExampleDatabase())
+    """
+    if database is None:
+        database = RecordingDatabase(database_from_spec(os.environ.get(DATABASE_ENV_VAR)))
+    elif not isinstance(database, ExampleDatabase):
+        raise ValueError(f"database={database!r} is not a Hypothesis ExampleDatabase")
+    for name in PROFILE_NAMES:
+        settings.register_profile(name, database=database, **profile_options(name))
+
+
+def default_profile_name(environ: Mapping[str, str] | None = None) -> str:
+    """``KVCHECK_PROFILE`` if set, else ``kvcheck-ci`` when ``CI`` is set, else ``kvcheck-dev``.
+
+    Example:
+        >>> default_profile_name({"CI": "true"})
+        'kvcheck-ci'
+        >>> default_profile_name({})
+        'kvcheck-dev'
+    """
+    env = os.environ if environ is None else environ
+    chosen = env.get(PROFILE_ENV_VAR, "").strip()
+    if chosen:
+        return chosen
+    # Any value counts, as for Hypothesis, which treats CI=false as CI too.
+    return CI if "CI" in env else DEV
+
+
+def choose_profile_to_load(
+    *,
+    kvcheck_option: str | None,
+    hypothesis_option: str | None,
+    current: str,
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
+    """Which profile the pytest plugin loads, or ``None`` to leave the current one alone.
+
+    In order: ``--kvcheck-profile``; nothing when ``--hypothesis-profile`` was given
+    (Hypothesis loads it); ``KVCHECK_PROFILE``; the kvcheck default when
+    the current profile is one nobody chose (Hypothesis's ``default``, or its ``ci``
+    profile, which would turn the database off), or a kvcheck profile from an earlier
+    session in the same process; otherwise nothing, because the project loaded a profile
+    of its own.
+
+    Example:
+        >>> choose_profile_to_load(kvcheck_option=None, hypothesis_option=None,
+        ...                        current="ci", environ={"CI": "1"})
+        'kvcheck-ci'
+        >>> choose_profile_to_load(kvcheck_option=None, hypothesis_option=None,
+        ...                        current="my-project", environ={}) is None
+        True
+    """
+    env = os.environ if environ is None else environ
+    if kvcheck_option:
+        return kvcheck_option
+    if hypothesis_option:
+        return None
+    if env.get(PROFILE_ENV_VAR, "").strip():
+        return default_profile_name(env)
+    if current in _HYPOTHESIS_DEFAULT_PROFILES or current in PROFILE_NAMES:
+        if current == "ci":
+            return CI  # Hypothesis detected a CI it knows, perhaps without CI itself set
+        return default_profile_name(env)
+    return None

@@ -1,0 +1,277 @@
+"""Per-test results of a pytest run, gathered for ``kvcheck verify`` and ``kvcheck replay``.
+
+Workers (or the single pytest process) attach what only they can see to each report as
+``user_properties``, which pytest-xdist carries to the controller and junit XML keeps:
+
+- ``kvcheck_statistics``: the Hypothesis run statistics of the test (examples per phase),
+- ``kvcheck_failures``: per distinct failure, the error, Hypothesis's falsifying example
+  and its ``@reproduce_failure`` blob,
+- ``kvcheck_stored_examples``: stored examples the test fetched from the database,
+- ``kvcheck_device``: the device the worker ran on.
+
+On the controller, :class:`ResultsCollector` folds the setup/call/teardown reports into one
+:class:`RecordedTest` per test and writes them as JSON (``--kvcheck-results FILE``).
+
+Example:
+    >>> summarize_statistics([{"generate-phase": {"test-cases": [{"status": "valid"}] * 3,
+    ...                                           "duration-seconds": 0.5}}])["examples"]
+    3
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEVICE_PROPERTY",
+    "FAILURES_PROPERTY",
+    "RESULTS_FORMAT",
+    "STATISTICS_PROPERTY",
+    "STORED_PROPERTY",
+    "RecordedTest",
+    "ResultsCollector",
+    "failures_from_exception",
+    "load_results",
+    "summarize_statistics",
+]
+
+RESULTS_FORMAT = 1
+STATISTICS_PROPERTY = "kvcheck_statistics"
+FAILURES_PROPERTY = "kvcheck_failures"
+STORED_PROPERTY = "kvcheck_stored_examples"
+DEVICE_PROPERTY = "kvcheck_device"
+
+#: Phases whose test cases are examples of the property (shrinking only re-runs failures).
+_EXAMPLE_PHASES = ("explicit", "reuse", "generate", "target")
+_BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
+#: Keep a plain (non-Hypothesis) failure readable in a summary.
+_MAX_MESSAGE_LINES = 30
+
+
+def summarize_statistics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Fold Hypothesis statistics dicts (one per ``@given`` run in the test) into counts.
+
+    ``examples`` counts passing and failing test cases outside shrinking, ``invalid``
+    those rejected by ``assume``/filters, ``shrinks`` the cases tried while shrinking.
+
+    Example:
+        >>> summarize_statistics([])["examples"]
+        0
+    """
+    phases: dict[str, dict[str, float]] = {}
+    stopped: list[str] = []
+    for stats in runs:
+        for key, phase_stats in stats.items():
+            if not key.endswith("-phase") or not isinstance(phase_stats, Mapping):
+                continue
+            name = key.removesuffix("-phase")
+            statuses = Counter(case.get("status") for case in phase_stats.get("test-cases", ()))
+            entry = phases.setdefault(
+                name, {"valid": 0, "failing": 0, "invalid": 0, "seconds": 0.0}
+            )
+            entry["valid"] += statuses["valid"]
+            entry["failing"] += statuses["interesting"]
+            entry["invalid"] += statuses["invalid"] + statuses["overrun"]
+            entry["seconds"] += float(phase_stats.get("duration-seconds", 0.0))
+        if stats.get("stopped-because"):
+            stopped.append(str(stats["stopped-because"]))
+    in_examples = [phases[name] for name in _EXAMPLE_PHASES if name in phases]
+    shrink = phases.get("shrink", {})
+    return {
+        "runs": len(runs),
+        "examples": int(sum(p["valid"] + p["failing"] for p in in_examples)),
+        "failing": int(sum(p["failing"] for p in in_examples)),
+        "invalid": int(sum(p["invalid"] for p in in_examples)),
+        "shrinks": int(
+            shrink.get("valid", 0) + shrink.get("failing", 0) + shrink.get("invalid", 0)
+        ),
+        "phases": phases,
+        "stopped_because": stopped,
+    }
+
+
+def failures_from_exception(exc: BaseException) -> list[dict[str, str | None]]:
+    """One entry per distinct failure: error line, falsifying example and blob.
+
+    Hypothesis attaches the falsifying example and the ``@reproduce_failure`` line as
+    exception notes; several distinct bugs arrive as an ``ExceptionGroup``.
+
+    Example:
+        >>> err = AssertionError("boom")
+        >>> err.add_note("Falsifying example: test(x=1)")
+        >>> failures_from_exception(err)[0]["reproduction"]
+        'Falsifying example: test(x=1)'
+    """
+    entries: list[dict[str, str | None]] = []
+    for leaf in _leaf_exceptions(exc):
+        notes = [str(note) for note in getattr(leaf, "__notes__", ())]
+        blob = None
+        example_lines: list[str] = []
+        for note in notes:
+            match = _BLOB.search(note)
+            if match:
+                blob = match.group(0)
+            else:
+                example_lines.append(note.strip("\n"))
+        message = str(leaf).strip()
+        entries.append(
+            {
+                "error": f"{type(leaf).__name__}: {message}" if message else type(leaf).__name__,
+                "reproduction": "\n".join(example_lines) or None,
+                "blob": blob,
+            }
+        )
+    return entries
+
+
+@dataclass
+class RecordedTest:
+    """What happened to one test, across its setup, call and teardown."""
+
+    nodeid: str
+    outcome: str = "passed"  # passed | failed | error | skipped | xfailed | xpassed
+    duration_s: float = 0.0
+    skip_reason: str | None = None
+    message: str | None = None
+    statistics: dict[str, Any] | None = None
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    stored_examples: int | None = None
+    device: str | None = None
+
+
+class ResultsCollector:
+    """A pytest plugin object (controller side) that records every test's outcome.
+
+    ``context`` is called when the file is written and its items (target, device, profile,
+    database) are stored beside the tests.
+
+    Example:
+        >>> collector = ResultsCollector(Path("out.json"), context=lambda: {"target": "x"})
+        >>> collector.records
+        {}
+    """
+
+    def __init__(self, path: Path, *, context: Callable[[], Mapping[str, Any]]) -> None:
+        self.path = Path(path)
+        self.context = context
+        self.records: dict[str, RecordedTest] = {}
+        self.collection_errors: list[dict[str, str]] = []
+        self._started = time.perf_counter()
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        record = self.records.setdefault(report.nodeid, RecordedTest(nodeid=report.nodeid))
+        record.duration_s += float(getattr(report, "duration", 0.0) or 0.0)
+        _apply_properties(record, getattr(report, "user_properties", ()))
+        xfail = hasattr(report, "wasxfail")
+        if report.when == "call":
+            if report.passed:
+                record.outcome = "xpassed" if xfail else "passed"
+            elif report.failed:
+                record.outcome = "failed"
+                record.message = _failure_message(report)
+            else:
+                record.outcome = "xfailed" if xfail else "skipped"
+                record.skip_reason = _skip_reason(report)
+        elif report.failed and record.outcome not in ("failed", "error"):
+            record.outcome = "error"
+            record.message = f"error in {report.when}: {_failure_message(report)}"
+        elif report.skipped and report.when == "setup":
+            record.outcome = "xfailed" if xfail else "skipped"
+            record.skip_reason = _skip_reason(report)
+
+    def pytest_collectreport(self, report: Any) -> None:
+        if report.failed:
+            self.collection_errors.append(
+                {"nodeid": report.nodeid, "message": _failure_message(report)}
+            )
+
+    def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
+        self.write(int(exitstatus))
+
+    def write(self, exit_status: int) -> None:
+        """Write the JSON results file (parent directories are created)."""
+        payload = {
+            "format": RESULTS_FORMAT,
+            **self.context(),
+            "exit_status": exit_status,
+            "duration_s": round(time.perf_counter() - self._started, 3),
+            "collection_errors": self.collection_errors,
+            "tests": [asdict(record) for record in self.records.values()],
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """Read a results file written by :class:`ResultsCollector`; ``ValueError`` if unusable.
+
+    Example:
+        >>> try:
+        ...     load_results(Path("/nonexistent.json"))
+        ... except ValueError as exc:
+        ...     print(str(exc).split(" (")[0])
+        path='/nonexistent.json': no kvcheck results file
+    """
+    try:
+        payload = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"path={str(path)!r}: no kvcheck results file ({exc})") from exc
+    if not isinstance(payload, dict) or payload.get("format") != RESULTS_FORMAT:
+        raise ValueError(
+            f"path={str(path)!r}: not a kvcheck results file of format {RESULTS_FORMAT}"
+        )
+    return payload
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def _leaf_exceptions(exc: BaseException) -> Iterator[BaseException]:
+    nested = getattr(exc, "exceptions", None)
+    if isinstance(nested, tuple | list) and nested:
+        for inner in nested:
+            yield from _leaf_exceptions(inner)
+    else:
+        yield exc
+
+
+def _apply_properties(record: RecordedTest, properties: Sequence[Any]) -> None:
+    for item in properties:
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            continue
+        name, value = item
+        if name == STATISTICS_PROPERTY:
+            record.statistics = json.loads(value)
+        elif name == FAILURES_PROPERTY:
+            record.failures = json.loads(value)
+        elif name == STORED_PROPERTY:
+            record.stored_examples = int(value)
+        elif name == DEVICE_PROPERTY:
+            record.device = str(value)
+
+
+def _skip_reason(report: Any) -> str | None:
+    if hasattr(report, "wasxfail"):
+        return str(report.wasxfail) or None
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return None if longrepr is None else str(longrepr)
+
+
+def _failure_message(report: Any) -> str:
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    message = getattr(crash, "message", None)
+    if not message:
+        message = str(getattr(report, "longreprtext", "") or report.longrepr or "")
+    lines = message.strip().splitlines()
+    if len(lines) > _MAX_MESSAGE_LINES:
+        lines = [*lines[:_MAX_MESSAGE_LINES], f"... ({len(lines) - _MAX_MESSAGE_LINES} more lines)"]
+    return "\n".join(lines)

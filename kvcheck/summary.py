@@ -1,0 +1,229 @@
+"""What ``kvcheck verify`` and ``kvcheck replay`` print once the suite has run.
+
+Both read the results file the pytest plugin wrote (:mod:`kvcheck.results`) and turn it
+into a table a person can read, then one block per failure with its minimal reproduction
+(Hypothesis's falsifying example and the ``@reproduce_failure`` line to paste).
+
+Example:
+    >>> results = {"target": {"name": "kvcheck", "version": "0.1.0"}, "tests": [
+    ...     {"nodeid": "suite/test_a.py::test_x", "outcome": "passed", "duration_s": 0.5,
+    ...      "statistics": {"examples": 100}}]}
+    >>> print(render_verify(results, exit_code=0).splitlines()[-1])
+    1 passed in 0.5s; exit 0
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import PurePosixPath
+from typing import Any
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "exit_code_for",
+    "render_replay",
+    "render_verify",
+    "replay_verdicts",
+    "short_name",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+_FAILING = ("failed", "error", "xpassed")
+_OUTCOME_LABEL = {"failed": "FAILED", "error": "ERROR", "xpassed": "XPASS(strict)"}
+
+
+def exit_code_for(pytest_status: int) -> int:
+    """kvcheck's exit status for a pytest exit status.
+
+    0 all passed; 1 a property failed (pytest's "tests failed"); 2 anything that means the
+    suite did not run as asked: interrupted or broken collection (2), internal error (3),
+    usage error (4), nothing selected (5).
+
+    Example:
+        >>> [exit_code_for(status) for status in range(6)]
+        [0, 1, 2, 2, 2, 2]
+    """
+    if pytest_status == 0:
+        return EXIT_OK
+    if pytest_status == 1:
+        return EXIT_FAILED
+    return EXIT_USAGE
+
+
+def short_name(nodeid: str) -> str:
+    """A node id without its directories: ``test_file.py::test_name[params]``.
+
+    Example:
+        >>> short_name("../site-packages/kvcheck/suite/test_pools.py::test_move[mha]")
+        'test_pools.py::test_move[mha]'
+    """
+    path, sep, rest = nodeid.partition("::")
+    return f"{PurePosixPath(path.replace(chr(92), '/')).name}{sep}{rest}"
+
+
+def render_verify(results: Mapping[str, Any], *, exit_code: int) -> str:
+    """The verify summary: a row per test, then each failure with its reproduction."""
+    tests = list(results.get("tests", ()))
+    lines = [_heading("kvcheck verify", results), ""]
+    lines += _collection_errors(results)
+    if tests:
+        lines.append(f"{'RESULT':<13} {'EXAMPLES':>8} {'TIME':>7}  PROPERTY")
+        for test in tests:
+            lines.append(
+                f"{_OUTCOME_LABEL.get(test['outcome'], test['outcome']):<13} "
+                f"{_examples(test):>8} {_seconds(test.get('duration_s')):>7}  "
+                f"{short_name(test['nodeid'])}"
+            )
+            if test.get("skip_reason") and test["outcome"] in ("skipped", "xfailed"):
+                lines.append(f"{'':<31}{test['skip_reason']}")
+    failing = [test for test in tests if test["outcome"] in _FAILING]
+    if failing:
+        lines += ["", "Failures, with their minimal reproductions", "-" * 42]
+        for test in failing:
+            lines += _failure_block(test)
+    lines += [
+        "",
+        f"{_counts(tests)} in {_seconds(results.get('duration_s', _total(tests)))}; "
+        f"exit {exit_code}",
+    ]
+    return "\n".join(lines)
+
+
+def replay_verdicts(tests: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
+    """``(verdict, test)`` for every test that replayed stored examples or failed.
+
+    Verdicts: ``still failing`` (stored examples, test fails), ``fixed`` (stored examples,
+    test passes), ``failed`` (fails without stored examples), ``skipped``.
+
+    Example:
+        >>> replay_verdicts([{"outcome": "passed", "stored_examples": 2}])[0][0]
+        'fixed'
+    """
+    verdicts: list[tuple[str, Mapping[str, Any]]] = []
+    for test in tests:
+        stored = int(test.get("stored_examples") or 0)
+        failed = test.get("outcome") in _FAILING
+        if stored and failed:
+            verdicts.append(("still failing", test))
+        elif stored and test.get("outcome") == "passed":
+            verdicts.append(("fixed", test))
+        elif stored:
+            verdicts.append(("skipped", test))
+        elif failed:
+            verdicts.append(("failed", test))
+    return verdicts
+
+
+def render_replay(results: Mapping[str, Any], *, exit_code: int) -> str:
+    """The replay summary: per test with stored examples, still failing or fixed."""
+    tests = list(results.get("tests", ()))
+    verdicts = replay_verdicts(tests)
+    lines = [_heading("kvcheck replay", results), ""]
+    lines += _collection_errors(results)
+    if verdicts:
+        lines.append(f"{'VERDICT':<14} {'REPLAYED':>8}  PROPERTY")
+        for verdict, test in verdicts:
+            lines.append(f"{verdict:<14} {_replayed(test):>8}  {short_name(test['nodeid'])}")
+    else:
+        lines.append(f"nothing to replay: no stored examples in {results.get('database', '?')}")
+    failing = [test for verdict, test in verdicts if verdict in ("still failing", "failed")]
+    if failing:
+        lines += ["", "Still failing, with their reproductions", "-" * 39]
+        for test in failing:
+            lines += _failure_block(test)
+    counts = Counter(verdict for verdict, _ in verdicts)
+    without = sum(1 for test in tests if not test.get("stored_examples"))
+    parts = [
+        f"{counts[name]} {name}"
+        for name in ("still failing", "fixed", "failed", "skipped")
+        if counts[name]
+    ]
+    parts.append(f"{without} test{'s' * (without != 1)} without stored examples")
+    lines += ["", f"{', '.join(parts)}; exit {exit_code}"]
+    return "\n".join(lines)
+
+
+# --- pieces -----------------------------------------------------------------------------------
+
+
+def _heading(command: str, results: Mapping[str, Any]) -> str:
+    target = results.get("target") or {}
+    device = results.get("device") or {}
+    devices = sorted({t["device"] for t in results.get("tests", ()) if t.get("device")})
+    device_text = ", ".join(devices) or device.get("resolved") or device.get("requested", "?")
+    return (
+        f"{command}: target {target.get('name', '?')} {target.get('version', '')}".rstrip()
+        + f"; device {device_text}; profile {results.get('profile', '?')}\n"
+        + f"database: {results.get('database', '?')}"
+    )
+
+
+def _collection_errors(results: Mapping[str, Any]) -> list[str]:
+    errors = results.get("collection_errors") or []
+    if not errors:
+        return []
+    lines = ["Collection errors (the suite could not be loaded):"]
+    for error in errors:
+        lines.append(f"  {error.get('nodeid') or '<session>'}")
+        lines += [f"    {line}" for line in str(error.get("message", "")).splitlines()]
+    return [*lines, ""]
+
+
+def _failure_block(test: Mapping[str, Any]) -> list[str]:
+    lines = ["", short_name(test["nodeid"])]
+    statistics = test.get("statistics") or {}
+    if statistics:
+        lines.append(
+            f"    found after {_plural(statistics.get('examples', 0), 'example')}, "
+            f"{_plural(statistics.get('shrinks', 0), 'shrink step')}"
+        )
+    failures: Sequence[Mapping[str, Any]] = test.get("failures") or []
+    if not failures:
+        lines += [f"    {line}" for line in str(test.get("message") or "").splitlines()]
+        return lines
+    for index, failure in enumerate(failures, start=1):
+        if len(failures) > 1:
+            lines.append(f"    distinct failure {index} of {len(failures)}:")
+        lines += [f"    {line}" for line in str(failure.get("error")).splitlines()]
+        for line in str(failure.get("reproduction") or "").splitlines():
+            lines.append(f"    {line}")
+        if failure.get("blob"):
+            lines.append(f"    reproduce with: {failure['blob']}")
+    return lines
+
+
+def _replayed(test: Mapping[str, Any]) -> str:
+    """Stored examples the reuse phase ran (the database may hold more than it needed)."""
+    reuse = ((test.get("statistics") or {}).get("phases") or {}).get("reuse")
+    if reuse:
+        return str(int(reuse.get("valid", 0) + reuse.get("failing", 0)))
+    return str(int(test.get("stored_examples") or 0) or "-")
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' * (count != 1)}"
+
+
+def _examples(test: Mapping[str, Any]) -> str:
+    statistics = test.get("statistics")
+    return "-" if not statistics else str(statistics.get("examples", 0))
+
+
+def _seconds(value: Any) -> str:
+    return f"{float(value or 0.0):.1f}s"
+
+
+def _total(tests: Sequence[Mapping[str, Any]]) -> float:
+    return sum(float(test.get("duration_s") or 0.0) for test in tests)
+
+
+def _counts(tests: Sequence[Mapping[str, Any]]) -> str:
+    counts = Counter(test["outcome"] for test in tests)
+    order = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+    parts = [f"{counts[outcome]} {outcome}" for outcome in order if counts[outcome]]
+    return ", ".join(parts) or "no tests ran"

@@ -1,0 +1,205 @@
+"""The built-in target ``kvcheck``: this package's own pools and serving layer.
+
+torch, :mod:`kvcheck.pools` and :mod:`kvcheck.serving` are imported when a method first
+needs them, so resolving the target (which the pytest plugin does for every run, to
+print its name and version) stays cheap.
+
+Example:
+    >>> from kvcheck.specs import PoolSpec
+    >>> target = KVCheckTarget()
+    >>> pool = target.make_pool(PoolSpec(family="mha", size=8, page_size=4, layer_num=2,
+    ...                                  dtype="bfloat16"), device="cpu")
+    >>> type(pool).__name__, len(pool.k_buffer)
+    ('MHATokenToKVPool', 2)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import kvcheck
+from kvcheck.specs import POOL_FAMILIES, PoolSpec
+
+#: Pool class name -> family, most specific first (NoOp derives from MHA, DSA from MLA).
+_FAMILY_OF_CLASS: tuple[tuple[str, str], ...] = (
+    ("NoOpMHATokenToKVPool", "noop"),
+    ("DSATokenToKVPool", "dsa"),
+    ("MLATokenToKVPool", "mla"),
+    ("MHATokenToKVPool", "mha"),
+)
+
+#: Small pool used to ask pool selection which family it picks (built on "meta": no memory).
+_PROBE_TOKENS = 64
+_PROBE_PAGE_SIZE = 64
+
+
+class KVCheckTarget:
+    """kvcheck's own pools (:mod:`kvcheck.pools`) and serving rules (:mod:`kvcheck.serving`).
+
+    Subclass it to check a variant: override :meth:`make_pool` (and ``name``/``version``)
+    and keep the serving side, as ``examples/downstream`` does.
+    """
+
+    name: str = "kvcheck"
+    version: str = kvcheck.__version__
+    unsupported: Mapping[str, str] = MappingProxyType({})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, version={self.version!r})"
+
+    # --- pools ----------------------------------------------------------------------------
+
+    def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
+        """Build the pool ``spec`` describes on ``device`` ("cpu", "cuda:0", "meta", ...)."""
+        if not isinstance(spec, PoolSpec):
+            raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
+        if spec.family not in POOL_FAMILIES:
+            raise ValueError(f"spec.family={spec.family!r} not in {POOL_FAMILIES}")
+        import torch
+
+        from kvcheck import pools
+
+        dtype = getattr(torch, spec.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"spec.dtype={spec.dtype!r} is not a torch dtype name")
+        common: dict[str, Any] = {
+            "size": spec.size,
+            "page_size": spec.page_size,
+            "dtype": dtype,
+            "layer_num": spec.layer_num,
+            "device": device,
+            "start_layer": spec.start_layer,
+        }
+        if spec.family in ("mha", "noop"):
+            pool_class = (
+                pools.MHATokenToKVPool if spec.family == "mha" else pools.NoOpMHATokenToKVPool
+            )
+            return pool_class(
+                head_num=spec.head_num,
+                head_dim=spec.head_dim,
+                v_head_dim=spec.v_head_dim,
+                **common,
+            )
+        if spec.family == "mla":
+            return pools.MLATokenToKVPool(
+                kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim, **common
+            )
+        return pools.DSATokenToKVPool(
+            kv_lora_rank=spec.kv_lora_rank,
+            qk_rope_head_dim=spec.qk_rope_head_dim,
+            index_head_dim=spec.index_head_dim,
+            skip_topk_layers=(
+                None if spec.skip_topk_layers is None else list(spec.skip_topk_layers)
+            ),
+            index_buf_size=spec.index_buf_size,
+            **common,
+        )
+
+    def write_index_k(
+        self, pool: Any, layer_id: int, loc: Any, index_k: Any, index_k_scale: Any
+    ) -> None:
+        """DSA index-K write through ``pool.set_index_k_scale_buffer``."""
+        pool.set_index_k_scale_buffer(layer_id, loc, index_k, index_k_scale)
+
+    # --- serving --------------------------------------------------------------------------
+
+    def validate_server_args(self, flags: Mapping[str, Any]) -> None:
+        """Build ``ServerArgs(**flags)``, which resolves defaults and applies the flag rules."""
+        from kvcheck.serving import ServerArgs
+
+        ServerArgs(**_checked_flags(flags))
+
+    def select_pool_family(self, flags: Mapping[str, Any], model: Any, *, is_draft: bool) -> str:
+        """Run pool selection on ``meta`` and report the family of the pool it builds.
+
+        The flags are taken as given (``ServerArgs.unchecked``): validation is
+        :meth:`validate_server_args`' job, so each property checks one rule set.
+        """
+        from kvcheck.serving import ServerArgs, select_kv_pool
+
+        server_args = ServerArgs.unchecked(**_checked_flags(flags))
+        pool = select_kv_pool(
+            server_args,
+            model,
+            max_total_num_tokens=_PROBE_TOKENS,
+            page_size=_PROBE_PAGE_SIZE,
+            dtype="bfloat16",
+            device="meta",
+            is_draft_worker=is_draft,
+        )
+        return pool_family(pool)
+
+    def cell_size_bytes(
+        self, model: Any, *, dtype: str, is_draft: bool, enable_hisparse: bool
+    ) -> int:
+        """Bytes one token costs across all layers (:func:`kvcheck.serving.cell_size_bytes`)."""
+        from kvcheck.serving import cell_size_bytes
+
+        return cell_size_bytes(
+            model, dtype=dtype, is_draft_worker=is_draft, enable_hisparse=enable_hisparse
+        )
+
+    def max_total_num_tokens(
+        self,
+        model: Any,
+        *,
+        budget_bytes: int,
+        dtype: str,
+        page_size: int,
+        is_draft: bool,
+        enable_hisparse: bool,
+    ) -> int:
+        """Token capacity of a budget (:func:`kvcheck.serving.max_total_num_tokens`)."""
+        from kvcheck.serving import max_total_num_tokens
+
+        return max_total_num_tokens(
+            model,
+            budget_bytes=budget_bytes,
+            dtype=dtype,
+            page_size=page_size,
+            is_draft_worker=is_draft,
+            enable_hisparse=enable_hisparse,
+        )
+
+    def dsa_layer_skips_topk(self, model: Any, layer_id: int) -> bool:
+        """Whether DSA layer ``layer_id`` reuses the previous layer's top-k."""
+        from kvcheck.serving import dsa_layer_skips_topk
+
+        return dsa_layer_skips_topk(model, layer_id)
+
+    def skip_topk_layers(self, model: Any) -> Sequence[bool]:
+        """The skip mask a DSA pool for ``model`` is built with (a normal worker)."""
+        from kvcheck.serving import skip_topk_layers
+
+        return skip_topk_layers(model)
+
+
+def pool_family(pool: Any) -> str:
+    """The family ("mha", "noop", "mla", "dsa") of a kvcheck pool, by its class.
+
+    Example:
+        >>> class NoOpMHATokenToKVPool: ...
+        >>> pool_family(NoOpMHATokenToKVPool())
+        'noop'
+    """
+    names = {cls.__name__ for cls in type(pool).__mro__}
+    for class_name, family in _FAMILY_OF_CLASS:
+        if class_name in names:
+            return family
+    raise ValueError(f"pool={pool!r} is not one of kvcheck's pool families {POOL_FAMILIES}")
+
+
+def _checked_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Unknown flag names are bad input (ValueError), not the TypeError a dataclass raises."""
+    from kvcheck.serving import ServerArgs
+
+    if not isinstance(flags, Mapping):
+        raise ValueError(f"flags={flags!r} must be a mapping of ServerArgs field names to values")
+    known = {f.name for f in dataclasses.fields(ServerArgs)}
+    unknown = sorted(set(flags) - known)
+    if unknown:
+        raise ValueError(f"flags: {unknown} are not ServerArgs fields; known: {sorted(known)}")
+    return dict(flags)

@@ -1,0 +1,429 @@
+"""The kvcheck command (kvcheck.cli) and its summaries (kvcheck.summary).
+
+Settings errors are checked in-process (they stop before pytest starts); verify and replay
+run their pytest subprocess on small temporary suites.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvcheck.cli import main, pytest_command
+from kvcheck.summary import (
+    exit_code_for,
+    render_replay,
+    render_verify,
+    replay_verdicts,
+    short_name,
+)
+
+_LIB = "def clamp(x):\n    return x  # bug: no upper bound\n"
+_FIXED_LIB = "def clamp(x):\n    return min(x, 100)\n"
+_SUITE = """
+    import pytest
+    from hypothesis import given, strategies as st
+
+    import mylib
+
+    @given(st.integers(0, 10_000))
+    def test_clamp_at_most_100(x):
+        assert mylib.clamp(x) <= 100
+
+    @given(st.integers(0, 10**6))
+    def test_clamp_never_grows(x):
+        assert mylib.clamp(x) <= x
+
+    @pytest.mark.kvcheck_needs("move")
+    def test_needs_move(kvcheck_target):
+        pass
+"""
+_FAKE_TARGET = """
+    from types import MappingProxyType
+    from kvcheck.targets.builtin import KVCheckTarget
+
+    class FakeTarget(KVCheckTarget):
+        name = "fake"
+        unsupported = MappingProxyType({"move": "no move kernel"})
+"""
+
+
+#: Settings of the outer run that must not reach inner runs (an outer xdist worker's
+#: PYTEST_XDIST_* would make inner runs think they are xdist workers too).
+_LEAKY_PREFIXES = ("KVCHECK_", "PYTEST_XDIST_")
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No KVCHECK_*/CI/xdist settings from the outer run leak into the command."""
+    for name in list(os.environ):
+        if name.startswith(_LEAKY_PREFIXES) or name in ("CI", "GITHUB_ACTIONS"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A small suite with one buggy property, and a target module, importable by subprocesses."""
+    root = tmp_path / "project"
+    root.mkdir()
+    (root / "mylib.py").write_text(_LIB)
+    (root / "test_clamp.py").write_text(textwrap.dedent(_SUITE))
+    (root / "fake_target.py").write_text(textwrap.dedent(_FAKE_TARGET))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.syspath_prepend(str(root))
+    yield root
+    sys.modules.pop("fake_target", None)
+
+
+def _workdir(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    monkeypatch.chdir(path)
+    return path
+
+
+# --- usage and target errors (no pytest run) -----------------------------------------------------
+
+
+def test_unknown_target_exits_2_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """verify --target with an unknown name exits 2 with the name and the valid names."""
+    assert main(["verify", "--target", "bogus"]) == 2
+    error = capsys.readouterr().err
+    assert "unknown target 'bogus'" in error and "valid targets" in error
+
+
+def test_target_import_failure_exits_2_with_the_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A module:attr whose import fails exits 2 quoting the import error."""
+    assert main(["replay", "--target", "no_such_module_kv:target"]) == 2
+    assert "No module named 'no_such_module_kv'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["verify", "--device", "gpu"], "device='gpu'"),
+        (["verify", "--profile", "fast"], "--profile='fast' is not a kvcheck profile"),
+        (["verify", "--profile", "kvcheck-replay"], "not a kvcheck profile"),
+        (["verify", "-n", "many"], "-n 'many'"),
+        (["verify", "--no-such-option"], "unrecognized arguments"),
+        (["frobnicate"], "invalid choice"),
+        ([], "usage: kvcheck"),
+        (["memory-report", "--model", "gpt-x"], "model='gpt-x' is not a kvcheck model"),
+        (["memory-report", "--budget-gib", "0"], "--budget-gib=0.0 must be positive"),
+        (["memory-report", "--page-size", "0"], "--page-size=0 must be at least 1"),
+    ],
+    ids=[
+        "device",
+        "profile",
+        "replay-profile",
+        "workers",
+        "unknown-option",
+        "unknown-command",
+        "no-command",
+        "unknown-model",
+        "budget",
+        "page-size",
+    ],
+)
+def test_usage_errors_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """Every usage error exits 2 with a message naming the bad value."""
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_database_setting_exits_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unusable KVCHECK_DB stops the command before pytest runs."""
+    monkeypatch.setenv("KVCHECK_DB", "ftp://example/db")
+    assert main(["verify"]) == 2
+    assert "KVCHECK_DB='ftp://example/db'" in capsys.readouterr().err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """--version prints the package version and exits 0."""
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == "kvcheck 0.1.0"
+
+
+# --- memory report -------------------------------------------------------------------------------
+
+
+def test_memory_report_shows_skip_layer_saving(capsys: pytest.CaptureFixture[str]) -> None:
+    """The report covers every model, checks meta-built bytes, and shows the skip saving."""
+    assert main(["memory-report", "--budget-gib", "8"]) == 0
+    out = capsys.readouterr().out
+    for name in ("GLM-5.2-like", "deepseek-ai/DeepSeek-V3.2", "Qwen/Qwen3-Embedding-8B"):
+        assert name in out
+    assert "MISMATCH" not in out and "built == formula" in out
+    assert "GLM-5.2-like: " in out and "bytes/token saved" in out
+    assert "deepseek-ai/DeepSeek-V3.2: no skip layers" in out
+
+
+def test_memory_report_one_model(capsys: pytest.CaptureFixture[str]) -> None:
+    """--model restricts the report to that model."""
+    assert main(["memory-report", "--model", "Qwen/Qwen3-Embedding-8B", "--dtype", "float16"]) == 0
+    out = capsys.readouterr().out
+    assert "Qwen/Qwen3-Embedding-8B" in out and "GLM" not in out and "float16" in out
+
+
+# --- pieces of verify ----------------------------------------------------------------------------
+
+
+def test_pytest_command_passes_options_through(tmp_path: Path) -> None:
+    """Target, device, profile, workers, junit, -k and extra args reach pytest."""
+    command = pytest_command(
+        suite=str(tmp_path),
+        target="m:t",
+        device="cpu",
+        profile="kvcheck-ci",
+        workers="auto",
+        junit_xml="j.xml",
+        keyword="mha",
+        results_path=tmp_path / "r.json",
+        extra=["-x"],
+    )
+    assert command[:4] == [sys.executable, "-m", "pytest", str(tmp_path)]
+    for piece in (
+        "--kvcheck-target=m:t",
+        "--kvcheck-device=cpu",
+        "--kvcheck-profile=kvcheck-ci",
+        "--junit-xml=j.xml",
+        f"--kvcheck-results={tmp_path / 'r.json'}",
+    ):
+        assert piece in command
+    assert command[-1] == "-x"
+    assert command[command.index("-n") + 1] == "auto" and command[command.index("-k") + 1] == "mha"
+    assert pytest_command(
+        suite="kvcheck.suite",
+        target="kvcheck",
+        device=None,
+        profile=None,
+        workers=None,
+        junit_xml=None,
+        keyword=None,
+        results_path=tmp_path,
+    )[3:5] == ["--pyargs", "kvcheck.suite"]
+
+
+def test_pytest_command_names_plugins_without_autoload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With plugin autoloading off, kvcheck's, Hypothesis's and xdist's plugins are named."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    command = pytest_command(
+        suite="kvcheck.suite",
+        target="kvcheck",
+        device=None,
+        profile=None,
+        workers="2",
+        junit_xml=None,
+        keyword=None,
+        results_path=tmp_path / "r.json",
+    )
+    loaded = [command[i + 1] for i, arg in enumerate(command) if arg == "-p"]
+    assert {"kvcheck.plugin", "_hypothesis_pytestplugin", "xdist.plugin"} <= set(loaded)
+
+
+@pytest.mark.parametrize(("status", "code"), [(0, 0), (1, 1), (2, 2), (3, 2), (4, 2), (5, 2)])
+def test_exit_code_for_pytest_status(status: int, code: int) -> None:
+    """0 passes, 1 is a property failure, anything else means the suite did not run as asked."""
+    assert exit_code_for(status) == code
+
+
+def test_short_name_drops_directories() -> None:
+    """Node ids lose their directories but keep parameters."""
+    assert short_name("a/b/test_x.py::test_y[mha-2]") == "test_x.py::test_y[mha-2]"
+    assert short_name("test_x.py") == "test_x.py"
+
+
+_RESULTS: dict[str, Any] = {
+    "target": {"name": "fake", "version": "1.2"},
+    "device": {"requested": "auto", "resolved": "cpu"},
+    "profile": "kvcheck-dev",
+    "database": "directory /tmp/db",
+    "duration_s": 2.5,
+    "tests": [
+        {
+            "nodeid": "s/test_a.py::test_ok",
+            "outcome": "passed",
+            "duration_s": 1.0,
+            "statistics": {"examples": 100, "shrinks": 0},
+            "stored_examples": 0,
+        },
+        {
+            "nodeid": "s/test_a.py::test_skip",
+            "outcome": "skipped",
+            "duration_s": 0.0,
+            "skip_reason": "target 'fake' does not support move (no move kernel)",
+        },
+        {
+            "nodeid": "s/test_a.py::test_bad",
+            "outcome": "failed",
+            "duration_s": 1.5,
+            "statistics": {"examples": 12, "shrinks": 30},
+            "stored_examples": 2,
+            "failures": [
+                {
+                    "error": "AssertionError: assert 101 <= 100",
+                    "reproduction": "Falsifying example: test_bad(\n    x=101,\n)",
+                    "blob": "@reproduce_failure('6.155.2', b'AEFl')",
+                }
+            ],
+        },
+        {
+            "nodeid": "s/test_a.py::test_plain_fail",
+            "outcome": "failed",
+            "duration_s": 0.0,
+            "message": "assert 1 == 2",
+            "stored_examples": 0,
+        },
+    ],
+}
+
+
+def test_render_verify_table_and_reproductions() -> None:
+    """The verify summary has a row per test, skip reasons, and each failure's reproduction."""
+    text = render_verify(_RESULTS, exit_code=1)
+    assert "verify: target fake 1.2; device cpu; profile kvcheck-dev" in text
+    assert "passed             100    1.0s  test_a.py::test_ok" in text
+    assert "target 'fake' does not support move (no move kernel)" in text
+    assert "found after 12 examples, 30 shrink steps" in text
+    assert "    Falsifying example: test_bad(\n        x=101,\n    )" in text
+    assert "reproduce with: @reproduce_failure('6.155.2', b'AEFl')" in text
+    assert "    assert 1 == 2" in text
+    assert text.endswith("1 passed, 2 failed, 1 skipped in 2.5s; exit 1")
+
+
+def test_replay_verdicts_and_render() -> None:
+    """Stored examples that still fail are 'still failing'; failures without any are 'failed'."""
+    verdicts = [(verdict, test["nodeid"]) for verdict, test in replay_verdicts(_RESULTS["tests"])]
+    assert verdicts == [
+        ("still failing", "s/test_a.py::test_bad"),
+        ("failed", "s/test_a.py::test_plain_fail"),
+    ]
+    text = render_replay(_RESULTS, exit_code=1)
+    assert "still failing         2  test_a.py::test_bad" in text
+    assert text.endswith("1 still failing, 1 failed, 3 tests without stored examples; exit 1")
+
+
+def test_render_replay_with_nothing_stored() -> None:
+    """With no stored examples the replay summary says there was nothing to replay."""
+    text = render_replay({"database": "directory /db", "tests": []}, exit_code=0)
+    assert "nothing to replay: no stored examples in directory /db" in text
+
+
+# --- verify and replay end to end (pytest subprocesses) ------------------------------------------
+
+
+def test_verify_reports_failure_with_reproduction(
+    project: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A failing property exits 1; progress streams, the summary shows its reproduction."""
+    _workdir(tmp_path, "run", monkeypatch)
+    monkeypatch.setenv("KVCHECK_DB", str(tmp_path / "db"))
+    argv = [
+        "verify",
+        "--suite",
+        str(project),
+        "--target",
+        "fake_target:FakeTarget",
+        "--device",
+        "cpu",
+        "--json",
+        "summary.json",
+        "--junit-xml",
+        "junit.xml",
+        "--",
+        "-p",
+        "no:randomly",
+    ]
+    assert main(argv) == 1
+    out = capfd.readouterr().out
+    assert "test_clamp.py::test_clamp_never_grows PASSED" in out  # pytest's live progress
+    assert "Falsifying example: test_clamp_at_most_100(" in out
+    assert "reproduce with: @reproduce_failure(" in out
+    assert "target 'fake' does not support move (no move kernel)" in out
+    summary = json.loads(Path("summary.json").read_text())
+    assert summary["exit_code"] == 1 and summary["command"] == "verify"
+    passing = [t for t in summary["tests"] if t["nodeid"].endswith("test_clamp_never_grows")]
+    assert passing[0]["statistics"]["examples"] == 100  # kvcheck-dev's max_examples
+    assert "kvcheck_statistics" in Path("junit.xml").read_text()
+
+
+def test_verify_all_passing_exits_0(
+    project: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """With -k selecting passing properties only, verify exits 0."""
+    _workdir(tmp_path, "run", monkeypatch)
+    assert main(["verify", "--suite", str(project), "--device", "cpu", "-k", "never_grows"]) == 0
+    assert capfd.readouterr().out.rstrip().endswith("exit 0")
+
+
+def test_verify_pytest_usage_error_exits_2(
+    project: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A pytest argument pytest rejects exits 2 and says pytest stopped early."""
+    _workdir(tmp_path, "run", monkeypatch)
+    assert main(["verify", "--suite", str(project), "--", "--no-such-pytest-flag"]) == 2
+    assert "pytest stopped before running the suite" in capfd.readouterr().err
+
+
+def test_verify_collection_error_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A suite that cannot be imported exits 2 and the summary shows the collection error."""
+    suite = tmp_path / "broken"
+    suite.mkdir()
+    (suite / "test_broken.py").write_text("import no_such_module_for_kvcheck\n")
+    _workdir(tmp_path, "run", monkeypatch)
+    assert main(["verify", "--suite", str(suite), "--device", "cpu"]) == 2
+    out = capfd.readouterr().out
+    assert "Collection errors" in out and "no_such_module_for_kvcheck" in out
+
+
+def test_replay_round_trip_across_working_directories(
+    project: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A failure saved by one run is replayed from another directory: still failing, then fixed."""
+    first_db = tmp_path / "runner-db"  # e.g. a CI runner's database, downloaded as an artifact
+    _workdir(tmp_path, "runner", monkeypatch)
+    monkeypatch.setenv("KVCHECK_DB", str(first_db))
+    assert main(["verify", "--suite", str(project), "--device", "cpu", "-k", "clamp"]) == 1
+    capfd.readouterr()
+
+    _workdir(tmp_path, "laptop", monkeypatch)
+    monkeypatch.setenv("KVCHECK_DB", f"{tmp_path / 'local-db'}{os.pathsep}{first_db}")
+    assert main(["replay", "--suite", str(project), "--device", "cpu", "--json", "r.json"]) == 1
+    out = capfd.readouterr().out
+    assert "still failing" in out and "test_clamp.py::test_clamp_at_most_100" in out
+    assert "Falsifying example: test_clamp_at_most_100(" in out
+    verdicts = json.loads(Path("r.json").read_text())["verdicts"]
+    assert [v["verdict"] for v in verdicts] == ["still failing"]
+
+    (project / "mylib.py").write_text(_FIXED_LIB)
+    assert main(["replay", "--suite", str(project), "--device", "cpu"]) == 0
+    out = capfd.readouterr().out
+    assert "fixed" in out and "test_clamp.py::test_clamp_at_most_100" in out
+    assert "1 fixed" in out
