@@ -10,8 +10,10 @@ It runs, each in its own pytest process with a time limit:
 
 1. ``attention``: all of ``tests/attention`` (the ``gpu``-marked properties run on CUDA,
    with flash-attn where it is importable; the CPU properties run too);
-2. ``gpu-marked``: ``pytest -m gpu`` over the rest of ``tests/`` (the CUDA memory-allocator
-   properties and any other GPU check). Absent or empty paths are reported as such.
+2. ``gpu-marked``: ``pytest -m gpu`` over the rest of ``tests/`` and the shipped suite
+   ``kvcheck/suite`` (the CUDA memory-allocator properties and any other GPU check);
+3. ``suite-on-cuda``: the rest of the shipped suite with ``--kvcheck-device cuda``.
+Absent or empty paths are reported as such.
 
 It prints one line per test (passed/failed/skipped, Hypothesis examples, seconds) and a
 verdict, and writes the same as JSON to ``--json``. The exit status is 0 when nothing
@@ -43,6 +45,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ATTENTION_TESTS = "tests/attention"
 SUITE_ROOT = "tests"
+SHIPPED_SUITE = "kvcheck/suite"
 #: pytest's exit status when it collected no test (an empty or absent suite)
 NO_TESTS_COLLECTED = 5
 #: seconds a suite gets after SIGINT to write its report before it is killed
@@ -363,8 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     suites = [run("attention", [ATTENTION_TESTS], args.budget * 0.6)]
     if (REPO_ROOT / SUITE_ROOT).is_dir():
         remaining = args.budget - (time.monotonic() - started)
-        gpu_args = [SUITE_ROOT, f"--ignore={ATTENTION_TESTS}", "-m", "gpu"]
-        suites.append(run("gpu-marked", gpu_args, remaining))
+        gpu_args = [SUITE_ROOT, SHIPPED_SUITE, f"--ignore={ATTENTION_TESTS}", "-m", "gpu"]
+        suites.append(run("gpu-marked", gpu_args, remaining * 0.4))
+        # The whole shipped suite on the GPU: the same properties, with cuda tensors.
+        remaining = args.budget - (time.monotonic() - started)
+        cuda_args = [SHIPPED_SUITE, "--kvcheck-device", "cuda", "-m", "not gpu"]
+        suites.append(run("suite-on-cuda", cuda_args, remaining))
     else:
         note = f"no {SUITE_ROOT}/ folder"
         suites.append(SuiteResult("gpu-marked", [], "absent", None, 0.0, note=note))
