@@ -7,8 +7,15 @@ Installing kvcheck is enough for any test suite to get:
   (env ``KVCHECK_PROFILE``);
 - session fixtures ``kvcheck_target`` (a :class:`kvcheck.targets.Target`) and
   ``kvcheck_device`` (a torch device string such as ``"cpu"`` or ``"cuda:0"``);
-- markers ``kvcheck_needs(*capabilities)`` (skip, quoting the target's reason, when the
-  target lacks one) and ``gpu`` (skip unless the device is CUDA);
+- markers ``kvcheck_needs(*capabilities, family=None)`` (skip, quoting the target's
+  reason, when the target lacks one; a per-family declaration such as ``"meta_device:mha"``
+  applies when the marker's ``family`` or the test's ``family`` parameter names that
+  family), ``gpu`` (skip unless the device is CUDA) and ``sglang`` (runs only when the
+  target is ``sglang``, so the default run never pays for importing sglang);
+- the target's ``expected_failures``: matching tests run as strict expected failures, so a
+  discrepancy that gets fixed fails the run as XPASS(strict) until its entry is removed;
+- the target's ``prepare()`` hook, run once per test process before any test (not in the
+  xdist controller, which runs none);
 - kvcheck's Hypothesis profiles (:mod:`kvcheck.profiles`) with the ``KVCHECK_DB`` database;
 - report header lines with the target, device, profile, database and ``KVCHECK_*`` variables;
 - under ``pytest -n N`` with several GPUs, one GPU per xdist worker, round-robin.
@@ -46,6 +53,7 @@ _PROFILE_OPTION = "--kvcheck-profile"
 _RESULTS_OPTION = "--kvcheck-results"
 _ENV_PREFIX = "KVCHECK_"
 _KVCHECK_FIXTURES = frozenset({"kvcheck_target", "kvcheck_device"})
+_SGLANG_MARKER = "sglang"
 
 
 class KVCheckSession:
@@ -84,6 +92,8 @@ class KVCheckSession:
 
 
 _SESSION = pytest.StashKey[KVCheckSession]()
+#: The reason an item runs as one of the target's expected failures.
+_EXPECTED_FAILURE = pytest.StashKey[str]()
 #: Puts back the Hypothesis profiles this session changed (see ``_snapshot_profiles``).
 _RESTORE_PROFILES = pytest.StashKey[Callable[[], None]]()
 
@@ -129,6 +139,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "target supports every capability (see kvcheck.targets.CAPABILITIES)",
     )
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with a reason on CPU")
+    config.addinivalue_line(
+        "markers",
+        f"{_SGLANG_MARKER}: checks the sglang target itself; runs only when the kvcheck target "
+        "is sglang (--kvcheck-target=sglang or KVCHECK_TARGET=sglang), skipped otherwise",
+    )
     if config.getoption("help", False):
         return  # keep `pytest --help` free of Hypothesis and target imports
     config.stash[_SESSION] = _start_session(config)
@@ -158,13 +173,26 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     target = session.target
     env = {name: value for name, value in os.environ.items() if name.startswith(_ENV_PREFIX)}
     env_text = ", ".join(f"{name}={value!r}" for name, value in sorted(env.items()))
-    return [
+    lines = [
         f"kvcheck target: {target.name} {target.version} ({session.target_source})",
         f"kvcheck device: {_describe_device(session)}",
         f"kvcheck hypothesis profile: {profile}",
         f"kvcheck database: {database}",
         f"kvcheck env: {env_text or 'no KVCHECK_* variables set'}",
     ]
+    expected = getattr(target, "expected_failures", None) or {}
+    if expected:
+        from kvcheck.targets.expected import generates_examples
+
+        how = (
+            "strict xfail: one that passes fails the run"
+            if generates_examples()
+            else "not strict under this profile, which only replays stored examples"
+        )
+        lines.append(
+            f"kvcheck expected failures: {len(expected)} declared by target {target.name!r} ({how})"
+        )
+    return lines
 
 
 @pytest.fixture(scope="session")
@@ -183,22 +211,40 @@ def kvcheck_device(pytestconfig: pytest.Config) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests the target or the device cannot serve as skipped, with the reason."""
+    """Skip tests the target or the device cannot serve, with the reason; mark the target's
+    expected failures as strict xfails."""
     session = config.stash.get(_SESSION, None)
     if session is None:
         return
-    from kvcheck.targets import capability_skip_reason
+    from kvcheck.targets import capability_skip_reason, expected_failure_reason
+    from kvcheck.targets.expected import generates_examples
 
     for item in items:
         capabilities = [c for marker in item.iter_markers("kvcheck_needs") for c in marker.args]
         reason = None
         if capabilities:
             with contextlib.suppress(ValueError):  # unknown names fail the test in setup
-                reason = capability_skip_reason(session.target, capabilities)
+                reason = capability_skip_reason(
+                    session.target, capabilities, family=_item_family(item)
+                )
         if reason is None and item.get_closest_marker("gpu") is not None:
             reason = _gpu_skip_reason(session)
+        if reason is None and item.get_closest_marker(_SGLANG_MARKER) is not None:
+            reason = _sglang_skip_reason(session)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+            continue
+        expected = expected_failure_reason(session.target, item.nodeid)
+        if expected is not None:
+            item.stash[_EXPECTED_FAILURE] = expected
+            item.add_marker(
+                pytest.mark.xfail(
+                    # A replay-only profile may not reach the failure: no XPASS(strict) then.
+                    strict=generates_examples(),
+                    reason=f"expected failure declared by target {session.target.name!r}: "
+                    f"{expected}",
+                )
+            )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -212,17 +258,19 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         from kvcheck.targets import capability_skip_reason
 
         try:
-            capability_skip_reason(session.target, capabilities)
+            capability_skip_reason(session.target, capabilities, family=_item_family(item))
         except ValueError as exc:
             pytest.fail(f"@pytest.mark.kvcheck_needs on {item.nodeid}: {exc}", pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    """Record Hypothesis statistics and database hits of kvcheck tests as user properties."""
+    """Record Hypothesis statistics and database hits of kvcheck tests as user properties;
+    run the target's expected failures without shrinking (:mod:`kvcheck.targets.expected`)."""
     session = item.config.stash.get(_SESSION, None)
     if session is None or not _is_tracked(item, session):
-        yield
+        with _fast_if_expected_to_fail(item):
+            yield
         return
     from kvcheck.db import recording_test, stored_examples_fetched
     from kvcheck.results import (
@@ -233,7 +281,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     )
 
     runs: list[dict[str, Any]] = []
-    with recording_test(item.nodeid), _collecting_statistics(runs):
+    with (
+        _fast_if_expected_to_fail(item),
+        recording_test(item.nodeid),
+        _collecting_statistics(runs),
+    ):
         yield
     if runs:
         item.user_properties.append((STATISTICS_PROPERTY, json.dumps(summarize_statistics(runs))))
@@ -273,7 +325,13 @@ def _session(config: pytest.Config) -> KVCheckSession:
 def _start_session(config: pytest.Config) -> KVCheckSession:
     """Settle target, device, GPU share and profile; any bad setting stops the run."""
     from kvcheck.devices import DEVICE_ENV_VAR, assign_worker_gpu, parse_device_spec
-    from kvcheck.targets import TARGET_ENV_VAR, TargetError, resolve_target, target_spec
+    from kvcheck.targets import (
+        TARGET_ENV_VAR,
+        TargetError,
+        prepare_target,
+        resolve_target,
+        target_spec,
+    )
 
     device_option = config.getoption("kvcheck_device")
     try:
@@ -293,6 +351,10 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
         source = f"default; choose with {_TARGET_OPTION} or {TARGET_ENV_VAR}"
     try:
         target = resolve_target(target_option)
+        if not _is_xdist_controller(config, worker_id):
+            # Heavy one-time setup (sglang's import) before any test: a Hypothesis test
+            # must not see it (sglang raises the recursion limit while importing).
+            prepare_target(target)
     except TargetError as exc:
         raise pytest.UsageError(f"kvcheck: {exc}") from exc
     source = f"{target_spec(target_option)!r}, {source}"
@@ -451,6 +513,42 @@ def _gpu_skip_reason(session: KVCheckSession) -> str | None:
         f"needs a CUDA device, but the kvcheck device is {device!r} "
         f"({_DEVICE_OPTION}={session.device_spec}; auto picks cuda only when "
         "torch.cuda.is_available())"
+    )
+
+
+def _fast_if_expected_to_fail(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
+    if _EXPECTED_FAILURE not in item.stash:
+        return contextlib.nullcontext()
+    from kvcheck.targets.expected import failing_fast
+
+    return failing_fast(getattr(item, "obj", None))
+
+
+def _is_xdist_controller(config: pytest.Config, worker_id: str | None) -> bool:
+    """The xdist process that hands tests to workers and runs none itself."""
+    return worker_id is None and getattr(config.option, "dist", "no") != "no"
+
+
+def _item_family(item: pytest.Item) -> str | None:
+    """The pool family a test builds: its markers' ``family=``, else its ``family`` parameter."""
+    for marker in item.iter_markers("kvcheck_needs"):
+        family = marker.kwargs.get("family")
+        if family is not None:
+            return str(family)
+    from kvcheck.specs import POOL_FAMILIES
+
+    callspec = getattr(item, "callspec", None)
+    family = callspec.params.get("family") if callspec is not None else None
+    return family if family in POOL_FAMILIES else None
+
+
+def _sglang_skip_reason(session: KVCheckSession) -> str | None:
+    if session.target.name == "sglang":
+        return None
+    return (
+        f"checks the sglang target, but the kvcheck target is {session.target.name!r}; run "
+        "with --kvcheck-target=sglang or KVCHECK_TARGET=sglang (after "
+        "`bash scripts/install_sglang.sh`)"
     )
 
 

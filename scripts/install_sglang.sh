@@ -12,7 +12,7 @@
 #         PYTHON              interpreter whose environment receives the packages
 set -euo pipefail
 
-PYTHON="${PYTHON:-python}"
+PYTHON="${PYTHON:-python3}"
 TORCH_PIN="${KVCHECK_TORCH_PIN:-2.13.0}"
 SGLANG_VERSION="0.5.23"
 start=$(date +%s)

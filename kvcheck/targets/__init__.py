@@ -5,11 +5,19 @@ A target is named by ``--kvcheck-target`` / ``KVCHECK_TARGET`` (or ``kvcheck ver
 ``sglang`` (the installed sglang package, through an adapter); anything else is
 ``module:attr``, where ``attr`` is a target instance, a class or a zero-argument factory.
 
+Besides resolving, this module answers what the suite asks of a target's declarations
+(:data:`kvcheck.targets.base.OPTIONAL_MEMBERS`): which capabilities it lacks, per pool
+family where it says so (:func:`capability_skip_reason`, :func:`supports`), which tests it
+expects to fail (:func:`expected_failure_reason`), and its one-time setup
+(:func:`prepare_target`). Spec limits are drawn by :mod:`kvcheck.targets.limits`.
+
 Example:
     >>> target = resolve_target("kvcheck")
     >>> target.name
     'kvcheck'
     >>> capability_skip_reason(target, ["mha_pool"]) is None
+    True
+    >>> expected_failure_reason(target, "kvcheck/suite/test_x.py::test_y") is None
     True
 """
 
@@ -17,21 +25,27 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kvcheck.targets.base import CAPABILITIES, Target
+from kvcheck.specs import POOL_FAMILIES
+from kvcheck.targets.base import CAPABILITIES, FAMILY_SEPARATOR, OPTIONAL_MEMBERS, Target
 
 __all__ = [
     "BUILTIN_TARGETS",
     "CAPABILITIES",
     "DEFAULT_TARGET",
+    "OPTIONAL_MEMBERS",
     "TARGET_ENV_VAR",
     "Target",
     "TargetError",
     "capability_skip_reason",
     "check_target",
+    "expected_failure_reason",
+    "prepare_target",
     "resolve_target",
+    "supports",
     "target_spec",
 ]
 
@@ -138,15 +152,13 @@ def check_target(target: object) -> list[str]:
     if not isinstance(unsupported, Mapping):
         problems.append(f"unsupported: {unsupported!r} (expected a mapping capability -> reason)")
         unsupported = {}
-    for capability, reason in unsupported.items():
-        if capability not in CAPABILITIES:
-            problems.append(
-                f"unsupported: unknown capability {capability!r} (known: {', '.join(CAPABILITIES)})"
-            )
+    for key, reason in unsupported.items():
+        problem = _unsupported_key_problem(key)
+        if problem is not None:
+            problems.append(f"unsupported: {problem}")
         if not isinstance(reason, str) or not reason.strip():
-            problems.append(
-                f"unsupported[{capability!r}]: reason {reason!r} must be a non-empty str"
-            )
+            problems.append(f"unsupported[{key!r}]: reason {reason!r} must be a non-empty str")
+    problems.extend(_optional_member_problems(target))
     for method, capabilities in _METHOD_CAPABILITIES.items():
         if callable(getattr(target, method, None)):
             continue
@@ -159,30 +171,144 @@ def check_target(target: object) -> list[str]:
     return problems
 
 
-def capability_skip_reason(target: Target, capabilities: Iterable[str]) -> str | None:
+def capability_skip_reason(
+    target: Target, capabilities: Iterable[str], *, family: str | None = None
+) -> str | None:
     """Why a test needing ``capabilities`` must be skipped on ``target``; ``None`` if it can run.
 
-    Unknown capability names are a bug in the test, so they raise ``ValueError``.
+    ``family`` names the pool family the test builds, when it knows it: then a per-family
+    declaration such as ``"meta_device:mha"`` counts too. A capability may also carry its
+    family itself (``"meta_device:mha"``). Unknown capability or family names are a bug in
+    the test, so they raise ``ValueError``.
 
     Example:
         >>> capability_skip_reason(resolve_target("kvcheck"), ["dsa_pool", "move"]) is None
         True
     """
-    wanted = list(capabilities)
-    unknown = [capability for capability in wanted if capability not in CAPABILITIES]
+    if family is not None and family not in POOL_FAMILIES:
+        raise ValueError(f"family={family!r} not in {POOL_FAMILIES}")
+    entries = list(capabilities)
+    unknown = [entry for entry in entries if _unsupported_key_problem(entry) is not None]
     if unknown:
         raise ValueError(
-            f"capabilities={unknown!r} are not kvcheck capabilities; "
-            f"known: {', '.join(CAPABILITIES)}"
+            f"capabilities={unknown!r} are not kvcheck capabilities (optionally "
+            f"'capability{FAMILY_SEPARATOR}family'); known: {', '.join(CAPABILITIES)}; "
+            f"families: {', '.join(POOL_FAMILIES)}"
         )
-    missing = [
-        f"{capability} ({target.unsupported[capability]})"
-        for capability in dict.fromkeys(wanted)
-        if capability in target.unsupported
-    ]
+    wanted: list[tuple[str, str | None]] = []
+    for entry in entries:
+        capability, _, own_family = entry.partition(FAMILY_SEPARATOR)
+        wanted.append((capability, own_family or family))
+    unsupported = target.unsupported
+    missing: list[str] = []
+    for capability, capability_family in dict.fromkeys(wanted):
+        keys = [capability]
+        if capability_family is not None:
+            keys.append(f"{capability}{FAMILY_SEPARATOR}{capability_family}")
+        missing.extend(f"{key} ({unsupported[key]})" for key in keys if key in unsupported)
     if not missing:
         return None
-    return f"target {target.name!r} does not support {'; '.join(missing)}"
+    return f"target {target.name!r} does not support {'; '.join(dict.fromkeys(missing))}"
+
+
+def supports(target: Target, capability: str, *, family: str | None = None) -> bool:
+    """Whether ``target`` serves ``capability`` (for pools of ``family``, when given).
+
+    Example:
+        >>> supports(resolve_target("kvcheck"), "meta_device", family="mha")
+        True
+    """
+    return capability_skip_reason(target, [capability], family=family) is None
+
+
+def expected_failure_reason(target: Target, nodeid: str) -> str | None:
+    """The reason ``target`` declares for expecting test ``nodeid`` to fail, else ``None``.
+
+    Keys of ``target.expected_failures`` are node-id patterns matched against the end of
+    ``nodeid`` at a path boundary (``test_mod.py::test_f[case]`` matches
+    ``kvcheck/suite/test_mod.py::test_f[case]``); ``*`` matches any run of characters and
+    is the only wildcard (brackets are literal, as in parametrize ids). The first matching
+    key wins.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> target = SimpleNamespace(expected_failures={"test_a.py::test_f[x-*]": "bug 1"})
+        >>> expected_failure_reason(target, "pkg/suite/test_a.py::test_f[x-2]")
+        'bug 1'
+    """
+    if not isinstance(nodeid, str):
+        raise ValueError(f"nodeid={nodeid!r} must be a pytest node id (str)")
+    declared = getattr(target, "expected_failures", None) or {}
+    for pattern, reason in declared.items():
+        if _nodeid_pattern(pattern).search(nodeid):
+            return str(reason)
+    return None
+
+
+def prepare_target(target: Target) -> None:
+    """Run ``target.prepare()`` when the target has one; failures become :class:`TargetError`.
+
+    Example:
+        >>> prepare_target(resolve_target("kvcheck"))
+    """
+    prepare = getattr(target, "prepare", None)
+    if prepare is None:
+        return
+    try:
+        prepare()
+    except Exception as exc:  # any setup failure is reported with the target name
+        raise TargetError(
+            f"target {getattr(target, 'name', target)!r}: prepare() failed with "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _nodeid_pattern(pattern: str) -> re.Pattern[str]:
+    body = ".*".join(re.escape(part) for part in pattern.split("*"))
+    return re.compile(rf"(?:^|/){body}$")
+
+
+def _unsupported_key_problem(key: object) -> str | None:
+    """What is wrong with ``key`` as a capability or "capability:family" (None if fine)."""
+    if not isinstance(key, str):
+        return f"{key!r} is not a str"
+    capability, separator, family = key.partition(FAMILY_SEPARATOR)
+    if capability not in CAPABILITIES:
+        return f"unknown capability {capability!r} in {key!r} (known: {', '.join(CAPABILITIES)})"
+    if separator and family not in POOL_FAMILIES:
+        return f"unknown pool family {family!r} in {key!r} (known: {', '.join(POOL_FAMILIES)})"
+    return None
+
+
+def _optional_member_problems(target: object) -> list[str]:
+    """Problems with the optional members (:data:`OPTIONAL_MEMBERS`) the target has."""
+    problems: list[str] = []
+    prepare = getattr(target, "prepare", None)
+    if prepare is not None and not callable(prepare):
+        problems.append(f"prepare: {prepare!r} is not callable")
+    expected = getattr(target, "expected_failures", None)
+    if expected is not None:
+        if not isinstance(expected, Mapping):
+            problems.append(
+                f"expected_failures: {expected!r} (expected a mapping pattern -> reason)"
+            )
+        else:
+            for pattern, reason in expected.items():
+                if not isinstance(pattern, str) or "::" not in pattern:
+                    problems.append(
+                        f"expected_failures: pattern {pattern!r} must be a str naming a "
+                        "module and a test ('test_mod.py::test_name[...]')"
+                    )
+                if not isinstance(reason, str) or not reason.strip():
+                    problems.append(
+                        f"expected_failures[{pattern!r}]: reason {reason!r} must be a non-empty str"
+                    )
+    limits = getattr(target, "pool_spec_limits", None)
+    if limits is not None:
+        from kvcheck.targets.limits import pool_spec_limit_problems
+
+        problems.extend(pool_spec_limit_problems(limits))
+    return problems
 
 
 def _import_attr(spec: str, module_name: str, attr_path: str) -> Any:

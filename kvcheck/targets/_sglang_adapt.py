@@ -154,11 +154,15 @@ def resolve_attention_backend(server_args: Any, flags: Mapping[str, Any]) -> Non
     DeepSeek-DSA model override (``dsa`` when no backend is set; translated, it needs the
     checkpoint); the platform default (translated, see
     :func:`platform_default_attention_backend`) when nothing set one; then sglang's own
-    ``_attention_backend_default`` pass, which lets an equal prefill/decode pair win.
+    ``_attention_backend_default`` pass, which lets an equal prefill/decode pair win, and
+    its ``_attention_backend_fa3_fp8_fallback`` pass (fa3 becomes triton with an
+    fp8_e5m2 KV cache), both as ``handle_attention_backend_compatibility`` runs them. The
+    other passes of that hook read the installed GPU and cannot change an FA backend.
     """
     from sglang.srt.arg_groups.model_override_base import resolved_view
     from sglang.srt.arg_groups.overrides import (
         _attention_backend_default,
+        _attention_backend_fa3_fp8_fallback,
         declare_resolution,
         run_post_process_pass,
     )
@@ -185,6 +189,7 @@ def resolve_attention_backend(server_args: Any, flags: Mapping[str, Any]) -> Non
             attention_backend=platform_default_attention_backend(flags),
         )
     run_post_process_pass(server_args, _attention_backend_default)
+    run_post_process_pass(server_args, _attention_backend_fa3_fp8_fallback)
 
 
 def _dsa() -> dict[str, str]:

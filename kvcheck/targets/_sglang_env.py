@@ -3,8 +3,10 @@
 sglang expects a process that its launcher prepared: a GPU, a loadable ``torchvision``,
 published parallel widths and Triton kernels. kvcheck checks sglang's pool code on a
 plain CPU machine, so each gap is bridged here by a context manager that restores
-exactly what it changed when the block ends. Nothing in this module imports sglang at
-module import time; each helper imports what it needs when it runs.
+exactly what it changed when the block ends. The one exception is an exit hook that keeps
+a library sglang loads from crashing the interpreter at shutdown
+(:func:`guard_swig_exit_warning`). Nothing in this module imports sglang at module import
+time; each helper imports what it needs when it runs.
 
 Example:
     >>> with torchvision_stand_in():                      # doctest: +SKIP
@@ -13,12 +15,16 @@ Example:
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
 import sys
 import types
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -322,3 +328,31 @@ def cpu_index_k_kernel() -> Iterator[None]:
         yield
     finally:
         setattr(module, INDEX_K_KERNEL_NAME, original)
+
+
+#: The DeprecationWarning SWIG 4 modules (sentencepiece, which sglang imports) emit while the
+#: interpreter shuts down, when their runtime creates its ``swigvarlink`` type.
+SWIG_EXIT_WARNING = "builtin type swigvarlink has no __module__ attribute"
+_RESYNC_MESSAGE = "kvcheck: re-read the warning filters before interpreter shutdown"
+
+
+@functools.cache
+def guard_swig_exit_warning() -> None:
+    """Keep sentencepiece's SWIG runtime from crashing the interpreter at exit (once per process).
+
+    At shutdown SWIG creates a type whose creation warns (:data:`SWIG_EXIT_WARNING`); if the
+    warning raises, SWIG goes on with a NULL type and the process dies with SIGSEGV, after
+    every test has passed. It raises when the C warnings module still holds the filter list
+    it saw last, which under pytest's ``filterwarnings = error`` is a test's list: by then
+    ``warnings`` itself is unreachable, so the stale list is what it uses. An exit hook,
+    which runs before modules are torn down, ignores that one message and warns once
+    (silently) so the C side re-reads the process's real filters.
+    """
+    atexit.register(_ignore_swig_exit_warning)
+
+
+def _ignore_swig_exit_warning() -> None:
+    warnings.filterwarnings("ignore", message=SWIG_EXIT_WARNING, category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=_RESYNC_MESSAGE, category=UserWarning)
+    with contextlib.suppress(Warning):  # whatever the filters, this call only re-syncs them
+        warnings.warn(_RESYNC_MESSAGE, UserWarning, stacklevel=1)

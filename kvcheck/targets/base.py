@@ -37,6 +37,31 @@ CAPABILITIES: tuple[str, ...] = (
     "skip_rule",  # dsa_layer_skips_topk
 )
 
+#: Separates a capability from a pool family in a per-family ``unsupported`` key:
+#: ``"meta_device:mha"`` means "pools of family mha cannot be built on meta", while MLA
+#: and DSA pools can. A plain ``"meta_device"`` key covers every family.
+FAMILY_SEPARATOR = ":"
+
+#: Optional members a target may add to the protocol below; the suite uses each only
+#: when present, so a target written before they existed keeps working.
+#:
+#: ``prepare()``
+#:     One-time setup (heavy imports, say) that the pytest plugin runs once per test
+#:     process, right after resolving the target and before any test, so that a test
+#:     never pays for it or sees its side effects (a changed recursion limit inside a
+#:     Hypothesis test is an error). An exception stops the run, naming the target.
+#: ``pool_spec_limits: Mapping[str, Mapping[str, tuple]]``
+#:     Pool family -> PoolSpec field -> the only values the target accepts for it, for
+#:     implementations that assert a layout (sglang's DSA pool: ``{"dsa": {"page_size":
+#:     (64,), "index_head_dim": (128,)}}``). The suite draws specs inside these limits
+#:     (:func:`kvcheck.targets.limits.target_pool_specs`) rather than filtering.
+#: ``expected_failures: Mapping[str, str]``
+#:     pytest node-id pattern -> reason. Tests of the suite that match (see
+#:     :func:`kvcheck.targets.expected_failure_reason`) run as strict expected failures:
+#:     a failure is reported as XFAIL with the reason, and a pass fails the run (XPASS
+#:     strict), so a fixed discrepancy cannot go unnoticed.
+OPTIONAL_MEMBERS: tuple[str, ...] = ("prepare", "pool_spec_limits", "expected_failures")
+
 
 @runtime_checkable
 class Target(Protocol):
@@ -50,7 +75,9 @@ class Target(Protocol):
 
     name: str
     version: str
-    #: capability -> reason it is unavailable (empty when the target can do everything)
+    #: capability, or "capability:family", -> reason it is unavailable (empty when the
+    #: target can do everything). See :data:`FAMILY_SEPARATOR` and :data:`OPTIONAL_MEMBERS`
+    #: for the optional members (``prepare``, ``pool_spec_limits``, ``expected_failures``).
     unsupported: Mapping[str, str]
 
     def make_pool(self, spec: PoolSpec, *, device: str) -> Any:

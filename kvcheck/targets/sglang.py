@@ -37,6 +37,7 @@ import torch
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
 from kvcheck.targets import _sglang_adapt as adapt
 from kvcheck.targets import _sglang_env as env
+from kvcheck.targets._sglang_findings import EXPECTED_FAILURES
 
 #: The sglang release this adapter was written against.
 SGLANG_VERSION = "0.5.23"
@@ -58,15 +59,25 @@ _SGLANG_MODULES: Mapping[str, str] = {
     "platforms": "sglang.srt.platforms",
 }
 
-#: Why each capability cannot be served, whatever the device.
+_MHA_ON_META = (
+    "sglang 0.5.23's {cls} calls torch.get_device_module(device) in its constructor, "
+    "which raises for 'meta' (MLATokenToKVPool and DSATokenToKVPool do build on meta; "
+    "docs/sglang-findings.md#d3)"
+)
+
+#: Why each capability (or capability for one pool family) cannot be served, whatever
+#: the device.
 UNSUPPORTED: Mapping[str, str] = MappingProxyType(
     {
-        "meta_device": (
-            "sglang 0.5.23's MHATokenToKVPool and NoOpMHATokenToKVPool call "
-            "torch.get_device_module(device) in their constructor, which raises for 'meta' "
-            "(MLATokenToKVPool and DSATokenToKVPool do build on meta)"
-        ),
+        "meta_device:mha": _MHA_ON_META.format(cls="MHATokenToKVPool"),
+        "meta_device:noop": _MHA_ON_META.format(cls="NoOpMHATokenToKVPool"),
     }
+)
+
+#: Layouts sglang 0.5.23 asserts: ``DSATokenToKVPool`` takes 64-token pages ("DSA requires
+#: 64-token physical pages") and 128-byte index keys; the suite draws DSA specs inside them.
+POOL_SPEC_LIMITS: Mapping[str, Mapping[str, tuple[int, ...]]] = MappingProxyType(
+    {"dsa": MappingProxyType({"page_size": (64,), "index_head_dim": (128,)})}
 )
 
 #: Capability -> how the target serves it on CPU, where that differs from a GPU server.
@@ -119,6 +130,7 @@ def _sglang() -> SimpleNamespace:
         warnings.simplefilter("ignore")
         for key, module_name in _SGLANG_MODULES.items():
             loaded[key] = importlib.import_module(module_name)
+    env.guard_swig_exit_warning()
     return SimpleNamespace(**loaded)
 
 
@@ -145,6 +157,8 @@ class SGLangTarget:
     def __init__(self) -> None:
         self.version: str = _installed_sglang_version()
         self.unsupported: Mapping[str, str] = UNSUPPORTED
+        self.pool_spec_limits: Mapping[str, Mapping[str, tuple[int, ...]]] = POOL_SPEC_LIMITS
+        self.expected_failures: Mapping[str, str] = EXPECTED_FAILURES
         self.cpu_notes: Mapping[str, str] = CPU_NOTES
         if self.version != SGLANG_VERSION:
             warnings.warn(
@@ -155,6 +169,16 @@ class SGLangTarget:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, version={self.version!r})"
+
+    def prepare(self) -> None:
+        """Import sglang now (7-15 s, once per process) rather than inside the first test.
+
+        The kvcheck pytest plugin calls this before any test runs: sglang's import raises
+        the interpreter's recursion limit, which Hypothesis reports as an error when it
+        happens inside a property. Also guards the process's exit against a crash in a
+        library sglang loads (:func:`._sglang_env.guard_swig_exit_warning`).
+        """
+        _sglang()
 
     # --- pools ----------------------------------------------------------------------------
 
@@ -231,8 +255,11 @@ class SGLangTarget:
 
         sglang takes fp8 keys and fp32 scales ([n, 1]); uint8 keys [n, D] and uint8
         scales [n, 4] carry the same bytes and are viewed as those dtypes. On CPU the
-        write runs sglang's checks with a CPU kernel body (see ``cpu_notes``).
+        write runs sglang's checks with a CPU kernel body (see ``cpu_notes``). A write to
+        a skip layer, which sglang would launch against a zero-row buffer (finding I10:
+        out of bounds on a GPU), raises ``IndexError`` here on every device instead.
         """
+        _refuse_zero_row_index_write(pool, layer_id)
         if isinstance(index_k, torch.Tensor) and index_k.dtype == torch.uint8:
             index_k = index_k.view(torch.float8_e4m3fn)
         if isinstance(index_k_scale, torch.Tensor) and index_k_scale.dtype == torch.uint8:
@@ -361,6 +388,25 @@ class SGLangTarget:
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def _refuse_zero_row_index_write(pool: Any, layer_id: int) -> None:
+    """Stop an index-K write that sglang would launch into a skip layer's zero-row buffer.
+
+    sglang 0.5.23 does not check this (docs/sglang-findings.md#i); its GPU kernel has no
+    bounds check, so the launch would write outside the allocation. The error is an
+    ``IndexError``, as the CPU kernel body raises, so the finding stays visible.
+    """
+    getter = getattr(pool, "get_index_k_with_scale_buffer", None)
+    try:
+        rows = int(getter(layer_id).shape[0]) if callable(getter) else None
+    except Exception:  # a bad layer id: let sglang's own call report it
+        return
+    if rows == 0:
+        raise IndexError(
+            f"index-K write to layer {layer_id}, whose index-K buffer has 0 rows (a skip "
+            "layer); kvcheck's sglang adapter refused to launch sglang's kernel into it"
+        )
 
 
 def _serving_args(*, enable_hisparse: bool) -> Any:

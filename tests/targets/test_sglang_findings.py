@@ -1,0 +1,328 @@
+"""Pinned reproductions of what the suite finds in sglang 0.5.23 (docs/sglang-findings.md).
+
+Each test runs kvcheck's own check on the minimal example Hypothesis gave for one finding,
+against the active target. On the kvcheck target they pass, which shows the check and the
+example are sound. The sglang target declares every one of them an expected failure
+(``kvcheck/targets/_sglang_findings.py``), so the plugin runs them as strict xfails: the
+day sglang changes, the matching test passes and the run fails with XPASS(strict) until
+the finding is updated. The finding ids (``V1``, ``C3``, ...) are the anchors in the doc.
+
+Run against sglang with ``KVCHECK_TARGET=sglang python -m pytest tests/targets``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from kvcheck.properties.inputs import BadCall, assert_rejected_call_changes_nothing
+from kvcheck.properties.noop import assert_noop_move_changes_nothing, assert_noop_write_raises
+from kvcheck.properties.ops import PoolCall, apply_op_like_reference
+from kvcheck.properties.serving import (
+    check_capacity_fits_budget,
+    check_cell_size,
+    check_pool_selection,
+    check_skip_rule,
+)
+from kvcheck.reference import ReferencePool
+from kvcheck.serving import ModelConfig
+from kvcheck.specs import HostCopy, HostReload, Move, Op, PoolSpec, WriteIndexK, WriteKV
+
+#: Flags validation accepts with --prefill-only-disable-kv-cache on (Hypothesis's minimum).
+FLAG_ON = {
+    "prefill_only_disable_kv_cache": True,
+    "is_embedding": True,
+    "kv_cache_dtype": "auto",
+    "chunked_prefill_size": -1,
+    "disable_radix_cache": True,
+    "attn_cp_size": 1,
+    "enable_prefill_context_parallel": False,
+    "enable_hisparse": False,
+    "attention_backend": "fa3",
+    "prefill_attention_backend": None,
+    "decode_attention_backend": None,
+    "page_size": None,
+}
+
+#: The smallest DSA model Hypothesis draws (one layer, DeepSeek's latent geometry).
+DSA_1L = ModelConfig(
+    name="generated-dsa-1l",
+    attention_arch="dsa",
+    num_hidden_layers=1,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+    index_head_dim=128,
+    index_topk=2048,
+)
+
+
+# --- P2: pool selection ---------------------------------------------------------------------
+
+
+@pytest.mark.kvcheck_needs("pool_selection")
+def test_p2_checkpoint_nvfp4_kv_cache_is_refused_with_the_flag(kvcheck_target: Any) -> None:
+    """P2: a checkpoint declaring an NVFP4 KV cache is an FP4 MHA pool, which the flag refuses."""
+    model = ModelConfig(
+        name="generated-mha-1l",
+        attention_arch="mha",
+        num_hidden_layers=1,
+        kv_cache_quant_algo="NVFP4",
+    )
+    assert check_pool_selection(kvcheck_target, FLAG_ON, model, is_draft=False) == "refused"
+
+
+# --- K1: the skip rule ----------------------------------------------------------------------
+
+
+def _dsa_namespace(**fields: int) -> SimpleNamespace:
+    """A one-layer DSA config as Hypothesis draws invalid ones (read with getattr)."""
+    return SimpleNamespace(
+        name="generated-dsa-1l",
+        attention_arch="dsa",
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        index_head_dim=128,
+        index_topk=2048,
+        **fields,
+    )
+
+
+@pytest.mark.kvcheck_needs("skip_rule")
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"cli_factor": 0},
+        {"index_topk_freq": 0},
+        {"index_topk_freq": 1, "index_skip_topk_offset": 0},
+    ],
+    ids=["cli_factor-0", "index_topk_freq-0", "index_skip_topk_offset-0"],
+)
+def test_k1_invalid_skip_fields_raise_value_error(
+    kvcheck_target: Any, fields: dict[str, int]
+) -> None:
+    """K1: a skip-topk field <= 0 that decides a layer is a ValueError, not an assertion."""
+    assert check_skip_rule(kvcheck_target, _dsa_namespace(**fields)) is None
+
+
+# --- C1-C4: the configurator ----------------------------------------------------------------
+
+
+@pytest.mark.kvcheck_needs("configurator")
+def test_c1_fp8_dsa_cell_size_counts_the_raw_latent_row(kvcheck_target: Any) -> None:
+    """C1: an fp8 DSA token costs 576 latent bytes plus 132 indexer bytes per layer."""
+    cell = check_cell_size(kvcheck_target, DSA_1L, dtype="float8_e4m3fn", is_draft=False)
+    assert cell == 576 + 132
+
+
+@pytest.mark.kvcheck_needs("configurator")
+def test_c2_hisparse_counts_each_indexer_once(kvcheck_target: Any) -> None:
+    """C2: with HiSparse every layer pays for its indexer once, not times a host ratio."""
+    cell = check_cell_size(
+        kvcheck_target, DSA_1L, dtype="bfloat16", is_draft=False, enable_hisparse=True
+    )
+    assert cell == 576 * 2 + 132
+
+
+@pytest.mark.kvcheck_needs("configurator")
+def test_c3_capacity_leaves_room_for_the_padding_page(kvcheck_target: Any) -> None:
+    """C3: a budget of two MLA tokens' bytes holds one token plus the padding page."""
+    model = ModelConfig(
+        name="generated-mla-1l",
+        attention_arch="mla",
+        num_hidden_layers=1,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+    )
+    found = check_capacity_fits_budget(kvcheck_target, model, 2304, dtype="bfloat16", page_size=1)
+    assert found.max_total_num_tokens == 1
+
+
+@pytest.mark.kvcheck_needs("configurator")
+def test_c4_fp8_dsa_with_a_narrow_latent_has_a_cell_size(kvcheck_target: Any) -> None:
+    """C4: an fp8 DSA model whose kv_lora_rank is not a multiple of 128 still has a size."""
+    model = replace(DSA_1L, kv_lora_rank=64)
+    cell = check_cell_size(kvcheck_target, model, dtype="float8_e4m3fn", is_draft=False)
+    assert cell == 64 + 64 + 132
+
+
+# --- N1-N3: the no-op pool ------------------------------------------------------------------
+
+NOOP_1 = PoolSpec(family="noop", size=1, page_size=1, layer_num=1, dtype="bfloat16", head_dim=1)
+
+
+@pytest.mark.kvcheck_needs("noop_pool")
+def test_n1_noop_load_cpu_copy_raises(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """N1: reloading a host copy into the no-op pool is a write, so it raises RuntimeError."""
+    pool = kvcheck_target.make_pool(NOOP_1, device=kvcheck_device)
+    empty = torch.tensor([], dtype=torch.int64, device=kvcheck_device)
+    assert_noop_write_raises(pool, "load_cpu_copy", (None, empty), {})
+    assert pool.size == NOOP_1.size
+
+
+@pytest.mark.kvcheck_needs("noop_pool")
+def test_n2_noop_move_takes_any_arguments(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """N2: the no-op pool's move_kv_cache accepts any arguments, none included."""
+    pool = kvcheck_target.make_pool(NOOP_1, device=kvcheck_device)
+    assert_noop_move_changes_nothing(pool, (), {})
+    assert pool.size == NOOP_1.size
+
+
+@pytest.mark.kvcheck_needs("noop_pool", "host_copy")
+def test_n3_noop_host_copy_of_any_slot_succeeds(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """N3: a host copy of a slot beyond the placeholder page is not an error on a no-op pool."""
+    pool = kvcheck_target.make_pool(NOOP_1, device=kvcheck_device)
+    accepted = apply_op_like_reference(
+        kvcheck_target,
+        pool,
+        ReferencePool(NOOP_1),
+        HostCopy(name="copy0", indices=(0, 1)),
+        device=kvcheck_device,
+        copies={},
+    )
+    assert accepted
+
+
+# --- I1-I10: bad input gets a ValueError, never silent corruption --------------------------
+
+SPECS = {
+    "mha": PoolSpec(family="mha", size=1, page_size=1, layer_num=1, dtype="bfloat16", head_dim=1),
+    "mla": PoolSpec(
+        family="mla",
+        size=1,
+        page_size=1,
+        layer_num=1,
+        dtype="bfloat16",
+        kv_lora_rank=1,
+        qk_rope_head_dim=1,
+    ),
+    # 64-token pages: the only DSA page size sglang 0.5.23 builds.
+    "dsa": PoolSpec(
+        family="dsa",
+        size=64,
+        page_size=64,
+        layer_num=1,
+        dtype="bfloat16",
+        kv_lora_rank=1,
+        qk_rope_head_dim=1,
+    ),
+}
+ROW = {"mha": b"\x00\x3c", "mla": b"\x00\x3c\x00\x40", "dsa": b"\x00\x3c\x00\x40"}
+
+
+@dataclass(frozen=True)
+class BadOp:
+    """Setup operations that succeed, then one the reference rejects with ValueError."""
+
+    family: str
+    setup: tuple[Op, ...]
+    op: Op
+    spec_changes: tuple[tuple[str, Any], ...] = ()
+
+
+def _write(family: str, locs: tuple[int, ...], layer_id: int = 0, k_row: bytes = b"") -> WriteKV:
+    row = k_row or ROW[family]
+    v_rows = (ROW["mha"],) * len(locs) if family == "mha" else ()
+    return WriteKV(layer_id=layer_id, locs=locs, k_rows=(row,) * len(locs), v_rows=v_rows)
+
+
+def _bad_ops() -> dict[str, BadOp]:
+    cases: dict[str, BadOp] = {}
+    for family in ("mha", "mla", "dsa"):
+        slots = SPECS[family].num_slots
+        cases |= {
+            f"i1-repeated-write-loc-{family}": BadOp(family, (), _write(family, (0, 0))),
+            f"i2-repeated-move-target-{family}": BadOp(family, (), Move(tgt=(0, 0), src=(0, 0))),
+            f"i3-negative-write-loc-{family}": BadOp(family, (), _write(family, (-1,))),
+            f"i4-write-loc-past-the-end-{family}": BadOp(family, (), _write(family, (slots,))),
+            f"i4-move-target-past-the-end-{family}": BadOp(
+                family, (), Move(tgt=(slots,), src=(0,))
+            ),
+            f"i5-layer-past-the-end-{family}": BadOp(family, (), _write(family, (0,), 1)),
+            f"i6-row-of-the-wrong-width-{family}": BadOp(
+                family, (), _write(family, (0,), k_row=ROW[family] * 2)
+            ),
+            f"i7-move-lengths-differ-{family}": BadOp(family, (), Move(tgt=(0,), src=(0, 0))),
+        }
+    for family in ("mha", "mla"):
+        cases[f"i8-reload-more-than-copied-{family}"] = BadOp(
+            family,
+            (HostCopy(name="copy1", indices=(0,)),),
+            HostReload(name="copy1", indices=(0, 1)),
+        )
+    cases["i10-index-k-write-to-a-skip-layer-dsa"] = BadOp(
+        "dsa",
+        (),
+        WriteIndexK(layer_id=0, locs=(0,), key_rows=(b"\x01" * 128,), scale_rows=(b"\x00" * 4,)),
+        spec_changes=(("skip_topk_layers", (True,)),),
+    )
+    return cases
+
+
+BAD_OPS = _bad_ops()
+
+
+def _needs(case: BadOp) -> list[str]:
+    needs = [f"{case.family}_pool", "input_validation"]
+    ops = (*case.setup, case.op)
+    if any(isinstance(op, Move) for op in ops):
+        needs.append("move")
+    if any(isinstance(op, HostCopy | HostReload) for op in ops):
+        needs.append("host_copy")
+    if any(isinstance(op, WriteIndexK) for op in ops):
+        needs.append("index_k_write")
+    return needs
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(case, id=name, marks=pytest.mark.kvcheck_needs(*_needs(case)))
+        for name, case in BAD_OPS.items()
+    ],
+)
+def test_i_bad_operation_is_rejected(kvcheck_target: Any, kvcheck_device: str, case: BadOp) -> None:
+    """I1-I8, I10: each malformed operation raises ValueError, as the reference does."""
+    spec = replace(SPECS[case.family], **dict(case.spec_changes))
+    pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
+    reference = ReferencePool(spec)
+    copies: dict[str, Any] = {}
+    for op in case.setup:
+        assert apply_op_like_reference(
+            kvcheck_target, pool, reference, op, device=kvcheck_device, copies=copies
+        )
+    assert reference.expected_error(case.op) is ValueError
+    accepted = apply_op_like_reference(
+        kvcheck_target, pool, reference, case.op, device=kvcheck_device, copies=copies
+    )
+    assert not accepted
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param(family, marks=pytest.mark.kvcheck_needs(f"{family}_pool", "input_validation"))
+        for family in ("mha", "mla", "dsa")
+    ],
+)
+def test_i9_float_location_is_rejected(
+    kvcheck_target: Any, kvcheck_device: str, family: str
+) -> None:
+    """I9: a float location tensor raises ValueError and leaves the pool unchanged."""
+    spec = SPECS[family]
+    pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
+    width = (1, 2) if family != "mha" else (1, 1)
+    k = torch.ones((1, *width), dtype=torch.bfloat16, device=kvcheck_device)
+    v = (
+        torch.ones((1, 1, 1), dtype=torch.bfloat16, device=kvcheck_device)
+        if family == "mha"
+        else None
+    )
+    loc = torch.tensor([0.0], device=kvcheck_device)
+    call = PoolCall("set_kv_buffer", (SimpleNamespace(layer_id=0), loc, k, v))
+    assert_rejected_call_changes_nothing(kvcheck_target, pool, BadCall("loc_float", call))
