@@ -662,13 +662,20 @@ def _pool_bytes_for(
     device: str,
 ) -> tuple[int, str]:
     """Bytes of the pools for ``num_tokens``, and how they were measured."""
+    from kvcheck.targets import supports
+    from kvcheck.targets.limits import pool_spec_limits_of
+
     family = model.attention_arch
-    unsupported = getattr(target, "unsupported", {})
+    limits = pool_spec_limits_of(target).get(family, {})
     can_build = (
         num_tokens > 0  # a pool holds at least one token: there is nothing to build for 0
         and callable(getattr(target, "make_pool", None))
-        and f"{family}_pool" not in unsupported
-        and (device != "meta" or "meta_device" not in unsupported)
+        and supports(target, f"{family}_pool")
+        and (device != "meta" or supports(target, "meta_device", family=family))
+        # A layout the target refuses (sglang asserts 64-token DSA pages) is measured by
+        # the formula instead.
+        and page_size in limits.get("page_size", (page_size,))
+        and model.index_head_dim in limits.get("index_head_dim", (model.index_head_dim,))
     )
     if not can_build:
         formula = reference_pool_bytes(
