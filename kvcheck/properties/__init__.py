@@ -1,0 +1,104 @@
+"""Reusable properties: the checks behind kvcheck's suite, for downstream suites too.
+
+Each property is a function that raises
+:class:`~kvcheck.properties._assertions.PropertyFailure` (an ``AssertionError``) with a
+``got … but should be … [call]`` message when it does not hold. They take a target or a
+pool plus the input to check, so a downstream project calls them from its own Hypothesis
+tests with kvcheck's strategies.
+
+Pool side:
+
+- :mod:`~kvcheck.properties.ops`: specs operations as tensors, applied through a target;
+- :mod:`~kvcheck.properties.pool_state`: a pool's bytes against the reference model;
+- :mod:`~kvcheck.properties.skip_layers`: skip layers hold zero bytes (storage, CUDA
+  allocator, meta at production scale);
+- :mod:`~kvcheck.properties.noop`: the no-op pool raises on writes, holds placeholders only;
+- :mod:`~kvcheck.properties.accounting`: reported bytes agree with bytes held;
+- :mod:`~kvcheck.properties.inputs`: callers' tensors untouched, rejected calls change nothing;
+- :mod:`kvcheck.machines`: differential state machines built from all of the above.
+
+Serving side: :mod:`~kvcheck.properties.serving` (validation, pool selection, skip rule,
+configurator), re-exported here.
+
+Example::
+
+    from hypothesis import given
+    from kvcheck.properties import assert_accounting
+    from kvcheck.strategies import pool_specs
+
+    @given(spec=pool_specs())
+    def test_accounting(kvcheck_target, kvcheck_device, spec):
+        assert_accounting(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
+"""
+
+from __future__ import annotations
+
+from kvcheck.properties import serving as _serving
+from kvcheck.properties._assertions import PropertyFailure
+from kvcheck.properties.accounting import (
+    assert_accounting,
+    assert_held_bytes,
+    assert_kv_size_bytes,
+    assert_mem_usage,
+    assert_state_buf_infos,
+    reported_total_bytes,
+)
+from kvcheck.properties.inputs import (
+    BadCall,
+    assert_rejected_call_changes_nothing,
+    assert_tensors_unchanged,
+    bad_calls,
+    check_sequence_inputs,
+    run_checked_call,
+)
+from kvcheck.properties.noop import (
+    assert_noop_holds_only_placeholders,
+    assert_noop_move_changes_nothing,
+    assert_noop_write_raises,
+    noop_move_arguments,
+    noop_write_calls,
+)
+from kvcheck.properties.ops import apply_op, apply_op_like_reference, describe_op, encode_op
+from kvcheck.properties.pool_state import (
+    assert_pool_matches_reference,
+    assert_same_pool_bytes,
+    read_pool_buffers,
+)
+from kvcheck.properties.serving import *  # noqa: F403  (its __all__ is re-exported below)
+from kvcheck.properties.skip_layers import (
+    assert_cuda_allocation_matches,
+    assert_meta_pool_bytes,
+    assert_skip_layers_hold_no_storage,
+)
+
+__all__ = [
+    "BadCall",
+    "PropertyFailure",
+    "apply_op",
+    "apply_op_like_reference",
+    "assert_accounting",
+    "assert_cuda_allocation_matches",
+    "assert_held_bytes",
+    "assert_kv_size_bytes",
+    "assert_mem_usage",
+    "assert_meta_pool_bytes",
+    "assert_noop_holds_only_placeholders",
+    "assert_noop_move_changes_nothing",
+    "assert_noop_write_raises",
+    "assert_pool_matches_reference",
+    "assert_rejected_call_changes_nothing",
+    "assert_same_pool_bytes",
+    "assert_skip_layers_hold_no_storage",
+    "assert_state_buf_infos",
+    "assert_tensors_unchanged",
+    "bad_calls",
+    "check_sequence_inputs",
+    "describe_op",
+    "encode_op",
+    "noop_move_arguments",
+    "noop_write_calls",
+    "read_pool_buffers",
+    "reported_total_bytes",
+    "run_checked_call",
+    *_serving.__all__,
+]

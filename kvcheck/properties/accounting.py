@@ -1,0 +1,165 @@
+"""Property: a pool's own accounting agrees with the bytes it actually holds.
+
+Three reports are checked against the reference formulas and against the storages
+behind the buffers (:func:`kvcheck.memory.storage_bytes`):
+
+- ``get_kv_size_bytes()``: MHA ``(k_bytes, v_bytes)``; NoOp ``(0, 0)``; MLA and DSA one
+  int (DSA: latent plus index-K, skip layers adding 0), as SGLang 0.5.23 reports;
+- ``mem_usage``: the reported bytes in GiB;
+- DSA ``get_state_buf_infos()``: one ``(ptr, len, item_len)`` entry per local layer, the
+  real buffer's pointer and byte length, ``(0, 0, 0)`` for skip layers.
+
+Example:
+    >>> from kvcheck.specs import PoolSpec
+    >>> from kvcheck.targets import resolve_target
+    >>> spec = PoolSpec(family="dsa", size=4, page_size=2, layer_num=2, dtype="bfloat16",
+    ...                 skip_topk_layers=(True, False))
+    >>> assert_accounting(resolve_target("kvcheck").make_pool(spec, device="cpu"), spec)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from kvcheck.memory import buffer_storages, storage_bytes
+from kvcheck.properties._assertions import assert_equal, fail
+from kvcheck.reference import (
+    expected_buffer_bytes,
+    expected_kv_size_bytes,
+    expected_mem_usage,
+    expected_state_buf_infos,
+)
+from kvcheck.specs import PoolSpec
+
+__all__ = [
+    "assert_accounting",
+    "assert_held_bytes",
+    "assert_kv_size_bytes",
+    "assert_mem_usage",
+    "assert_state_buf_infos",
+    "reported_total_bytes",
+]
+
+
+def reported_total_bytes(reported: Any) -> int:
+    """The total of a ``get_kv_size_bytes()`` result (a tuple of parts, or one int).
+
+    Example:
+        >>> reported_total_bytes((96, 48)), reported_total_bytes(7)
+        (144, 7)
+    """
+    if isinstance(reported, tuple | list):
+        return sum(int(part) for part in reported)
+    return int(reported)
+
+
+def _normalized(reported: Any) -> Any:
+    return tuple(int(part) for part in reported) if isinstance(reported, tuple | list) else reported
+
+
+def assert_held_bytes(pool: Any, spec: PoolSpec, *, call: str = "pool construction") -> None:
+    """The storages behind ``pool``'s KV buffers total exactly what ``spec`` needs.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = PoolSpec(family="noop", size=64, page_size=2, layer_num=1, dtype="float16")
+        >>> assert_held_bytes(resolve_target("kvcheck").make_pool(spec, device="cpu"), spec)
+    """
+    __tracebackhide__ = True
+    held = storage_bytes(pool)
+    if held != expected_buffer_bytes(spec):
+        detail = "bytes held by the storages of the KV buffers: " + ", ".join(
+            f"{item.name}[{item.layer}]={item.storage_nbytes}"
+            for item in buffer_storages(pool)
+            if item.shared_with is None
+        )
+        raise fail(got=held, expected=expected_buffer_bytes(spec), call=call, detail=detail)
+
+
+def assert_kv_size_bytes(pool: Any, spec: PoolSpec, *, call: str = "pool construction") -> None:
+    """``get_kv_size_bytes()`` equals the formula and, except for NoOp, the bytes held.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = PoolSpec(family="mha", size=2, page_size=2, layer_num=3, dtype="bfloat16",
+        ...                 head_num=1, head_dim=4)
+        >>> assert_kv_size_bytes(resolve_target("kvcheck").make_pool(spec, device="cpu"), spec)
+    """
+    __tracebackhide__ = True
+    reported = _normalized(pool.get_kv_size_bytes())
+    where = f"pool.get_kv_size_bytes() after {call}"
+    assert_equal(reported, expected_kv_size_bytes(spec), call=where)
+    if spec.family != "noop":
+        assert_equal(
+            reported_total_bytes(reported),
+            storage_bytes(pool),
+            call=where,
+            detail="the reported total must equal the bytes the buffers' storages hold",
+        )
+
+
+def assert_mem_usage(pool: Any, spec: PoolSpec, *, call: str = "pool construction") -> None:
+    """``mem_usage`` is the reported bytes in GiB (``0.0`` for NoOp).
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = PoolSpec(family="mla", size=2, page_size=1, layer_num=1, dtype="float32")
+        >>> assert_mem_usage(resolve_target("kvcheck").make_pool(spec, device="cpu"), spec)
+    """
+    __tracebackhide__ = True
+    got = float(pool.mem_usage)
+    expected = expected_mem_usage(spec)
+    if not math.isclose(got, expected, rel_tol=1e-12, abs_tol=0.0):
+        raise fail(got=got, expected=expected, call=f"pool.mem_usage after {call}")
+
+
+def assert_state_buf_infos(pool: Any, spec: PoolSpec, *, call: str = "pool construction") -> None:
+    """DSA ``get_state_buf_infos()``: per layer the index buffer's pointer, bytes, page bytes.
+
+    Skip layers give ``(0, 0, 0)``; every other layer's entry describes its real buffer
+    (``data_ptr()``, ``nbytes``), which must also match the formulas.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = PoolSpec(family="dsa", size=2, page_size=2, layer_num=2, dtype="bfloat16",
+        ...                 skip_topk_layers=(False, True))
+        >>> assert_state_buf_infos(resolve_target("kvcheck").make_pool(spec, device="cpu"), spec)
+    """
+    __tracebackhide__ = True
+    if spec.family != "dsa":
+        raise ValueError(f"spec.family={spec.family!r}: only DSA pools have state buffers")
+    where = f"pool.get_state_buf_infos() after {call}"
+    ptrs, lens, item_lens = (list(part) for part in pool.get_state_buf_infos())
+    expected_lens, expected_item_lens = expected_state_buf_infos(spec)
+    assert_equal(lens, expected_lens, call=where, detail="lens (bytes per layer)")
+    assert_equal(item_lens, expected_item_lens, call=where, detail="item_lens (bytes per page)")
+    buffers = pool.index_k_with_scale_buffer
+    actual_ptrs = [
+        0 if skip else buffer.data_ptr()
+        for skip, buffer in zip(spec.skip_mask, buffers, strict=True)
+    ]
+    assert_equal(ptrs, actual_ptrs, call=where, detail="ptrs (0 for skip layers)")
+    actual_lens = [
+        0 if skip else buffer.nbytes for skip, buffer in zip(spec.skip_mask, buffers, strict=True)
+    ]
+    assert_equal(lens, actual_lens, call=where, detail="lens against the buffers' nbytes")
+
+
+def assert_accounting(
+    pool: Any, spec: PoolSpec, *, call: str = "pool construction", state_buf_infos: bool = True
+) -> None:
+    """All accounting properties at once: held bytes, ``get_kv_size_bytes``, ``mem_usage``
+    and, for DSA when ``state_buf_infos`` is true, ``get_state_buf_infos``.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = PoolSpec(family="mha", size=2, page_size=1, layer_num=1, dtype="float16")
+        >>> assert_accounting(resolve_target("kvcheck").make_pool(spec, device="cpu"), spec)
+    """
+    __tracebackhide__ = True
+    assert_held_bytes(pool, spec, call=call)
+    assert_kv_size_bytes(pool, spec, call=call)
+    assert_mem_usage(pool, spec, call=call)
+    if state_buf_infos and spec.family == "dsa":
+        assert_state_buf_infos(pool, spec, call=call)

@@ -1,0 +1,310 @@
+"""Turn :mod:`kvcheck.specs` operations into tensors and apply them to a pool through a target.
+
+The specs describe payloads as raw bytes so that the reference model needs no dtype
+semantics; here those bytes become tensors of the pool's dtype (fp8 payloads as fp8 views
+of the bytes) on the pool's device, and each operation becomes the pool call SGLang makes:
+``set_kv_buffer``, ``target.write_index_k``, ``move_kv_cache``, ``get_cpu_copy`` and
+``load_cpu_copy``. :func:`apply_op_like_reference` runs one operation on a pool and on a
+:class:`~kvcheck.reference.ReferencePool` and fails when they disagree on whether the call
+must raise.
+
+Example:
+    >>> from kvcheck.specs import PoolSpec, WriteKV
+    >>> from kvcheck.targets import resolve_target
+    >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="float16",
+    ...                 head_num=1, head_dim=1)
+    >>> target = resolve_target("kvcheck")
+    >>> pool = target.make_pool(spec, device="cpu")
+    >>> apply_op(target, pool, WriteKV(layer_id=0, locs=(3,), k_rows=(b"\\x00<",),
+    ...                                v_rows=(b"\\x00@",)), device="cpu", copies={})
+    >>> pool.k_buffer[0][3].item(), pool.v_buffer[0][3].item()
+    (1.0, 2.0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from kvcheck.properties._assertions import PropertyFailure
+from kvcheck.reference import ReferencePool
+from kvcheck.specs import DSA_QUANT_BLOCK, HostCopy, HostReload, Move, Op, WriteIndexK, WriteKV
+
+__all__ = [
+    "OpEncodingError",
+    "PoolCall",
+    "apply_op",
+    "apply_op_like_reference",
+    "describe_op",
+    "encode_op",
+    "loc_tensor",
+    "rows_tensor",
+    "run_call",
+]
+
+
+class OpEncodingError(TypeError):
+    """An operation whose bytes cannot form the tensors of the call (a harness bug).
+
+    Deliberately not a ``ValueError``: a pool's rejection of bad input must never be
+    confused with the harness failing to build the input.
+    """
+
+
+@dataclass(frozen=True)
+class PoolCall:
+    """One pool call ready to run: ``method`` on the pool (or the target), with its arguments.
+
+    ``via_target`` marks calls that go through the target (``target.write_index_k``) rather
+    than a pool method.
+    """
+
+    method: str
+    args: tuple[Any, ...]
+    via_target: bool = False
+
+
+def loc_tensor(locs: Sequence[int], *, device: str | torch.device) -> torch.Tensor:
+    """Token locations as a 1-D ``int64`` tensor on ``device`` (values are not checked).
+
+    Example:
+        >>> loc_tensor((3, 1), device="cpu")
+        tensor([3, 1])
+    """
+    return torch.tensor(list(locs), dtype=torch.int64, device=device)
+
+
+def rows_tensor(
+    rows: Sequence[bytes],
+    *,
+    dtype: torch.dtype,
+    inner: tuple[int, ...],
+    device: str | torch.device,
+) -> torch.Tensor:
+    """Stack raw row bytes into a ``[len(rows), *inner]`` tensor of ``dtype`` on ``device``.
+
+    ``inner`` may hold one ``-1`` (derived from the row length) when there is at least one
+    row; with no rows it must be explicit. Raises :class:`OpEncodingError` when the bytes do
+    not fit the shape.
+
+    Example:
+        >>> rows_tensor((b"\\x00<", b"\\x00@"), dtype=torch.float16, inner=(1, -1),
+        ...             device="cpu").flatten().tolist()
+        [1.0, 2.0]
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if not rows:
+        if -1 in inner:
+            raise OpEncodingError(f"inner={inner!r} needs explicit sizes when there are no rows")
+        return torch.zeros((0, *inner), dtype=dtype, device=device)
+    data = b"".join(rows)
+    if len(data) % (itemsize * len(rows)):
+        raise OpEncodingError(
+            f"rows of {[len(row) for row in rows]} bytes do not hold whole {dtype} values"
+        )
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    try:
+        return raw.view(dtype).reshape(len(rows), *inner).to(device)
+    except RuntimeError as exc:
+        raise OpEncodingError(
+            f"rows of {[len(row) for row in rows]} bytes do not fit shape "
+            f"{(len(rows), *inner)} of {dtype}: {exc}"
+        ) from None
+
+
+def _is_latent(pool: Any) -> bool:
+    """MLA and DSA pools keep one latent buffer per layer instead of K and V."""
+    return hasattr(pool, "kv_buffer")
+
+
+def encode_op(pool: Any, op: Op, *, device: str | torch.device, copies: dict[str, Any]) -> PoolCall:
+    """The call ``op`` stands for, with its tensors built on ``device``.
+
+    ``copies`` maps host-copy names to what ``get_cpu_copy`` returned; a ``HostReload`` of
+    a name never copied is turned into a ``ValueError`` here, which is what the reference
+    model expects (the harness has no copy to pass).
+
+    Example:
+        >>> from kvcheck.pools import MHATokenToKVPool
+        >>> pool = MHATokenToKVPool(size=4, page_size=2, dtype=torch.float16, head_num=1,
+        ...                         head_dim=1, layer_num=1, device="cpu")
+        >>> encode_op(pool, Move(tgt=(1,), src=(2,)), device="cpu", copies={}).method
+        'move_kv_cache'
+    """
+    if isinstance(op, WriteKV):
+        dtype = pool.dtype
+        layer = SimpleNamespace(layer_id=op.layer_id)
+        loc = loc_tensor(op.locs, device=device)
+        if _is_latent(pool):
+            width = pool.kv_lora_rank + pool.qk_rope_head_dim
+            k = rows_tensor(
+                op.k_rows, dtype=dtype, inner=(1, -1 if op.k_rows else width), device=device
+            )
+            return PoolCall("set_kv_buffer", (layer, loc, k, None))
+        heads = pool.head_num
+        k = rows_tensor(
+            op.k_rows, dtype=dtype, inner=(heads, -1 if op.k_rows else pool.head_dim), device=device
+        )
+        v_dim = -1 if op.v_rows else pool.v_head_dim
+        v = rows_tensor(op.v_rows, dtype=dtype, inner=(heads, v_dim), device=device)
+        return PoolCall("set_kv_buffer", (layer, loc, k, v))
+    if isinstance(op, WriteIndexK):
+        dim = getattr(pool, "index_head_dim", DSA_QUANT_BLOCK)
+        key = rows_tensor(
+            op.key_rows,
+            dtype=torch.float8_e4m3fn,
+            inner=(-1 if op.key_rows else dim,),
+            device=device,
+        )
+        scale = rows_tensor(
+            op.scale_rows,
+            dtype=torch.float32,
+            inner=(-1 if op.scale_rows else dim // DSA_QUANT_BLOCK,),
+            device=device,
+        )
+        loc = loc_tensor(op.locs, device=device)
+        return PoolCall("write_index_k", (op.layer_id, loc, key, scale), via_target=True)
+    if isinstance(op, Move):
+        tgt, src = loc_tensor(op.tgt, device=device), loc_tensor(op.src, device=device)
+        return PoolCall("move_kv_cache", (tgt, src))
+    if isinstance(op, HostCopy):
+        return PoolCall("get_cpu_copy", (loc_tensor(op.indices, device=device),))
+    if isinstance(op, HostReload):
+        if op.name not in copies:
+            raise ValueError(f"name={op.name!r} was never copied: there is no copy to reload")
+        return PoolCall("load_cpu_copy", (copies[op.name], loc_tensor(op.indices, device=device)))
+    raise OpEncodingError(f"op={op!r} is not an operation from kvcheck.specs")
+
+
+def run_call(target: Any, pool: Any, call: PoolCall) -> Any:
+    """Run an encoded call on ``pool`` (through ``target`` where the call needs it)."""
+    if call.via_target:
+        return getattr(target, call.method)(pool, *call.args)
+    return getattr(pool, call.method)(*call.args)
+
+
+def apply_op(
+    target: Any,
+    pool: Any,
+    op: Op,
+    *,
+    device: str | torch.device,
+    copies: MutableMapping[str, Any],
+) -> None:
+    """Apply one :mod:`kvcheck.specs` operation to ``pool``; the pool's exceptions propagate.
+
+    ``copies`` holds host copies by name: ``HostCopy`` stores the result of
+    ``get_cpu_copy`` there and ``HostReload`` passes it back to ``load_cpu_copy``.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> from kvcheck.specs import PoolSpec
+        >>> target = resolve_target("kvcheck")
+        >>> pool = target.make_pool(PoolSpec(family="mla", size=4, page_size=2, layer_num=1,
+        ...                                  dtype="bfloat16"), device="cpu")
+        >>> copies = {}
+        >>> apply_op(target, pool, HostCopy(name="a", indices=(1, 2)), device="cpu",
+        ...          copies=copies)
+        >>> sorted(copies)
+        ['a']
+    """
+    call = encode_op(pool, op, device=device, copies=dict(copies))
+    result = run_call(target, pool, call)
+    if isinstance(op, HostCopy):
+        copies[op.name] = result
+
+
+def describe_op(op: Op) -> str:
+    """A short description of the pool call ``op`` stands for (rows summarized by size).
+
+    Example:
+        >>> describe_op(Move(tgt=(1, 2), src=(2, 2)))
+        'pool.move_kv_cache(tgt_loc=[1, 2], src_loc=[2, 2])'
+    """
+    if isinstance(op, WriteKV):
+        return (
+            f"pool.set_kv_buffer(layer_id={op.layer_id}, loc={list(op.locs)}, "
+            f"k_rows={_bytes_summary(op.k_rows)}, v_rows={_bytes_summary(op.v_rows)})"
+        )
+    if isinstance(op, WriteIndexK):
+        return (
+            f"target.write_index_k(pool, layer_id={op.layer_id}, loc={list(op.locs)}, "
+            f"key_rows={_bytes_summary(op.key_rows)}, scale_rows={_bytes_summary(op.scale_rows)})"
+        )
+    if isinstance(op, Move):
+        return f"pool.move_kv_cache(tgt_loc={list(op.tgt)}, src_loc={list(op.src)})"
+    if isinstance(op, HostCopy):
+        return f"{op.name} = pool.get_cpu_copy(indices={list(op.indices)})"
+    if isinstance(op, HostReload):
+        return f"pool.load_cpu_copy({op.name}, indices={list(op.indices)})"
+    return repr(op)
+
+
+def _bytes_summary(rows: Sequence[bytes]) -> str:
+    if not rows:
+        return "[]"
+    return f"{len(rows)} rows of {sorted({len(row) for row in rows})} bytes"
+
+
+def apply_op_like_reference(
+    target: Any,
+    pool: Any,
+    reference: ReferencePool,
+    op: Op,
+    *,
+    device: str | torch.device,
+    copies: MutableMapping[str, Any],
+) -> bool:
+    """Apply ``op`` to ``pool`` and ``reference``; fail unless both accept or both reject it.
+
+    The reference decides (:meth:`ReferencePool.expected_error`): a pool must raise that
+    exception type (or a subclass) exactly when the reference does. An accepted op is then
+    applied to the reference too. Returns whether the op was accepted. Raises
+    :class:`~kvcheck.properties._assertions.PropertyFailure` naming the call otherwise.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> from kvcheck.specs import PoolSpec
+        >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="float16")
+        >>> target = resolve_target("kvcheck")
+        >>> pool, reference = target.make_pool(spec, device="cpu"), ReferencePool(spec)
+        >>> apply_op_like_reference(target, pool, reference, Move(tgt=(1, 1), src=(0, 2)),
+        ...                         device="cpu", copies={})
+        False
+    """
+    __tracebackhide__ = True
+    expected = reference.expected_error(op)
+    call = describe_op(op)
+    try:
+        apply_op(target, pool, op, device=device, copies=copies)
+    except OpEncodingError:
+        raise
+    except Exception as exc:  # any exception is compared with the one the contract demands
+        if expected is not None and isinstance(exc, expected):
+            return False
+        wanted = "no exception" if expected is None else expected.__name__
+        failure = PropertyFailure(
+            f"got {type(exc).__name__}: {exc} but should be {wanted} [{call}]"
+        )
+        raise failure from exc
+    if expected is not None:
+        raise PropertyFailure(
+            f"got no exception but should be {expected.__name__} [{call}]\n"
+            f"the reference rejects it: {_rejection_reason(reference, op)}"
+        )
+    reference.apply(op)
+    return True
+
+
+def _rejection_reason(reference: ReferencePool, op: Op) -> str:
+    """The reference's own message for an op it rejects (applying a rejected op changes
+    nothing, so this leaves the reference as it was)."""
+    try:
+        reference.apply(op)
+    except Exception as exc:  # the contract's exception carries the reason
+        return f"{type(exc).__name__}: {exc}"
+    raise AssertionError(f"the reference accepted {op!r}, which it said it rejects")

@@ -1,0 +1,226 @@
+"""Deliberately broken pools, each with one bug a kvcheck property must catch.
+
+Every class subclasses a kvcheck pool and breaks exactly one rule of the pool contract;
+:class:`BrokenTarget` serves one of them in place of the real pool of its family. The
+proof-of-failure tests (``test_pool_properties_fail.py``) run each property against its
+broken twin and require it to fail, with Hypothesis shrinking to a small example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from kvcheck.pools import (
+    DSATokenToKVPool,
+    MHATokenToKVPool,
+    MLATokenToKVPool,
+    NoOpMHATokenToKVPool,
+)
+from kvcheck.pools._host_copy import KVHostCopy
+from kvcheck.pools._rows import move_rows, scatter_rows
+from kvcheck.specs import PoolSpec
+from kvcheck.targets.builtin import KVCheckTarget
+
+# --- moves ---------------------------------------------------------------------------------
+
+
+class PageRowMoveDSA(DSATokenToKVPool):
+    """The seed's bug: index-K rows are pages, but the move indexes them by token location,
+    so it copies whole page rows (or runs past the buffer) instead of one token's bytes."""
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        MLATokenToKVPool.move_kv_cache(self, tgt_loc, src_loc)
+        if tgt_loc.numel() == 0:
+            return
+        tgt, src = tgt_loc.view(-1).long(), src_loc.view(-1).long()
+        for i, index_k in enumerate(self.index_k_with_scale_buffer):
+            if not self.skip_topk_layers[i]:
+                index_k[tgt] = index_k[src]
+
+
+class MoveIgnoresV(MHATokenToKVPool):
+    """Moves K and forgets V."""
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        tgt, src = self._move_locations(tgt_loc, src_loc)
+        if tgt.numel():
+            move_rows(self.k_buffer, tgt=tgt, src=src)
+
+
+class SequentialMoveMLA(MLATokenToKVPool):
+    """Copies one token at a time, so a source that is also an earlier target is read
+    after it was overwritten (moves must gather every source first)."""
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        tgt, src = self._move_locations(tgt_loc, src_loc)
+        for buffer in self.kv_buffer:
+            for t, s in zip(tgt.tolist(), src.tolist(), strict=True):
+                buffer[t] = buffer[s]
+
+
+# --- host copies ---------------------------------------------------------------------------
+
+
+class HostCopyDropsIndexK(DSATokenToKVPool):
+    """Reloads a host copy's latent rows but not its index-K pages."""
+
+    def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
+        idx, _pages = self._whole_pages(indices, distinct=True, where="load_cpu_copy")
+        if idx.numel() != kv_cache_cpu.num_tokens:
+            raise ValueError(
+                f"load_cpu_copy: {idx.numel()} indices for a copy of "
+                f"{kv_cache_cpu.num_tokens} tokens"
+            )
+        self._load_latent_rows(kv_cache_cpu.parts["kv"], idx)
+
+
+# --- skip layers and accounting ------------------------------------------------------------
+
+
+class AllocatingSkipDSA(DSATokenToKVPool):
+    """Allocates a full index buffer for skip layers too, and hands out a zero-row view of
+    it: the shape looks right, the memory is gone."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        row_bytes = self.index_layout.row_bytes
+        for i, skip in enumerate(self.skip_topk_layers):
+            if skip:
+                full = self._zeros((self.num_index_pages, row_bytes), torch.uint8)
+                self.index_k_with_scale_buffer[i] = full[:0]
+
+
+class SkipCountingDSA(DSATokenToKVPool):
+    """``get_kv_size_bytes`` counts every layer's index buffer as full, skip layers too."""
+
+    def get_kv_size_bytes(self) -> int:
+        full = self.num_index_pages * self.index_layout.row_bytes
+        return MLATokenToKVPool.get_kv_size_bytes(self) + self.layer_num * full
+
+
+class DecimalGigabytesMLA(MLATokenToKVPool):
+    """Reports ``mem_usage`` in GB (10**9 bytes) instead of GiB."""
+
+    @property
+    def mem_usage(self) -> float:
+        return self.get_kv_size_bytes() / 1e9
+
+
+class SkipDescribingDSA(DSATokenToKVPool):
+    """``get_state_buf_infos`` describes skip layers as if they had a full buffer."""
+
+    def get_state_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        ptrs, lens, item_lens = super().get_state_buf_infos()
+        full = self.num_index_pages * self.index_layout.row_bytes
+        row = self.index_layout.row_bytes
+        return ptrs, [full] * len(lens), [row] * len(item_lens)
+
+
+# --- the no-op pool ------------------------------------------------------------------------
+
+
+class SilentNoOp(NoOpMHATokenToKVPool):
+    """``set_kv_buffer`` returns silently instead of raising."""
+
+    def set_kv_buffer(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        return None
+
+
+class FullSizeNoOp(NoOpMHATokenToKVPool):
+    """Allocates full ``[size + page_size, ...]`` buffers instead of one-page placeholders."""
+
+    def _buffer_rows(self) -> int:
+        return self.num_slots
+
+
+class ValidatingMoveNoOp(NoOpMHATokenToKVPool):
+    """Validates and performs moves on its placeholders instead of ignoring them."""
+
+    def move_kv_cache(self, tgt_loc: Any, src_loc: Any) -> None:  # type: ignore[override]
+        tgt, src = self._move_locations(tgt_loc, src_loc, limit=self.page_size)
+        if tgt.numel():
+            self.k_buffer[0][tgt] = self.k_buffer[0][src] + 1
+
+
+# --- inputs --------------------------------------------------------------------------------
+
+
+class LocSortingMHA(MHATokenToKVPool):
+    """Sorts the caller's ``loc`` in place before writing (and writes rows in that order)."""
+
+    def set_kv_buffer(self, layer: Any, loc: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        if isinstance(loc, torch.Tensor) and loc.dim() == 1 and loc.numel() > 1:
+            loc.copy_(loc.sort().values)
+        super().set_kv_buffer(layer, loc, *args, **kwargs)
+
+
+class HalfApplyingMHA(MHATokenToKVPool):
+    """Writes K before it checks V, so a call rejected for its V has already written K."""
+
+    def set_kv_buffer(
+        self, layer: Any, loc: Any, cache_k: Any, cache_v: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        where = "set_kv_buffer"
+        local = self._layer_of(layer, where=where)
+        idx = self._locations("loc", loc, distinct=True, where=where)
+        n = idx.numel()
+        k = self._payload("cache_k", cache_k, (n, self.head_num, self.head_dim), where=where)
+        scatter_rows(self.k_buffer[local], idx, k)
+        v = self._payload("cache_v", cache_v, (n, self.head_num, self.v_head_dim), where=where)
+        scatter_rows(self.v_buffer[local], idx, v)
+
+
+# --- serving them --------------------------------------------------------------------------
+
+
+def pool_kwargs(spec: PoolSpec, *, device: str) -> dict[str, Any]:
+    """Constructor arguments of the kvcheck pool ``spec`` describes."""
+    common: dict[str, Any] = {
+        "size": spec.size,
+        "page_size": spec.page_size,
+        "dtype": getattr(torch, spec.dtype),
+        "layer_num": spec.layer_num,
+        "device": device,
+        "start_layer": spec.start_layer,
+    }
+    if spec.family in ("mha", "noop"):
+        return {
+            **common,
+            "head_num": spec.head_num,
+            "head_dim": spec.head_dim,
+            "v_head_dim": spec.v_head_dim,
+        }
+    latent = {
+        **common,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+    }
+    if spec.family == "mla":
+        return latent
+    return {
+        **latent,
+        "index_head_dim": spec.index_head_dim,
+        "skip_topk_layers": list(spec.skip_mask),
+        "index_buf_size": spec.index_buf_size,
+    }
+
+
+class BrokenTarget(KVCheckTarget):
+    """kvcheck's target with one broken pool class in place of its family's pool."""
+
+    unsupported: Mapping[str, str] = MappingProxyType({})
+
+    def __init__(self, family: str, pool_class: type) -> None:
+        self.family = family
+        self.pool_class = pool_class
+        self.name = f"broken-{pool_class.__name__}"
+
+    def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
+        """The broken class for its family; kvcheck's own pool for any other."""
+        if spec.family != self.family:
+            return super().make_pool(spec, device=device)
+        return self.pool_class(**pool_kwargs(spec, device=device))

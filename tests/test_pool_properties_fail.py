@@ -1,0 +1,359 @@
+"""Proof that the pool-side properties can fail: each catches its broken twin, shrunk small.
+
+Every property of :mod:`kvcheck.properties` (pool side) and every family's state machine
+runs here against a pool from ``broken_pools.py`` with one deliberate bug. Each test
+requires the property to fail and Hypothesis to shrink the failure to a small example
+(few steps, one or two layers), with bounded, derandomized settings and no database.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from broken_pools import (
+    AllocatingSkipDSA,
+    BrokenTarget,
+    DecimalGigabytesMLA,
+    FullSizeNoOp,
+    HalfApplyingMHA,
+    HostCopyDropsIndexK,
+    LocSortingMHA,
+    MoveIgnoresV,
+    PageRowMoveDSA,
+    SequentialMoveMLA,
+    SilentNoOp,
+    SkipCountingDSA,
+    SkipDescribingDSA,
+    ValidatingMoveNoOp,
+)
+from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvcheck.machines import pool_machine
+from kvcheck.properties._assertions import PropertyFailure
+from kvcheck.properties.accounting import (
+    assert_accounting,
+    assert_held_bytes,
+    assert_kv_size_bytes,
+    assert_mem_usage,
+    assert_state_buf_infos,
+)
+from kvcheck.properties.inputs import (
+    assert_rejected_call_changes_nothing,
+    bad_calls,
+    check_sequence_inputs,
+)
+from kvcheck.properties.noop import (
+    assert_noop_holds_only_placeholders,
+    assert_noop_move_changes_nothing,
+    assert_noop_write_raises,
+    noop_move_arguments,
+    noop_write_calls,
+)
+from kvcheck.properties.ops import apply_op
+from kvcheck.properties.pool_state import assert_pool_matches_reference
+from kvcheck.properties.skip_layers import (
+    assert_cuda_allocation_matches,
+    assert_meta_pool_bytes,
+    assert_skip_layers_hold_no_storage,
+)
+from kvcheck.reference import ReferencePool
+from kvcheck.specs import OpSequence, PoolSpec, WriteIndexK
+from kvcheck.strategies import op_sequences, pool_specs
+from kvcheck.suite.test_skip_layers import DSA_SPECS, PRODUCTION_SPECS
+from kvcheck.targets import resolve_target
+
+#: Bounded and deterministic: find the bug, shrink it, no database, no explanation phase.
+TWIN_SETTINGS = settings(
+    max_examples=200,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=False,
+    report_multiple_bugs=False,
+    phases=(Phase.explicit, Phase.generate, Phase.shrink),
+    suppress_health_check=[HealthCheck.too_slow],
+)
+MACHINE_SETTINGS = settings(TWIN_SETTINGS, max_examples=300, stateful_step_count=10)
+# Hypothesis also draws values from constants found in loaded modules, so the exact
+# example depends on what the session imported: the tests bound the shrunk example (the
+# minimal one plus one step of slack) rather than pin it.
+CPU = "cpu"
+
+
+def failing(check: Callable[[Any], None]) -> Callable[[Any], bool]:
+    """A ``find`` condition: true when ``check`` raises the property's failure."""
+
+    def condition(example: Any) -> bool:
+        try:
+            check(example)
+        except PropertyFailure:
+            return True
+        return False
+
+    return condition
+
+
+def shrunk(strategy: st.SearchStrategy[Any], check: Callable[[Any], None]) -> Any:
+    """The minimal example on which ``check`` fails (``find`` raises if there is none)."""
+    return find(strategy, failing(check), settings=TWIN_SETTINGS)
+
+
+def machine_failure(family: str, pool_class: type) -> tuple[str, list[str], int]:
+    """Run ``family``'s machine on the broken pool; return the failure message, the shrunk
+    steps (one line per operation drawn) and the layer count of the shrunk pool."""
+    machine = pool_machine(
+        BrokenTarget(family, pool_class), device=CPU, family=family, settings=MACHINE_SETTINGS
+    )
+    with pytest.raises(PropertyFailure) as caught:
+        run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
+    notes = "\n".join(getattr(caught.value, "__notes__", ()))
+    steps = [line for line in notes.splitlines() if line.startswith("Draw ") and "(op)" in line]
+    layers = re.search(r"layer_num=(\d+)", notes)
+    assert layers is not None, notes
+    return str(caught.value), steps, int(layers.group(1))
+
+
+# --- state machines --------------------------------------------------------------------------
+
+
+def test_dsa_machine_catches_a_move_that_copies_whole_page_rows() -> None:
+    """The seed's bug (index-K rows indexed by token) fails the DSA machine within two ops."""
+    message, steps, layers = machine_failure("dsa", PageRowMoveDSA)
+    assert "move_kv_cache" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_dsa_machine_catches_a_host_copy_that_drops_index_k() -> None:
+    """A reload that restores only the latent rows fails on the index-K buffer."""
+    message, steps, layers = machine_failure("dsa", HostCopyDropsIndexK)
+    assert "index_k_with_scale_buffer" in message and "load_cpu_copy" in message
+    assert len(steps) <= 4 and layers <= 2, steps
+
+
+def test_mha_machine_catches_a_move_that_ignores_v() -> None:
+    """A move of K alone fails on the V buffer, shrunk to about one write and one move."""
+    message, steps, layers = machine_failure("mha", MoveIgnoresV)
+    assert "v_buffer" in message and "move_kv_cache" in message
+    assert len(steps) <= 3 and layers <= 2, steps
+
+
+def test_mla_machine_catches_a_move_that_scatters_before_it_gathers() -> None:
+    """A token-by-token move reads an overwritten source when sources overlap targets."""
+    message, steps, layers = machine_failure("mla", SequentialMoveMLA)
+    assert "kv_buffer" in message and "move_kv_cache" in message
+    assert len(steps) <= 3 and layers <= 2, steps
+
+
+def test_noop_machine_catches_a_write_that_returns_silently() -> None:
+    """A no-op pool accepting a write fails the machine on about that single write."""
+    message, steps, layers = machine_failure("noop", SilentNoOp)
+    assert "should be RuntimeError" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+# --- skip layers -----------------------------------------------------------------------------
+
+
+def test_storage_property_catches_skip_layers_that_allocate_anyway() -> None:
+    """A zero-row view of a full buffer is caught by storage, shrunk to one skip layer."""
+    target = BrokenTarget("dsa", AllocatingSkipDSA)
+    spec = shrunk(
+        DSA_SPECS,
+        lambda s: assert_skip_layers_hold_no_storage(target.make_pool(s, device=CPU), s),
+    )
+    assert spec.layer_num == 1 and spec.skip_mask == (True,)
+
+
+def test_meta_property_catches_skip_layers_that_allocate_anyway() -> None:
+    """At production scale on meta the pinned storage shows; the shrunk model has skips."""
+    target = BrokenTarget("dsa", AllocatingSkipDSA)
+    spec = shrunk(PRODUCTION_SPECS, lambda s: assert_meta_pool_bytes(target, s))
+    assert any(spec.skip_mask) and spec.size == 1
+
+
+@pytest.mark.gpu
+def test_cuda_property_catches_skip_layers_that_allocate_anyway(kvcheck_device: str) -> None:
+    """On CUDA the allocator's delta exceeds the expected blocks by the hidden buffers."""
+    target = BrokenTarget("dsa", AllocatingSkipDSA)
+    spec = shrunk(
+        DSA_SPECS, lambda s: assert_cuda_allocation_matches(target, s, device=kvcheck_device)
+    )
+    assert spec.layer_num == 1 and spec.skip_mask == (True,)
+
+
+# --- the no-op pool --------------------------------------------------------------------------
+
+NOOP_SPECS = pool_specs(families=("noop",), max_size=64)
+
+
+def test_noop_write_property_catches_a_write_that_returns_silently() -> None:
+    """A silent set_kv_buffer is caught; the shrunk call is a valid one-layer write."""
+    target = BrokenTarget("noop", SilentNoOp)
+    calls = NOOP_SPECS.flatmap(
+        lambda spec: st.tuples(st.just(spec), noop_write_calls(spec, device=CPU))
+    )
+
+    def check(example: tuple[PoolSpec, Any]) -> None:
+        spec, call = example
+        assert_noop_write_raises(
+            target.make_pool(spec, device=CPU), call.method, call.args, call.kwargs
+        )
+
+    spec, call = shrunk(calls, check)
+    assert call.method == "set_kv_buffer" and spec.layer_num == 1
+
+
+def test_placeholder_property_catches_full_size_buffers() -> None:
+    """A no-op pool holding full buffers is caught at the smallest pool bigger than a page."""
+    target = BrokenTarget("noop", FullSizeNoOp)
+    spec = shrunk(
+        NOOP_SPECS,
+        lambda s: assert_noop_holds_only_placeholders(target.make_pool(s, device=CPU), s),
+    )
+    assert spec.layer_num == 1 and spec.size == spec.page_size == 1
+
+
+def test_noop_move_property_catches_a_move_that_does_something() -> None:
+    """A validating, writing move is caught by arguments it refuses or bytes it changes."""
+    target = BrokenTarget("noop", ValidatingMoveNoOp)
+    moves = NOOP_SPECS.flatmap(
+        lambda spec: st.tuples(st.just(spec), noop_move_arguments(spec, device=CPU))
+    )
+
+    def check(example: tuple[PoolSpec, Any]) -> None:
+        spec, (args, kwargs) = example
+        assert_noop_move_changes_nothing(target.make_pool(spec, device=CPU), args, kwargs)
+
+    spec, _ = shrunk(moves, check)
+    assert spec.layer_num == 1
+
+
+# --- accounting ------------------------------------------------------------------------------
+
+DSA_POOLS = pool_specs(families=("dsa",))
+
+
+def test_kv_size_property_catches_skip_layers_counted_as_full() -> None:
+    """get_kv_size_bytes counting skip layers fails on a one-layer all-skip pool."""
+    target = BrokenTarget("dsa", SkipCountingDSA)
+    spec = shrunk(DSA_POOLS, lambda s: assert_kv_size_bytes(target.make_pool(s, device=CPU), s))
+    assert spec.layer_num == 1 and spec.skip_mask == (True,)
+
+
+def test_accounting_property_catches_skip_layers_counted_as_full() -> None:
+    """The combined accounting check fails on the same miscount."""
+    target = BrokenTarget("dsa", SkipCountingDSA)
+    spec = shrunk(DSA_POOLS, lambda s: assert_accounting(target.make_pool(s, device=CPU), s))
+    assert spec.layer_num == 1
+
+
+def test_mem_usage_property_catches_decimal_gigabytes() -> None:
+    """mem_usage in 10**9 bytes is caught on the smallest MLA pool."""
+    target = BrokenTarget("mla", DecimalGigabytesMLA)
+    spec = shrunk(
+        pool_specs(families=("mla",)),
+        lambda s: assert_mem_usage(target.make_pool(s, device=CPU), s),
+    )
+    assert spec.layer_num == 1
+
+
+def test_state_buf_infos_property_catches_skip_layers_described_as_full() -> None:
+    """Descriptors of skip layers with a full length fail on one skip layer."""
+    target = BrokenTarget("dsa", SkipDescribingDSA)
+    spec = shrunk(DSA_POOLS, lambda s: assert_state_buf_infos(target.make_pool(s, device=CPU), s))
+    assert spec.layer_num == 1 and spec.skip_mask == (True,)
+
+
+def test_held_bytes_property_catches_hidden_skip_allocations() -> None:
+    """Bytes held beyond the spec's need are caught through the storages."""
+    target = BrokenTarget("dsa", AllocatingSkipDSA)
+    spec = shrunk(DSA_POOLS, lambda s: assert_held_bytes(target.make_pool(s, device=CPU), s))
+    assert spec.layer_num == 1 and spec.skip_mask == (True,)
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+def test_input_property_catches_a_pool_that_sorts_the_callers_loc() -> None:
+    """Sorting loc in place is caught on one write of two tokens out of order."""
+    target = BrokenTarget("mha", LocSortingMHA)
+    sequence = shrunk(
+        op_sequences(pool_specs(families=("mha",)), max_ops=6, include_invalid=True),
+        lambda seq: check_sequence_inputs(target, seq, device=CPU),
+    )
+    assert len(sequence.ops) == 1
+    (write,) = sequence.ops
+    assert list(write.locs) != sorted(write.locs)
+
+
+def test_rejection_property_catches_a_write_that_half_applies() -> None:
+    """A write rejected for its V after writing its K is caught with no setup at all."""
+    target = BrokenTarget("mha", HalfApplyingMHA)
+
+    @st.composite
+    def cases(draw: st.DrawFn) -> tuple[PoolSpec, OpSequence, Any]:
+        spec = draw(pool_specs(families=("mha",)))
+        return spec, draw(op_sequences(spec, max_ops=3)), draw(bad_calls(spec, device=CPU))
+
+    def check(case: tuple[PoolSpec, OpSequence, Any]) -> None:
+        spec, setup, bad = case
+        pool = target.make_pool(spec, device=CPU)
+        copies: dict[str, Any] = {}
+        for op in setup.ops:
+            apply_op(target, pool, op, device=CPU, copies=copies)
+        assert_rejected_call_changes_nothing(target, pool, bad)
+
+    _, setup, bad = shrunk(cases(), check)
+    assert setup.ops == () and bad.kind.startswith("cache_v")
+
+
+# --- the failure messages --------------------------------------------------------------------
+
+
+def test_mismatch_names_buffer_layer_token_and_part() -> None:
+    """A poked index-K scale byte is reported by layer, page row, token and key/scale part."""
+    spec = PoolSpec(
+        family="dsa",
+        size=4,
+        page_size=2,
+        layer_num=2,
+        dtype="bfloat16",
+        start_layer=3,
+        skip_topk_layers=(True, False),
+    )
+    pool = resolve_target("kvcheck").make_pool(spec, device=CPU)
+    pool.index_k_with_scale_buffer[1][2, 2 * 128 + 4 + 1] = 9  # token 5, scale byte 1
+    with pytest.raises(PropertyFailure) as caught:
+        assert_pool_matches_reference(pool, ReferencePool(spec), call="poke")
+    message = str(caught.value)
+    assert "got 9 but should be 0 [poke]" in message
+    assert "index_k_with_scale_buffer[1] (global layer 4)" in message
+    assert "token 5 scale byte 1" in message and "row=2" in message
+
+
+def test_matching_pool_passes_after_the_same_writes() -> None:
+    """The same index-K write applied to pool and reference compares equal."""
+    spec = PoolSpec(family="dsa", size=4, page_size=2, layer_num=1, dtype="float8_e5m2")
+    target = resolve_target("kvcheck")
+    pool, reference = target.make_pool(spec, device=CPU), ReferencePool(spec)
+    op = WriteIndexK(
+        layer_id=0,
+        locs=(3,),
+        key_rows=(bytes(range(128)),),
+        scale_rows=(np.float32(0.5).tobytes(),),
+    )
+    apply_op(target, pool, op, device=CPU, copies={})
+    reference.apply(op)
+    assert_pool_matches_reference(pool, reference, call="write")
+    assert int(pool.index_k_with_scale_buffer[0][1, 128 + 5]) == 5
+    assert torch.equal(
+        pool.index_k_with_scale_buffer[0][1, 2 * 128 + 4 :].view(torch.float32),
+        torch.tensor([0.5]),
+    )
