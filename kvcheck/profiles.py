@@ -65,10 +65,10 @@ _COMMON: dict[str, Any] = {
     "suppress_health_check": (HealthCheck.too_slow,),
 }
 _OPTIONS: dict[str, dict[str, Any]] = {
-    DEV: {"max_examples": 100, "stateful_step_count": 25},
+    DEV: {"max_examples": 100, "stateful_step_count": 10},
     # Not derandomized: Hypothesis forbids a database with derandomize=True, and the
     # database is what lets a CI failure be replayed on another machine.
-    CI: {"max_examples": 100, "stateful_step_count": 25},
+    CI: {"max_examples": 100, "stateful_step_count": 10},
     THOROUGH: {"max_examples": 2000, "stateful_step_count": 100},
     REPLAY: {"phases": (Phase.explicit, Phase.reuse)},
 }

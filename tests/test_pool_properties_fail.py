@@ -108,8 +108,15 @@ def shrunk(strategy: st.SearchStrategy[Any], check: Callable[[Any], None]) -> An
 def machine_failure(family: str, pool_class: type) -> tuple[str, list[str], int]:
     """Run ``family``'s machine on the broken pool; return the failure message, the shrunk
     steps (one line per operation drawn) and the layer count of the shrunk pool."""
+    # Pools of at most two layers and two pages keep each shrink step cheap; every bug
+    # below shows on such a pool.
+    specs = pool_specs(families=(family,), max_layers=2, max_size=8, max_page_size=4)
     machine = pool_machine(
-        BrokenTarget(family, pool_class), device=CPU, family=family, settings=MACHINE_SETTINGS
+        BrokenTarget(family, pool_class),
+        device=CPU,
+        family=family,
+        specs=specs,
+        settings=MACHINE_SETTINGS,
     )
     with pytest.raises(PropertyFailure) as caught:
         run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
