@@ -95,15 +95,8 @@ _FAILING_TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("test_sglang_findings.py::test_n1_*", ("N1",)),
     ("test_sglang_findings.py::test_n2_*", ("N2",)),
     ("test_sglang_findings.py::test_n3_*", ("N3",)),
-    # --- input validation, and the properties it makes fail
-    ("test_inputs.py::test_calls_leave_caller_tensors_unchanged[mha]", ("I",)),
-    ("test_inputs.py::test_calls_leave_caller_tensors_unchanged[mla]", ("I",)),
-    ("test_inputs.py::test_calls_leave_caller_tensors_unchanged[dsa]", ("I",)),
-    ("test_inputs.py::test_calls_leave_caller_tensors_unchanged[noop]", ("N1", "N3")),
-    ("test_inputs.py::test_rejected_calls_leave_pool_unchanged[*]", ("I",)),
-    ("test_pool_machines.py::test_pool_matches_reference_after_every_step[mha]", ("I",)),
-    ("test_pool_machines.py::test_pool_matches_reference_after_every_step[mla]", ("I",)),
-    ("test_pool_machines.py::test_pool_matches_reference_after_every_step[dsa]", ("I",)),
+    # --- input validation: declared unsupported (sglang.UNSUPPORTED), so the machines run
+    # valid operations only; the findings are pinned here
     ("test_pool_machines.py::test_pool_matches_reference_after_every_step[noop]", ("N1", "N3")),
     ("test_sglang_findings.py::test_i_bad_operation_is_rejected[*]", ("I",)),
     ("test_sglang_findings.py::test_i9_*", ("I",)),

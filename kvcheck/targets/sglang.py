@@ -71,6 +71,14 @@ UNSUPPORTED: Mapping[str, str] = MappingProxyType(
     {
         "meta_device:mha": _MHA_ON_META.format(cls="MHATokenToKVPool"),
         "meta_device:noop": _MHA_ON_META.format(cls="NoOpMHATokenToKVPool"),
+        # Declared rather than expected to fail, so that the differential machines still
+        # compare sglang's pools byte for byte on valid operations; each missing check is
+        # pinned as a strict expected failure in tests/targets/test_sglang_findings.py.
+        "input_validation": (
+            "sglang 0.5.23 pools do not validate their arguments (negative or out-of-range "
+            "locations, duplicate targets, wrong shapes or dtypes, skip-layer index writes: "
+            "findings I1-I10 in docs/sglang-findings.md)"
+        ),
     }
 )
 
