@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -134,10 +135,8 @@ def test_cuda_skip_layers_add_zero_bytes(kvcheck_target: Any, kvcheck_device: st
     }
     deltas = {}
     for name, spec in specs.items():
-        _, deltas[name] = measure_cuda_allocation(
-            lambda spec=spec: kvcheck_target.make_pool(spec, device=kvcheck_device),
-            device=kvcheck_device,
-        )
+        build = functools.partial(kvcheck_target.make_pool, spec, device=kvcheck_device)
+        _, deltas[name] = measure_cuda_allocation(build, device=kvcheck_device)
         assert deltas[name] == expected_cuda_allocation_bytes(spec), name
     index_bytes = expected_tensor_nbytes(specs["allocating"])["index_k_with_scale_buffer"][0]
     assert deltas["allocating"] - deltas["skipping"] == sum(mask) * cuda_block_bytes(index_bytes)
