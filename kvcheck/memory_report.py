@@ -21,10 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MemoryRow", "memory_rows", "pool_tensor_bytes", "render_memory_report"]
+__all__ = ["MemoryRow", "memory_rows", "render_memory_report"]
 
 _GIB = 1 << 30
-_BUFFER_ATTRIBUTES = ("k_buffer", "v_buffer", "kv_buffer", "index_k_with_scale_buffer")
 
 
 @dataclass(frozen=True)
@@ -40,23 +39,6 @@ class MemoryRow:
     note: str = ""
 
 
-def pool_tensor_bytes(pool: Any) -> int:
-    """Bytes of every KV tensor a pool holds (works on ``meta``: shapes times itemsize).
-
-    Example:
-        >>> import torch
-        >>> class Pool:
-        ...     kv_buffer = [torch.empty(4, 1, 8, dtype=torch.bfloat16, device="meta")]
-        >>> pool_tensor_bytes(Pool())
-        64
-    """
-    total = 0
-    for name in _BUFFER_ATTRIBUTES:
-        for tensor in getattr(pool, name, None) or ():
-            total += tensor.numel() * tensor.element_size()
-    return total
-
-
 def memory_rows(
     model_names: Sequence[str] | None,
     *,
@@ -68,6 +50,7 @@ def memory_rows(
 
     Raises ``ValueError`` naming an unknown model or a bad budget, dtype or page size.
     """
+    from kvcheck.memory import shape_bytes
     from kvcheck.serving import (
         MODELS,
         ServerArgs,
@@ -107,7 +90,7 @@ def memory_rows(
                     dtype=dtype,
                     device="meta",
                 )
-                built = pool_tensor_bytes(pool)
+                built = shape_bytes(pool)
             except ValueError as exc:  # a family kvcheck does not build
                 note = str(exc)
             rows.append(

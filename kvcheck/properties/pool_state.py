@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvcheck.memory import KV_BUFFER_ATTRIBUTES
 from kvcheck.properties._assertions import assert_bytes_equal, fail
 from kvcheck.reference import ReferencePool, index_k_row_bytes, index_scale_row_bytes
 
@@ -40,12 +41,7 @@ __all__ = [
 ]
 
 #: Pool attributes that hold per-layer buffers, in the order failures are reported.
-BUFFER_ATTRIBUTES: tuple[str, ...] = (
-    "k_buffer",
-    "v_buffer",
-    "kv_buffer",
-    "index_k_with_scale_buffer",
-)
+BUFFER_ATTRIBUTES: tuple[str, ...] = KV_BUFFER_ATTRIBUTES
 
 #: Buffer name -> one ``[rows, row_bytes]`` uint8 array per local layer.
 PoolBytes = dict[str, list[np.ndarray]]
