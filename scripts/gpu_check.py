@@ -28,17 +28,14 @@ under 5 minutes on one GPU; ``--budget`` sets the limit the suites share.
 from __future__ import annotations
 
 import argparse
-import base64
 import importlib.metadata
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -54,7 +51,7 @@ INTERRUPT_GRACE_S = 20
 
 @dataclass
 class CaseResult:
-    """One test's outcome as read from the JUnit report."""
+    """One test's outcome as read from kvcheck's results file."""
 
     suite: str
     nodeid: str
@@ -155,20 +152,11 @@ def _plugin_registered() -> bool:
     )
 
 
-def plugin_arguments(device: str) -> tuple[list[str], list[str]]:
-    """pytest arguments with kvcheck's plugin on ``device``, and without the plugin.
-
-    The plugin is loaded explicitly when kvcheck is not installed (a bare checkout on a
-    GPU machine). The second list is the fallback if the plugin cannot start.
-    """
-    registered = _plugin_registered()
-    without = ["-p", "no:kvcheck"] if registered else []
-    probe = [sys.executable, "-c", "import kvcheck.plugin"]
-    env = {**os.environ, "PYTHONPATH": _pythonpath()}
-    if subprocess.run(probe, capture_output=True, cwd=REPO_ROOT, env=env).returncode != 0:
-        return without, without
-    load = [] if registered else ["-p", "kvcheck.plugin"]
-    return [*load, "--kvcheck-device", device], without
+def plugin_arguments(device: str) -> list[str]:
+    """pytest arguments that run kvcheck's plugin on ``device``; the plugin is loaded
+    explicitly when kvcheck is not installed (a bare checkout on a GPU machine)."""
+    load = [] if _plugin_registered() else ["-p", "kvcheck.plugin"]
+    return [*load, "--kvcheck-device", device]
 
 
 def _pythonpath() -> str:
@@ -179,9 +167,11 @@ def _pythonpath() -> str:
 def run_suite(
     name: str, pytest_args: list[str], *, timeout_s: float, plugin_args: list[str]
 ) -> SuiteResult:
-    """Run pytest with ``pytest_args`` in a subprocess and read its JUnit report."""
+    """Run pytest with ``pytest_args`` in a subprocess and read kvcheck's results file."""
+    from kvcheck.results import load_results
+
     with tempfile.TemporaryDirectory() as scratch:
-        junit = Path(scratch) / "junit.xml"
+        results = Path(scratch) / "results.json"
         command = [
             sys.executable,
             "-m",
@@ -192,7 +182,7 @@ def run_suite(
             "no:randomly",
             "-p",
             "no:cacheprovider",
-            f"--junitxml={junit}",
+            f"--kvcheck-results={results}",
             *plugin_args,
         ]
         env = {**os.environ, "PYTHONPATH": _pythonpath(), "PYTHONUNBUFFERED": "1"}
@@ -203,7 +193,7 @@ def run_suite(
             exit_code: int | None = process.wait(timeout=max(timeout_s, 1))
         except subprocess.TimeoutExpired:
             timed_out = True
-            # SIGINT lets pytest stop cleanly and still write the JUnit report.
+            # SIGINT lets pytest stop cleanly and still write the results file.
             process.send_signal(signal.SIGINT)
             try:
                 exit_code = process.wait(timeout=INTERRUPT_GRACE_S)
@@ -211,7 +201,10 @@ def run_suite(
                 process.kill()
                 exit_code = process.wait()
         duration = time.monotonic() - started
-        tests = parse_junit(junit.read_text(), suite=name) if junit.exists() else []
+        try:
+            tests = cases_from_results(load_results(results), suite=name)
+        except ValueError:  # pytest stopped before the plugin wrote the file
+            tests = []
     counts = {
         o: sum(t.outcome == o for t in tests) for o in ("passed", "failed", "error", "skipped")
     }
@@ -226,71 +219,34 @@ def run_suite(
     else:
         status = "crashed"
     display = [Path(command[0]).name, *command[1:]]
-    display = ["--junitxml=<tmp>" if a.startswith("--junitxml=") else a for a in display]
+    display = [
+        "--kvcheck-results=<tmp>" if a.startswith("--kvcheck-results=") else a for a in display
+    ]
     return SuiteResult(name, display, status, exit_code, round(duration, 1), counts, tests)
 
 
 # --- reading the report -----------------------------------------------------------------
 
-_PASSING_EXAMPLES = re.compile(r"- (\d+) passing examples, (\d+) failing examples")
 
-
-def examples_from_statistics(text: str) -> int:
-    """Examples Hypothesis ran (passing plus failing, every phase) from its statistics text.
+def cases_from_results(payload: dict, *, suite: str) -> list[CaseResult]:
+    """Each test of a kvcheck results file (``--kvcheck-results``), with its example count.
 
     Example:
-        >>> examples_from_statistics("  - 40 passing examples, 0 failing examples, 2 invalid")
+        >>> cases_from_results({"tests": [{"nodeid": "t.py::x", "outcome": "passed",
+        ...     "duration_s": 0.5, "statistics": {"examples": 40}}]}, suite="s")[0].examples
         40
     """
-    return sum(int(ok) + int(bad) for ok, bad in _PASSING_EXAMPLES.findall(text))
-
-
-def _nodeid(classname: str, name: str) -> str:
-    """Rebuild ``path/to/test_file.py::[Class::]name`` from JUnit's dotted classname."""
-    parts = classname.split(".")
-    for split in range(len(parts), 0, -1):
-        candidate = Path(*parts[:split]).with_suffix(".py")
-        if (REPO_ROOT / candidate).exists():
-            return "::".join([candidate.as_posix(), *parts[split:], name])
-    return f"{classname}::{name}"
-
-
-def parse_junit(xml_text: str, *, suite: str) -> list[CaseResult]:
-    """Each test case of a pytest JUnit report, with its Hypothesis example count.
-
-    Example:
-        >>> parse_junit('<testsuites><testsuite><testcase classname="t" name="x" '
-        ...             'time="0.5"/></testsuite></testsuites>', suite="s")[0].outcome
-        'passed'
-    """
-    root = ET.fromstring(xml_text)
-    statistics: dict[str, int] = {}
-    for prop in root.iter("property"):
-        key = prop.get("name", "")
-        if key.startswith("hypothesis-statistics-"):
-            text = base64.b64decode(prop.get("value", "")).decode(errors="replace")
-            statistics[key.removeprefix("hypothesis-statistics-")] = examples_from_statistics(text)
-    results = []
-    for case in root.iter("testcase"):
-        nodeid = _nodeid(case.get("classname", ""), case.get("name", ""))
-        outcome, message = "passed", None
-        for tag in ("failure", "error", "skipped"):
-            element = case.find(tag)
-            if element is not None:
-                outcome = {"failure": "failed"}.get(tag, tag)
-                message = (element.get("message") or element.text or "").strip()[:300]
-                break
-        results.append(
-            CaseResult(
-                suite=suite,
-                nodeid=nodeid,
-                outcome=outcome,
-                time_s=round(float(case.get("time", 0.0)), 2),
-                examples=statistics.get(nodeid),
-                message=message,
-            )
+    return [
+        CaseResult(
+            suite=suite,
+            nodeid=test["nodeid"],
+            outcome=test["outcome"],
+            time_s=round(float(test.get("duration_s", 0.0)), 2),
+            examples=(test.get("statistics") or {}).get("examples"),
+            message=(test.get("message") or test.get("skip_reason") or "")[:300] or None,
         )
-    return results
+        for test in payload.get("tests", [])
+    ]
 
 
 # --- reporting --------------------------------------------------------------------------
@@ -353,15 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.install_flash_attn:
         install = install_flash_attn(args.install_timeout)
     environment = describe_environment()
-    with_plugin, without_plugin = plugin_arguments(args.device)
+    plugin_args = plugin_arguments(args.device)
 
     def run(name: str, pytest_args: list[str], timeout_s: float) -> SuiteResult:
-        result = run_suite(name, pytest_args, timeout_s=timeout_s, plugin_args=with_plugin)
-        if result.status == "crashed" and not result.tests and with_plugin != without_plugin:
-            remaining = args.budget - (time.monotonic() - started)
-            result = run_suite(name, pytest_args, timeout_s=remaining, plugin_args=without_plugin)
-            result.note = "kvcheck's pytest plugin failed to start; ran without it"
-        return result
+        return run_suite(name, pytest_args, timeout_s=timeout_s, plugin_args=plugin_args)
 
     suites = [run("attention", [ATTENTION_TESTS], args.budget * 0.6)]
     if (REPO_ROOT / SUITE_ROOT).is_dir():
