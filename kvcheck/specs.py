@@ -97,16 +97,67 @@ class PoolSpec:
 
 
 @dataclass(frozen=True)
+class Payload:
+    """What a caller passes when its tensors are not in the pool's dtype.
+
+    ``k_rows``/``v_rows`` hold the caller's bytes in ``dtype`` (a torch dtype name); the
+    pool converts them value by value (after dividing by ``k_scale``/``v_scale`` where
+    given, as SGLang does) into the bytes the write op records as stored. Generators pick
+    values that every dtype represents exactly, so the stored bytes are known up front.
+    """
+
+    dtype: str
+    k_rows: tuple[bytes, ...]
+    v_rows: tuple[bytes, ...] = ()
+    k_scale: float | None = None
+    v_scale: float | None = None
+
+
+@dataclass(frozen=True)
 class WriteKV:
     """``set_kv_buffer`` on one layer. ``k_rows[i]`` / ``v_rows[i]`` are slot ``locs[i]``'s bytes.
 
-    For MLA/DSA ``v_rows`` is empty: the latent row is the whole cache entry.
+    For MLA/DSA ``v_rows`` is empty: the latent row is the whole cache entry. ``payload``
+    (optional) is what the caller passes instead when it writes in another dtype; the
+    rows are then what the pool must store.
     """
 
     layer_id: int
     locs: tuple[int, ...]
     k_rows: tuple[bytes, ...]
     v_rows: tuple[bytes, ...] = ()
+    payload: Payload | None = None
+
+
+@dataclass(frozen=True)
+class WriteMLA:
+    """MLA/DSA ``set_mla_kv_buffer``: the latent row given as its two parts.
+
+    ``nope_rows[i]`` (``kv_lora_rank`` values) and ``rope_rows[i]`` (``qk_rope_head_dim``
+    values) are slot ``locs[i]``'s bytes in the pool's dtype; the stored row is their
+    concatenation.
+    """
+
+    layer_id: int
+    locs: tuple[int, ...]
+    nope_rows: tuple[bytes, ...]
+    rope_rows: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class WritePrefixValid:
+    """MHA ``set_kv_buffer_prefix_valid``: a ``[batch, width]`` grid of slots of which row
+    ``b`` commits only its first ``commit_lens[b]``.
+
+    ``k_rows``/``v_rows`` hold one row per grid cell, row-major; uncommitted cells are
+    passed to the pool but must not be written.
+    """
+
+    layer_id: int
+    loc_grid: tuple[tuple[int, ...], ...]
+    commit_lens: tuple[int, ...]
+    k_rows: tuple[bytes, ...]
+    v_rows: tuple[bytes, ...]
 
 
 @dataclass(frozen=True)
@@ -143,7 +194,7 @@ class HostReload:
     indices: tuple[int, ...]
 
 
-Op = WriteKV | WriteIndexK | Move | HostCopy | HostReload
+Op = WriteKV | WriteMLA | WritePrefixValid | WriteIndexK | Move | HostCopy | HostReload
 
 
 @dataclass(frozen=True)

@@ -6,16 +6,57 @@ difference (layer, row, byte), so the happy path stays cheap.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 
+@dataclass(frozen=True)
+class FailureSignature:
+    """What kind of failure this is, so a declared finding can match exactly its own.
+
+    ``check`` names the property that failed (``"bytes"``, ``"read_api"``,
+    ``"raises"``, ``"caller_tensors"``, ``"accounting"``, ...), ``call`` the method of
+    the pool or target whose result was wrong (``"load_cpu_copy"``), ``kind`` the kind of
+    difference (``"no exception"``, ``"wrong exception"``, ``"bytes differ"``, ...) and
+    ``family`` the pool family, when there is one. Empty strings mean "not known".
+    """
+
+    check: str = ""
+    call: str = ""
+    kind: str = ""
+    family: str = ""
+
+
 class PropertyFailure(AssertionError):
-    """A property did not hold. The message names what was compared and the call."""
+    """A property did not hold. The message names what was compared and the call.
+
+    ``signature`` says which check failed on which call (see :class:`FailureSignature`);
+    ``reproduction`` optionally carries the minimal calls (a
+    :class:`kvcheck.specs.OpSequence` plus context) for a standalone script.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        signature: FailureSignature | None = None,
+        reproduction: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.signature = signature if signature is not None else FailureSignature()
+        self.reproduction = reproduction
 
 
-def fail(*, got: Any, expected: Any, call: str, detail: str = "") -> PropertyFailure:
+def fail(
+    *,
+    got: Any,
+    expected: Any,
+    call: str,
+    detail: str = "",
+    signature: FailureSignature | None = None,
+) -> PropertyFailure:
     """Build (not raise) the failure for ``got`` differing from ``expected`` in ``call``.
 
     Example:
@@ -25,7 +66,7 @@ def fail(*, got: Any, expected: Any, call: str, detail: str = "") -> PropertyFai
     message = f"got {got!r} but should be {expected!r} [{call}]"
     if detail:
         message = f"{message}\n{detail}"
-    return PropertyFailure(message)
+    return PropertyFailure(message, signature=signature)
 
 
 def assert_equal(got: Any, expected: Any, *, call: str, detail: str = "") -> None:
