@@ -24,25 +24,34 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvcheck.properties import _op_draws as draws
-from kvcheck.properties._assertions import PropertyFailure
-from kvcheck.properties.accounting import assert_accounting
-from kvcheck.properties.ops import apply_op_like_reference, describe_op
-from kvcheck.properties.pool_state import assert_pool_matches_reference
+from kvcheck.properties._assertions import FailureSignature, PropertyFailure, failure
+from kvcheck.properties.accounting import assert_accounting, assert_contiguous_buf_infos
+from kvcheck.properties.ops import apply_op_like_reference, describe_op, op_method
+from kvcheck.properties.pool_state import (
+    assert_layer_range,
+    assert_pool_matches_reference,
+    assert_read_api_matches_reference,
+)
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import POOL_FAMILIES, HostCopy, Op, PoolSpec
+from kvcheck.strategies import ops as draws
 from kvcheck.strategies import pool_specs
+from kvcheck.targets import supports
+from kvcheck.targets.findings import steered_tags
 from kvcheck.targets.limits import within_target_limits
 
 __all__ = [
     "MACHINE_CAPABILITIES",
     "MACHINE_FAMILIES",
+    "STEER_TAGS",
     "PoolMachine",
     "default_machine_specs",
     "pool_machine",
@@ -56,6 +65,46 @@ MACHINE_CAPABILITIES: tuple[str, ...] = (
     "index_k_write",
     "input_validation",
     "state_buf_infos",
+    "read_api",
+    "cast_write",
+    "mla_write",
+    "prefix_valid_write",
+    "contiguous_buf_infos",
+)
+
+#: Step kind -> the capability it needs (None: every target), in shrink order.
+_STEP_KINDS: tuple[tuple[str, str | None], ...] = (
+    ("pause", None),
+    ("write_kv", None),
+    ("move", "move"),
+    ("write_index_k", "index_k_write"),
+    ("host_copy", "host_copy"),
+    ("host_reload", "host_copy"),
+    ("cast_write_kv", "cast_write"),
+    ("write_mla", "mla_write"),
+    ("write_prefix_valid", "prefix_valid_write"),
+    ("invalid", "input_validation"),
+)
+
+#: Generation tags a declared finding may ask the machines to steer around
+#: (:attr:`kvcheck.targets.findings.Finding.steer`):
+#:
+#: ``FAMILY:KIND``
+#:     never draw step ``KIND`` for pools of ``FAMILY`` (``noop:host_copy``);
+#: ``FAMILY:contiguous_buf_infos``
+#:     the invariant does not ask ``FAMILY``'s pools for transfer descriptors;
+#: ``cast_write:scales``
+#:     writes of another dtype carry no ``k_scale``/``v_scale``;
+#: ``write_mla:slot0``
+#:     ``set_mla_kv_buffer`` never targets slot 0 (the padding slot);
+#: ``FAMILY:host_copy:partial_pages``
+#:     host copies and reloads of ``FAMILY`` take whole pages only.
+STEER_TAGS: tuple[str, ...] = (
+    *(f"{family}:{kind}" for family in POOL_FAMILIES for kind, _ in _STEP_KINDS[1:]),
+    *(f"{family}:contiguous_buf_infos" for family in POOL_FAMILIES),
+    "cast_write:scales",
+    "write_mla:slot0",
+    *(f"{family}:host_copy:partial_pages" for family in POOL_FAMILIES),
 )
 
 #: Tiny pools keep every step cheap: few layers, small heads, at most 32 tokens.
@@ -88,17 +137,19 @@ def default_machine_specs(family: str) -> st.SearchStrategy[PoolSpec]:
 class PoolMachine(RuleBasedStateMachine):
     """Drives ``target``'s pool and the reference with the same operations.
 
-    Subclasses made by :func:`pool_machine` set ``target``, ``device``, ``family`` and
-    ``skipped`` (capabilities whose operations are not drawn) and add the ``build_pool``
-    initialize rule. Each step draws one operation kind (``write_kv``, ``move``,
-    ``write_index_k``, ``host_copy``, ``host_reload``, ``invalid``, or ``pause``, a step
-    that does nothing) and then the operation.
+    Subclasses made by :func:`pool_machine` set ``target``, ``device``, ``family``,
+    ``skipped`` (capabilities whose operations and checks do not run) and ``steer`` (tags
+    of :data:`STEER_TAGS` the target's findings ask to avoid) and add the ``build_pool``
+    initialize rule. Each step draws one operation kind (``pause``, a step that does
+    nothing, first) and then the operation; every call's tensors must be unchanged after
+    it. A failure carries the operations so far (``PropertyFailure.reproduction``).
     """
 
     target: Any = None
     device: str = "cpu"
     family: str = "mha"
     skipped: frozenset[str] = frozenset()
+    steer: frozenset[str] = frozenset()
 
     def __init__(self) -> None:
         super().__init__()
@@ -106,9 +157,11 @@ class PoolMachine(RuleBasedStateMachine):
         self.reference: ReferencePool | None = None
         self.spec: PoolSpec | None = None
         self.copies: dict[str, Any] = {}
-        #: name -> tokens copied, for host copies the pool accepted
-        self.copied_tokens: dict[str, int] = {}
+        #: name -> (tokens copied, layout), for host copies the pool accepted
+        self.copied: dict[str, tuple[int, draws.CopyLayout]] = {}
+        self.history: list[Op] = []
         self.last_call = "pool construction"
+        self.last_method = ""
         self.steps = 0
         self.copies_attempted = 0
 
@@ -129,10 +182,27 @@ class PoolMachine(RuleBasedStateMachine):
     def _run(self, op: Op) -> bool:
         assert self.reference is not None
         self.steps += 1
+        self.history.append(op)
         self.last_call = describe_op(op)
-        return apply_op_like_reference(
-            self.target, self.pool, self.reference, op, device=self.device, copies=self.copies
-        )
+        self.last_method = op_method(op)
+        with self._reproducible():
+            accepted = apply_op_like_reference(
+                self.target, self.pool, self.reference, op, device=self.device, copies=self.copies
+            )
+        if accepted and isinstance(op, HostCopy):
+            assert self.spec is not None
+            self.copied[op.name] = (len(op.indices), draws.copy_layout(self.spec, op.indices))
+        return accepted
+
+    @contextlib.contextmanager
+    def _reproducible(self) -> Iterator[None]:
+        """Attach the spec and every operation so far to a failure raised in the block."""
+        try:
+            yield
+        except PropertyFailure as exc:
+            if exc.reproduction is None and self.spec is not None:
+                exc.reproduction = make_reproduction(self.spec, tuple(self.history), str(exc))
+            raise
 
     def _next_copy_name(self) -> str:
         # Numbered by copies attempted, not by steps, so deleting an unrelated step while
@@ -147,15 +217,18 @@ class PoolMachine(RuleBasedStateMachine):
     def _kinds(self) -> tuple[str, ...]:
         """Operation kinds this example draws from; ``pause`` first, as the shrink target."""
         assert self.spec is not None
-        wanted = [("pause", None), ("write_kv", None), ("move", "move")]
-        if draws.indexed_layers(self.spec, skip=False):
-            wanted.append(("write_index_k", "index_k_write"))
-        wanted += [
-            ("host_copy", "host_copy"),
-            ("host_reload", "host_copy"),
-            ("invalid", "input_validation"),
-        ]
-        return tuple(kind for kind, needs in wanted if needs not in self.skipped)
+        applies = {
+            "write_index_k": bool(draws.indexed_layers(self.spec, skip=False)),
+            "write_mla": self.family in ("mla", "dsa"),
+            "write_prefix_valid": self.family in ("mha", "noop"),
+        }
+        return tuple(
+            kind
+            for kind, needs in _STEP_KINDS
+            if needs not in self.skipped
+            and applies.get(kind, True)
+            and f"{self.family}:{kind}" not in self.steer
+        )
 
     # -- the one rule --------------------------------------------------------------------
     #
@@ -172,74 +245,103 @@ class PoolMachine(RuleBasedStateMachine):
         """One operation of a drawn kind, run on the pool and on the reference."""
         assert self.spec is not None
         kind = data.draw(draws.step_kinds(self._kinds()), label="kind")
-        if kind != "pause":
-            getattr(self, f"_{kind}")(data)
+        if kind == "pause":
+            return
+        op = self._draw_op(kind, data)
+        if op is not None:
+            self._run(op)
 
-    def _write_kv(self, data: st.DataObject) -> None:
-        """``set_kv_buffer`` of a few tokens on one layer."""
-        assert self.spec is not None
-        self._run(data.draw(draws.write_kv_ops(self.spec), label="op"))
-
-    def _write_index_k(self, data: st.DataObject) -> None:
-        """DSA index-K write of a few tokens on a layer that has index-K."""
-        assert self.spec is not None
-        layers = draws.indexed_layers(self.spec, skip=False)
-        strategy = draws.write_index_k_ops(self.spec, layer_ids=layers)
-        self._run(data.draw(strategy, label="op"))
-
-    def _move(self, data: st.DataObject) -> None:
-        """``move_kv_cache`` with overlapping, possibly repeated sources."""
-        assert self.spec is not None
-        self._run(data.draw(draws.move_ops(self.spec), label="op"))
-
-    def _host_copy(self, data: st.DataObject) -> None:
-        """``get_cpu_copy`` of a few slots (DSA: whole pages), kept for a later reload."""
-        assert self.spec is not None
-        strategy = draws.host_copy_ops(self.spec, self._next_copy_name())
-        op = data.draw(strategy, label="op")
-        if self._run(op):
-            assert isinstance(op, HostCopy)
-            self.copied_tokens[op.name] = len(op.indices)
-
-    def _host_reload(self, data: st.DataObject) -> None:
-        """``load_cpu_copy`` of an earlier copy to the same or other slots (a no-op step
-        while nothing has been copied)."""
-        assert self.spec is not None
-        if self.copied_tokens:
-            strategy = draws.host_reload_ops(self.spec, self.copied_tokens)
-            self._run(data.draw(strategy, label="op"))
-
-    def _invalid(self, data: st.DataObject) -> None:
-        """An operation the contract rejects: it must raise and change nothing."""
-        assert self.spec is not None
-        strategy = draws.invalid_ops(self.spec, self.copied_tokens, skipped=self.skipped)
-        op = data.draw(strategy, label="op")
-        if self._run(op) and isinstance(op, HostCopy):
-            self.copied_tokens[op.name] = len(op.indices)
+    def _draw_op(self, kind: str, data: st.DataObject) -> Op | None:
+        """The operation of ``kind`` (None: a reload while nothing has been copied)."""
+        spec = self.spec
+        assert spec is not None
+        if kind == "host_copy":
+            whole = f"{self.family}:host_copy:partial_pages" in self.steer
+            strategy: st.SearchStrategy[Any] = draws.host_copy_ops(
+                spec, self._next_copy_name(), whole_pages=whole
+            )
+        elif kind == "host_reload":
+            if not self.copied:
+                return None
+            strategy = draws.host_reload_ops(spec, self.copied)
+        elif kind == "invalid":
+            counts = {name: count for name, (count, _) in self.copied.items()}
+            strategy = draws.invalid_ops(spec, counts, skipped=self.skipped)
+        elif kind == "write_index_k":
+            layers = draws.indexed_layers(spec, skip=False)
+            strategy = draws.write_index_k_ops(spec, layer_ids=layers)
+        elif kind == "cast_write_kv":
+            strategy = draws.cast_write_kv_ops(spec, scales="cast_write:scales" not in self.steer)
+        elif kind == "write_mla":
+            strategy = draws.write_mla_ops(spec, padding_slot="write_mla:slot0" not in self.steer)
+        else:
+            strategy = getattr(draws, f"{kind}_ops")(spec)
+        op: Op = data.draw(strategy, label="op")
+        return op
 
     # -- the invariant -------------------------------------------------------------------
 
     @invariant()
     def pool_matches_reference(self) -> None:
-        """Every buffer equals the reference byte for byte; accounting and check_valid hold."""
+        """Every buffer equals the reference byte for byte, read raw and through the read
+        API; layer range, accounting, transfer descriptors and check_valid hold."""
         if not self._built:
             return
         assert self.reference is not None and self.spec is not None
-        assert_pool_matches_reference(self.pool, self.reference, call=self.last_call)
+        with self._reproducible():
+            self._check_state()
+
+    def _check_state(self) -> None:
+        assert self.reference is not None and self.spec is not None
+        call, spec, skipped = self.last_call, self.spec, self.skipped
+        assert_pool_matches_reference(self.pool, self.reference, call=call, method=self.last_method)
+        if "read_api" not in skipped:
+            assert_read_api_matches_reference(
+                self.pool,
+                self.reference,
+                call=call,
+                mla_reads="mla_write" not in skipped and spec.family in ("mla", "dsa"),
+            )
+        assert_layer_range(self.pool, spec, call=call)
         assert_accounting(
-            self.pool,
-            self.spec,
-            call=self.last_call,
-            state_buf_infos="state_buf_infos" not in self.skipped,
+            self.pool, spec, call=call, state_buf_infos="state_buf_infos" not in skipped
         )
+        if (
+            "contiguous_buf_infos" not in skipped
+            and f"{spec.family}:contiguous_buf_infos" not in self.steer
+        ):
+            assert_contiguous_buf_infos(self.pool, spec, call=call)
         check_valid = getattr(self.pool, "check_valid", None)
         if callable(check_valid):
             try:
                 check_valid()
             except AssertionError as exc:
-                raise PropertyFailure(
-                    f"pool.check_valid() failed after {self.last_call}: {exc}"
+                raise failure(
+                    f"pool.check_valid() failed after {call}: {exc}",
+                    signature=FailureSignature(
+                        check="check_valid",
+                        call="check_valid",
+                        kind="invariant broken",
+                        family=spec.family,
+                    ),
                 ) from exc
+
+
+def make_reproduction(spec: PoolSpec, ops: tuple[Op, ...], note: str) -> Any:
+    """The reproduction a failure carries: the pool ``spec`` and the ``ops`` run so far
+    (a :class:`kvcheck.repro.Reproduction`), for a standalone script.
+
+    Example:
+        >>> from kvcheck.specs import PoolSpec
+        >>> spec = PoolSpec(family="mha", size=2, page_size=1, layer_num=1, dtype="float16")
+        >>> make_reproduction(spec, (), "note").ops   # doctest: +SKIP
+        ()
+    """
+    try:  # MERGE-TODO: kvcheck.repro lands from the repro branch; drop this guard then
+        from kvcheck.repro import Reproduction
+    except ImportError:
+        return None
+    return Reproduction(spec=spec, ops=ops, note=note)
 
 
 def _settle_rule_flags(machine: RuleBasedStateMachine, data: st.DataObject) -> None:
@@ -297,8 +399,11 @@ def pool_machine(
         raise ValueError(f"specs={specs!r} must be a Hypothesis strategy of PoolSpec")
     chosen_specs = within_target_limits(target, chosen_specs)
     if skip is None:
-        unsupported = getattr(target, "unsupported", {}) or {}
-        skip = {capability for capability in MACHINE_CAPABILITIES if capability in unsupported}
+        skip = {
+            capability
+            for capability in MACHINE_CAPABILITIES
+            if not supports(target, capability, family=family)
+        }
     unknown = sorted(set(skip) - set(MACHINE_CAPABILITIES))
     if unknown:
         raise ValueError(f"skip={sorted(skip)!r}: {unknown} not in {MACHINE_CAPABILITIES}")
@@ -319,6 +424,7 @@ def pool_machine(
             "device": device,
             "family": family,
             "skipped": frozenset(skip),
+            "steer": steered_tags(target),
             "__module__": __name__,
             "__qualname__": name,
         },

@@ -94,6 +94,8 @@ class KVCheckSession:
 _SESSION = pytest.StashKey[KVCheckSession]()
 #: The reason an item runs as one of the target's expected failures.
 _EXPECTED_FAILURE = pytest.StashKey[str]()
+#: The declared finding a test pins: it must fail, and with exactly that failure.
+_PINNED_FINDING = pytest.StashKey[Any]()
 #: Puts back the Hypothesis profiles this session changed (see ``_snapshot_profiles``).
 _RESTORE_PROFILES = pytest.StashKey[Callable[[], None]]()
 
@@ -218,6 +220,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     from kvcheck.targets import capability_skip_reason, expected_failure_reason
     from kvcheck.targets.expected import generates_examples
+    from kvcheck.targets.findings import pinned_finding
 
     for item in items:
         capabilities = [c for marker in item.iter_markers("kvcheck_needs") for c in marker.args]
@@ -233,6 +236,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = _sglang_skip_reason(session)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
+            continue
+        pinned = pinned_finding(session.target, item.nodeid)
+        if pinned is not None:
+            item.stash[_PINNED_FINDING] = pinned
+            item.add_marker(
+                pytest.mark.xfail(
+                    strict=generates_examples(),
+                    reason=f"pins finding {pinned.id} of target {session.target.name!r}: "
+                    f"{pinned.summary}",
+                )
+            )
             continue
         expected = expected_failure_reason(session.target, item.nodeid)
         if expected is not None:
@@ -269,7 +283,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     run the target's expected failures without shrinking (:mod:`kvcheck.targets.expected`)."""
     session = item.config.stash.get(_SESSION, None)
     if session is None or not _is_tracked(item, session):
-        with _fast_if_expected_to_fail(item):
+        with _fast_if_expected_to_fail(item), _steering(item, session):
             yield
         return
     from kvcheck.db import recording_test, stored_examples_fetched
@@ -283,6 +297,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     runs: list[dict[str, Any]] = []
     with (
         _fast_if_expected_to_fail(item),
+        _steering(item, session),
         recording_test(item.nodeid),
         _collecting_statistics(runs),
     ):
@@ -304,6 +319,7 @@ def pytest_runtest_makereport(
         return
     session = item.config.stash.get(_SESSION, None)
     report = outcome.get_result()
+    _hold_pinned_failure_to_its_finding(item, call, report)
     if session is None or not report.failed or not _is_tracked(item, session):
         return
     from kvcheck.results import FAILURES_PROPERTY, failures_from_exception
@@ -516,8 +532,35 @@ def _gpu_skip_reason(session: KVCheckSession) -> str | None:
     )
 
 
+def _steering(item: pytest.Item, session: KVCheckSession | None) -> Any:
+    """Steer around the target's declared findings, except in a test that pins one."""
+    if session is None or _PINNED_FINDING in item.stash:
+        return contextlib.nullcontext()
+    from kvcheck.targets.findings import active_findings, declared_findings
+
+    return active_findings(declared_findings(session.target))
+
+
+def _hold_pinned_failure_to_its_finding(item: pytest.Item, call: Any, report: Any) -> None:
+    """A pinned test that fails otherwise than with its finding is a real failure."""
+    finding = item.stash.get(_PINNED_FINDING, None)
+    if finding is None or not getattr(report, "skipped", False) or call.excinfo is None:
+        return
+    from kvcheck.targets.expected import pinned_failure_mismatch
+
+    mismatch = pinned_failure_mismatch(finding, call.excinfo.value)
+    if mismatch is None:
+        return
+    report.outcome = "failed"
+    if hasattr(report, "wasxfail"):
+        del report.wasxfail
+    report.longrepr = (
+        f"{report.longrepr}\n\nkvcheck: this test pins a finding but failed otherwise: {mismatch}"
+    )
+
+
 def _fast_if_expected_to_fail(item: pytest.Item) -> contextlib.AbstractContextManager[None]:
-    if _EXPECTED_FAILURE not in item.stash:
+    if _EXPECTED_FAILURE not in item.stash and _PINNED_FINDING not in item.stash:
         return contextlib.nullcontext()
     from kvcheck.targets.expected import failing_fast
 

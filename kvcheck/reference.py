@@ -27,6 +27,7 @@ import numpy as np
 
 from kvcheck.specs import (
     DSA_QUANT_BLOCK,
+    DTYPE_ITEMSIZE,
     HostCopy,
     HostReload,
     Move,
@@ -34,6 +35,8 @@ from kvcheck.specs import (
     PoolSpec,
     WriteIndexK,
     WriteKV,
+    WriteMLA,
+    WritePrefixValid,
 )
 
 __all__ = [
@@ -250,14 +253,20 @@ class ReferencePool:
     def expected_error(self, op: Op) -> type[Exception] | None:
         """The exception type the pool must raise for ``op`` in the current state, or None.
 
-        - NoOp: every write (``WriteKV``, ``WriteIndexK``, ``HostReload``) -> RuntimeError,
-          whatever its arguments; moves and host copies are accepted and do nothing.
+        - NoOp: every write (``WriteKV``, ``WriteMLA``, ``WritePrefixValid``,
+          ``WriteIndexK``, ``HostReload``) -> RuntimeError, whatever its arguments; moves
+          and host copies of valid locations are accepted and do nothing.
         - ValueError for bad input: layer id outside the pool, a location outside
-          ``[0, size + page_size)`` or repeated where it is written, rows of the wrong byte
-          length or count, ``tgt``/``src`` of different lengths, an index-K write to a DSA
-          skip layer or to a family without index-K, DSA host copies or reloads that are not
-          whole pages in order, a reload whose length differs from its copy's, or a reload of
-          a name never copied (the harness has nothing to pass).
+          ``[0, size + page_size)`` or repeated where it is written (for a prefix-valid
+          write: among the committed cells), rows of the wrong byte length or count (a
+          payload in another dtype: the same number of values), ``tgt``/``src`` of
+          different lengths, an index-K write to a DSA skip layer or to a family without
+          index-K, a write method the family lacks, a reload whose length differs from its
+          copy's, or a reload of a name never copied (the harness has nothing to pass).
+
+        Host copies are token-granular on every family: any index set (a request's slots
+        with a partial last page, several requests at once, runs crossing page
+        boundaries) copies exactly the listed tokens, and a reload writes exactly them.
 
         Example:
             >>> ref = ReferencePool(PoolSpec(family="noop", size=4, page_size=1, layer_num=1,
@@ -280,13 +289,17 @@ class ReferencePool:
 
     def _problem(self, op: Op) -> tuple[type[Exception], str] | None:
         spec = self.spec
-        writes = isinstance(op, WriteKV | WriteIndexK | HostReload)
+        writes = isinstance(op, WriteKV | WriteMLA | WritePrefixValid | WriteIndexK | HostReload)
         if spec.family == "noop":
             if writes:
                 return RuntimeError, f"NoOpMHATokenToKVPool rejects every write, got {op!r}"
-            return None
+            return self._noop_problem(op)
         if isinstance(op, WriteKV):
             return self._write_kv_problem(op)
+        if isinstance(op, WriteMLA):
+            return self._write_mla_problem(op)
+        if isinstance(op, WritePrefixValid):
+            return self._write_prefix_valid_problem(op)
         if isinstance(op, WriteIndexK):
             return self._write_index_k_problem(op)
         if isinstance(op, Move):
@@ -296,15 +309,27 @@ class ReferencePool:
                 "src", op.src, distinct=False
             )
         if isinstance(op, HostCopy):
-            return self._host_indices_problem(op.indices, distinct=False)
+            return self._locs_problem("indices", op.indices, distinct=False)
         if isinstance(op, HostReload):
             if op.name not in self._host_copies:
                 return ValueError, f"name={op.name!r} was never copied"
             copied = len(self._host_copies[op.name])
             if len(op.indices) != copied:
                 return ValueError, f"len(indices)={len(op.indices)} != copied tokens {copied}"
-            return self._host_indices_problem(op.indices, distinct=True)
+            return self._locs_problem("indices", op.indices, distinct=True)
         raise TypeError(f"op={op!r} is not an operation from kvcheck.specs")
+
+    def _noop_problem(self, op: Op) -> tuple[type[Exception], str] | None:
+        """The no-op pool's moves and copies do nothing, but still take valid locations."""
+        if isinstance(op, Move):
+            if len(op.tgt) != len(op.src):
+                return ValueError, f"len(tgt)={len(op.tgt)} != len(src)={len(op.src)}"
+            return self._locs_problem("tgt", op.tgt, distinct=True) or self._locs_problem(
+                "src", op.src, distinct=False
+            )
+        if isinstance(op, HostCopy):
+            return self._locs_problem("indices", op.indices, distinct=False)
+        return None
 
     def _layer_problem(self, layer_id: int) -> tuple[type[Exception], str] | None:
         ids = self.spec.layer_ids
@@ -341,12 +366,73 @@ class ReferencePool:
         )
         if problem is not None:
             return problem
+        if op.payload is not None:
+            problem = self._payload_problem(op)
+            if problem is not None:
+                return problem
         if spec.family == "mha":
             return self._rows_problem(
                 "k_rows", op.k_rows, len(op.locs), _k_row_bytes(spec)
             ) or self._rows_problem("v_rows", op.v_rows, len(op.locs), _v_row_bytes(spec))
         # MLA/DSA: the latent row is the whole entry; v_rows are ignored like cache_v.
         return self._rows_problem("k_rows", op.k_rows, len(op.locs), _latent_row_bytes(spec))
+
+    def _payload_problem(self, op: WriteKV) -> tuple[type[Exception], str] | None:
+        """A payload in another dtype holds the same number of values as the stored rows."""
+        assert op.payload is not None
+        spec, payload = self.spec, op.payload
+        if payload.dtype not in DTYPE_ITEMSIZE:
+            return ValueError, f"payload.dtype={payload.dtype!r} not in {sorted(DTYPE_ITEMSIZE)}"
+        scale = DTYPE_ITEMSIZE[payload.dtype] / spec.itemsize
+        k_bytes = int(
+            (_k_row_bytes(spec) if spec.family == "mha" else _latent_row_bytes(spec)) * scale
+        )
+        problem = self._rows_problem("payload.k_rows", payload.k_rows, len(op.locs), k_bytes)
+        if problem is None and spec.family == "mha":
+            v_bytes = int(_v_row_bytes(spec) * scale)
+            problem = self._rows_problem("payload.v_rows", payload.v_rows, len(op.locs), v_bytes)
+        return problem
+
+    def _write_mla_problem(self, op: WriteMLA) -> tuple[type[Exception], str] | None:
+        spec = self.spec
+        if spec.family not in ("mla", "dsa"):
+            return ValueError, f"family={spec.family!r} has no set_mla_kv_buffer"
+        count = len(op.locs)
+        return (
+            self._layer_problem(op.layer_id)
+            or self._locs_problem("locs", op.locs, distinct=True)
+            or self._rows_problem(
+                "nope_rows", op.nope_rows, count, spec.kv_lora_rank * spec.itemsize
+            )
+            or self._rows_problem(
+                "rope_rows", op.rope_rows, count, spec.qk_rope_head_dim * spec.itemsize
+            )
+        )
+
+    def _write_prefix_valid_problem(
+        self, op: WritePrefixValid
+    ) -> tuple[type[Exception], str] | None:
+        spec = self.spec
+        if spec.family != "mha":
+            return ValueError, f"family={spec.family!r} has no set_kv_buffer_prefix_valid"
+        widths = {len(row) for row in op.loc_grid}
+        if len(widths) > 1:
+            return ValueError, f"loc_grid={op.loc_grid!r} is not rectangular"
+        width = widths.pop() if widths else 0
+        if len(op.commit_lens) != len(op.loc_grid):
+            return ValueError, (
+                f"len(commit_lens)={len(op.commit_lens)} != rows of loc_grid {len(op.loc_grid)}"
+            )
+        for commit in op.commit_lens:
+            if not 0 <= commit <= width:
+                return ValueError, f"commit_lens={op.commit_lens!r}: {commit} not in [0, {width}]"
+        cells = len(op.loc_grid) * width
+        return (
+            self._layer_problem(op.layer_id)
+            or self._locs_problem("committed locs", _committed(op), distinct=True)
+            or self._rows_problem("k_rows", op.k_rows, cells, _k_row_bytes(spec))
+            or self._rows_problem("v_rows", op.v_rows, cells, _v_row_bytes(spec))
+        )
 
     def _write_index_k_problem(self, op: WriteIndexK) -> tuple[type[Exception], str] | None:
         spec = self.spec
@@ -364,22 +450,6 @@ class ReferencePool:
             or self._rows_problem("key_rows", op.key_rows, count, index_k_row_bytes(d))
             or self._rows_problem("scale_rows", op.scale_rows, count, index_scale_row_bytes(d))
         )
-
-    def _host_indices_problem(
-        self, indices: Sequence[int], *, distinct: bool
-    ) -> tuple[type[Exception], str] | None:
-        problem = self._locs_problem("indices", indices, distinct=distinct)
-        if problem is not None or self.spec.family != "dsa":
-            return problem
-        page_size = self.spec.page_size
-        if len(indices) % page_size:
-            return ValueError, f"len(indices)={len(indices)} is not whole pages of {page_size}"
-        for start in range(0, len(indices), page_size):
-            first = indices[start]
-            expected = tuple(range(first, first + page_size))
-            if first % page_size or tuple(indices[start : start + page_size]) != expected:
-                return ValueError, f"indices={tuple(indices)!r} are not whole pages in order"
-        return None
 
     # -- applying operations -----------------------------------------------------------------
 
@@ -408,6 +478,18 @@ class ReferencePool:
                 layer.k[loc] = bytes(op.k_rows[i])
                 if self.spec.family == "mha":
                     layer.v[loc] = bytes(op.v_rows[i])
+        elif isinstance(op, WriteMLA):
+            layer = self._layer(op.layer_id)
+            for i, loc in enumerate(op.locs):
+                layer.k[loc] = bytes(op.nope_rows[i]) + bytes(op.rope_rows[i])
+        elif isinstance(op, WritePrefixValid):
+            layer = self._layer(op.layer_id)
+            width = len(op.loc_grid[0]) if op.loc_grid else 0
+            for row, (locs, commit) in enumerate(zip(op.loc_grid, op.commit_lens, strict=True)):
+                for column in range(commit):
+                    cell = row * width + column
+                    layer.k[locs[column]] = bytes(op.k_rows[cell])
+                    layer.v[locs[column]] = bytes(op.v_rows[cell])
         elif isinstance(op, WriteIndexK):
             layer = self._layer(op.layer_id)
             for i, loc in enumerate(op.locs):
@@ -570,6 +652,15 @@ class ReferencePool:
         if self.spec.family == "dsa":
             buffers["index_k_with_scale_buffer"] = [self.expected_index_k_buffer(i) for i in ids]
         return buffers
+
+
+def _committed(op: WritePrefixValid) -> tuple[int, ...]:
+    """The slots a prefix-valid write commits: row ``b``'s first ``commit_lens[b]`` cells."""
+    return tuple(
+        loc
+        for locs, commit in zip(op.loc_grid, op.commit_lens, strict=False)
+        for loc in locs[:commit]
+    )
 
 
 def _put(values: dict[int, bytes], slot: int, data: bytes | None) -> None:

@@ -210,17 +210,98 @@ def pool_kwargs(spec: PoolSpec, *, device: str) -> dict[str, Any]:
 
 
 class BrokenTarget(KVCheckTarget):
-    """kvcheck's target with one broken pool class in place of its family's pool."""
+    """kvcheck's target with one broken pool class in place of its family's pool, and
+    optionally declared ``findings``."""
 
     unsupported: Mapping[str, str] = MappingProxyType({})
 
-    def __init__(self, family: str, pool_class: type) -> None:
+    def __init__(self, family: str, pool_class: type, findings: tuple[Any, ...] = ()) -> None:
         self.family = family
         self.pool_class = pool_class
         self.name = f"broken-{pool_class.__name__}"
+        self.findings = findings
 
     def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
         """The broken class for its family; kvcheck's own pool for any other."""
         if spec.family != self.family:
             return super().make_pool(spec, device=device)
         return self.pool_class(**pool_kwargs(spec, device=device))
+
+
+# --- reads, layer ranges and token-granular host copies -------------------------------------
+
+
+class StartLayerBlindReadMHA(MHATokenToKVPool):
+    """``get_key_buffer`` indexes its buffers by the global layer id, ignoring
+    ``start_layer``: attention on a pool that starts above layer 0 reads another layer."""
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._as_read_dtype(self.k_buffer[layer_id % self.layer_num])
+
+
+class StaleViewMLA(MLATokenToKVPool):
+    """``get_key_buffer`` hands out a copy taken the first time a layer was read, so
+    later writes never show through it."""
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        cache = self.__dict__.setdefault("_stale", {})
+        if layer_id not in cache:
+            cache[layer_id] = super().get_key_buffer(layer_id).clone()
+        return cache[layer_id]
+
+
+class ShiftedRowsReadDSA(DSATokenToKVPool):
+    """``get_index_k_with_scale_buffer`` returns the page rows rolled by one."""
+
+    def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
+        buffer = super().get_index_k_with_scale_buffer(layer_id)
+        return buffer.roll(1, dims=0) if buffer.shape[0] > 1 else buffer
+
+
+class EndLayerFromZeroMLA(MLATokenToKVPool):
+    """``end_layer`` defaults to ``layer_num - 1`` whatever ``start_layer`` is (SGLang's
+    own default when a caller passes none)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.end_layer = self.layer_num - 1
+
+
+class PageGranularReloadMHA(MHATokenToKVPool):
+    """Host copies carry whole pages: a reload rewrites every token of each page it
+    touches, so the unlisted tokens of a partial last page are overwritten."""
+
+    def get_cpu_copy(self, indices: torch.Tensor) -> KVHostCopy:
+        idx = self._locations("indices", indices, distinct=False, where="get_cpu_copy")
+        pages = torch.unique_consecutive(idx // self.page_size)
+        rows = (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
+        copy = super().get_cpu_copy(rows)
+        return KVHostCopy(source=copy.source, num_tokens=idx.numel(), parts=copy.parts)
+
+    def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
+        idx = self._locations("indices", indices, distinct=True, where="load_cpu_copy")
+        pages = torch.unique_consecutive(idx // self.page_size)
+        rows = (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
+        for buffer, part in zip(self.k_buffer, kv_cache_cpu.parts["k"], strict=True):
+            buffer[rows] = part[: rows.numel()]
+        for buffer, part in zip(self.v_buffer, kv_cache_cpu.parts["v"], strict=True):
+            buffer[rows] = part[: rows.numel()]
+
+
+class SilentReloadMovingNoOp(NoOpMHATokenToKVPool):
+    """Two bugs: ``load_cpu_copy`` returns silently (declared as a finding in the twin) and
+    ``move_kv_cache`` writes into its placeholders (not declared)."""
+
+    def load_cpu_copy(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        return None
+
+    def move_kv_cache(self, tgt_loc: Any, src_loc: Any) -> None:  # type: ignore[override]
+        if isinstance(tgt_loc, torch.Tensor) and tgt_loc.numel():
+            self.k_buffer[0][0] += 1
+
+
+class SilentReloadNoOp(NoOpMHATokenToKVPool):
+    """Only the first of the two bugs above."""
+
+    def load_cpu_copy(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        return None

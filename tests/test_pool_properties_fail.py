@@ -8,6 +8,7 @@ requires the property to fail and Hypothesis to shrink the failure to a small ex
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,13 @@ import torch
 from broken_pools import (
     AllocatingSkipDSA,
     BrokenTarget,
+    EndLayerFromZeroMLA,
+    PageGranularReloadMHA,
+    ShiftedRowsReadDSA,
+    SilentReloadMovingNoOp,
+    SilentReloadNoOp,
+    StaleViewMLA,
+    StartLayerBlindReadMHA,
     DecimalGigabytesMLA,
     FullSizeNoOp,
     HalfApplyingMHA,
@@ -35,7 +43,7 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvcheck.machines import pool_machine
+from kvcheck.machines import MACHINE_CAPABILITIES, pool_machine
 from kvcheck.properties._assertions import PropertyFailure
 from kvcheck.properties.accounting import (
     assert_accounting,
@@ -68,6 +76,7 @@ from kvcheck.specs import OpSequence, PoolSpec, WriteIndexK
 from kvcheck.strategies import op_sequences, pool_specs
 from kvcheck.suite.test_skip_layers import DSA_SPECS, PRODUCTION_SPECS
 from kvcheck.targets import resolve_target
+from kvcheck.targets.findings import Finding, active_findings
 
 #: Bounded and deterministic: find the bug, shrink it, no database, no explanation phase.
 TWIN_SETTINGS = settings(
@@ -105,20 +114,34 @@ def shrunk(strategy: st.SearchStrategy[Any], check: Callable[[Any], None]) -> An
     return find(strategy, failing(check), settings=TWIN_SETTINGS)
 
 
-def machine_failure(family: str, pool_class: type) -> tuple[str, list[str], int]:
-    """Run ``family``'s machine on the broken pool; return the failure message, the shrunk
-    steps (one line per operation drawn) and the layer count of the shrunk pool."""
+#: Capabilities the pre-existing machine twins exercise (the rest stay out of their way).
+BASIC = frozenset({"move", "host_copy", "index_k_write", "input_validation", "state_buf_infos"})
+
+
+def small_machine(
+    family: str, pool_class: type, *, keep: frozenset[str] = BASIC, findings: tuple = ()
+) -> type:
+    """``family``'s machine on the broken pool, checking only the ``keep`` capabilities."""
     # Pools of at most two layers and two pages keep each shrink step cheap; every bug
     # below shows on such a pool.
     specs = pool_specs(families=(family,), max_layers=2, max_size=8, max_page_size=4)
-    machine = pool_machine(
-        BrokenTarget(family, pool_class),
+    return pool_machine(
+        BrokenTarget(family, pool_class, findings),
         device=CPU,
         family=family,
         specs=specs,
+        skip=frozenset(MACHINE_CAPABILITIES) - keep,
         settings=MACHINE_SETTINGS,
     )
-    with pytest.raises(PropertyFailure) as caught:
+
+
+def machine_failure(
+    family: str, pool_class: type, *, keep: frozenset[str] = BASIC, findings: tuple = ()
+) -> tuple[str, list[str], int]:
+    """Run ``family``'s machine on the broken pool; return the failure message, the shrunk
+    steps (one line per operation drawn) and the layer count of the shrunk pool."""
+    machine = small_machine(family, pool_class, keep=keep, findings=findings)
+    with pytest.raises(PropertyFailure) as caught, active_findings(findings):
         run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
     notes = "\n".join(getattr(caught.value, "__notes__", ()))
     steps = [line for line in notes.splitlines() if line.startswith("Draw ") and "(op)" in line]
@@ -163,6 +186,90 @@ def test_noop_machine_catches_a_write_that_returns_silently() -> None:
     message, steps, layers = machine_failure("noop", SilentNoOp)
     assert "should be RuntimeError" in message
     assert len(steps) <= 2 and layers <= 2, steps
+
+
+# --- the read path, layer ranges, token-granular host copies, caller tensors ----------------
+
+READS = frozenset({"read_api", "index_k_write"})
+
+
+def test_machine_catches_a_read_that_ignores_start_layer() -> None:
+    """A get_key_buffer that ignores start_layer fails on a pool starting above layer 0."""
+    message, steps, layers = machine_failure("mha", StartLayerBlindReadMHA, keep=READS)
+    assert "get_key_buffer" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_machine_catches_a_read_that_returns_a_stale_copy() -> None:
+    """A read API that hands out a copy made earlier misses the next write."""
+    message, steps, layers = machine_failure("mla", StaleViewMLA, keep=READS)
+    assert "get_key_buffer" in message and "set_kv_buffer" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_machine_catches_index_k_reads_of_the_wrong_rows() -> None:
+    """get_index_k_with_scale_buffer with its page rows rolled fails after one index write."""
+    message, steps, layers = machine_failure("dsa", ShiftedRowsReadDSA, keep=READS)
+    assert "get_index_k_with_scale_buffer" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_machine_catches_a_wrong_end_layer() -> None:
+    """end_layer counted from layer 0 fails on a pool that starts higher."""
+    message, steps, _ = machine_failure("mla", EndLayerFromZeroMLA, keep=frozenset())
+    assert "end_layer" in message and not steps
+
+
+def test_machine_catches_a_reload_that_overwrites_unlisted_tokens() -> None:
+    """A page-granular reload of a partial page overwrites a token nobody listed."""
+    message, steps, layers = machine_failure(
+        "mha", PageGranularReloadMHA, keep=frozenset({"host_copy"})
+    )
+    assert "load_cpu_copy" in message
+    assert len(steps) <= 4 and layers <= 2, steps
+
+
+def test_machine_catches_a_write_that_changes_the_callers_tensor() -> None:
+    """Sorting the caller's loc in place is caught on valid writes alone."""
+    message, steps, layers = machine_failure("mha", LocSortingMHA, keep=frozenset())
+    assert "the caller's tensor" in message and "set_kv_buffer" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+#: A declared finding for the silent no-op reload (sglang's N1, matched by its failure).
+SILENT_RELOAD = Finding(
+    "T1",
+    "no-op load_cpu_copy returns silently",
+    check="raises",
+    call="load_cpu_copy",
+    family="noop",
+)
+
+
+def test_a_declared_finding_does_not_hide_a_second_bug() -> None:
+    """With the silent reload declared, the same machine still fails on the move bug."""
+    message, _, _ = machine_failure(
+        "noop",
+        SilentReloadMovingNoOp,
+        keep=frozenset({"host_copy", "move"}),
+        findings=(SILENT_RELOAD,),
+    )
+    assert "move_kv_cache" in message
+
+
+@pytest.mark.parametrize(
+    "steer", [frozenset(), frozenset({"noop:host_reload"})], ids=["rejected", "steered"]
+)
+def test_a_declared_finding_alone_passes(steer: frozenset[str]) -> None:
+    """With only the declared bug the machine passes, whether generation steers around
+    the finding or rejects the examples that hit it."""
+    finding = dataclasses.replace(SILENT_RELOAD, steer=steer)
+    machine = small_machine(
+        "noop", SilentReloadNoOp, keep=frozenset({"host_copy", "move"}), findings=(finding,)
+    )
+    with active_findings((finding,)):
+        run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
+    assert machine.steer == steer
 
 
 # --- skip layers -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ difference (layer, row, byte), so the happy path stays cheap.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,23 @@ class PropertyFailure(AssertionError):
         self.reproduction = reproduction
 
 
+def failure(message: str, *, signature: FailureSignature | None = None) -> Exception:
+    """The exception to raise when a property fails with ``message``: a
+    :class:`PropertyFailure`, unless the failure is one the target under test declared
+    as a known finding and a Hypothesis example is running; then the example is
+    rejected instead (:func:`kvcheck.targets.findings.steer_around`), so the property
+    keeps looking for every other bug. Always ``raise failure(...)``.
+
+    Example:
+        >>> str(failure("got 1 but should be 0 [poke]"))
+        'got 1 but should be 0 [poke]'
+    """
+    from kvcheck.targets.findings import steer_around
+
+    error = PropertyFailure(message, signature=signature)
+    return steer_around(error)
+
+
 def fail(
     *,
     got: Any,
@@ -56,8 +74,9 @@ def fail(
     call: str,
     detail: str = "",
     signature: FailureSignature | None = None,
-) -> PropertyFailure:
-    """Build (not raise) the failure for ``got`` differing from ``expected`` in ``call``.
+) -> Exception:
+    """Build (not raise) the failure for ``got`` differing from ``expected`` in ``call``
+    (see :func:`failure`).
 
     Example:
         >>> str(fail(got=3, expected=4, call="pool.get_kv_size_bytes()"))
@@ -66,7 +85,7 @@ def fail(
     message = f"got {got!r} but should be {expected!r} [{call}]"
     if detail:
         message = f"{message}\n{detail}"
-    return PropertyFailure(message, signature=signature)
+    return failure(message, signature=signature)
 
 
 def assert_equal(got: Any, expected: Any, *, call: str, detail: str = "") -> None:
@@ -95,7 +114,14 @@ def first_difference(got: np.ndarray, expected: np.ndarray) -> tuple[int, ...] |
     return tuple(int(i) for i in mismatch[0])
 
 
-def assert_bytes_equal(got: np.ndarray, expected: np.ndarray, *, what: str, call: str) -> None:
+def assert_bytes_equal(
+    got: np.ndarray,
+    expected: np.ndarray,
+    *,
+    what: str,
+    call: str,
+    signature: FailureSignature | None = None,
+) -> None:
     """Byte-for-byte equality of two uint8 arrays; names the first differing (row, byte).
 
     Example:
@@ -104,15 +130,25 @@ def assert_bytes_equal(got: np.ndarray, expected: np.ndarray, *, what: str, call
     """
     __tracebackhide__ = True
     if got.shape != expected.shape:
-        raise fail(got=got.shape, expected=expected.shape, call=call, detail=f"shape of {what}")
+        raise fail(
+            got=got.shape,
+            expected=expected.shape,
+            call=call,
+            detail=f"shape of {what}",
+            signature=signature,
+        )
     if np.array_equal(got, expected):
         return
     index = first_difference(got, expected)
     assert index is not None
     where = ", ".join(f"{name}={i}" for name, i in zip(("row", "byte", "col"), index, strict=False))
+    if signature is not None and signature.kind.endswith("differs") and len(index) > 1:
+        # The first differing row (slot, or page for index-K) tells findings apart.
+        signature = dataclasses.replace(signature, kind=f"{signature.kind} at row {index[0]}")
     raise fail(
         got=int(got[index]),
         expected=int(expected[index]),
         call=call,
         detail=f"{what} first differs at {where}",
+        signature=signature,
     )

@@ -23,7 +23,7 @@ import math
 from typing import Any
 
 from kvcheck.memory import buffer_storages, storage_bytes
-from kvcheck.properties._assertions import assert_equal, fail
+from kvcheck.properties._assertions import FailureSignature, assert_equal, fail
 from kvcheck.reference import (
     expected_buffer_bytes,
     expected_kv_size_bytes,
@@ -34,6 +34,7 @@ from kvcheck.specs import PoolSpec
 
 __all__ = [
     "assert_accounting",
+    "assert_contiguous_buf_infos",
     "assert_held_bytes",
     "assert_kv_size_bytes",
     "assert_mem_usage",
@@ -144,6 +145,65 @@ def assert_state_buf_infos(pool: Any, spec: PoolSpec, *, call: str = "pool const
         0 if skip else buffer.nbytes for skip, buffer in zip(spec.skip_mask, buffers, strict=True)
     ]
     assert_equal(lens, actual_lens, call=where, detail="lens against the buffers' nbytes")
+
+
+def _row_bytes(tensor: Any) -> int:
+    return int(tensor[0].nbytes) if tensor.shape[0] else int(tensor.nbytes)
+
+
+def assert_contiguous_buf_infos(
+    pool: Any, spec: PoolSpec, *, call: str = "pool construction"
+) -> None:
+    """``get_contiguous_buf_infos()`` describes the KV buffers a transfer engine may read:
+    one entry per buffer (MHA/NoOp: every K buffer, then every V buffer; MLA/DSA: every
+    latent buffer) with its ``data_ptr()``, its bytes (never more than it holds) and the
+    bytes of one page of its rows.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=2, dtype="float16")
+        >>> assert_contiguous_buf_infos(resolve_target("kvcheck").make_pool(spec, device="cpu"),
+        ...                             spec)
+    """
+    __tracebackhide__ = True
+    where = f"pool.get_contiguous_buf_infos() after {call}"
+    names = ("k_buffer", "v_buffer") if spec.family in ("mha", "noop") else ("kv_buffer",)
+    buffers = [buffer for name in names for buffer in getattr(pool, name)]
+
+    def signature(kind: str) -> FailureSignature:
+        return FailureSignature(
+            check="contiguous_buf_infos",
+            call="get_contiguous_buf_infos",
+            kind=kind,
+            family=spec.family,
+        )
+
+    try:
+        ptrs, lens, item_lens = (list(part) for part in pool.get_contiguous_buf_infos())
+    except Exception as exc:  # a crash is a wrong answer too, reported as one
+        raise fail(
+            got=f"{type(exc).__name__}: {exc}",
+            expected="(ptrs, lens, item_lens)",
+            call=where,
+            signature=signature(f"raises {type(exc).__name__}"),
+        ) from exc
+
+    expected = (
+        [buffer.data_ptr() for buffer in buffers],
+        [int(buffer.nbytes) for buffer in buffers],
+        [_row_bytes(buffer) * spec.page_size for buffer in buffers],
+    )
+    for what, got, wanted in zip(
+        ("ptrs", "lens", "item_lens"), (ptrs, lens, item_lens), expected, strict=True
+    ):
+        if [int(value) for value in got] != wanted:
+            raise fail(
+                got=got,
+                expected=wanted,
+                call=where,
+                detail=what,
+                signature=signature(f"{what} wrong"),
+            )
 
 
 def assert_accounting(

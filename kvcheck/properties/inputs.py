@@ -24,18 +24,20 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from kvcheck.properties import _op_draws as draws
-from kvcheck.properties._assertions import assert_bytes_equal, fail
+from kvcheck.properties._assertions import FailureSignature, fail
+from kvcheck.properties.caller_tensors import (
+    TensorSnapshot,
+    assert_tensors_unchanged,
+    collect_tensors,
+    snapshot_tensors,
+)
 from kvcheck.properties.ops import (
     PoolCall,
     describe_op,
@@ -47,6 +49,7 @@ from kvcheck.properties.ops import (
 from kvcheck.properties.pool_state import assert_same_pool_bytes, read_pool_buffers
 from kvcheck.reference import ReferencePool, index_k_row_bytes, index_scale_row_bytes
 from kvcheck.specs import DSA_QUANT_BLOCK, HostCopy, OpSequence, PoolSpec
+from kvcheck.strategies import ops as draws
 
 __all__ = [
     "BAD_CALL_KINDS",
@@ -60,101 +63,6 @@ __all__ = [
     "run_checked_call",
     "snapshot_tensors",
 ]
-
-
-# --- caller's tensors ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TensorSnapshot:
-    """Everything about a tensor a call could change: layout, dtype, device and bytes."""
-
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: torch.dtype
-    device: str
-    data: np.ndarray | None  # None on meta, which has no bytes
-
-
-def collect_tensors(value: Any, path: str = "args") -> dict[str, torch.Tensor]:
-    """Every tensor reachable from ``value`` through tuples, lists, mappings, dataclasses
-    and namespaces, keyed by where it was found.
-
-    Example:
-        >>> sorted(collect_tensors((torch.zeros(1), {"k": [torch.ones(2)]})))
-        ['args[0]', "args[1]['k'][0]"]
-    """
-    found: dict[str, torch.Tensor] = {}
-    if isinstance(value, torch.Tensor):
-        found[path] = value
-    elif isinstance(value, tuple | list):
-        for i, item in enumerate(value):
-            found |= collect_tensors(item, f"{path}[{i}]")
-    elif isinstance(value, Mapping):
-        for key, item in value.items():
-            found |= collect_tensors(item, f"{path}[{key!r}]")
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for item in dataclasses.fields(value):
-            found |= collect_tensors(getattr(value, item.name), f"{path}.{item.name}")
-    elif isinstance(value, SimpleNamespace):
-        for key, item in vars(value).items():
-            found |= collect_tensors(item, f"{path}.{key}")
-    return found
-
-
-def _bytes_of(tensor: torch.Tensor) -> np.ndarray | None:
-    if tensor.device.type == "meta":
-        return None
-    flat = tensor.detach().contiguous().reshape(-1)
-    return flat.view(torch.uint8).cpu().numpy().copy().reshape(1, -1)
-
-
-def snapshot_tensors(tensors: Mapping[str, torch.Tensor]) -> dict[str, TensorSnapshot]:
-    """Copies of what :func:`assert_tensors_unchanged` compares, taken before a call.
-
-    Example:
-        >>> snapshot_tensors({"loc": torch.tensor([1, 2])})["loc"].shape
-        (2,)
-    """
-    return {
-        name: TensorSnapshot(
-            shape=tuple(tensor.shape),
-            stride=tuple(tensor.stride()),
-            dtype=tensor.dtype,
-            device=str(tensor.device),
-            data=_bytes_of(tensor),
-        )
-        for name, tensor in tensors.items()
-    }
-
-
-def assert_tensors_unchanged(
-    tensors: Mapping[str, torch.Tensor], before: Mapping[str, TensorSnapshot], *, call: str
-) -> None:
-    """Each tensor still matches its snapshot: shape, strides, dtype, device, bytes.
-
-    Example:
-        >>> loc = torch.tensor([2, 1])
-        >>> before = snapshot_tensors({"loc": loc})
-        >>> _ = loc.sort()
-        >>> assert_tensors_unchanged({"loc": loc}, before, call="loc.sort()")
-    """
-    __tracebackhide__ = True
-    for name, snapshot in before.items():
-        tensor = tensors[name]
-        now = snapshot_tensors({name: tensor})[name]
-        for field in ("shape", "stride", "dtype", "device"):
-            if getattr(now, field) != getattr(snapshot, field):
-                raise fail(
-                    got=getattr(now, field),
-                    expected=getattr(snapshot, field),
-                    call=call,
-                    detail=f"the call changed the {field} of the caller's tensor {name}",
-                )
-        if now.data is not None and snapshot.data is not None:
-            assert_bytes_equal(
-                now.data, snapshot.data, what=f"the caller's tensor {name} (row 0 = all)", call=call
-            )
 
 
 def run_checked_call(
@@ -189,16 +97,31 @@ def run_checked_call(
         result = run_call(target, pool, call)
     except Exception as exc:  # compared below, after the inputs
         raised = exc
-    assert_tensors_unchanged(tensors, before_tensors, call=description)
+    assert_tensors_unchanged(tensors, before_tensors, call=description, method=call.method)
+    got_kind = "no exception" if raised is None else type(raised).__name__
     if expected_error is None:
         if raised is not None:
             raise fail(
-                got=f"{type(raised).__name__}: {raised}", expected="no exception", call=description
+                got=f"{type(raised).__name__}: {raised}",
+                expected="no exception",
+                call=description,
+                signature=FailureSignature(
+                    check="raises", call=call.method, kind=f"{got_kind} instead of no exception"
+                ),
             ) from raised
         return result
     if raised is None or not isinstance(raised, expected_error):
         got = "no exception" if raised is None else f"{type(raised).__name__}: {raised}"
-        raise fail(got=got, expected=expected_error.__name__, call=description) from raised
+        raise fail(
+            got=got,
+            expected=expected_error.__name__,
+            call=description,
+            signature=FailureSignature(
+                check="raises",
+                call=call.method,
+                kind=f"{got_kind} instead of {expected_error.__name__}",
+            ),
+        ) from raised
     assert before_pool is not None
     assert_same_pool_bytes(
         read_pool_buffers(pool), before_pool, start_layer=pool.start_layer, call=description

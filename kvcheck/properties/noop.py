@@ -6,7 +6,7 @@
 - The pool holds only its placeholders: ``[page_size, head_num, head_dim]`` and
   ``[page_size, head_num, v_head_dim]`` per layer, zero-filled; reads return them;
   ``get_kv_size_bytes()`` is ``(0, 0)`` and ``mem_usage`` ``0.0``.
-- ``move_kv_cache`` accepts anything and changes nothing.
+- ``move_kv_cache`` of valid locations changes nothing.
 
 :func:`noop_write_calls` and :func:`noop_move_arguments` draw the arguments.
 
@@ -17,7 +17,8 @@ Example:
     >>> pool = resolve_target("kvcheck").make_pool(spec, device="cpu")
     >>> assert_noop_holds_only_placeholders(pool, spec)
     >>> assert_noop_write_raises(pool, "set_kv_buffer", (None,), {})
-    >>> assert_noop_move_changes_nothing(pool, ("anything",), {})
+    >>> import torch
+    >>> assert_noop_move_changes_nothing(pool, (torch.tensor([1]), torch.tensor([2])), {})
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from hypothesis import strategies as st
 
 from kvcheck.memory import storage_bytes
-from kvcheck.properties._assertions import assert_equal, fail
+from kvcheck.properties._assertions import FailureSignature, assert_equal, fail
 from kvcheck.properties.ops import loc_tensor, rows_tensor
 from kvcheck.properties.pool_state import assert_same_pool_bytes, read_pool_buffers
 from kvcheck.reference import expected_buffer_bytes
@@ -139,6 +140,10 @@ def assert_noop_write_raises(
     __tracebackhide__ = True
     call = repr(NoOpCall(method, tuple(args), dict(kwargs)))
     before = read_pool_buffers(pool)
+
+    def signature(kind: str) -> FailureSignature:
+        return FailureSignature(check="raises", call=method, kind=kind, family="noop")
+
     try:
         getattr(pool, method)(*args, **kwargs)
     except RuntimeError as exc:
@@ -151,24 +156,36 @@ def assert_noop_write_raises(
                 expected=f"a message naming {NOOP_CLASS_NAME} and one of "
                 f"{', '.join(NOOP_CONFIGURATION_FLAGS)}",
                 call=call,
+                signature=signature("message names no flag"),
             ) from exc
     except Exception as exc:  # any other exception is the wrong answer
-        raise fail(got=f"{type(exc).__name__}: {exc}", expected="RuntimeError", call=call) from exc
+        raise fail(
+            got=f"{type(exc).__name__}: {exc}",
+            expected="RuntimeError",
+            call=call,
+            signature=signature(f"{type(exc).__name__} instead of RuntimeError"),
+        ) from exc
     else:
-        raise fail(got="no exception", expected="RuntimeError", call=call)
+        raise fail(
+            got="no exception",
+            expected="RuntimeError",
+            call=call,
+            signature=signature("no exception instead of RuntimeError"),
+        )
     assert_same_pool_bytes(read_pool_buffers(pool), before, start_layer=pool.start_layer, call=call)
 
 
 def assert_noop_move_changes_nothing(
     pool: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> None:
-    """``pool.move_kv_cache(*args, **kwargs)`` returns without raising and changes no byte.
+    """``pool.move_kv_cache(*args, **kwargs)`` (a valid move) returns without raising and
+    changes no byte.
 
     Example:
         >>> from kvcheck.targets import resolve_target
         >>> spec = PoolSpec(family="noop", size=8, page_size=2, layer_num=1, dtype="float16")
         >>> pool = resolve_target("kvcheck").make_pool(spec, device="cpu")
-        >>> assert_noop_move_changes_nothing(pool, (torch.tensor([9]), torch.tensor([0, 1])), {})
+        >>> assert_noop_move_changes_nothing(pool, (torch.tensor([9]), torch.tensor([0])), {})
     """
     __tracebackhide__ = True
     call = repr(NoOpCall("move_kv_cache", tuple(args), dict(kwargs)))
@@ -176,7 +193,17 @@ def assert_noop_move_changes_nothing(
     try:
         pool.move_kv_cache(*args, **kwargs)
     except Exception as exc:  # a no-op must accept anything
-        raise fail(got=f"{type(exc).__name__}: {exc}", expected="no exception", call=call) from exc
+        raise fail(
+            got=f"{type(exc).__name__}: {exc}",
+            expected="no exception",
+            call=call,
+            signature=FailureSignature(
+                check="raises",
+                call="move_kv_cache",
+                kind=f"{type(exc).__name__} instead of no exception",
+                family="noop",
+            ),
+        ) from exc
     assert_same_pool_bytes(read_pool_buffers(pool), before, start_layer=pool.start_layer, call=call)
 
 
@@ -229,11 +256,13 @@ def _valid_write(draw: st.DrawFn, spec: PoolSpec, device: str) -> NoOpCall:
     return NoOpCall("set_kv_buffer", args, {})
 
 
-def noop_write_calls(spec: PoolSpec, *, device: str) -> st.SearchStrategy[NoOpCall]:
+def noop_write_calls(
+    spec: PoolSpec, *, device: str, methods: tuple[str, ...] = NOOP_WRITE_METHODS
+) -> st.SearchStrategy[NoOpCall]:
     """Write calls on a no-op pool of ``spec``: valid ``set_kv_buffer`` calls, valid-looking
     ``load_cpu_copy`` calls, and either method with arbitrary positional and keyword
-    arguments. Tensors are built on ``device``. Shrinks towards a valid one-layer write of
-    no tokens.
+    arguments, for the write ``methods`` given (of :data:`NOOP_WRITE_METHODS`). Tensors are
+    built on ``device``. Shrinks towards a valid one-layer write of no tokens.
 
     Example::
 
@@ -243,10 +272,13 @@ def noop_write_calls(spec: PoolSpec, *, device: str) -> st.SearchStrategy[NoOpCa
     """
     if not isinstance(spec, PoolSpec) or spec.family != "noop":
         raise ValueError(f"spec={spec!r} must be a PoolSpec with family='noop'")
+    unknown = sorted(set(methods) - set(NOOP_WRITE_METHODS))
+    if not methods or unknown:
+        raise ValueError(f"methods={methods!r} must be a non-empty subset of {NOOP_WRITE_METHODS}")
     garbage = _garbage(device)
     arbitrary = st.builds(
         NoOpCall,
-        st.sampled_from(NOOP_WRITE_METHODS),
+        st.sampled_from(methods),
         st.lists(garbage, max_size=5).map(tuple),
         st.dictionaries(
             st.sampled_from(
@@ -259,19 +291,25 @@ def noop_write_calls(spec: PoolSpec, *, device: str) -> st.SearchStrategy[NoOpCa
     reload = st.lists(st.integers(0, spec.num_slots - 1), max_size=4, unique=True).map(
         lambda locs: NoOpCall("load_cpu_copy", (None, loc_tensor(locs, device=device)), {})
     )
-    return st.one_of(_valid_write(spec, device), reload, arbitrary)
+    choices = [arbitrary]
+    if "set_kv_buffer" in methods:
+        choices.insert(0, _valid_write(spec, device))
+    if "load_cpu_copy" in methods:
+        choices.insert(1, reload)
+    return st.one_of(*choices)
 
 
 @st.composite
 def _move_arguments(
     draw: st.DrawFn, spec: PoolSpec, device: str
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    form = draw(st.sampled_from(("positional", "keywords", "arbitrary")), label="form")
-    if form == "arbitrary":
-        return tuple(draw(st.lists(_garbage(device), max_size=3), label="args")), {}
-    slots = st.lists(st.integers(-2, spec.num_slots + 2), max_size=4)
-    tgt = loc_tensor(draw(slots, label="tgt_loc"), device=device)
-    src = loc_tensor(draw(slots, label="src_loc"), device=device)
+    form = draw(st.sampled_from(("positional", "keywords")), label="form")
+    count = draw(st.integers(0, min(4, spec.num_slots)), label="count")
+    slots = st.integers(0, spec.num_slots - 1)
+    tgt_slots = draw(st.lists(slots, min_size=count, max_size=count, unique=True), label="tgt")
+    src_slots = draw(st.lists(slots, min_size=count, max_size=count), label="src")
+    tgt = loc_tensor(tgt_slots, device=device)
+    src = loc_tensor(src_slots, device=device)
     if form == "positional":
         return (tgt, src), {}
     return (), {"tgt_loc": tgt, "src_loc": src}
@@ -280,8 +318,10 @@ def _move_arguments(
 def noop_move_arguments(
     spec: PoolSpec, *, device: str
 ) -> st.SearchStrategy[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """``(args, kwargs)`` for ``move_kv_cache``: locations passed by position or keyword
-    (valid, out of range, negative, repeated, of different lengths) and arbitrary values.
+    """``(args, kwargs)`` for a valid ``move_kv_cache(tgt_loc, src_loc)`` on a no-op pool:
+    the two location tensors SGLang's callers pass (distinct targets, sources that may
+    repeat, anywhere in ``[0, size + page_size)``), by position or by keyword. (Malformed
+    moves are hardening: the no-op pool refuses them with ValueError like any pool.)
     Shrinks towards an empty positional move.
 
     Example::

@@ -30,9 +30,25 @@ from typing import Any
 
 import torch
 
-from kvcheck.properties._assertions import PropertyFailure
+from kvcheck.properties._assertions import FailureSignature, failure
+from kvcheck.properties.caller_tensors import (
+    TensorSnapshot,
+    assert_tensors_unchanged,
+    collect_tensors,
+    snapshot_tensors,
+)
 from kvcheck.reference import ReferencePool
-from kvcheck.specs import DSA_QUANT_BLOCK, HostCopy, HostReload, Move, Op, WriteIndexK, WriteKV
+from kvcheck.specs import (
+    DSA_QUANT_BLOCK,
+    HostCopy,
+    HostReload,
+    Move,
+    Op,
+    WriteIndexK,
+    WriteKV,
+    WriteMLA,
+    WritePrefixValid,
+)
 
 __all__ = [
     "OpEncodingError",
@@ -42,9 +58,34 @@ __all__ = [
     "describe_op",
     "encode_op",
     "loc_tensor",
+    "op_method",
     "rows_tensor",
     "run_call",
 ]
+
+#: Op type -> the pool (or target) method it stands for.
+_METHODS: dict[type, str] = {
+    WriteKV: "set_kv_buffer",
+    WriteMLA: "set_mla_kv_buffer",
+    WritePrefixValid: "set_kv_buffer_prefix_valid",
+    WriteIndexK: "set_index_k_scale_buffer",
+    Move: "move_kv_cache",
+    HostCopy: "get_cpu_copy",
+    HostReload: "load_cpu_copy",
+}
+
+
+def op_method(op: Op) -> str:
+    """The SGLang pool method ``op`` stands for.
+
+    Example:
+        >>> op_method(Move(tgt=(), src=()))
+        'move_kv_cache'
+    """
+    try:
+        return _METHODS[type(op)]
+    except KeyError:
+        raise OpEncodingError(f"op={op!r} is not an operation from kvcheck.specs") from None
 
 
 class OpEncodingError(TypeError):
@@ -136,22 +177,31 @@ def encode_op(pool: Any, op: Op, *, device: str | torch.device, copies: dict[str
         'move_kv_cache'
     """
     if isinstance(op, WriteKV):
-        dtype = pool.dtype
+        return _encode_write_kv(pool, op, device=device)
+    if isinstance(op, WriteMLA):
         layer = SimpleNamespace(layer_id=op.layer_id)
-        loc = loc_tensor(op.locs, device=device)
-        if _is_latent(pool):
-            width = pool.kv_lora_rank + pool.qk_rope_head_dim
-            k = rows_tensor(
-                op.k_rows, dtype=dtype, inner=(1, -1 if op.k_rows else width), device=device
-            )
-            return PoolCall("set_kv_buffer", (layer, loc, k, None))
-        heads = pool.head_num
-        k = rows_tensor(
-            op.k_rows, dtype=dtype, inner=(heads, -1 if op.k_rows else pool.head_dim), device=device
+        nope = rows_tensor(
+            op.nope_rows,
+            dtype=pool.dtype,
+            inner=(1, -1 if op.nope_rows else pool.kv_lora_rank),
+            device=device,
         )
-        v_dim = -1 if op.v_rows else pool.v_head_dim
-        v = rows_tensor(op.v_rows, dtype=dtype, inner=(heads, v_dim), device=device)
-        return PoolCall("set_kv_buffer", (layer, loc, k, v))
+        rope = rows_tensor(
+            op.rope_rows,
+            dtype=pool.dtype,
+            inner=(1, -1 if op.rope_rows and op.rope_rows[0] else pool.qk_rope_head_dim),
+            device=device,
+        )
+        loc = loc_tensor(op.locs, device=device)
+        return PoolCall("set_mla_kv_buffer", (layer, loc, nope, rope))
+    if isinstance(op, WritePrefixValid):
+        layer = SimpleNamespace(layer_id=op.layer_id)
+        grid = torch.tensor([list(row) for row in op.loc_grid], dtype=torch.int64, device=device)
+        commits = torch.tensor(list(op.commit_lens), dtype=torch.int32, device=device)
+        heads = pool.head_num
+        k = rows_tensor(op.k_rows, dtype=pool.dtype, inner=(heads, pool.head_dim), device=device)
+        v = rows_tensor(op.v_rows, dtype=pool.dtype, inner=(heads, pool.v_head_dim), device=device)
+        return PoolCall("set_kv_buffer_prefix_valid", (layer, grid, commits, k, v))
     if isinstance(op, WriteIndexK):
         dim = getattr(pool, "index_head_dim", DSA_QUANT_BLOCK)
         key = rows_tensor(
@@ -178,6 +228,29 @@ def encode_op(pool: Any, op: Op, *, device: str | torch.device, copies: dict[str
             raise ValueError(f"name={op.name!r} was never copied: there is no copy to reload")
         return PoolCall("load_cpu_copy", (copies[op.name], loc_tensor(op.indices, device=device)))
     raise OpEncodingError(f"op={op!r} is not an operation from kvcheck.specs")
+
+
+def _encode_write_kv(pool: Any, op: WriteKV, *, device: str | torch.device) -> PoolCall:
+    """``set_kv_buffer``: rows in the pool's dtype, or the caller's payload and its scales."""
+    layer = SimpleNamespace(layer_id=op.layer_id)
+    loc = loc_tensor(op.locs, device=device)
+    payload = op.payload
+    dtype = pool.dtype if payload is None else getattr(torch, payload.dtype)
+    k_rows = op.k_rows if payload is None else payload.k_rows
+    v_rows = op.v_rows if payload is None else payload.v_rows
+    if _is_latent(pool):
+        width = pool.kv_lora_rank + pool.qk_rope_head_dim
+        k = rows_tensor(k_rows, dtype=dtype, inner=(1, -1 if k_rows else width), device=device)
+        return PoolCall("set_kv_buffer", (layer, loc, k, None))
+    heads = pool.head_num
+    k = rows_tensor(
+        k_rows, dtype=dtype, inner=(heads, -1 if k_rows else pool.head_dim), device=device
+    )
+    v_dim = -1 if v_rows else pool.v_head_dim
+    v = rows_tensor(v_rows, dtype=dtype, inner=(heads, v_dim), device=device)
+    if payload is None or (payload.k_scale is None and payload.v_scale is None):
+        return PoolCall("set_kv_buffer", (layer, loc, k, v))
+    return PoolCall("set_kv_buffer", (layer, loc, k, v, payload.k_scale, payload.v_scale))
 
 
 def run_call(target: Any, pool: Any, call: PoolCall) -> Any:
@@ -226,8 +299,31 @@ def describe_op(op: Op) -> str:
         'pool.move_kv_cache(tgt_loc=[1, 2], src_loc=[2, 2])'
     """
     if isinstance(op, WriteKV):
+        if op.payload is not None:
+            payload = op.payload
+            scales = "".join(
+                f", {name}={value}"
+                for name, value in (("k_scale", payload.k_scale), ("v_scale", payload.v_scale))
+                if value is not None
+            )
+            return (
+                f"pool.set_kv_buffer(layer_id={op.layer_id}, loc={list(op.locs)}, "
+                f"{payload.dtype} k_rows={_bytes_summary(payload.k_rows)}, "
+                f"v_rows={_bytes_summary(payload.v_rows)}{scales})"
+            )
         return (
             f"pool.set_kv_buffer(layer_id={op.layer_id}, loc={list(op.locs)}, "
+            f"k_rows={_bytes_summary(op.k_rows)}, v_rows={_bytes_summary(op.v_rows)})"
+        )
+    if isinstance(op, WriteMLA):
+        return (
+            f"pool.set_mla_kv_buffer(layer_id={op.layer_id}, loc={list(op.locs)}, "
+            f"nope={_bytes_summary(op.nope_rows)}, rope={_bytes_summary(op.rope_rows)})"
+        )
+    if isinstance(op, WritePrefixValid):
+        return (
+            f"pool.set_kv_buffer_prefix_valid(layer_id={op.layer_id}, "
+            f"loc_2d={[list(row) for row in op.loc_grid]}, commit_lens={list(op.commit_lens)}, "
             f"k_rows={_bytes_summary(op.k_rows)}, v_rows={_bytes_summary(op.v_rows)})"
         )
     if isinstance(op, WriteIndexK):
@@ -259,7 +355,8 @@ def apply_op_like_reference(
     device: str | torch.device,
     copies: MutableMapping[str, Any],
 ) -> bool:
-    """Apply ``op`` to ``pool`` and ``reference``; fail unless both accept or both reject it.
+    """Apply ``op`` to ``pool`` and ``reference``; fail unless both accept or both reject it,
+    or if the call changed any tensor it was given (accepted or not).
 
     The reference decides (:meth:`ReferencePool.expected_error`): a pool must raise that
     exception type (or a subclass) exactly when the reference does. An accepted op is then
@@ -279,23 +376,44 @@ def apply_op_like_reference(
     __tracebackhide__ = True
     expected = reference.expected_error(op)
     call = describe_op(op)
+    method, family = op_method(op), reference.spec.family
+    tensors: dict[str, torch.Tensor] = {}
+    before: dict[str, TensorSnapshot] = {}
     try:
-        apply_op(target, pool, op, device=device, copies=copies)
+        pool_call = encode_op(pool, op, device=device, copies=dict(copies))
+        tensors = collect_tensors(pool_call.args)
+        before = snapshot_tensors(tensors)
+        result = run_call(target, pool, pool_call)
     except OpEncodingError:
         raise
     except Exception as exc:  # any exception is compared with the one the contract demands
+        assert_tensors_unchanged(tensors, before, call=call, method=method, family=family)
         if expected is not None and isinstance(exc, expected):
             return False
         wanted = "no exception" if expected is None else expected.__name__
-        failure = PropertyFailure(
-            f"got {type(exc).__name__}: {exc} but should be {wanted} [{call}]"
-        )
-        raise failure from exc
+        raise failure(
+            f"got {type(exc).__name__}: {exc} but should be {wanted} [{call}]",
+            signature=FailureSignature(
+                check="raises",
+                call=method,
+                kind=f"{type(exc).__name__} instead of {wanted}",
+                family=family,
+            ),
+        ) from exc
+    assert_tensors_unchanged(tensors, before, call=call, method=method, family=family)
     if expected is not None:
-        raise PropertyFailure(
+        raise failure(
             f"got no exception but should be {expected.__name__} [{call}]\n"
-            f"the reference rejects it: {_rejection_reason(reference, op)}"
+            f"the reference rejects it: {_rejection_reason(reference, op)}",
+            signature=FailureSignature(
+                check="raises",
+                call=method,
+                kind=f"no exception instead of {expected.__name__}",
+                family=family,
+            ),
         )
+    if isinstance(op, HostCopy):
+        copies[op.name] = result
     reference.apply(op)
     return True
 

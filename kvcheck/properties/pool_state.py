@@ -28,13 +28,15 @@ import numpy as np
 import torch
 
 from kvcheck.memory import KV_BUFFER_ATTRIBUTES
-from kvcheck.properties._assertions import assert_bytes_equal, fail
+from kvcheck.properties._assertions import FailureSignature, assert_bytes_equal, fail
 from kvcheck.reference import ReferencePool, index_k_row_bytes, index_scale_row_bytes
 
 __all__ = [
     "BUFFER_ATTRIBUTES",
     "PoolBytes",
+    "assert_layer_range",
     "assert_pool_matches_reference",
+    "assert_read_api_matches_reference",
     "assert_same_pool_bytes",
     "read_buffer",
     "read_pool_buffers",
@@ -116,11 +118,16 @@ def _compare_layers(
     start_layer: int,
     call: str,
     describe_cell: Any = None,
+    signature: FailureSignature | None = None,
 ) -> None:
     __tracebackhide__ = True
     if len(got) != len(expected):
         raise fail(
-            got=len(got), expected=len(expected), call=call, detail=f"number of {name} layers"
+            got=len(got),
+            expected=len(expected),
+            call=call,
+            detail=f"number of {name} layers",
+            signature=signature,
         )
     for local, (got_layer, expected_layer) in enumerate(zip(got, expected, strict=True)):
         label = _layer_label(name, local, start_layer)
@@ -129,13 +136,16 @@ def _compare_layers(
             if mismatch.size:
                 row, column = (int(i) for i in mismatch[0])
                 label = f"{label} ({describe_cell(row, column)})"
-        assert_bytes_equal(got_layer, expected_layer, what=label, call=call)
+        assert_bytes_equal(got_layer, expected_layer, what=label, call=call, signature=signature)
 
 
-def assert_pool_matches_reference(pool: Any, reference: ReferencePool, *, call: str) -> None:
+def assert_pool_matches_reference(
+    pool: Any, reference: ReferencePool, *, call: str, method: str = ""
+) -> None:
     """Every buffer of ``pool`` equals ``reference``'s rendering of it, byte for byte.
 
-    ``call`` names the operation just performed. A failure names the first differing
+    ``call`` names the operation just performed (``method`` its pool method, for the
+    failure's signature). A failure names the first differing
     buffer, layer, row and byte (for index-K pages also the token and key/scale part).
 
     Example:
@@ -176,6 +186,9 @@ def assert_pool_matches_reference(pool: Any, reference: ReferencePool, *, call: 
             start_layer=start_layer,
             call=call,
             describe_cell=describe,
+            signature=FailureSignature(
+                check="bytes", call=method, kind=f"{name} differs", family=reference.spec.family
+            ),
         )
 
 
@@ -201,3 +214,203 @@ def assert_same_pool_bytes(
         raise fail(got=sorted(got), expected=sorted(expected), call=call, detail="buffer names")
     for name in expected:
         _compare_layers(name, got[name], expected[name], start_layer=start_layer, call=call)
+
+
+# --- the read API attention uses ---------------------------------------------------------------
+
+
+def _same_memory(view: torch.Tensor, raw: torch.Tensor) -> bool:
+    """Whether ``view`` covers exactly ``raw``'s bytes (then it holds what ``raw`` holds)."""
+    return (
+        view.untyped_storage().data_ptr() == raw.untyped_storage().data_ptr()
+        and view.storage_offset() * view.element_size() == raw.storage_offset() * raw.element_size()
+        and view.nbytes == raw.nbytes
+        and view.is_contiguous()
+        and raw.is_contiguous()
+    )
+
+
+def _expected_reads(
+    reference: ReferencePool, pool: Any, layer_id: int
+) -> list[tuple[str, Any, np.ndarray]]:
+    """(read call, the pool's answer, the bytes it must hold) for one global layer."""
+    spec = reference.spec
+    local = layer_id - spec.start_layer
+    expected = reference.expected_buffers()
+    if spec.family in ("mha", "noop"):
+        key, value = pool.get_kv_buffer(layer_id)
+        return [
+            (
+                f"pool.get_key_buffer({layer_id})",
+                pool.get_key_buffer(layer_id),
+                expected["k_buffer"][local],
+            ),
+            (
+                f"pool.get_value_buffer({layer_id})",
+                pool.get_value_buffer(layer_id),
+                expected["v_buffer"][local],
+            ),
+            (f"pool.get_kv_buffer({layer_id})[0]", key, expected["k_buffer"][local]),
+            (f"pool.get_kv_buffer({layer_id})[1]", value, expected["v_buffer"][local]),
+        ]
+    latent = expected["kv_buffer"][local]
+    rank_bytes = spec.kv_lora_rank * spec.itemsize
+    reads = [
+        (f"pool.get_key_buffer({layer_id})", pool.get_key_buffer(layer_id), latent),
+        (
+            f"pool.get_value_buffer({layer_id})",
+            pool.get_value_buffer(layer_id),
+            latent[:, :rank_bytes],
+        ),
+    ]
+    if spec.family == "dsa":
+        reads.append(
+            (
+                f"pool.get_index_k_with_scale_buffer({layer_id})",
+                pool.get_index_k_with_scale_buffer(layer_id),
+                expected["index_k_with_scale_buffer"][local],
+            )
+        )
+    return reads
+
+
+def _raw_layer(pool: Any, reference: ReferencePool, read: str, local: int) -> torch.Tensor | None:
+    name = {
+        "get_key_buffer": "k_buffer" if reference.spec.family in ("mha", "noop") else "kv_buffer",
+        "get_value_buffer": "v_buffer" if reference.spec.family in ("mha", "noop") else None,
+        "get_index_k_with_scale_buffer": "index_k_with_scale_buffer",
+    }.get(read.split("(")[0].removeprefix("pool."))
+    buffers = getattr(pool, name, None) if name else None
+    return None if buffers is None else buffers[local]
+
+
+def assert_read_api_matches_reference(
+    pool: Any, reference: ReferencePool, *, call: str, mla_reads: bool = False
+) -> None:
+    """Every layer read back through the API attention uses equals the reference, byte for
+    byte: ``get_key_buffer``, ``get_value_buffer`` and ``get_kv_buffer`` (global layer ids;
+    MLA/DSA value = the first ``kv_lora_rank`` channels of the latent row), DSA
+    ``get_index_k_with_scale_buffer``, and with ``mla_reads`` ``get_mla_kv_buffer`` of
+    every slot. A pool that ignores ``start_layer``, reads another layer, or hands out a
+    stale copy fails here even when its raw buffers are right.
+
+    Example:
+        >>> from kvcheck.specs import PoolSpec
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = PoolSpec(family="mha", size=2, page_size=1, layer_num=2, dtype="float16",
+        ...                 start_layer=3)
+        >>> pool = resolve_target("kvcheck").make_pool(spec, device="cpu")
+        >>> assert_read_api_matches_reference(pool, ReferencePool(spec), call="construction")
+    """
+    __tracebackhide__ = True
+    spec = reference.spec
+    for layer_id in spec.layer_ids:
+        local = layer_id - spec.start_layer
+        for read, got, expected in _expected_reads(reference, pool, layer_id):
+            raw = _raw_layer(pool, reference, read, local)
+            if isinstance(got, torch.Tensor) and raw is not None and _same_memory(got, raw):
+                continue  # the raw buffer was compared already
+            signature = FailureSignature(
+                check="read_api",
+                call=read.split("(")[0].removeprefix("pool."),
+                kind="bytes differ",
+                family=spec.family,
+            )
+            if not isinstance(got, torch.Tensor):
+                raise fail(
+                    got=type(got).__name__,
+                    expected="a tensor",
+                    call=read,
+                    detail=f"after {call}",
+                    signature=signature,
+                )
+            assert_bytes_equal(
+                read_buffer(got),
+                expected,
+                what=f"{read} after {call}",
+                call=read,
+                signature=signature,
+            )
+        if mla_reads:
+            _check_mla_reads(pool, reference, layer_id, call=call)
+
+
+def _check_mla_reads(pool: Any, reference: ReferencePool, layer_id: int, *, call: str) -> None:
+    __tracebackhide__ = True
+    spec = reference.spec
+    latent = reference.expected_buffers()["kv_buffer"][layer_id - spec.start_layer]
+    rank_bytes = spec.kv_lora_rank * spec.itemsize
+    loc = torch.arange(spec.num_slots, dtype=torch.int64, device=pool_device(pool))
+    read = f"pool.get_mla_kv_buffer(layer_id={layer_id}, loc=all {spec.num_slots} slots)"
+    signature = FailureSignature(
+        check="read_api", call="get_mla_kv_buffer", kind="bytes differ", family=spec.family
+    )
+    nope, rope = pool.get_mla_kv_buffer(_Layer(layer_id), loc)
+    assert_bytes_equal(
+        read_buffer(nope),
+        latent[:, :rank_bytes],
+        what=f"nope after {call}",
+        call=read,
+        signature=signature,
+    )
+    if spec.qk_rope_head_dim:
+        assert_bytes_equal(
+            read_buffer(rope),
+            latent[:, rank_bytes:],
+            what=f"rope after {call}",
+            call=read,
+            signature=signature,
+        )
+
+
+class _Layer:
+    """The smallest "layer" the pool API accepts: it reads only ``layer_id``."""
+
+    def __init__(self, layer_id: int) -> None:
+        self.layer_id = layer_id
+
+
+def pool_device(pool: Any) -> torch.device:
+    """The device of a pool's first KV buffer.
+
+    Example:
+        >>> from kvcheck.pools import MLATokenToKVPool
+        >>> pool_device(MLATokenToKVPool(size=2, page_size=1, dtype=torch.float16,
+        ...                              kv_lora_rank=2, qk_rope_head_dim=0, layer_num=1,
+        ...                              device="cpu"))
+        device(type='cpu')
+    """
+    for name in BUFFER_ATTRIBUTES:
+        buffers = getattr(pool, name, None)
+        if buffers:
+            return buffers[0].device
+    raise ValueError(f"pool={pool!r} has none of the KV buffers {BUFFER_ATTRIBUTES}")
+
+
+def assert_layer_range(pool: Any, spec: Any, *, call: str = "pool construction") -> None:
+    """``start_layer``, ``layer_num`` and ``end_layer`` describe the layers the pool serves
+    (``end_layer``: the last one, or one past it, the two conventions SGLang's callers use).
+
+    Example:
+        >>> from kvcheck.specs import PoolSpec
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = PoolSpec(family="mla", size=2, page_size=1, layer_num=2, dtype="float16",
+        ...                 start_layer=5)
+        >>> assert_layer_range(resolve_target("kvcheck").make_pool(spec, device="cpu"), spec)
+    """
+    __tracebackhide__ = True
+    last = spec.start_layer + spec.layer_num - 1
+    for name, got, allowed in (
+        ("start_layer", getattr(pool, "start_layer", None), (spec.start_layer,)),
+        ("layer_num", getattr(pool, "layer_num", None), (spec.layer_num,)),
+        ("end_layer", getattr(pool, "end_layer", None), (last, last + 1)),
+    ):
+        if got not in allowed:
+            raise fail(
+                got=got,
+                expected=allowed[0] if len(allowed) == 1 else f"one of {allowed}",
+                call=f"pool.{name} after {call}",
+                signature=FailureSignature(
+                    check="layer_range", call=name, kind="wrong value", family=spec.family
+                ),
+            )

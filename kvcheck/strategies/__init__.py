@@ -24,28 +24,20 @@ from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvcheck.reference import (
-    FP4_KV_CACHE_DTYPES,
-    index_k_row_bytes,
-    index_scale_row_bytes,
-)
+from kvcheck.reference import FP4_KV_CACHE_DTYPES
 from kvcheck.specs import (
     DTYPE_ITEMSIZE,
     FP8_DTYPES,
     POOL_FAMILIES,
     HostCopy,
-    HostReload,
-    Move,
     Op,
     OpSequence,
     PoolSpec,
-    WriteIndexK,
-    WriteKV,
 )
+from kvcheck.strategies import ops as _ops
 
 __all__ = [
     "dtypes",
@@ -348,226 +340,86 @@ def token_locations(
     return st.lists(slots, min_size=min_size, max_size=high, unique=unique).map(tuple)
 
 
-# --- payload bytes -----------------------------------------------------------------------------
-
-#: dtype -> (bytes per value, bits that are all ones only for inf/nan, bit cleared to fix it).
-#: Clearing the top exponent bit turns any inf/nan encoding into a finite one and leaves
-#: finite encodings alone, so every raw byte string maps to a finite payload and zeros
-#: stay zeros (the shrink target).
-_FINITE_ENCODING: dict[str, tuple[int, int, int]] = {
-    "float32": (4, 0x7F800000, 0x40000000),
-    "bfloat16": (2, 0x7F80, 0x4000),
-    "float16": (2, 0x7C00, 0x4000),
-    "float8_e4m3fn": (1, 0x7F, 0x40),  # e4m3fn has no inf; only S.1111.111 is nan
-    "float8_e5m2": (1, 0x7C, 0x40),
-}
-
-
-def _finite_bytes(raw: bytes, dtype: str) -> bytes:
-    width, special, fix = _FINITE_ENCODING[dtype]
-    values = np.frombuffer(raw, dtype=np.dtype(f"<u{width}")).copy()
-    bad = (values & special) == special
-    values[bad] &= values.dtype.type(~fix & ((1 << (8 * width)) - 1))
-    return values.tobytes()
-
-
-def _payload_rows(
-    draw: Callable[..., Any], dtype: str, count: int, row_bytes: int
-) -> tuple[bytes, ...]:
-    raw = draw(st.binary(min_size=count * row_bytes, max_size=count * row_bytes))
-    data = _finite_bytes(raw, dtype)
-    return tuple(data[i * row_bytes : (i + 1) * row_bytes] for i in range(count))
-
-
-def _row_sizes(spec: PoolSpec) -> tuple[int, int]:
-    """(K or latent row bytes, V row bytes or 0) of one token in one layer."""
-    if spec.family in ("mha", "noop"):
-        return (
-            spec.head_num * spec.head_dim * spec.itemsize,
-            spec.head_num * spec.effective_v_head_dim * spec.itemsize,
-        )
-    return (spec.kv_lora_rank + spec.qk_rope_head_dim) * spec.itemsize, 0
-
-
 # --- op sequences ------------------------------------------------------------------------------
 
-_MAX_TOKENS_PER_OP = 4
+#: Operation kinds :func:`op_sequences` draws, in shrink order.
+OP_KINDS: tuple[str, ...] = (
+    "write_kv",
+    "move",
+    "host_copy",
+    "host_reload",
+    "write_index_k",
+    "cast_write_kv",
+    "write_mla",
+    "write_prefix_valid",
+)
 
 
-class _OpDrawer:
-    """Draws one op at a time for a fixed spec, remembering which host copies exist."""
+def family_op_kinds(spec: PoolSpec) -> tuple[str, ...]:
+    """The operation kinds that apply to ``spec``'s family (index-K writes only where a
+    layer has index-K; ``set_mla_kv_buffer`` for MLA/DSA; prefix-valid writes for MHA).
 
-    def __init__(self, draw: Callable[..., Any], spec: PoolSpec) -> None:
-        self.draw = draw
-        self.spec = spec
-        self.copies: dict[str, int] = {}  # name -> number of copied tokens
-        self.indexed_layers = [
-            layer_id
-            for layer_id, skip in zip(spec.layer_ids, spec.skip_mask, strict=True)
-            if spec.family == "dsa" and not skip
-        ]
-        self.skip_layers = [
-            layer_id
-            for layer_id, skip in zip(spec.layer_ids, spec.skip_mask, strict=True)
-            if spec.family == "dsa" and skip
-        ]
-
-    # -- valid ops ----------------------------------------------------------------------------
-
-    def kinds(self, include_invalid: bool) -> list[str]:
-        kinds = ["write_kv", "move", "host_copy"]
-        if self.copies:
-            kinds.append("host_reload")
-        if self.indexed_layers:
-            kinds.append("write_index_k")
-        if include_invalid:
-            kinds.append("invalid")
-        return kinds
-
-    def unique_locs(self, min_size: int = 1) -> tuple[int, ...]:
-        high = min(_MAX_TOKENS_PER_OP, self.spec.num_slots)
-        return self.draw(token_locations(self.spec, min_size=min_size, max_size=high))
-
-    def write_kv(self, locs: tuple[int, ...] | None = None) -> WriteKV:
-        spec = self.spec
-        layer_id = self.draw(st.sampled_from(spec.layer_ids))
-        locs = self.unique_locs() if locs is None else locs
-        k_bytes, v_bytes = _row_sizes(spec)
-        k_rows = _payload_rows(self.draw, spec.dtype, len(locs), k_bytes)
-        v_rows = _payload_rows(self.draw, spec.dtype, len(locs), v_bytes) if v_bytes else ()
-        return WriteKV(layer_id=layer_id, locs=locs, k_rows=k_rows, v_rows=v_rows)
-
-    def write_index_k(self, layer_ids: Sequence[int] | None = None) -> WriteIndexK:
-        layer_id = self.draw(st.sampled_from(layer_ids or self.indexed_layers))
-        locs = self.unique_locs()
-        dim = self.spec.index_head_dim
-        keys = _payload_rows(self.draw, "float8_e4m3fn", len(locs), index_k_row_bytes(dim))
-        scales = _payload_rows(self.draw, "float32", len(locs), index_scale_row_bytes(dim))
-        return WriteIndexK(layer_id=layer_id, locs=locs, key_rows=keys, scale_rows=scales)
-
-    def move(self) -> Move:
-        # Targets and sources come from one small window of slots, so sources repeat and
-        # targets overlap sources often: the cases gather-then-scatter exists for.
-        window = self.unique_locs(min_size=1)
-        count = self.draw(st.integers(0, len(window)))
-        tgt = tuple(self.draw(st.permutations(window))[:count])
-        src = tuple(self.draw(st.lists(st.sampled_from(window), min_size=count, max_size=count)))
-        return Move(tgt=tgt, src=src)
-
-    def whole_pages(self, count: int | None = None) -> tuple[int, ...]:
-        page_size = self.spec.page_size
-        num_pages = self.spec.num_slots // page_size
-        low, high = (1, min(3, num_pages)) if count is None else (count, count)
-        pages = self.draw(
-            st.lists(st.integers(0, num_pages - 1), min_size=low, max_size=high, unique=True)
-        )
-        return tuple(page * page_size + offset for page in pages for offset in range(page_size))
-
-    def host_copy(self, name: str) -> HostCopy:
-        indices = self.whole_pages() if self.spec.family == "dsa" else self.unique_locs()
-        self.copies[name] = len(indices)
-        return HostCopy(name=name, indices=indices)
-
-    def host_reload(self) -> HostReload:
-        name = self.draw(st.sampled_from(sorted(self.copies)))
-        count = self.copies[name]
-        if self.spec.family == "dsa":
-            indices = self.whole_pages(count // self.spec.page_size)
-        else:
-            indices = self.draw(token_locations(self.spec, min_size=count, max_size=count))
-        return HostReload(name=name, indices=indices)
-
-    # -- invalid ops --------------------------------------------------------------------------
-
-    def invalid(self, name: str) -> Op:
-        spec = self.spec
-        makers: dict[str, Callable[[], Op]] = {
-            "loc_out_of_range": self._loc_out_of_range,
-            "repeated_write_locs": self._repeated_write_locs,
-            "wrong_row_length": self._wrong_row_length,
-            "layer_out_of_range": self._layer_out_of_range,
-            "move_length_mismatch": self._move_length_mismatch,
-            "repeated_move_targets": self._repeated_move_targets,
-        }
-        if self.skip_layers:
-            makers["index_k_to_skip_layer"] = lambda: self.write_index_k(self.skip_layers)
-        if spec.family == "dsa" and spec.page_size > 1:
-            makers["partial_page_copy"] = lambda: HostCopy(name=name, indices=self._partial_page())
-        if self.copies:
-            makers["reload_length_mismatch"] = self._reload_length_mismatch
-        return makers[self.draw(st.sampled_from(list(makers)))]()
-
-    def _bad_loc(self) -> int:
-        return self.draw(st.sampled_from((self.spec.num_slots, -1, self.spec.num_slots + 7)))
-
-    def _loc_out_of_range(self) -> Op:
-        return self.write_kv((*self.unique_locs(min_size=0), self._bad_loc()))
-
-    def _repeated_write_locs(self) -> Op:
-        loc = self.draw(st.integers(0, self.spec.num_slots - 1))
-        return self.write_kv((loc, loc))
-
-    def _wrong_row_length(self) -> Op:
-        # Every K row grows by one element per head, so the rows still stack into a tensor,
-        # just with a head dim one too large: a shape the pool must refuse.
-        op = self.write_kv()
-        heads = self.spec.head_num if self.spec.family in ("mha", "noop") else 1
-        extra = bytes(heads * self.spec.itemsize)
-        return WriteKV(
-            layer_id=op.layer_id,
-            locs=op.locs,
-            k_rows=tuple(row + extra for row in op.k_rows),
-            v_rows=op.v_rows,
-        )
-
-    def _layer_out_of_range(self) -> Op:
-        op = self.write_kv()
-        ids = self.spec.layer_ids
-        layer_id = self.draw(st.sampled_from((ids.stop, ids.start - 1)))
-        return WriteKV(layer_id=layer_id, locs=op.locs, k_rows=op.k_rows, v_rows=op.v_rows)
-
-    def _move_length_mismatch(self) -> Op:
-        move = self.move()
-        return Move(tgt=move.tgt, src=(*move.src, self.draw(st.integers(0, self.spec.size))))
-
-    def _repeated_move_targets(self) -> Op:
-        loc = self.draw(st.integers(0, self.spec.num_slots - 1))
-        src = tuple(self.draw(st.lists(st.integers(0, self.spec.size), min_size=2, max_size=2)))
-        return Move(tgt=(loc, loc), src=src)
-
-    def _partial_page(self) -> tuple[int, ...]:
-        page = self.whole_pages(1)
-        return self.draw(st.sampled_from((page[:-1], page[::-1], page[1:] + page[:1])))
-
-    def _reload_length_mismatch(self) -> Op:
-        name = self.draw(st.sampled_from(sorted(self.copies)))
-        copied = self.copies[name]
-        counts = [copied - 1] + ([copied + 1] if copied < self.spec.num_slots else [])
-        return HostReload(name=name, indices=tuple(range(self.draw(st.sampled_from(counts)))))
+    Example:
+        >>> family_op_kinds(PoolSpec(family="mla", size=2, page_size=1, layer_num=1,
+        ...                          dtype="bfloat16"))
+        ('write_kv', 'move', 'host_copy', 'host_reload', 'cast_write_kv', 'write_mla')
+    """
+    applies = {
+        "write_index_k": bool(_ops.indexed_layers(spec, skip=False)),
+        "write_mla": spec.family in ("mla", "dsa"),
+        "write_prefix_valid": spec.family in ("mha", "noop"),
+    }
+    return tuple(kind for kind in OP_KINDS if applies.get(kind, True))
 
 
 @st.composite
 def _op_sequences(
-    draw: Callable[..., Any], spec: PoolSpec, max_ops: int, include_invalid: bool
+    draw: Callable[..., Any],
+    spec: PoolSpec,
+    max_ops: int,
+    include_invalid: bool,
+    kinds: tuple[str, ...] | None,
 ) -> OpSequence:
-    drawer = _OpDrawer(draw, spec)
+    allowed = family_op_kinds(spec) if kinds is None else kinds
+    copies: dict[str, tuple[int, _ops.CopyLayout]] = {}
     ops: list[Op] = []
     for number in range(draw(st.integers(0, max_ops))):
-        kind = draw(st.sampled_from(drawer.kinds(include_invalid)))
-        name = f"copy{number}"
-        if kind == "write_kv":
-            ops.append(drawer.write_kv())
-        elif kind == "write_index_k":
-            ops.append(drawer.write_index_k())
-        elif kind == "move":
-            ops.append(drawer.move())
-        elif kind == "host_copy":
-            ops.append(drawer.host_copy(name))
-        elif kind == "host_reload":
-            ops.append(drawer.host_reload())
-        else:
-            ops.append(drawer.invalid(name))
+        available = [
+            kind
+            for kind in allowed
+            if kind in family_op_kinds(spec) and (kind != "host_reload" or copies)
+        ]
+        if include_invalid:
+            available.append("invalid")
+        if not available:
+            break
+        kind = draw(st.sampled_from(available))
+        ops.append(_draw_op(draw, spec, kind, f"copy{number}", copies))
     return OpSequence(spec=spec, ops=tuple(ops))
+
+
+def _draw_op(
+    draw: Callable[..., Any],
+    spec: PoolSpec,
+    kind: str,
+    name: str,
+    copies: dict[str, tuple[int, _ops.CopyLayout]],
+) -> Op:
+    """One op of ``kind`` from :mod:`kvcheck.strategies.ops`, tracking host copies."""
+    if kind == "invalid":
+        counts = {copy: count for copy, (count, _) in copies.items()}
+        op = draw(_ops.invalid_ops(spec, counts))
+    elif kind == "host_reload":
+        op = draw(_ops.host_reload_ops(spec, copies))
+    elif kind == "host_copy":
+        op = draw(_ops.host_copy_ops(spec, name))
+    elif kind == "write_index_k":
+        op = draw(_ops.write_index_k_ops(spec, layer_ids=_ops.indexed_layers(spec, skip=False)))
+    else:
+        op = draw(getattr(_ops, f"{kind}_ops")(spec))
+    if isinstance(op, HostCopy) and op.name not in copies:
+        copies[op.name] = (len(op.indices), _ops.copy_layout(spec, op.indices))
+    return op
 
 
 def op_sequences(
@@ -575,6 +427,7 @@ def op_sequences(
     *,
     max_ops: int = 8,
     include_invalid: bool = False,
+    kinds: Sequence[str] | None = None,
 ) -> st.SearchStrategy[OpSequence]:
     """Operation sequences for one pool: writes, moves, host copies and their reloads.
 
@@ -583,16 +436,23 @@ def op_sequences(
 
     - ``WriteKV`` to distinct slots with payloads that encode finite values of the pool's
       dtype (MLA/DSA: the latent row, no V rows);
+    - ``WriteKV`` with a payload in another dtype (``cast_write_kv``), with and without
+      ``k_scale``/``v_scale``; ``WriteMLA`` (MLA/DSA); ``WritePrefixValid`` (MHA/NoOp);
     - ``WriteIndexK`` (DSA, non-skip layers) with fp8 keys and fp32 scales, both finite;
     - ``Move`` with distinct targets; sources may repeat and overlap the targets;
-    - ``HostCopy`` and, later, ``HostReload`` of an earlier copy to possibly other slots of the
-      same count (DSA: whole pages in order).
+    - ``HostCopy`` of one request's slots (whole pages plus a partial last page), of two
+      requests at once or of arbitrary tokens, and later ``HostReload`` of an earlier copy
+      to slots of the same shape.
+
+    ``kinds`` restricts the drawn kinds to those named (of :data:`OP_KINDS`; default all
+    that apply to the family, :func:`family_op_kinds`). Every op comes from
+    :mod:`kvcheck.strategies.ops`, the generator the state machines use too.
 
     On the NoOp family the writes are generated too: raising RuntimeError is what is under
     test there. ``include_invalid=True`` adds ops the contract rejects with ValueError
     (out-of-range or repeated locations, K rows one head-dim element too long, layers
     outside the pool, mismatched or repeated move targets, index-K writes to skip layers,
-    partial DSA pages, reloads of the wrong length); on NoOp such moves are accepted, and
+    reloads of the wrong length); on NoOp such moves are accepted, and
     :meth:`kvcheck.reference.ReferencePool.expected_error` is the authority on each op.
     Shrinks towards no ops, then single-token ``WriteKV`` ops of zero bytes to the lowest
     layer and slot.
@@ -609,11 +469,12 @@ def op_sequences(
     """
     _check_int("max_ops", max_ops, min_value=0)
     _check_bool("include_invalid", include_invalid)
+    chosen = None if kinds is None else _check_choices("kinds", kinds, OP_KINDS)
     if isinstance(spec, st.SearchStrategy):
         return spec.flatmap(
-            lambda drawn: _op_sequences(_valid_spec(drawn), max_ops, include_invalid)
+            lambda drawn: _op_sequences(_valid_spec(drawn), max_ops, include_invalid, chosen)
         )
-    return _op_sequences(_valid_spec(spec), max_ops, include_invalid)
+    return _op_sequences(_valid_spec(spec), max_ops, include_invalid, chosen)
 
 
 def _valid_spec(spec: Any) -> PoolSpec:

@@ -1,27 +1,41 @@
-"""Single operations for one pool spec, drawn one at a time (the state machines' steps).
+"""Single pool operations for one pool spec: kvcheck's one operation generator.
 
-:func:`kvcheck.strategies.op_sequences` draws whole sequences up front; a state machine
-instead draws one operation per step, knowing which host copies exist so far. These
-strategies build :mod:`kvcheck.specs` operations whose payload bytes always encode finite
-values of the pool's dtype (a pool that converts values instead of copying bytes must
-still round-trip them).
+Every operation kvcheck draws comes from here: :func:`kvcheck.strategies.op_sequences`
+composes these strategies into whole sequences, the differential state machines
+(:mod:`kvcheck.machines`) draw one per step, and the input properties
+(:mod:`kvcheck.properties.inputs`) start their malformed calls from them. Each builds
+:mod:`kvcheck.specs` operations whose payload bytes encode finite values of the dtype
+they are written in.
+
+The operations are the calls SGLang's own callers make on a pool:
+
+- :func:`write_kv_ops` (``set_kv_buffer`` in the pool's dtype) and
+  :func:`cast_write_kv_ops` (the caller's activations in bf16/fp16/fp32, converted by the
+  pool, MHA with and without ``k_scale``/``v_scale``);
+- :func:`write_mla_ops` (``set_mla_kv_buffer``: the latent row as its nope and rope parts);
+- :func:`write_prefix_valid_ops` (``set_kv_buffer_prefix_valid``: a grid of slots, each
+  row committing a prefix);
+- :func:`write_index_k_ops` (DSA index keys and scales);
+- :func:`move_ops` (sources repeat and overlap targets);
+- :func:`host_copy_ops` / :func:`host_reload_ops`: index sets shaped as the scheduler
+  passes them (one request's slots, whole pages plus a partial last page; several
+  requests at once) or arbitrary token sets;
+- :func:`invalid_ops`: operations the hardening contract rejects.
 
 Hypothesis deletes steps from a falsifying example only a few choices at a time, so the
-draws here are shaped for that:
+draws are shaped for that: :func:`step_kinds` lets a step shrink to a do-nothing kind;
+what a step draws never depends on earlier steps (apart from which host copies exist),
+and operations meet because about half of all slots come from the first few
+(:data:`CROWDED`); a payload row is two integers, not one choice per byte. Each operation
+shrinks towards one token at slot 0 of the lowest layer. Strategies are cached per
+(frozen, hashable) spec.
 
-- :func:`step_kinds` lets a step shrink to a do-nothing kind with no further choices,
-  which shrinking can then delete;
-- what a step draws never depends on what earlier steps did (apart from which host
-  copies exist), so deleting a step leaves the later steps' operations unchanged.
-  Operations meet each other because about half of all slots are drawn from the first
-  few (:data:`CROWDED`), not because they aim at slots written earlier;
-- a payload row is two integers (first byte, byte step), not one choice per byte.
-
-Each operation shrinks towards one token at slot 0 of the lowest layer, with rows of
-``0x01`` bytes. Strategies are cached (specs are frozen and hashable): building and
-validating them afresh for every step would cost more than running the step. Operations
-are built inside composites rather than with ``.map``, so a falsifying example prints
-the operation itself.
+Example:
+    >>> from kvcheck.specs import PoolSpec
+    >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="bfloat16")
+    >>> op = write_kv_ops(spec).example()      # doctest: +SKIP
+    >>> type(op).__name__                      # doctest: +SKIP
+    'WriteKV'
 """
 
 from __future__ import annotations
@@ -32,16 +46,26 @@ from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from kvcheck.reference import index_k_row_bytes, index_scale_row_bytes
-from kvcheck.specs import HostCopy, HostReload, Move, Op, PoolSpec, WriteIndexK, WriteKV
+from kvcheck.specs import (
+    HostCopy,
+    HostReload,
+    Move,
+    Op,
+    Payload,
+    PoolSpec,
+    WriteIndexK,
+    WriteKV,
+    WriteMLA,
+    WritePrefixValid,
+)
 
 #: Tokens one operation touches at most: enough for overlaps, small enough to read.
 MAX_TOKENS_PER_OP = 4
 #: About half of all slots (and pages) are drawn from this many first ones.
 CROWDED = 4
-#: Name of the host copies ``invalid_ops`` draws (the pool must refuse them).
-REJECTED_COPY_NAME = "partial_page_copy"
 
 #: dtype -> (bytes per value, exponent bits that are all ones only for inf/nan, the top
 #: exponent bit). Clearing that bit where the exponent is all ones leaves a finite value,
@@ -168,6 +192,43 @@ def indexed_layers(spec: PoolSpec, *, skip: bool) -> tuple[int, ...]:
     )
 
 
+# --- exact values for payloads in another dtype ---------------------------------------------
+
+#: Values every dtype kvcheck uses represents exactly, also after a division by any of
+#: :data:`CAST_SCALES` (results lie in [-8, 8] on a grid of 1/4): the bytes a pool must
+#: store for a converted payload are then known without trusting any conversion.
+EXACT_VALUES: tuple[float, ...] = (1.0, 0.5, 1.5, 2.0, 3.0, 4.0, -1.0, -0.5, -1.5, -2.0, -3.0, -4.0)
+#: ``k_scale``/``v_scale`` values a caller passes (None: no scale), powers of two.
+CAST_SCALES: tuple[float | None, ...] = (None, 2.0, 0.5, 1.0)
+#: Dtypes attention layers hand to ``set_kv_buffer``: a pool of another dtype converts them.
+CALLER_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
+
+
+@functools.lru_cache(maxsize=4096)
+def value_bytes(value: float, dtype: str) -> bytes:
+    """The bytes of ``value`` in ``dtype`` (a torch dtype name), for an exact value.
+
+    Example:
+        >>> value_bytes(1.0, "bfloat16")
+        b'\\x80?'
+    """
+    import torch
+
+    tensor = torch.tensor([value], dtype=torch.float32).to(getattr(torch, dtype))
+    return bytes(tensor.view(torch.uint8).tolist())
+
+
+def _exact_row(start: int, step: int, count: int) -> tuple[float, ...]:
+    return tuple(EXACT_VALUES[(start + step * i) % len(EXACT_VALUES)] for i in range(count))
+
+
+def row_elements(spec: PoolSpec) -> tuple[int, int]:
+    """(K or latent values, V values or 0) of one token in one layer."""
+    if spec.family in ("mha", "noop"):
+        return spec.head_num * spec.head_dim, spec.head_num * spec.effective_v_head_dim
+    return spec.kv_lora_rank + spec.qk_rope_head_dim, 0
+
+
 # --- slots and pages ---------------------------------------------------------------------
 
 
@@ -195,18 +256,46 @@ def _draw_locs(
     return tuple(chosen)
 
 
-def _draw_whole_pages(draw: st.DrawFn, spec: PoolSpec, count: int | None = None) -> tuple[int, ...]:
-    """Slots of 1-3 (or ``count``) distinct whole pages, each page's slots in order."""
+def _draw_pages(draw: st.DrawFn, spec: PoolSpec, count: int) -> list[int]:
+    """``count`` distinct pages (count <= the pages the buffers hold)."""
     num_pages = spec.num_slots // spec.page_size
-    wanted = draw(_ints(1, min(3, num_pages)), label="pages") if count is None else count
     pages: list[int] = []
-    for _ in range(wanted):
+    for _ in range(count):
         page = _draw_crowded(draw, num_pages, "page")
         if page in pages:
             page = min(set(range(num_pages)) - set(pages))
         pages.append(page)
+    return pages
+
+
+#: How a host copy's index set is laid out: ``None`` for arbitrary tokens, else the run
+#: length of each request segment, every run starting on a page boundary (one request:
+#: its whole pages, then a partial last page).
+CopyLayout = tuple[int, ...] | None
+
+
+def _draw_runs(draw: st.DrawFn, spec: PoolSpec, runs: tuple[int, ...]) -> tuple[int, ...]:
+    """Slots for page-aligned runs of the given lengths on distinct pages."""
+    pages_per_run = [-(-length // spec.page_size) for length in runs]
+    pages = _draw_pages(draw, spec, sum(pages_per_run))
+    slots: list[int] = []
+    for length, count in zip(runs, pages_per_run, strict=True):
+        own, pages = pages[:count], pages[count:]
+        run = [page * spec.page_size + offset for page in own for offset in range(spec.page_size)]
+        slots += run[:length]
+    return tuple(slots)
+
+
+def _draw_copy_layout(draw: st.DrawFn, spec: PoolSpec) -> CopyLayout:
+    """Arbitrary tokens, one request, or two requests (each whole pages + a partial page)."""
+    num_pages = spec.num_slots // spec.page_size
+    shape = draw(choice(("request", "tokens", "requests")), label="index set")
+    if shape == "tokens" or (num_pages < 2 and shape == "requests"):
+        return None
+    requests = 1 if shape == "request" else 2
+    pages_each = min(2, num_pages // requests)
     return tuple(
-        page * spec.page_size + offset for page in pages for offset in range(spec.page_size)
+        draw(_ints(1, pages_each * spec.page_size), label="request tokens") for _ in range(requests)
     )
 
 
@@ -238,9 +327,123 @@ def write_kv_ops(
     layer_ids: tuple[int, ...] | None = None,
     extra_k_bytes: int = 0,
 ) -> st.SearchStrategy[WriteKV]:
-    """``set_kv_buffer`` of 1-4 tokens (or ``locs``) on one layer (of ``layer_ids``);
-    ``extra_k_bytes`` lengthens every K row, making the write invalid."""
-    return _write_kv_ops(spec, locs, layer_ids, extra_k_bytes)
+    """``set_kv_buffer`` of 1-4 tokens (or ``locs``) on one layer (of ``layer_ids``), in the
+    pool's dtype; ``extra_k_bytes`` lengthens every K row, making the write invalid.
+
+    Shrinks towards one token at slot 0 of the lowest layer with rows of ``0x01`` bytes.
+    """
+    return _write_kv_ops(_checked(spec), locs, layer_ids, extra_k_bytes)
+
+
+@st.composite
+def _cast_rows(
+    draw: st.DrawFn, count: int, values: int, stored: str, caller: str, scale: float | None
+) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """(bytes the pool must store, bytes the caller passes) for ``count`` rows."""
+    stored_rows, caller_rows = [], []
+    for _ in range(count):
+        start = draw(_ints(0, len(EXACT_VALUES) - 1), label="first value")
+        step = draw(_ints(0, len(EXACT_VALUES) - 1), label="value step")
+        row = _exact_row(start, step, values)
+        caller_rows.append(b"".join(value_bytes(value, caller) for value in row))
+        divided = row if scale is None else tuple(value / scale for value in row)
+        stored_rows.append(b"".join(value_bytes(value, stored) for value in divided))
+    return tuple(stored_rows), tuple(caller_rows)
+
+
+@st.composite
+def _cast_write_kv_ops(draw: st.DrawFn, spec: PoolSpec, scales: bool) -> WriteKV:
+    layer_id = draw(choice(tuple(spec.layer_ids)), label="layer_id")
+    locs = _draw_locs(draw, spec)
+    caller = draw(choice(tuple(d for d in CALLER_DTYPES if d != spec.dtype)), label="dtype")
+    k_values, v_values = row_elements(spec)
+    # SGLang's MLA/DSA writes convert without scales; MHA divides by them first.
+    scaled = scales and spec.family in ("mha", "noop")
+    k_scale = draw(choice(CAST_SCALES), label="k_scale") if scaled else None
+    v_scale = draw(choice(CAST_SCALES), label="v_scale") if scaled else None
+    k_rows, k_payload = draw(_cast_rows(len(locs), k_values, spec.dtype, caller, k_scale))
+    v_rows: tuple[bytes, ...] = ()
+    v_payload: tuple[bytes, ...] = ()
+    if v_values:
+        v_rows, v_payload = draw(_cast_rows(len(locs), v_values, spec.dtype, caller, v_scale))
+    payload = Payload(
+        dtype=caller, k_rows=k_payload, v_rows=v_payload, k_scale=k_scale, v_scale=v_scale
+    )
+    return WriteKV(layer_id=layer_id, locs=locs, k_rows=k_rows, v_rows=v_rows, payload=payload)
+
+
+@functools.lru_cache(maxsize=4096)
+def cast_write_kv_ops(spec: PoolSpec, *, scales: bool = True) -> st.SearchStrategy[WriteKV]:
+    """``set_kv_buffer`` with the caller's payload in another dtype (bf16, fp16 or fp32,
+    never the pool's), which the pool converts; MHA/NoOp writes carry ``k_scale`` and
+    ``v_scale`` (None, 2, 0.5 or 1) that divide the values first, as SGLang does. Values
+    come from :data:`EXACT_VALUES`, so the stored bytes (``k_rows``/``v_rows``) are exact.
+
+    ``scales=False`` never passes scales. Shrinks towards one token at slot 0 of the
+    lowest layer, values 1.0, no scales.
+    """
+    return _cast_write_kv_ops(_checked(spec), scales)
+
+
+@st.composite
+def _write_mla_ops(draw: st.DrawFn, spec: PoolSpec, padding_slot: bool) -> WriteMLA:
+    layer_id = draw(choice(tuple(spec.layer_ids)), label="layer_id")
+    locs = _draw_locs(draw, spec)
+    if not padding_slot and 0 in locs:
+        # Slot 0 becomes the lowest free slot (or is dropped when none is free).
+        free = sorted(set(range(1, spec.num_slots)) - set(locs))
+        locs = tuple(free[0] if loc == 0 else loc for loc in locs) if free else tuple(
+            loc for loc in locs if loc
+        )
+    nope = draw(
+        payload_rows(spec.dtype, len(locs), spec.kv_lora_rank * spec.itemsize), label="nope"
+    )
+    rope = draw(
+        payload_rows(spec.dtype, len(locs), spec.qk_rope_head_dim * spec.itemsize), label="rope"
+    )
+    return WriteMLA(layer_id=layer_id, locs=locs, nope_rows=nope, rope_rows=rope)
+
+
+@functools.lru_cache(maxsize=4096)
+def write_mla_ops(spec: PoolSpec, *, padding_slot: bool = True) -> st.SearchStrategy[WriteMLA]:
+    """MLA/DSA ``set_mla_kv_buffer`` of 1-4 tokens: the nope and rope parts of each latent
+    row, in the pool's dtype; ``padding_slot=False`` never targets slot 0. Shrinks
+    towards one token at slot 0 (else 1) of the lowest layer."""
+    checked = _checked(spec)
+    if checked.family not in ("mla", "dsa"):
+        raise InvalidArgument(f"spec.family={checked.family!r}: set_mla_kv_buffer is MLA/DSA")
+    if not padding_slot and checked.num_slots < 2:
+        raise InvalidArgument(f"spec.num_slots={checked.num_slots}: no slot besides 0")
+    return _write_mla_ops(checked, padding_slot)
+
+
+@st.composite
+def _write_prefix_valid_ops(draw: st.DrawFn, spec: PoolSpec) -> WritePrefixValid:
+    layer_id = draw(choice(tuple(spec.layer_ids)), label="layer_id")
+    batch = draw(_ints(1, 2), label="batch")
+    width = draw(_ints(1, max(1, min(2, spec.num_slots // batch))), label="width")
+    cells = _draw_locs(draw, spec, count=batch * width)
+    grid = tuple(cells[row * width : (row + 1) * width] for row in range(batch))
+    commits = tuple(draw(_ints(0, width), label="commit_len") for _ in range(batch))
+    k_bytes, v_bytes = row_bytes(spec)
+    k_rows = draw(payload_rows(spec.dtype, len(cells), k_bytes), label="k_rows")
+    v_rows = draw(payload_rows(spec.dtype, len(cells), v_bytes), label="v_rows")
+    return WritePrefixValid(
+        layer_id=layer_id, loc_grid=grid, commit_lens=commits, k_rows=k_rows, v_rows=v_rows
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def write_prefix_valid_ops(spec: PoolSpec) -> st.SearchStrategy[WritePrefixValid]:
+    """MHA ``set_kv_buffer_prefix_valid``: a 1-2 by 1-2 grid of distinct slots whose rows
+    commit 0..width cells each (uncommitted cells are passed but must not be written).
+    Shrinks towards a 1x1 grid at slot 0 that commits nothing."""
+    checked = _checked(spec)
+    if checked.family not in ("mha", "noop"):
+        raise InvalidArgument(
+            f"spec.family={checked.family!r}: set_kv_buffer_prefix_valid is MHA's"
+        )
+    return _write_prefix_valid_ops(checked)
 
 
 @st.composite
@@ -257,8 +460,11 @@ def _write_index_k_ops(draw: st.DrawFn, spec: PoolSpec, layer_ids: tuple[int, ..
 def write_index_k_ops(
     spec: PoolSpec, *, layer_ids: tuple[int, ...]
 ) -> st.SearchStrategy[WriteIndexK]:
-    """DSA ``set_index_k_scale_buffer`` of 1-4 tokens on one of ``layer_ids``."""
-    return _write_index_k_ops(spec, layer_ids)
+    """DSA ``set_index_k_scale_buffer`` of 1-4 tokens on one of ``layer_ids`` (fp8 keys,
+    fp32 scales, all finite). Shrinks towards one token at slot 0 of ``layer_ids[0]``."""
+    if not layer_ids:
+        raise InvalidArgument(f"layer_ids={layer_ids!r} must name at least one layer")
+    return _write_index_k_ops(_checked(spec), layer_ids)
 
 
 @st.composite
@@ -274,45 +480,83 @@ def _move_ops(draw: st.DrawFn, spec: PoolSpec) -> Move:
 
 @functools.lru_cache(maxsize=1024)
 def move_ops(spec: PoolSpec) -> st.SearchStrategy[Move]:
-    """A move inside one small window of slots: sources repeat and overlap targets often.
-    About one move in eight is empty (a no-op)."""
-    return _move_ops(spec)
+    """A move inside one small window of slots: distinct targets, sources that repeat and
+    overlap targets often; about one move in eight is empty (a no-op).
+    Shrinks towards a one-token move inside the first slots."""
+    return _move_ops(_checked(spec))
 
 
 @st.composite
-def _host_copy_ops(draw: st.DrawFn, spec: PoolSpec, name: str) -> HostCopy:
-    if spec.family == "dsa":
-        return HostCopy(name=name, indices=_draw_whole_pages(draw, spec))
-    return HostCopy(name=name, indices=_draw_locs(draw, spec))
+def _host_copy_ops(draw: st.DrawFn, spec: PoolSpec, name: str, whole_pages: bool) -> HostCopy:
+    if whole_pages:
+        requests = draw(_ints(1, min(2, spec.num_slots // spec.page_size)), label="requests")
+        layout: CopyLayout = tuple(spec.page_size for _ in range(requests))
+    else:
+        layout = _draw_copy_layout(draw, spec)
+    if layout is None:
+        return HostCopy(name=name, indices=_draw_locs(draw, spec))
+    return HostCopy(name=name, indices=_draw_runs(draw, spec, layout))
 
 
 @functools.lru_cache(maxsize=4096)
-def host_copy_ops(spec: PoolSpec, name: str) -> st.SearchStrategy[HostCopy]:
-    """``get_cpu_copy`` of 1-4 slots (DSA: 1-3 whole pages), remembered under ``name``."""
-    return _host_copy_ops(spec, name)
+def host_copy_ops(
+    spec: PoolSpec, name: str, *, whole_pages: bool = False
+) -> st.SearchStrategy[HostCopy]:
+    """``get_cpu_copy`` remembered under ``name``: about a third each of one request's
+    slots (page-aligned: whole pages, then a partial last page), two requests' slots at
+    once, and 1-4 arbitrary tokens; with ``whole_pages`` one or two whole pages only.
+    Use :func:`copy_layout` on the op to draw a matching reload.
+    Shrinks towards one request holding the first slot of the first page drawn."""
+    return _host_copy_ops(_checked(spec), name, whole_pages)
+
+
+def copy_layout(spec: PoolSpec, indices: tuple[int, ...]) -> CopyLayout:
+    """The :data:`CopyLayout` of a host copy's ``indices``: page-aligned runs, else None.
+
+    Example:
+        >>> spec = PoolSpec(family="dsa", size=8, page_size=2, layer_num=1, dtype="bfloat16")
+        >>> copy_layout(spec, (4, 5, 6, 0)), copy_layout(spec, (1, 2))
+        ((3, 1), None)
+    """
+    runs: list[int] = []
+    previous = None
+    for slot in indices:
+        if previous is not None and slot == previous + 1:
+            runs[-1] += 1
+        elif slot % spec.page_size == 0:
+            runs.append(1)
+        else:
+            return None
+        previous = slot
+    return tuple(runs) or None
 
 
 @st.composite
 def _host_reload_ops(
-    draw: st.DrawFn, spec: PoolSpec, copies: tuple[tuple[str, int], ...]
+    draw: st.DrawFn, spec: PoolSpec, copies: tuple[tuple[str, int, CopyLayout], ...]
 ) -> HostReload:
-    name, count = draw(choice(copies), label="copy")
-    if spec.family == "dsa":
-        indices = _draw_whole_pages(draw, spec, count // spec.page_size)
-    else:
-        indices = _draw_locs(draw, spec, count=count)
-    return HostReload(name=name, indices=indices)
+    name, count, layout = draw(choice(copies), label="copy")
+    if layout is None:
+        return HostReload(name=name, indices=_draw_locs(draw, spec, count=count))
+    return HostReload(name=name, indices=_draw_runs(draw, spec, layout))
 
 
-def host_reload_ops(spec: PoolSpec, copies: Mapping[str, int]) -> st.SearchStrategy[HostReload]:
-    """``load_cpu_copy`` of one of ``copies`` (name -> copied tokens, in the order they were
-    taken) to the same or other slots."""
-    return _cached_host_reload_ops(spec, tuple(copies.items()))
+def host_reload_ops(
+    spec: PoolSpec, copies: Mapping[str, tuple[int, CopyLayout]]
+) -> st.SearchStrategy[HostReload]:
+    """``load_cpu_copy`` of one of ``copies`` (name -> (copied tokens, layout), in the order
+    they were taken) to the same or other slots of the same shape: a request's copy goes
+    back to page-aligned runs of the same lengths, as the scheduler reloads a retracted
+    request into newly allocated pages. Shrinks towards the first copy."""
+    if not copies:
+        raise InvalidArgument("copies must name at least one host copy")
+    items = tuple((name, count, layout) for name, (count, layout) in copies.items())
+    return _cached_host_reload_ops(_checked(spec), items)
 
 
 @functools.lru_cache(maxsize=4096)
 def _cached_host_reload_ops(
-    spec: PoolSpec, copies: tuple[tuple[str, int], ...]
+    spec: PoolSpec, copies: tuple[tuple[str, int, CopyLayout], ...]
 ) -> st.SearchStrategy[HostReload]:
     return _host_reload_ops(spec, copies)
 
@@ -320,7 +564,7 @@ def _cached_host_reload_ops(
 # --- invalid operations ------------------------------------------------------------------
 
 #: Kinds of invalid operation, each with the capabilities it needs.
-_INVALID_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+INVALID_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("write_loc_out_of_range", ()),
     ("write_loc_repeated", ()),
     ("write_row_too_long", ()),
@@ -329,7 +573,6 @@ _INVALID_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("move_target_repeated", ("move",)),
     ("move_target_out_of_range", ("move",)),
     ("index_k_to_skip_layer", ("index_k_write",)),
-    ("partial_page_copy", ("host_copy",)),
     ("reload_length_mismatch", ("host_copy",)),
 )
 
@@ -341,12 +584,11 @@ def _invalid_kinds(
     # does not shift the other kinds' indices when it does.
     possible = {
         "index_k_to_skip_layer": bool(indexed_layers(spec, skip=True)),
-        "partial_page_copy": spec.family == "dsa" and spec.page_size > 1,
         "reload_length_mismatch": bool(copies),
     }
     return tuple(
         kind
-        for kind, needs in _INVALID_KINDS
+        for kind, needs in INVALID_KINDS
         if possible.get(kind, True) and not set(needs) & skipped
     )
 
@@ -385,10 +627,6 @@ def _invalid_ops(
         return Move(tgt=(draw(bad_slot, label="bad target"),), src=(draw(slot, label="source"),))
     if kind == "index_k_to_skip_layer":
         return draw(write_index_k_ops(spec, layer_ids=indexed_layers(spec, skip=True)))
-    if kind == "partial_page_copy":
-        page = _draw_whole_pages(draw, spec, 1)
-        broken = draw(choice((page[:-1], page[::-1], page[1:] + page[:1])), label="broken page")
-        return HostCopy(name=REJECTED_COPY_NAME, indices=broken)
     name, count = draw(choice(copies), label="copy")
     wrong = draw(choice((count - 1, *((count + 1,) if count < limit else ()))), label="count")
     return HostReload(name=name, indices=tuple(range(wrong)))
@@ -397,14 +635,16 @@ def _invalid_ops(
 def invalid_ops(
     spec: PoolSpec, copies: Mapping[str, int], *, skipped: frozenset[str] = frozenset()
 ) -> st.SearchStrategy[Op]:
-    """Operations the contract rejects: out-of-range or repeated locations, K rows one
-    head-dim element too long, layers outside the pool, bad moves, index-K writes to skip
-    layers, partial DSA pages, reloads of the wrong length. On NoOp some of these are
-    accepted moves: :meth:`ReferencePool.expected_error` is the authority.
+    """Operations the hardening contract rejects with ``ValueError``: out-of-range or
+    repeated locations, K rows one head-dim element too long, layers outside the pool,
+    bad moves, index-K writes to skip layers, reloads of the wrong length (``copies``:
+    name -> copied tokens). On NoOp some of these are accepted moves:
+    :meth:`ReferencePool.expected_error` is the authority.
 
     ``skipped`` capabilities (``move``, ``host_copy``, ``index_k_write``) are left out.
+    Shrinks towards the first kind, an out-of-range slot after no others.
     """
-    return _cached_invalid_ops(spec, tuple(copies.items()), frozenset(skipped))
+    return _cached_invalid_ops(_checked(spec), tuple(copies.items()), frozenset(skipped))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -412,3 +652,9 @@ def _cached_invalid_ops(
     spec: PoolSpec, copies: tuple[tuple[str, int], ...], skipped: frozenset[str]
 ) -> st.SearchStrategy[Op]:
     return _invalid_ops(spec, copies, skipped)
+
+
+def _checked(spec: Any) -> PoolSpec:
+    if not isinstance(spec, PoolSpec):
+        raise InvalidArgument(f"spec={spec!r} must be a kvcheck.specs.PoolSpec")
+    return spec

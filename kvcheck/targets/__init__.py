@@ -43,6 +43,7 @@ __all__ = [
     "capability_skip_reason",
     "check_target",
     "expected_failure_reason",
+    "nodeid_matches",
     "prepare_target",
     "resolve_target",
     "supports",
@@ -263,6 +264,17 @@ def prepare_target(target: Target) -> None:
         ) from exc
 
 
+def nodeid_matches(pattern: str, nodeid: str) -> bool:
+    """Whether node-id ``pattern`` names test ``nodeid`` (the rule of
+    :func:`expected_failure_reason`: a suffix at a path boundary, ``*`` any run).
+
+    Example:
+        >>> nodeid_matches("test_a.py::test_f[*]", "suite/test_a.py::test_f[x]")
+        True
+    """
+    return _nodeid_pattern(pattern).search(nodeid) is not None
+
+
 def _nodeid_pattern(pattern: str) -> re.Pattern[str]:
     body = ".*".join(re.escape(part) for part in pattern.split("*"))
     return re.compile(rf"(?:^|/){body}$")
@@ -303,6 +315,11 @@ def _optional_member_problems(target: object) -> list[str]:
                     problems.append(
                         f"expected_failures[{pattern!r}]: reason {reason!r} must be a non-empty str"
                     )
+    findings = getattr(target, "findings", None)
+    if findings is not None:
+        from kvcheck.targets.findings import finding_problems
+
+        problems.extend(finding_problems(findings))
     limits = getattr(target, "pool_spec_limits", None)
     if limits is not None:
         from kvcheck.targets.limits import pool_spec_limit_problems

@@ -330,6 +330,61 @@ def cpu_index_k_kernel() -> Iterator[None]:
         setattr(module, INDEX_K_KERNEL_NAME, original)
 
 
+MLA_READ_KERNEL_MODULE = "sglang.kernels.ops.kvcache.mla_buffer"
+
+
+class _CpuGetMlaKernel:
+    """CPU body of sglang's ``get_mla_kv_buffer_kernel`` (``rope=True``) and its
+    ``_norope`` twin, launched as ``kernel[grid](...)``.
+
+    The Triton kernels gather row ``loc[i]`` of the latent buffer and store its first
+    ``nope_dim`` values into ``cache_k_nope[i]`` and the next ``rope_dim`` into
+    ``cache_k_rope[i]``, converting to the destination dtype on store; this does the same
+    with torch indexing. (sglang's set path already has a torch body of its own,
+    ``set_mla_kv_buffer_naive``, which it uses on platforms without Triton.)
+    """
+
+    def __init__(self, *, rope: bool) -> None:
+        self.rope = rope
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self._launch
+
+    def _launch(self, kv_buffer: torch.Tensor, cache_k_nope: torch.Tensor, *rest: Any) -> None:
+        if self.rope:
+            cache_k_rope, loc, _buffer_stride, _nope_stride, _rope_stride, nope_dim, rope_dim = (
+                rest[:7]
+            )
+        else:
+            cache_k_rope, rope_dim = None, 0
+            loc, _buffer_stride, _nope_stride, nope_dim = rest[:4]
+        rows = kv_buffer.reshape(kv_buffer.shape[0], -1)[loc.view(-1).long()]
+        count = rows.shape[0]
+        cache_k_nope.view(count, -1)[:, :nope_dim].copy_(rows[:, :nope_dim])
+        if cache_k_rope is not None:
+            cache_k_rope.view(count, -1)[:, :rope_dim].copy_(
+                rows[:, nope_dim : nope_dim + rope_dim]
+            )
+
+
+@contextmanager
+def cpu_mla_read_kernels() -> Iterator[None]:
+    """Run sglang's ``get_mla_kv_buffer`` on CPU: its Python path, with the two Triton
+    gather kernels' bodies on CPU (:class:`_CpuGetMlaKernel`)."""
+    import importlib
+
+    module = importlib.import_module(MLA_READ_KERNEL_MODULE)
+    names = {"get_mla_kv_buffer_kernel": True, "get_mla_kv_buffer_kernel_norope": False}
+    originals = {name: getattr(module, name) for name in names}
+    for name, rope in names.items():
+        setattr(module, name, _CpuGetMlaKernel(rope=rope))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(module, name, original)
+
+
 #: The DeprecationWarning SWIG 4 modules (sentencepiece, which sglang imports) emit while the
 #: interpreter shuts down, when their runtime creates its ``swigvarlink`` type.
 SWIG_EXIT_WARNING = "builtin type swigvarlink has no __module__ attribute"

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from kvcheck.targets.findings import Finding
+
 FINDINGS_DOC = "docs/sglang-findings.md"
 
 #: Finding id -> one-line summary (details, reproductions and class in FINDINGS_DOC).
@@ -33,8 +35,12 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "C3": "max_total_num_tokens ignores the padding page, so its pools overshoot the budget",
         "C4": "fp8 DSA sizing asserts kv_lora_rank % 128 == 0",
         "N1": "the no-op pool's load_cpu_copy is MHA's: no RuntimeError",
-        "N2": "the no-op pool's move_kv_cache requires (tgt_loc, src_loc)",
         "N3": "the no-op pool's get_cpu_copy indexes its one-page placeholders",
+        "N4": "the no-op pool's get_contiguous_buf_infos raises AttributeError",
+        "S1": "set_kv_buffer divides the caller's tensor in place by k_scale / v_scale",
+        "M1": "set_mla_kv_buffer drops every write to slot 0",
+        "H1": "DSA host copies move index-K by whole pages: a partial last page's other "
+        "tokens are overwritten, and a second request's pages can be missed",
         "I": "pool calls do not validate input: no ValueError for bad locations, layers, "
         "shapes or lengths (I1-I10)",
     }
@@ -89,18 +95,9 @@ _FAILING_TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("test_sglang_findings.py::test_c2_*", ("C2",)),
     ("test_sglang_findings.py::test_c3_*", ("C3",)),
     ("test_sglang_findings.py::test_c4_*", ("C4",)),
-    # --- no-op pool
-    ("test_noop.py::test_noop_write_raises_whatever_the_arguments", ("N1",)),
-    ("test_noop.py::test_noop_move_changes_nothing", ("N2",)),
-    ("test_sglang_findings.py::test_n1_*", ("N1",)),
-    ("test_sglang_findings.py::test_n2_*", ("N2",)),
-    ("test_sglang_findings.py::test_n3_*", ("N3",)),
-    # --- input validation: declared unsupported (sglang.UNSUPPORTED), so the machines run
-    # valid operations only; the findings are pinned here
-    ("test_pool_machines.py::test_pool_matches_reference_after_every_step[noop]", ("N1", "N3")),
-    ("test_sglang_findings.py::test_i_bad_operation_is_rejected[*]", ("I",)),
-    ("test_sglang_findings.py::test_i9_*", ("I",)),
 )
+# Pool-side findings are declared in POOL_FINDINGS below (matched by their failure, never by
+# test id), so the pool properties keep checking everything else on sglang.
 
 
 def _reason(finding_ids: tuple[str, ...]) -> str:
@@ -112,4 +109,78 @@ def _reason(finding_ids: tuple[str, ...]) -> str:
 #: Suite node-id pattern -> why it fails on sglang 0.5.23.
 EXPECTED_FAILURES: Mapping[str, str] = MappingProxyType(
     {pattern: _reason(finding_ids) for pattern, finding_ids in _FAILING_TESTS}
+)
+
+
+def _pinned(*patterns: str) -> tuple[str, ...]:
+    return tuple(f"test_sglang_findings.py::{pattern}" for pattern in patterns)
+
+
+#: The pool-side findings, each matched by the failure it causes. The suite steers around
+#: them (``steer`` tags, :data:`kvcheck.machines.STEER_TAGS`) and keeps checking the rest;
+#: each is pinned by the tests named in ``pinned``, which must fail with exactly it.
+POOL_FINDINGS: tuple[Finding, ...] = (
+    Finding(
+        "N1",
+        FINDINGS["N1"],
+        check="raises",
+        call="load_cpu_copy",
+        family="noop",
+        steer=frozenset({"noop:host_reload"}),
+        pinned=_pinned("test_n1_*"),
+    ),
+    Finding(
+        "N3",
+        FINDINGS["N3"],
+        check="raises",
+        call="get_cpu_copy",
+        family="noop",
+        steer=frozenset({"noop:host_copy"}),
+        pinned=_pinned("test_n3_*"),
+    ),
+    Finding(
+        "N4",
+        FINDINGS["N4"],
+        check="contiguous_buf_infos",
+        call="get_contiguous_buf_infos",
+        kind="raises*",
+        family="noop",
+        steer=frozenset({"noop:contiguous_buf_infos"}),
+        pinned=_pinned("test_n4_*"),
+    ),
+    Finding(
+        "S1",
+        FINDINGS["S1"],
+        check="caller_tensors",
+        call="set_kv_buffer",
+        kind="data changed",
+        steer=frozenset({"cast_write:scales"}),
+        pinned=_pinned("test_s1_*"),
+    ),
+    Finding(
+        "M1",
+        FINDINGS["M1"],
+        check="bytes",
+        call="set_mla_kv_buffer",
+        kind="kv_buffer differs at row 0",
+        steer=frozenset({"write_mla:slot0"}),
+        pinned=_pinned("test_m1_*"),
+    ),
+    Finding(
+        "H1",
+        FINDINGS["H1"],
+        check="bytes",
+        call="load_cpu_copy",
+        kind="index_k_with_scale_buffer differs*",
+        family="dsa",
+        steer=frozenset({"dsa:host_copy:partial_pages"}),
+        pinned=_pinned("test_h1_*"),
+    ),
+    Finding(
+        "I",
+        FINDINGS["I"],
+        check="raises",
+        kind="*instead of ValueError",
+        pinned=_pinned("test_i_bad_operation_is_rejected[*]", "test_i9_*"),
+    ),
 )

@@ -30,6 +30,11 @@ CAPABILITIES: tuple[str, ...] = (
     "host_copy",  # get_cpu_copy / load_cpu_copy
     "index_k_write",  # DSA set_index_k_scale_buffer
     "state_buf_infos",  # DSA get_state_buf_infos
+    "read_api",  # get_key_buffer / get_value_buffer / get_kv_buffer (and DSA index-K reads)
+    "cast_write",  # set_kv_buffer with the caller's payload in another dtype (+ k/v scales)
+    "mla_write",  # MLA/DSA set_mla_kv_buffer and get_mla_kv_buffer
+    "prefix_valid_write",  # MHA set_kv_buffer_prefix_valid
+    "contiguous_buf_infos",  # get_contiguous_buf_infos (transfer descriptors of KV buffers)
     "input_validation",  # bad locations/shapes/dtypes raise and leave the pool unchanged
     "server_args",  # validate_server_args
     "pool_selection",  # select_pool_family
@@ -60,7 +65,18 @@ FAMILY_SEPARATOR = ":"
 #:     :func:`kvcheck.targets.expected_failure_reason`) run as strict expected failures:
 #:     a failure is reported as XFAIL with the reason, and a pass fails the run (XPASS
 #:     strict), so a fixed discrepancy cannot go unnoticed.
-OPTIONAL_MEMBERS: tuple[str, ...] = ("prepare", "pool_spec_limits", "expected_failures")
+#: ``findings: Sequence[kvcheck.targets.findings.Finding]``
+#:     Known discrepancies, each matched by the failure it causes (property, call, kind
+#:     of difference, family), never by test id: the suite steers around them and any
+#:     other failure still fails the run; each is pinned by its own tests, which must
+#:     fail with exactly that failure (see :mod:`kvcheck.targets.findings`). Prefer this
+#:     to ``expected_failures``, which marks whole tests and so hides any other bug in them.
+OPTIONAL_MEMBERS: tuple[str, ...] = (
+    "prepare",
+    "pool_spec_limits",
+    "expected_failures",
+    "findings",
+)
 
 
 @runtime_checkable

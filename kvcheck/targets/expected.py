@@ -23,7 +23,13 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["FAIL_FAST_MIN_EXAMPLES", "FAIL_FAST_PROFILE", "failing_fast", "generates_examples"]
+__all__ = [
+    "FAIL_FAST_MIN_EXAMPLES",
+    "FAIL_FAST_PROFILE",
+    "failing_fast",
+    "generates_examples",
+    "pinned_failure_mismatch",
+]
 
 #: The Hypothesis profile loaded while an expected failure runs (the current profile,
 #: without the shrink and explain phases, stopping at the first bug).
@@ -92,3 +98,39 @@ def _current_profile_name(settings: Any) -> str:
     if getter is not None:
         return str(getter())
     return str(getattr(settings, "_current_profile", "default"))
+
+
+def pinned_failure_mismatch(finding: Any, error: BaseException) -> str | None:
+    """Why ``error`` is not the failure ``finding`` pins (None when it is).
+
+    A pinned test must fail with the finding's own failure: every distinct failure
+    Hypothesis reports (an ``ExceptionGroup`` holds several) must be a
+    :class:`~kvcheck.properties.PropertyFailure` whose signature the finding matches.
+
+    Example:
+        >>> from kvcheck.properties._assertions import FailureSignature, PropertyFailure
+        >>> from kvcheck.targets.findings import Finding
+        >>> n2 = Finding("N2", "no-op move signature", call="move_kv_cache")
+        >>> pinned_failure_mismatch(n2, PropertyFailure("x", signature=FailureSignature(
+        ...     call="move_kv_cache"))) is None
+        True
+        >>> pinned_failure_mismatch(n2, TypeError("boom"))
+        'TypeError: boom is not finding N2 (no-op move signature)'
+    """
+    from kvcheck.properties._assertions import PropertyFailure
+
+    leaves = list(_leaves(error))
+    for leaf in leaves:
+        if not isinstance(leaf, PropertyFailure) or not finding.matches(leaf.signature):
+            first = str(leaf).splitlines()[0] if str(leaf) else ""
+            return f"{type(leaf).__name__}: {first} is not finding {finding.id} ({finding.summary})"
+    return None
+
+
+def _leaves(error: BaseException) -> Any:
+    nested = getattr(error, "exceptions", None)
+    if isinstance(nested, tuple | list) and nested:
+        for inner in nested:
+            yield from _leaves(inner)
+    else:
+        yield error

@@ -37,7 +37,7 @@ import torch
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
 from kvcheck.targets import _sglang_adapt as adapt
 from kvcheck.targets import _sglang_env as env
-from kvcheck.targets._sglang_findings import EXPECTED_FAILURES
+from kvcheck.targets._sglang_findings import EXPECTED_FAILURES, POOL_FINDINGS
 
 #: The sglang release this adapter was written against.
 SGLANG_VERSION = "0.5.23"
@@ -96,6 +96,11 @@ CPU_NOTES: Mapping[str, str] = MappingProxyType(
             "replaced by a CPU body that writes the documented byte layout (key bytes at "
             "offset*128 of the page row, fp32 scale after the page's keys)"
         ),
+        "mla_write": (
+            "set_mla_kv_buffer runs sglang's own torch body (set_mla_kv_buffer_naive, its path "
+            "for platforms without Triton); get_mla_kv_buffer runs sglang's Python path with "
+            "the two Triton gather kernels replaced by a CPU body that gathers the same rows"
+        ),
         "move": (
             "MHA pools are built with SGLANG_NATIVE_MOVE_KV_CACHE=1, sglang's tensor-indexing "
             "move; on CUDA the Triton copy (enable_kv_cache_copy=True) is used"
@@ -115,6 +120,7 @@ CPU_NOTES: Mapping[str, str] = MappingProxyType(
 _MLA_SCOPED_METHODS: tuple[str, ...] = (
     "set_kv_buffer",
     "set_mla_kv_buffer",
+    "get_mla_kv_buffer",
     "get_cpu_copy",
     "load_cpu_copy",
 )
@@ -167,6 +173,7 @@ class SGLangTarget:
         self.unsupported: Mapping[str, str] = UNSUPPORTED
         self.pool_spec_limits: Mapping[str, Mapping[str, tuple[int, ...]]] = POOL_SPEC_LIMITS
         self.expected_failures: Mapping[str, str] = EXPECTED_FAILURES
+        self.findings = POOL_FINDINGS
         self.cpu_notes: Mapping[str, str] = CPU_NOTES
         if self.version != SGLANG_VERSION:
             warnings.warn(
@@ -443,6 +450,7 @@ def _latent_pool_scope(*, cpu: bool) -> Iterator[None]:
         if cpu:
             stack.enter_context(env.cpu_cuda_synchronize())
             stack.enter_context(env.cpu_index_k_kernel())
+            stack.enter_context(env.cpu_mla_read_kernels())
         yield
 
 

@@ -19,9 +19,11 @@ from typing import Any
 import pytest
 import torch
 
+from kvcheck.properties.accounting import assert_contiguous_buf_infos
 from kvcheck.properties.inputs import BadCall, assert_rejected_call_changes_nothing
-from kvcheck.properties.noop import assert_noop_move_changes_nothing, assert_noop_write_raises
-from kvcheck.properties.ops import PoolCall, apply_op_like_reference
+from kvcheck.properties.noop import assert_noop_write_raises
+from kvcheck.properties.ops import PoolCall, apply_op_like_reference, describe_op, op_method
+from kvcheck.properties.pool_state import assert_pool_matches_reference
 from kvcheck.properties.serving import (
     check_capacity_fits_budget,
     check_cell_size,
@@ -30,7 +32,19 @@ from kvcheck.properties.serving import (
 )
 from kvcheck.reference import ReferencePool
 from kvcheck.serving import ModelConfig
-from kvcheck.specs import HostCopy, HostReload, Move, Op, PoolSpec, WriteIndexK, WriteKV
+from kvcheck.specs import (
+    HostCopy,
+    HostReload,
+    Move,
+    Op,
+    Payload,
+    PoolSpec,
+    WriteIndexK,
+    WriteKV,
+    WriteMLA,
+)
+from kvcheck.strategies.ops import value_bytes
+from kvcheck.targets.limits import fit_spec, pool_spec_limits_of
 
 #: Flags validation accepts with --prefill-only-disable-kv-cache on (Hypothesis's minimum).
 FLAG_ON = {
@@ -154,6 +168,16 @@ def test_c4_fp8_dsa_with_a_narrow_latent_has_a_cell_size(kvcheck_target: Any) ->
 # --- N1-N3: the no-op pool ------------------------------------------------------------------
 
 NOOP_1 = PoolSpec(family="noop", size=1, page_size=1, layer_num=1, dtype="bfloat16", head_dim=1)
+#: One DSA layer with index-K, two pages of two tokens (moved to the target's page size).
+DSA_1 = PoolSpec(
+    family="dsa",
+    size=4,
+    page_size=2,
+    layer_num=1,
+    dtype="bfloat16",
+    kv_lora_rank=1,
+    qk_rope_head_dim=1,
+)
 
 
 @pytest.mark.kvcheck_needs("noop_pool")
@@ -162,14 +186,6 @@ def test_n1_noop_load_cpu_copy_raises(kvcheck_target: Any, kvcheck_device: str) 
     pool = kvcheck_target.make_pool(NOOP_1, device=kvcheck_device)
     empty = torch.tensor([], dtype=torch.int64, device=kvcheck_device)
     assert_noop_write_raises(pool, "load_cpu_copy", (None, empty), {})
-    assert pool.size == NOOP_1.size
-
-
-@pytest.mark.kvcheck_needs("noop_pool")
-def test_n2_noop_move_takes_any_arguments(kvcheck_target: Any, kvcheck_device: str) -> None:
-    """N2: the no-op pool's move_kv_cache accepts any arguments, none included."""
-    pool = kvcheck_target.make_pool(NOOP_1, device=kvcheck_device)
-    assert_noop_move_changes_nothing(pool, (), {})
     assert pool.size == NOOP_1.size
 
 
@@ -186,6 +202,78 @@ def test_n3_noop_host_copy_of_any_slot_succeeds(kvcheck_target: Any, kvcheck_dev
         copies={},
     )
     assert accepted
+
+
+@pytest.mark.kvcheck_needs("noop_pool", "contiguous_buf_infos")
+def test_n4_noop_describes_its_placeholders(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """N4: the no-op pool's transfer descriptors describe the placeholders it holds."""
+    pool = kvcheck_target.make_pool(NOOP_1, device=kvcheck_device)
+    assert_contiguous_buf_infos(pool, NOOP_1)
+    assert pool.size == NOOP_1.size
+
+
+def _run_ops(target: Any, device: str, spec: PoolSpec, ops: tuple[Op, ...]) -> Any:
+    """Apply ``ops`` as the state machine does and check the state after each one."""
+    pool = target.make_pool(spec, device=device)
+    reference = ReferencePool(spec)
+    copies: dict[str, Any] = {}
+    for op in ops:
+        apply_op_like_reference(target, pool, reference, op, device=device, copies=copies)
+        assert_pool_matches_reference(pool, reference, call=describe_op(op), method=op_method(op))
+    return pool
+
+
+@pytest.mark.kvcheck_needs("mha_pool", "cast_write")
+def test_s1_scaled_write_leaves_the_callers_tensor(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """S1: a bf16 write into an fp8 pool with k_scale=2 stores the halved values and does
+    not change the caller's tensor (sglang divides it in place)."""
+    spec = PoolSpec(
+        family="mha", size=2, page_size=1, layer_num=1, dtype="float8_e4m3fn", head_dim=1
+    )
+    one, half = value_bytes(1.0, "bfloat16"), value_bytes(0.5, "float8_e4m3fn")
+    payload = Payload(dtype="bfloat16", k_rows=(one,), v_rows=(one,), k_scale=2.0, v_scale=2.0)
+    write = WriteKV(layer_id=0, locs=(1,), k_rows=(half,), v_rows=(half,), payload=payload)
+    pool = _run_ops(kvcheck_target, kvcheck_device, spec, (write,))
+    assert pool.size == spec.size
+
+
+@pytest.mark.kvcheck_needs("mla_pool", "mla_write")
+def test_m1_mla_write_to_the_padding_slot_lands(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """M1: set_mla_kv_buffer to slot 0 writes it, as set_kv_buffer does."""
+    spec = PoolSpec(
+        family="mla",
+        size=2,
+        page_size=1,
+        layer_num=1,
+        dtype="bfloat16",
+        kv_lora_rank=1,
+        qk_rope_head_dim=1,
+    )
+    write = WriteMLA(layer_id=0, locs=(0,), nope_rows=(b"\x80?",), rope_rows=(b"\x80?",))
+    pool = _run_ops(kvcheck_target, kvcheck_device, spec, (write,))
+    assert pool.size == spec.size
+
+
+@pytest.mark.kvcheck_needs("dsa_pool", "host_copy", "index_k_write")
+def test_h1_partial_page_reload_leaves_the_pages_other_tokens(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """H1: a request of one token (a partial page) copied and reloaded into another page
+    writes that token's index key only; the page's other tokens keep theirs."""
+    spec = fit_spec(DSA_1, page_size=kvcheck_target_dsa_page(kvcheck_target))
+    page = spec.page_size
+    keys = (bytes([7]) * 128,)
+    scales = (bytes([1, 2, 3, 4]),)
+    ops: tuple[Op, ...] = (
+        WriteIndexK(layer_id=0, locs=(0,), key_rows=keys, scale_rows=scales),
+        WriteIndexK(layer_id=0, locs=(page + 1,), key_rows=keys, scale_rows=scales),
+        HostCopy(name="request", indices=(0,)),
+        HostReload(name="request", indices=(page,)),
+    )
+    pool = _run_ops(kvcheck_target, kvcheck_device, spec, ops)
+    assert pool.size == spec.size
 
 
 # --- I1-I10: bad input gets a ValueError, never silent corruption --------------------------
@@ -328,3 +416,8 @@ def test_i9_float_location_is_rejected(
     loc = torch.tensor([0.0], device=kvcheck_device)
     call = PoolCall("set_kv_buffer", (SimpleNamespace(layer_id=0), loc, k, v))
     assert_rejected_call_changes_nothing(kvcheck_target, pool, BadCall("loc_float", call))
+
+
+def kvcheck_target_dsa_page(target: Any) -> int:
+    """The DSA page size the target accepts (sglang: 64), else 2."""
+    return int(pool_spec_limits_of(target).get("dsa", {}).get("page_size", (2,))[0])
