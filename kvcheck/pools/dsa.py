@@ -54,7 +54,10 @@ class DSATokenToKVPool(MLATokenToKVPool):
     (``index_buf_size`` defaults to ``size``). A page row holds its ``page_size`` keys, then
     their scales (see :mod:`kvcheck.pools._index_k`). Index-K covers token ids
     ``[0, num_index_pages * page_size)``; index writes, moves and host copies refuse
-    tokens beyond that while any layer has an index buffer.
+    tokens beyond that while any layer has an index buffer. Moves and host copies are
+    token-granular: they carry each listed token's latent row, key bytes and scale bytes
+    and never touch the other tokens of its page. ``get_index_k_scale_buffer`` gathers
+    sequences' keys and scales through their page tables.
 
     ``skip_topk_layers[i]`` (local) marks a layer that reuses the previous layer's top-k:
     its index buffer has zero rows (zero bytes, still a list entry so layers stay aligned),

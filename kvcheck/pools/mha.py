@@ -19,6 +19,12 @@ class MHATokenToKVPool(KVCache):
     stored as ``uint8``; ``get_key_buffer``/``get_value_buffer`` return fp8 views.
     Layer ids are global; ``start_layer`` maps them to local buffers.
 
+    Writes (``set_kv_buffer``, ``set_kv_buffer_prefix_valid``) store a payload in the
+    pool's dtype bit for bit and convert one of another floating dtype (divided by
+    ``k_scale``/``v_scale`` where given, then ``.to(dtype)``), never touching the caller's
+    tensors; ``layer_id_override`` picks the layer instead of ``layer.layer_id``.
+    ``get_contiguous_buf_infos`` describes K then V buffers for transfer engines.
+
     Example:
         >>> import torch
         >>> from types import SimpleNamespace

@@ -18,6 +18,10 @@ class MLATokenToKVPool(KVCache):
 
     The key buffer of a layer is the whole latent row; the value buffer is its first
     ``kv_lora_rank`` channels (a view, as in SGLang). fp8 dtypes are stored as ``uint8``.
+    A latent row is ``kv_lora_rank`` "nope" channels then ``qk_rope_head_dim`` rope
+    channels: ``set_kv_buffer`` writes whole rows, ``set_mla_kv_buffer`` the two parts,
+    ``get_mla_kv_buffer`` reads them back as fresh tensors. Payloads of another floating
+    dtype are converted with ``.to(dtype)``.
 
     Example:
         >>> import torch
