@@ -69,7 +69,7 @@ class HostCopyDropsIndexK(DSATokenToKVPool):
     """Reloads a host copy's latent rows but not its index-K pages."""
 
     def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
-        idx, _pages = self._whole_pages(indices, distinct=True, where="load_cpu_copy")
+        idx = self._copy_indices(indices, distinct=True, where="load_cpu_copy")
         if idx.numel() != kv_cache_cpu.num_tokens:
             raise ValueError(
                 f"load_cpu_copy: {idx.numel()} indices for a copy of "

@@ -3,14 +3,20 @@
 Four families share the abstract :class:`KVCache` (layer mapping, argument checks,
 byte accounting):
 
-- :class:`MHATokenToKVPool`: per-layer K and V token buffers.
+- :class:`MHATokenToKVPool`: per-layer K and V token buffers; ``set_kv_buffer`` (payloads
+  of another dtype are scaled and converted), ``set_kv_buffer_prefix_valid``.
 - :class:`NoOpMHATokenToKVPool`: the MHA API with one-page placeholders; every write
-  raises ``RuntimeError`` (``--prefill-only-disable-kv-cache``).
-- :class:`MLATokenToKVPool`: one latent buffer per layer.
-- :class:`DSATokenToKVPool`: MLA plus the DSA indexer's paged fp8 keys, with skip layers.
+  raises ``RuntimeError`` (``--prefill-only-disable-kv-cache``); moves and host copies
+  validate their arguments and do nothing.
+- :class:`MLATokenToKVPool`: one latent buffer per layer; ``set_mla_kv_buffer`` /
+  ``get_mla_kv_buffer`` take and give the latent row as its nope and rope parts.
+- :class:`DSATokenToKVPool`: MLA plus the DSA indexer's paged fp8 keys, with skip layers;
+  token-granular moves and host copies, paged reads (``get_index_k_scale_buffer``).
 
-Every pool works on ``cpu``, ``cuda`` and ``meta``; bad input raises ``ValueError`` naming
-the argument and leaves the pool unchanged.
+Every family has SGLang 0.5.23's signatures (``layer_id_override``, ``k_scale``/
+``v_scale``, ``get_contiguous_buf_infos``). Every pool works on ``cpu``, ``cuda`` and
+``meta``; bad input raises ``ValueError`` naming the argument and leaves the pool
+unchanged, and no call modifies a tensor the caller passed in.
 
 Example:
     >>> import torch

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 
@@ -196,3 +197,200 @@ def check_payload(
             f"{where}: {name} must be on the pool's device {device}, got {describe(tensor)}"
         )
     return tensor
+
+
+#: Tensor dtypes a one-element scale may have (each converts exactly to float32).
+SCALE_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_scale(name: str, value: object, *, device: torch.device, where: str) -> float | None:
+    """Validate a dequantization scale (``k_scale``/``v_scale``) and return it as a float.
+
+    ``None`` (no scale), a real number, or a one-element float32/float16/bfloat16 tensor on
+    ``device`` or on the CPU; the value must be finite and ``> 0`` (dividing by it must give
+    finite values). A meta tensor's value cannot be read; it passes as ``1.0``.
+
+    Example:
+        >>> check_scale("k_scale", torch.tensor([0.5]), device=torch.device("cpu"), where="w")
+        0.5
+        >>> check_scale("v_scale", 0, device=torch.device("cpu"), where="w")
+        Traceback (most recent call last):
+        ...
+        ValueError: w: v_scale=0 must be a finite number > 0
+    """
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype not in SCALE_DTYPES:
+            raise ValueError(
+                f"{where}: {name} must be a number or a one-element float32/float16/bfloat16"
+                f" tensor, got {describe(value)}"
+            )
+        if value.device != device and value.device.type != "cpu":
+            raise ValueError(
+                f"{where}: {name} must be on the pool's device {device} or on cpu,"
+                f" got {describe(value)}"
+            )
+        if value.device.type == "meta":
+            return 1.0
+        number = float(value.reshape(()).item())
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        raise ValueError(f"{where}: {name}={value!r} must be a number or a one-element tensor")
+    if not (math.isfinite(number) and number > 0):
+        raise ValueError(f"{where}: {name}={value!r} must be a finite number > 0")
+    return number
+
+
+def _check_index_tensor(
+    name: str, value: object, *, ndim: int, device: torch.device, where: str
+) -> torch.Tensor:
+    tensor = _require_tensor(name, value, where)
+    if tensor.dim() != ndim:
+        raise ValueError(f"{where}: {name} must be {ndim}-D, got {describe(tensor)}")
+    if tensor.dtype not in LOCATION_DTYPES:
+        raise ValueError(f"{where}: {name} must have dtype int32 or int64, got {describe(tensor)}")
+    if tensor.device != device and tensor.device.type != "cpu":
+        raise ValueError(
+            f"{where}: {name} must be on the pool's device {device} or on cpu,"
+            f" got {describe(tensor)}"
+        )
+    return tensor
+
+
+def check_prefix_grid(
+    loc_2d: object,
+    commit_lens: object,
+    *,
+    limit: int,
+    device: torch.device,
+    where: str,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Validate a prefix-valid write grid and return ``(cells, locs)`` of committed cells.
+
+    ``loc_2d``: 2-D ``[B, W]`` int32/int64; ``commit_lens``: 1-D ``[B]`` int32/int64 with
+    values in ``[0, W]``. Row ``b`` commits its first ``commit_lens[b]`` cells. ``cells``
+    are the committed cells' row-major positions (``b * W + w``, ascending) and ``locs``
+    their locations, both ``int64`` on ``device``. Committed locations must be in
+    ``[0, limit)`` and distinct; uncommitted cells are never read, so their values are free.
+    Returns ``None`` when a tensor is on ``meta`` (shapes checked, values unreadable).
+
+    Example:
+        >>> cells, locs = check_prefix_grid(torch.tensor([[4, 5], [9, -1]]), torch.tensor([2, 1]),
+        ...                                 limit=12, device=torch.device("cpu"), where="w")
+        >>> cells.tolist(), locs.tolist()
+        ([0, 1, 2], [4, 5, 9])
+    """
+    grid = _check_index_tensor("loc_2d", loc_2d, ndim=2, device=device, where=where)
+    lens = _check_index_tensor("commit_lens", commit_lens, ndim=1, device=device, where=where)
+    batch, width = grid.shape
+    if lens.shape[0] != batch:
+        raise ValueError(
+            f"{where}: commit_lens must have one entry per row of loc_2d: len(commit_lens)="
+            f"{lens.shape[0]} but loc_2d has shape {tuple(grid.shape)}"
+        )
+    if grid.device.type == "meta" or lens.device.type == "meta":
+        return None
+    lens = lens.to(grid.device, torch.int64)
+    bad = (lens < 0) | (lens > width)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"{where}: commit_lens[{b}]={int(lens[b])} not in [0, {width}]"
+            f" (width of loc_2d, shape {tuple(grid.shape)})"
+        )
+    committed = torch.arange(width, device=grid.device)[None, :] < lens[:, None]
+    cells = committed.reshape(-1).nonzero().flatten()
+    values = grid.reshape(-1).index_select(0, cells).to(torch.int64)
+
+    def cell(k: int) -> str:
+        b, w = divmod(int(cells[k]), width)
+        return f"loc_2d[{b}, {w}]"
+
+    out_of_range = (values < 0) | (values >= limit)
+    if bool(out_of_range.any()):
+        k = int(out_of_range.nonzero()[0, 0])
+        raise ValueError(f"{where}: committed {cell(k)}={int(values[k])} not in [0, {limit})")
+    ordered, order = torch.sort(values, stable=True)
+    repeats = (ordered[1:] == ordered[:-1]).nonzero()
+    if repeats.numel() > 0:
+        k = int(repeats[0, 0])
+        first, second = sorted((int(order[k]), int(order[k + 1])))
+        raise ValueError(
+            f"{where}: committed cells {cell(first)} and {cell(second)} both hold slot"
+            f" {int(ordered[k])}; committed locations must be distinct"
+        )
+    return cells.to(device), values.to(device)
+
+
+def check_page_table(
+    seq_len_tensor: object,
+    page_indices: object,
+    seq_len_sum: object,
+    max_seq_len: object,
+    *,
+    page_size: int,
+    num_pages: int,
+    device: torch.device,
+    where: str,
+) -> torch.Tensor | None:
+    """Validate a paged read and return the token ids it reads, in output order.
+
+    Sequence ``b`` reads its first ``seq_len_tensor[b]`` tokens; token ``j`` is token id
+    ``page_indices[b, j // page_size] * page_size + j % page_size``. ``seq_len_sum`` must
+    be ``sum(seq_len_tensor)``, ``max_seq_len >= max(seq_len_tensor)``, every sequence
+    needs at most ``page_indices.shape[1]`` pages, and used page ids lie in
+    ``[0, num_pages)``. Returns ``None`` when a tensor is on ``meta`` (values unreadable).
+
+    Example:
+        >>> check_page_table(torch.tensor([3, 1]), torch.tensor([[5, 2], [0, 9]]), 4, 3,
+        ...                  page_size=2, num_pages=6, device=torch.device("cpu"),
+        ...                  where="w").tolist()
+        [10, 11, 4, 0]
+    """
+    lens = _check_index_tensor("seq_len_tensor", seq_len_tensor, ndim=1, device=device, where=where)
+    table = _check_index_tensor("page_indices", page_indices, ndim=2, device=device, where=where)
+    total = require_int("seq_len_sum", seq_len_sum, minimum=0)
+    longest = require_int("max_seq_len", max_seq_len, minimum=0)
+    batch, width = table.shape
+    if lens.shape[0] != batch:
+        raise ValueError(
+            f"{where}: page_indices must have one row per sequence: len(seq_len_tensor)="
+            f"{lens.shape[0]} but page_indices has shape {tuple(table.shape)}"
+        )
+    if lens.device.type == "meta" or table.device.type == "meta":
+        return None
+    lens = lens.to(table.device, torch.int64)
+    if bool((lens < 0).any()):
+        b = int((lens < 0).nonzero()[0, 0])
+        raise ValueError(f"{where}: seq_len_tensor[{b}]={int(lens[b])} must be >= 0")
+    if int(lens.sum()) != total:
+        raise ValueError(
+            f"{where}: seq_len_sum={seq_len_sum!r} but sum(seq_len_tensor)={int(lens.sum())}"
+        )
+    if batch > 0 and int(lens.max()) > longest:
+        raise ValueError(
+            f"{where}: max_seq_len={max_seq_len!r} but max(seq_len_tensor)={int(lens.max())}"
+        )
+    pages_needed = (lens + page_size - 1) // page_size
+    if bool((pages_needed > width).any()):
+        b = int((pages_needed > width).nonzero()[0, 0])
+        raise ValueError(
+            f"{where}: seq_len_tensor[{b}]={int(lens[b])} needs {int(pages_needed[b])} pages"
+            f" of page_size={page_size} but page_indices has {width} columns"
+        )
+    used = torch.arange(width, device=table.device)[None, :] < pages_needed[:, None]
+    pages = table.to(torch.int64)
+    bad = used & ((pages < 0) | (pages >= num_pages))
+    if bool(bad.any()):
+        b, w = (int(v) for v in bad.nonzero()[0])
+        raise ValueError(
+            f"{where}: page_indices[{b}, {w}]={int(pages[b, w])} not in [0, {num_pages})"
+            " (index-K pages)"
+        )
+    seq = torch.repeat_interleave(torch.arange(batch, device=table.device), lens)
+    starts = torch.cumsum(lens, 0) - lens
+    j = torch.arange(total, device=table.device) - starts[seq]
+    tokens = pages[seq, j // page_size] * page_size + j % page_size
+    return tokens.to(device)

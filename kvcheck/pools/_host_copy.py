@@ -44,11 +44,13 @@ def check_host_copy(
     dtypes: Mapping[str, torch.dtype],
     where: str,
     name: str = "kv_cache_cpu",
+    num_tokens: int | None = None,
 ) -> KVHostCopy:
     """Raise ``ValueError`` unless ``value`` is a copy with exactly the ``expected`` layout.
 
     ``expected[part][i]`` is the shape local layer ``i`` of ``part`` must have and
-    ``dtypes[part]`` its dtype.
+    ``dtypes[part]`` its dtype. ``num_tokens``, when given, is ``len(indices)`` of the
+    reload; a copy of another token count is refused by saying so.
     """
     if not isinstance(value, KVHostCopy):
         raise ValueError(
@@ -56,6 +58,10 @@ def check_host_copy(
         )
     if value.source != source:
         raise ValueError(f"{where}: {name} was made by {value.source}, not by {source}")
+    if num_tokens is not None and num_tokens != value.num_tokens:
+        raise ValueError(
+            f"{where}: len(indices)={num_tokens} but {name} holds {value.num_tokens} tokens"
+        )
     if set(value.parts) != set(expected):
         raise ValueError(
             f"{where}: {name} holds parts {sorted(value.parts)}, expected {sorted(expected)}"

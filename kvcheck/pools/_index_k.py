@@ -8,13 +8,19 @@ one scale per 128-channel block). Token ``t`` lives in page ``t // page_size`` a
     columns [o*D, (o+1)*D)                            its key bytes
     columns [page_size*D + o*S, page_size*D + (o+1)*S)  its scale bytes
 
-Locations are token ids, so copies address one token's key and scale bytes inside its
-page; they never copy a whole page row (that would overwrite the page's other tokens).
+Locations are token ids, so writes, moves and host copies address one token's key and
+scale bytes inside its page; they never copy a whole page row (that would overwrite the
+page's other tokens). A *token row* (what :meth:`IndexKPageLayout.read` returns and host
+copies hold) is one token's ``D`` key bytes followed by its ``S`` scale bytes.
 
 Example:
     >>> layout = IndexKPageLayout(page_size=2, index_head_dim=128)
     >>> layout.row_bytes, layout.key_columns(1), layout.scale_columns(1)
     (264, range(128, 256), range(260, 264))
+    >>> buffer = (torch.arange(264) % 256).to(torch.uint8).repeat(3, 1)
+    >>> row = layout.read(buffer, torch.tensor([3]))
+    >>> row.shape, row[0, 0].item(), row[0, 128:].tolist()
+    (torch.Size([1, 132]), 128, [4, 5, 6, 7])
 """
 
 from __future__ import annotations
@@ -87,6 +93,24 @@ class IndexKPageLayout:
         self._keys(buffer).index_put_((page, offset), key_bytes)
         self._scales(buffer).index_put_((page, offset), scale_bytes)
 
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one token row: ``D + S``."""
+        return self.key_bytes + self.scale_bytes
+
+    def read(self, buffer: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """A new ``[n, D + S]`` uint8 tensor: token ``tokens[i]``'s key bytes, then its
+        scale bytes (``tokens`` may repeat)."""
+        page, offset = tokens // self.page_size, tokens % self.page_size
+        return torch.cat(
+            [self._keys(buffer)[page, offset], self._scales(buffer)[page, offset]], dim=1
+        )
+
+    def write_rows(self, buffer: torch.Tensor, tokens: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write token rows (``[n, D + S]`` uint8, as :meth:`read` returns) to distinct
+        ``tokens``; the pages' other tokens are untouched."""
+        self.write(buffer, tokens, rows[:, : self.key_bytes], rows[:, self.key_bytes :])
+
     def move(self, buffer: torch.Tensor, *, tgt: torch.Tensor, src: torch.Tensor) -> None:
         """Copy token ``src[i]``'s key and scale bytes to token ``tgt[i]``.
 
@@ -96,38 +120,3 @@ class IndexKPageLayout:
         src_page, src_offset = src // self.page_size, src % self.page_size
         for part in (self._keys(buffer), self._scales(buffer)):
             part.index_put_((tgt_page, tgt_offset), part[src_page, src_offset])
-
-
-def whole_page_ids(indices: torch.Tensor, page_size: int, *, name: str, where: str) -> torch.Tensor:
-    """Page ids of ``indices`` if they are whole pages, else raise ``ValueError``.
-
-    Whole pages: ``len(indices) % page_size == 0`` and each consecutive group of
-    ``page_size`` entries is one page's slots in order, ``p*page_size + 0 .. page_size-1``.
-    Values of a ``meta`` tensor cannot be read, so only the length is checked there.
-
-    Example:
-        >>> whole_page_ids(torch.tensor([4, 5, 0, 1]), 2, name="indices", where="w").tolist()
-        [2, 0]
-    """
-    n = indices.numel()
-    if n % page_size != 0:
-        raise ValueError(
-            f"{where}: {name} must be whole pages, but len({name})={n} is not a multiple of"
-            f" page_size={page_size}"
-        )
-    if indices.device.type == "meta":
-        # Shape only: arithmetic on meta tensors is slow to set up and yields no values.
-        return torch.empty((n // page_size,), dtype=torch.int64, device=indices.device)
-    groups = indices.view(-1, page_size)
-    if n > 0:
-        first = groups[:, 0]
-        expected = first[:, None] + torch.arange(page_size, device=indices.device)
-        bad = (first % page_size != 0) | (groups != expected).any(dim=1)
-        if bool(bad.any()):
-            g = int(bad.nonzero()[0, 0])
-            raise ValueError(
-                f"{where}: {name}[{g * page_size}:{(g + 1) * page_size}]="
-                f"{groups[g].tolist()} is not one page's slots in order"
-                f" (p*{page_size} + 0..{page_size - 1}); {name} must be whole pages"
-            )
-    return groups[:, 0] // page_size

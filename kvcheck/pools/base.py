@@ -39,10 +39,33 @@ from kvcheck.pools._checks import (
     require_int,
     resolve_device,
 )
-from kvcheck.pools._dtypes import as_storage, check_pool_dtype, payload_dtypes, storage_dtype
+from kvcheck.pools._dtypes import (
+    accepted_payload_dtypes,
+    as_storage,
+    check_pool_dtype,
+    convert_payload,
+    is_native,
+    payload_dtypes,
+    storage_dtype,
+)
 
 #: Bytes per GiB, the unit of ``mem_usage`` (SGLang's ``GB``).
 GIB = 1 << 30
+
+
+def _check_end_layer(end_layer: object, start_layer: int, layer_num: int) -> int:
+    """``end_layer`` as given if it is ``start + layer_num - 1`` or ``start + layer_num``."""
+    inclusive, exclusive = start_layer + layer_num - 1, start_layer + layer_num
+    if end_layer is None:
+        return inclusive
+    value = require_int("end_layer", end_layer, minimum=0)
+    if value not in (inclusive, exclusive):
+        raise ValueError(
+            f"end_layer={end_layer!r} must be start_layer + layer_num - 1 = {inclusive}"
+            f" (inclusive) or start_layer + layer_num = {exclusive} (exclusive)"
+            f" for start_layer={start_layer}, layer_num={layer_num}"
+        )
+    return value
 
 
 class KVCache(abc.ABC):
@@ -53,13 +76,17 @@ class KVCache(abc.ABC):
         page_size: tokens per page (``>= 1``).
         dtype: the cache dtype callers read; ``store_dtype`` is what tensors hold
             (``uint8`` for fp8 dtypes).
-        layer_num, start_layer, end_layer: the global layers served
-            (``end_layer`` defaults to ``start_layer + layer_num - 1``; layer mapping
-            uses only ``start_layer`` and ``layer_num``).
+        layer_num, start_layer, end_layer: the global layers served. ``end_layer``
+            defaults to ``start_layer + layer_num - 1`` (inclusive); the only other value
+            accepted is ``start_layer + layer_num`` (the exclusive bound SGLang's
+            configurator passes). It is stored as given; layer mapping uses only
+            ``start_layer`` and ``layer_num``.
         device: the device as a string (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"meta"``).
 
     Subclasses create their buffers and implement the data operations with the
-    ``_local_layer``, ``_locations``, ``_move_locations`` and ``_payload`` checks.
+    ``_local_layer``, ``_write_layer``, ``_locations``, ``_move_locations``,
+    ``_cache_payload`` and ``_check_pair_dtypes`` checks; ``_stored_rows`` turns a
+    validated payload into storage rows.
     """
 
     def __init__(
@@ -81,12 +108,7 @@ class KVCache(abc.ABC):
         self.start_layer = (
             0 if start_layer is None else require_int("start_layer", start_layer, minimum=0)
         )
-        last_layer = self.start_layer + self.layer_num - 1
-        self.end_layer = (
-            last_layer
-            if end_layer is None
-            else require_int("end_layer", end_layer, minimum=self.start_layer)
-        )
+        self.end_layer = _check_end_layer(end_layer, self.start_layer, self.layer_num)
         # Accepted for SGLang's signature; there is no memory saver to drive here.
         self.enable_memory_saver = require_bool("enable_memory_saver", enable_memory_saver)
         self._torch_device = resolve_device(device)
@@ -161,6 +183,25 @@ class KVCache(abc.ABC):
             )
         return self._local_layer(layer.layer_id, where=where, name="layer.layer_id")
 
+    def _write_layer(
+        self, layer: object, layer_id_override: object, *, where: str, reads_layer: bool
+    ) -> int:
+        """Local index of the layer a write targets: ``layer_id_override`` when given
+        (a global id, validated like ``layer.layer_id``), else ``layer.layer_id``.
+
+        With an override, ``layer``'s id is not used; ``reads_layer`` (MHA, whose SGLang
+        write still reads ``layer.layer_id`` unless ``layer`` is ``None``) requires
+        ``layer`` to be ``None`` or to have a ``.layer_id``.
+        """
+        if layer_id_override is None:
+            return self._layer_of(layer, where=where)
+        if reads_layer and layer is not None and not hasattr(layer, "layer_id"):
+            raise ValueError(
+                f"{where}: layer must be None or have a .layer_id attribute when"
+                f" layer_id_override is given, got {type(layer).__name__}"
+            )
+        return self._local_layer(layer_id_override, where=where, name="layer_id_override")
+
     def _locations(
         self,
         name: str,
@@ -207,7 +248,8 @@ class KVCache(abc.ABC):
     def _payload(
         self, name: str, value: object, shape: tuple[int, ...], *, where: str
     ) -> torch.Tensor:
-        """Validate a cache payload (pool dtype, or ``uint8`` for fp8) and view it as storage."""
+        """Validate a native cache payload (pool dtype, or ``uint8`` for fp8) and view it as
+        storage (for writes that take no other dtype)."""
         tensor = check_payload(
             name,
             value,
@@ -216,6 +258,48 @@ class KVCache(abc.ABC):
             device=self._torch_device,
             where=where,
         )
+        return as_storage(tensor, self.store_dtype)
+
+    def _cache_payload(
+        self, name: str, value: object, shape: tuple[int, ...], *, where: str
+    ) -> torch.Tensor:
+        """Validate a cache payload in any accepted dtype (native or converted on write);
+        returns it unchanged (see :meth:`_stored_rows`)."""
+        return check_payload(
+            name,
+            value,
+            shape=shape,
+            dtypes=accepted_payload_dtypes(self.dtype),
+            device=self._torch_device,
+            where=where,
+        )
+
+    def _check_pair_dtypes(
+        self, first: tuple[str, torch.Tensor], second: tuple[str, torch.Tensor], *, where: str
+    ) -> None:
+        """``second`` converts together with ``first`` (as SGLang converts cache_v when
+        cache_k is not in the pool's dtype): both native, or both in ``first``'s dtype."""
+        (a, ta), (b, tb) = first, second
+        if is_native(ta.dtype, self.dtype):
+            if not is_native(tb.dtype, self.dtype):
+                native = " or ".join(str(d) for d in payload_dtypes(self.dtype))
+                raise ValueError(
+                    f"{where}: {b} has dtype {tb.dtype} but {a} has the pool's dtype"
+                    f" {ta.dtype}; {b} must then be {native} too ({b} is converted only"
+                    f" together with {a})"
+                )
+        elif tb.dtype != ta.dtype:
+            raise ValueError(
+                f"{where}: {b} has dtype {tb.dtype} but {a} has dtype {ta.dtype};"
+                f" a payload converted to the pool's dtype {self.dtype} must come as"
+                f" {a} and {b} of one dtype"
+            )
+
+    def _stored_rows(self, tensor: torch.Tensor, scale: float | None) -> torch.Tensor:
+        """A validated payload as storage rows: native payloads bit for bit (scale
+        ignored, as SGLang does), others through :func:`convert_payload`."""
+        if not is_native(tensor.dtype, self.dtype):
+            tensor = convert_payload(tensor, self.dtype, scale)
         return as_storage(tensor, self.store_dtype)
 
     @staticmethod

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
-from kvcheck.pools._checks import check_payload, require_int
+from kvcheck.pools._checks import check_page_table, check_payload, require_int
 from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
-from kvcheck.pools._index_k import QUANT_BLOCK, IndexKPageLayout, whole_page_ids
-from kvcheck.pools._rows import gather_rows, move_rows
+from kvcheck.pools._index_k import QUANT_BLOCK, IndexKPageLayout
+from kvcheck.pools._rows import move_rows
 from kvcheck.pools.mla import MLATokenToKVPool
 
 #: Index-K storage: raw bytes (fp8 keys and fp32 scales packed per page).
@@ -54,7 +54,10 @@ class DSATokenToKVPool(MLATokenToKVPool):
     (``index_buf_size`` defaults to ``size``). A page row holds its ``page_size`` keys, then
     their scales (see :mod:`kvcheck.pools._index_k`). Index-K covers token ids
     ``[0, num_index_pages * page_size)``; index writes, moves and host copies refuse
-    tokens beyond that while any layer has an index buffer.
+    tokens beyond that while any layer has an index buffer. Moves and host copies are
+    token-granular: they carry each listed token's latent row, key bytes and scale bytes
+    and never touch the other tokens of its page. ``get_index_k_scale_buffer`` gathers
+    sequences' keys and scales through their page tables.
 
     ``skip_topk_layers[i]`` (local) marks a layer that reuses the previous layer's top-k:
     its index buffer has zero rows (zero bytes, still a list entry so layers stay aligned),
@@ -242,35 +245,51 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
     # --- host copies ---------------------------------------------------------------------
 
-    def _whole_pages(
-        self, indices: object, *, distinct: bool, where: str
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _copy_indices(self, indices: object, *, distinct: bool, where: str) -> torch.Tensor:
+        """Validate host-copy ``indices``: any token ids within the slots and, while a
+        layer holds index keys, within index-K's tokens."""
         limit, reason = self._index_token_limit()
-        idx = self._locations(
+        return self._locations(
             "indices", indices, distinct=distinct, where=where, limit=limit, limit_reason=reason
         )
-        return idx, whole_page_ids(idx, self.page_size, name="indices", where=where)
 
     def _host_layout(self, num_tokens: int) -> dict[str, list[tuple[int, ...]]]:
-        num_pages = num_tokens // self.page_size
-        row_bytes = self.index_layout.row_bytes
+        token_bytes = self.index_layout.token_bytes
         return {
             "kv": self._latent_host_layout(num_tokens),
-            "index_k": [(0 if skip else num_pages, row_bytes) for skip in self.skip_topk_layers],
+            "index_k": [(0 if skip else num_tokens, token_bytes) for skip in self.skip_topk_layers],
         }
 
     def get_cpu_copy(self, indices: torch.Tensor) -> KVHostCopy:
-        """Copy whole pages of latent rows and, for non-skip layers, index-K page rows.
+        """Copy tokens ``indices`` (any token ids, repeats allowed): each token's latent row
+        and, for non-skip layers, its index key and scale bytes.
 
-        ``indices`` must be whole pages: ``len(indices) % page_size == 0`` and each
-        consecutive group of ``page_size`` entries is one page's slots in order
-        (``p*page_size + 0 .. page_size-1``), as a request's slots are. Other index sets
-        raise ``ValueError`` rather than silently dropping the index keys of part pages.
-        Skip layers contribute zero-row entries.
+        Copies are token-granular, as SGLang's callers need (one request's slots: whole
+        pages plus a partial last page, several requests concatenated, runs crossing
+        pages). Index-K parts hold one token row per index, ``D`` key bytes then ``S``
+        scale bytes (``[len(indices), D + S]`` uint8); skip layers contribute zero-row
+        entries. ``indices`` must lie in index-K's tokens while any layer has index keys.
+
+        Example:
+            >>> pool = DSATokenToKVPool(size=8, page_size=4, kv_lora_rank=4,
+            ...                         dtype=torch.bfloat16, qk_rope_head_dim=2, layer_num=1,
+            ...                         device="cpu", index_head_dim=128)
+            >>> key = torch.full((1, 128), 7, dtype=torch.uint8)
+            >>> pool.set_index_k_scale_buffer(0, torch.tensor([5]), key, torch.ones(1, 1))
+            >>> copy = pool.get_cpu_copy(torch.tensor([5, 6]))
+            >>> pool.load_cpu_copy(copy, torch.tensor([2, 9]))  # token 2: 5's bytes
+            >>> pool.get_index_k_with_scale_buffer(0)[0, 256:384].unique().tolist()
+            [7]
         """
-        idx, pages = self._whole_pages(indices, distinct=False, where="get_cpu_copy")
+        idx = self._copy_indices(indices, distinct=False, where="get_cpu_copy")
         index_rows = tuple(
-            self._to_host(gather_rows(buffer, pages[:0] if skip else pages))
+            self._to_host(self.index_layout.read(buffer, idx[:0] if skip else idx))
+            if not self.is_meta
+            else torch.empty(
+                (0 if skip else idx.numel(), self.index_layout.token_bytes),
+                dtype=INDEX_K_DTYPE,
+                device="meta",
+            )
             for buffer, skip in zip(
                 self.index_k_with_scale_buffer, self.skip_topk_layers, strict=True
             )
@@ -282,23 +301,89 @@ class DSATokenToKVPool(MLATokenToKVPool):
         )
 
     def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
-        """Write a copy back to whole pages ``indices`` (distinct; may differ from the
-        copied pages; same whole-page rule and token count as the copy)."""
+        """Write copied token ``i`` to token ``indices[i]``: its latent row and, for
+        non-skip layers, its key and scale bytes. ``indices``: distinct, as many as the
+        copy holds, any token ids (they may differ from the copied ones). Every token not
+        listed keeps its bytes, including the other tokens of a listed token's page."""
         where = "load_cpu_copy"
-        idx, pages = self._whole_pages(indices, distinct=True, where=where)
+        idx = self._copy_indices(indices, distinct=True, where=where)
         copy = check_host_copy(
             kv_cache_cpu,
             source=type(self).__name__,
             expected=self._host_layout(idx.numel()),
             dtypes={"kv": self.store_dtype, "index_k": INDEX_K_DTYPE},
             where=where,
+            num_tokens=idx.numel(),
         )
         if self.is_meta:
             return
         self._load_latent_rows(copy.parts["kv"], idx)
         for i in self._index_layers:
             rows = copy.parts["index_k"][i].to(self._torch_device)
-            self.index_k_with_scale_buffer[i].index_copy_(0, pages, rows)
+            self.index_layout.write_rows(self.index_k_with_scale_buffer[i], idx, rows)
+
+    # --- paged index-K reads -------------------------------------------------------------
+
+    def get_index_k_scale_buffer(
+        self,
+        layer_id: int,
+        seq_len_tensor: torch.Tensor,
+        page_indices: torch.Tensor,
+        seq_len_sum: int,
+        max_seq_len: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather each sequence's first ``seq_len`` index keys and scales through its page
+        table (SGLang's ``GetKAndS``); reads only.
+
+        ``seq_len_tensor``: 1-D int32/int64 ``[B]``, values ``>= 0``. ``page_indices``:
+        2-D int32/int64 ``[B, P]``; row ``b`` lists sequence ``b``'s index pages in order.
+        Sequence ``b``'s token ``j < seq_len[b]`` lives in page ``page_indices[b, j //
+        page_size]`` at offset ``j % page_size``. ``seq_len_sum`` must equal
+        ``sum(seq_len)`` and ``max_seq_len`` be ``>= max(seq_len)`` (0 when ``B == 0``).
+        Each used page id (columns ``< ceil(seq_len[b] / page_size)``, which must exist)
+        must be in ``[0, num_index_pages)``; unused columns are not read. A skip layer
+        raises ``ValueError``.
+
+        Returns fresh uint8 tensors ``(k [seq_len_sum, D], scale [seq_len_sum, S])``: row
+        ``sum(seq_len[:b]) + j`` holds that token's key bytes and scale bytes.
+
+        Example:
+            >>> pool = DSATokenToKVPool(size=8, page_size=4, kv_lora_rank=4,
+            ...                         dtype=torch.bfloat16, qk_rope_head_dim=2, layer_num=1,
+            ...                         device="cpu", index_head_dim=128)
+            >>> key = torch.arange(3, dtype=torch.uint8)[:, None].expand(3, 128)
+            >>> pool.set_index_k_scale_buffer(0, torch.tensor([8, 9, 4]), key,
+            ...                               torch.ones(3, 1))
+            >>> k, s = pool.get_index_k_scale_buffer(0, torch.tensor([2, 1]),
+            ...                                      torch.tensor([[2], [1]]), 3, 2)
+            >>> k[:, 0].tolist(), s.shape
+            ([0, 1, 2], torch.Size([3, 4]))
+        """
+        where = "get_index_k_scale_buffer"
+        local = self._local_layer(layer_id, where=where)
+        if self.skip_topk_layers[local]:
+            raise ValueError(
+                f"{where}: layer_id={layer_id} is a skip-topk layer (skip_topk_layers[{local}]"
+                " is True): it has no index-K buffer"
+            )
+        tokens = check_page_table(
+            seq_len_tensor,
+            page_indices,
+            seq_len_sum,
+            max_seq_len,
+            page_size=self.page_size,
+            num_pages=self.num_index_pages,
+            device=self._torch_device,
+            where=where,
+        )
+        layout = self.index_layout
+        if tokens is None or self.is_meta:
+            total = int(seq_len_sum)  # validated by check_page_table
+            key = torch.empty((total, layout.key_bytes), dtype=INDEX_K_DTYPE, device="meta")
+            scale = torch.empty((total, layout.scale_bytes), dtype=INDEX_K_DTYPE, device="meta")
+            return key, scale
+        rows = layout.read(self.index_k_with_scale_buffer[local], tokens)
+        return rows[:, : layout.key_bytes].contiguous(), rows[:, layout.key_bytes :].contiguous()
 
     # --- transfer descriptors and accounting ---------------------------------------------
 

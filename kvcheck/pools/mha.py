@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from kvcheck.pools._checks import require_int
+from kvcheck.pools._checks import check_prefix_grid, check_scale, require_int
 from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
 from kvcheck.pools._rows import gather_rows, move_rows, scatter_rows
 from kvcheck.pools.base import KVCache
@@ -16,6 +18,12 @@ class MHATokenToKVPool(KVCache):
     V may have its own head dim (``v_head_dim``, default ``head_dim``). fp8 dtypes are
     stored as ``uint8``; ``get_key_buffer``/``get_value_buffer`` return fp8 views.
     Layer ids are global; ``start_layer`` maps them to local buffers.
+
+    Writes (``set_kv_buffer``, ``set_kv_buffer_prefix_valid``) store a payload in the
+    pool's dtype bit for bit and convert one of another floating dtype (divided by
+    ``k_scale``/``v_scale`` where given, then ``.to(dtype)``), never touching the caller's
+    tensors; ``layer_id_override`` picks the layer instead of ``layer.layer_id``.
+    ``get_contiguous_buf_infos`` describes K then V buffers for transfer engines.
 
     Example:
         >>> import torch
@@ -100,26 +108,113 @@ class MHATokenToKVPool(KVCache):
         cache_v: torch.Tensor,
         k_scale: float | None = None,
         v_scale: float | None = None,
+        layer_id_override: int | None = None,
     ) -> None:
-        """Write ``cache_k[i]``/``cache_v[i]`` to slot ``loc[i]`` of ``layer.layer_id``.
+        """Write ``cache_k[i]``/``cache_v[i]`` to slot ``loc[i]`` of one layer.
 
-        ``loc``: 1-D int32/int64, distinct, in ``[0, size + page_size)``. ``cache_k`` is
-        ``[len(loc), head_num, head_dim]`` and ``cache_v`` ``[len(loc), head_num,
-        v_head_dim]``, in the pool's dtype (fp8 pools also take raw ``uint8``), on the
-        pool's device. ``k_scale``/``v_scale`` are accepted for SGLang's signature; SGLang
-        applies them only when it casts a payload of another dtype, and this pool takes
-        payloads already in its dtype, so they have no effect.
+        The layer is ``layer_id_override`` when given (a global id; ``layer`` may then be
+        ``None``), else ``layer.layer_id``. ``loc``: 1-D int32/int64, distinct, in
+        ``[0, size + page_size)``. ``cache_k`` is ``[len(loc), head_num, head_dim]`` and
+        ``cache_v`` ``[len(loc), head_num, v_head_dim]``, on the pool's device.
+
+        Dtypes (SGLang's rule, without its in-place division): a payload in the pool's
+        dtype (or raw ``uint8`` bytes for an fp8 pool) is stored bit for bit and the scales
+        are ignored. A payload in another supported floating dtype (``cache_k`` and
+        ``cache_v`` of one dtype) is divided by ``k_scale``/``v_scale`` where given and
+        converted with ``.to(dtype)`` (see :func:`kvcheck.pools._dtypes.convert_payload`);
+        the caller's tensors are never modified. Scales: ``None``, a finite number ``> 0``,
+        or a one-element float tensor.
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> pool = MHATokenToKVPool(size=4, page_size=2, dtype=torch.bfloat16, head_num=1,
+            ...                         head_dim=2, layer_num=2, device="cpu", start_layer=3)
+            >>> k = torch.tensor([[[3.0, 5.0]]])
+            >>> pool.set_kv_buffer(None, torch.tensor([1]), k, k, k_scale=2.0,
+            ...                    layer_id_override=4)
+            >>> pool.get_key_buffer(4)[1].tolist(), k.tolist()
+            ([[1.5, 2.5]], [[[3.0, 5.0]]])
         """
         where = "set_kv_buffer"
-        local = self._layer_of(layer, where=where)
+        local = self._write_layer(layer, layer_id_override, where=where, reads_layer=True)
         loc = self._locations("loc", loc, distinct=True, where=where)
-        n = loc.numel()
-        k = self._payload("cache_k", cache_k, (n, self.head_num, self.head_dim), where=where)
-        v = self._payload("cache_v", cache_v, (n, self.head_num, self.v_head_dim), where=where)
+        k, v, ks, vs = self._kv_payloads(cache_k, cache_v, loc.numel(), k_scale, v_scale, where)
         if self.is_meta:
             return
-        scatter_rows(self.k_buffer[local], loc, k)
-        scatter_rows(self.v_buffer[local], loc, v)
+        self._write_rows(local, loc, self._stored_rows(k, ks), self._stored_rows(v, vs))
+
+    def _kv_payloads(
+        self,
+        cache_k: object,
+        cache_v: object,
+        n: int,
+        k_scale: object,
+        v_scale: object,
+        where: str,
+    ) -> tuple[torch.Tensor, torch.Tensor, float | None, float | None]:
+        """Validate ``n`` K and V rows (shapes, dtype pairing) and both scales."""
+        k = self._cache_payload("cache_k", cache_k, (n, self.head_num, self.head_dim), where=where)
+        v = self._cache_payload(
+            "cache_v", cache_v, (n, self.head_num, self.v_head_dim), where=where
+        )
+        self._check_pair_dtypes(("cache_k", k), ("cache_v", v), where=where)
+        ks = check_scale("k_scale", k_scale, device=self._torch_device, where=where)
+        vs = check_scale("v_scale", v_scale, device=self._torch_device, where=where)
+        return k, v, ks, vs
+
+    def _write_rows(
+        self, local: int, loc: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
+    ) -> None:
+        scatter_rows(self.k_buffer[local], loc, k_rows)
+        scatter_rows(self.v_buffer[local], loc, v_rows)
+
+    def set_kv_buffer_prefix_valid(
+        self,
+        layer: object,
+        loc_2d: torch.Tensor,
+        commit_lens: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        layer_id_override: int | None = None,
+    ) -> None:
+        """Write the committed prefix of each row of a ``[B, W]`` location grid.
+
+        ``loc_2d``: 2-D int32/int64 ``[B, W]``; ``commit_lens``: 1-D int32/int64 ``[B]``
+        with values in ``[0, W]``. ``cache_k``/``cache_v`` hold one row per grid cell,
+        row-major (``[B * W, head_num, head_dim]`` / ``[B * W, head_num, v_head_dim]``).
+        Cell ``(b, w)`` is written (row ``b * W + w`` to slot ``loc_2d[b, w]``) only when
+        ``w < commit_lens[b]``; other cells are not written and their locations are not
+        checked. Committed locations must be in ``[0, size + page_size)`` and distinct.
+        Layer, dtype and scale rules are those of :meth:`set_kv_buffer`.
+
+        Example:
+            >>> from types import SimpleNamespace
+            >>> pool = MHATokenToKVPool(size=8, page_size=4, dtype=torch.float32, head_num=1,
+            ...                         head_dim=1, layer_num=1, device="cpu")
+            >>> rows = torch.tensor([1.0, 2.0, 3.0, 4.0]).view(4, 1, 1)
+            >>> grid = torch.tensor([[5, 6], [7, -1]])  # -1: uncommitted, never read
+            >>> pool.set_kv_buffer_prefix_valid(SimpleNamespace(layer_id=0), grid,
+            ...                                 torch.tensor([2, 1]), rows, rows)
+            >>> pool.k_buffer[0][4:9].flatten().tolist()
+            [0.0, 1.0, 2.0, 3.0, 0.0]
+        """
+        where = "set_kv_buffer_prefix_valid"
+        local = self._write_layer(layer, layer_id_override, where=where, reads_layer=True)
+        committed = check_prefix_grid(
+            loc_2d, commit_lens, limit=self.num_slots, device=self._torch_device, where=where
+        )
+        rows = int(loc_2d.numel())  # loc_2d is a validated tensor here
+        k, v, ks, vs = self._kv_payloads(cache_k, cache_v, rows, k_scale, v_scale, where)
+        if self.is_meta or committed is None:
+            return
+        cells, loc = committed
+        if cells.numel() == 0:
+            return
+        k_rows = self._stored_rows(k.index_select(0, cells), ks)
+        v_rows = self._stored_rows(v.index_select(0, cells), vs)
+        self._write_rows(local, loc, k_rows, v_rows)
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         """Copy slot ``src_loc[i]`` to slot ``tgt_loc[i]`` in every layer's K and V.
@@ -166,6 +261,7 @@ class MHATokenToKVPool(KVCache):
             expected=self._host_layout(idx.numel()),
             dtypes={"k": self.store_dtype, "v": self.store_dtype},
             where=where,
+            num_tokens=idx.numel(),
         )
         if self.is_meta:
             return
@@ -182,6 +278,30 @@ class MHATokenToKVPool(KVCache):
             sum(b.nbytes for b in self.k_buffer),
             sum(b.nbytes for b in self.v_buffer),
         )
+
+    def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """Transfer descriptors ``(ptrs, lens, item_lens)``: K buffers of every local layer,
+        then V buffers, as SGLang computes them for its plain NHD layout.
+
+        For a buffer whose token row is ``row = head_num * dim * itemsize`` bytes
+        (``itemsize`` of ``store_dtype``): ``ptr`` is its ``data_ptr()`` (0 on ``meta``),
+        ``len`` its rows times ``row`` (``(size + page_size) * row``, SGLang's
+        ``final_span_bytes(size, page_size)``) and ``item_len`` one page,
+        ``page_size * row``.
+
+        Example:
+            >>> pool = MHATokenToKVPool(size=8, page_size=4, dtype=torch.float16, head_num=2,
+            ...                         head_dim=4, layer_num=2, device="meta", v_head_dim=2)
+            >>> pool.get_contiguous_buf_infos()
+            ([0, 0, 0, 0], [192, 192, 96, 96], [64, 64, 32, 32])
+        """
+        ptrs, lens, item_lens = [], [], []
+        for buffer in self.k_buffer + self.v_buffer:
+            row = math.prod(buffer.shape[1:]) * buffer.element_size()
+            ptrs.append(0 if self.is_meta else buffer.data_ptr())
+            lens.append(buffer.shape[0] * row)
+            item_lens.append(self.page_size * row)
+        return ptrs, lens, item_lens
 
     def check_valid(self) -> None:
         """Assert one K and one V buffer per layer with the documented shapes and dtype."""

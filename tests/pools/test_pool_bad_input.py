@@ -137,7 +137,18 @@ PAYLOAD_CASES: dict[str, tuple[str, Op, str]] = {
     "mha-k-shape": ("mha", mha_write(k=f32(1, 2, 5)), "cache_k must have shape (1, 2, 4)"),
     "mha-v-shape": ("mha", mha_write(v=f32(2, 2, 4)), "cache_v must have shape (1, 2, 4)"),
     "mha-k-count": ("mha", mha_write(loc=locs(1, 2)), "cache_k must have shape (2, 2, 4)"),
-    "mha-k-dtype": ("mha", mha_write(k=f32(1, 2, 4).bfloat16()), "cache_k must have dtype"),
+    "mha-k-dtype": ("mha", mha_write(k=f32(1, 2, 4).double()), "cache_k must have dtype"),
+    "mha-k-int": ("mha", mha_write(k=f32(1, 2, 4).int()), "cache_k must have dtype"),
+    "mha-v-not-converted-with-native-k": (
+        "mha",
+        mha_write(v=f32(1, 2, 4).bfloat16()),
+        "cache_v has dtype torch.bfloat16 but cache_k has the pool's dtype torch.float32",
+    ),
+    "mha-k-converted-v-other-dtype": (
+        "mha",
+        mha_write(k=f32(1, 2, 4).half(), v=f32(1, 2, 4).bfloat16()),
+        "cache_v has dtype torch.bfloat16 but cache_k has dtype torch.float16",
+    ),
     "mha-v-dtype": ("mha", mha_write(v=f32(1, 2, 4).to(torch.uint8)), "cache_v must have dtype"),
     "mha-k-device": (
         "mha",
@@ -146,7 +157,8 @@ PAYLOAD_CASES: dict[str, tuple[str, Op, str]] = {
     ),
     "mha-k-not-tensor": ("mha", mha_write(k=[[0.0]]), "cache_k must be a torch.Tensor"),
     "mla-k-shape": ("mla", latent_write(k=f32(1, 1, 5)), "cache_k must have shape (1, 1, 6)"),
-    "mla-k-dtype": ("mla", latent_write(k=f32(1, 1, 6).half()), "cache_k must have dtype"),
+    "mla-k-dtype": ("mla", latent_write(k=f32(1, 1, 6).double()), "cache_k must have dtype"),
+    "mla-k-uint8": ("mla", latent_write(k=f32(1, 1, 6).to(torch.uint8)), "cache_k must have dtype"),
     "dsa-k-shape": ("dsa", latent_write(k=f32(1, 6)), "cache_k must have shape (1, 1, 6)"),
     "dsa-index-k-shape": (
         "dsa",
@@ -207,11 +219,6 @@ PAYLOAD_CASES: dict[str, tuple[str, Op, str]] = {
         "dsa",
         lambda p: p.set_index_k_scale_buffer(1, locs(1), random_bytes((1, 128), seed=0), f32(1, 1)),
         "layer_id=1 is a skip-topk layer",
-    ),
-    "dsa-copy-not-whole-pages": (
-        "dsa",
-        lambda p: p.get_cpu_copy(locs(4, 5)),
-        "indices must be whole pages",
     ),
 }
 

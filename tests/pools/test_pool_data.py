@@ -94,8 +94,8 @@ def test_payload_that_is_a_view_of_the_pool_is_read_before_writing():
     assert torch.equal(pool.kv_buffer[0][3:6], before[2:5])
 
 
-def test_mha_scales_are_accepted_and_do_not_change_the_payload():
-    """k_scale/v_scale are accepted for SGLang's signature and applied to nothing."""
+def test_mha_scales_are_ignored_for_a_payload_in_the_pools_dtype():
+    """k_scale/v_scale apply only to payloads converted from another dtype (as SGLang)."""
     pool = make_mha()
     k = payload((1, 2, 4), torch.float32, seed=7)
     pool.set_kv_buffer(layer(0), locs(1), k, k, k_scale=2.0, v_scale=0.5)
@@ -225,4 +225,4 @@ def test_dsa_host_copy_has_empty_index_entries_for_skip_layers():
     """Skip layers keep a zero-row entry in the copy so layers stay aligned."""
     pool = make_dsa(skip_topk_layers=[False, True, False])
     copy = pool.get_cpu_copy(torch.arange(4, 8))
-    assert [tuple(t.shape) for t in copy.parts["index_k"]] == [(1, 528), (0, 528), (1, 528)]
+    assert [tuple(t.shape) for t in copy.parts["index_k"]] == [(4, 132), (0, 132), (4, 132)]

@@ -1,4 +1,4 @@
-"""DSA index-K: page byte layout, token-granular moves, whole-page host copies, skip layers."""
+"""DSA index-K: page byte layout, token-granular moves and host copies, skip layers."""
 
 from __future__ import annotations
 
@@ -130,36 +130,87 @@ def test_move_skips_skip_layers():
     assert token_index_bytes(pool, 2, 0) == token_index_bytes(pool, 2, 9)
 
 
-# --- whole-page host copies -------------------------------------------------------------
+# --- token-granular host copies ---------------------------------------------------------
 
-NOT_WHOLE_PAGES = {
-    "partial-length": [4, 5, 6],
-    "misaligned-start": [5, 6, 7, 8],
+INDEX_SETS = {
+    "partial-last-page": [4, 5, 6],
+    "misaligned-run": [5, 6, 7, 8],
     "out-of-order": [4, 6, 5, 7],
-    "two-pages-mixed": [4, 5, 10, 11],
+    "two-requests": [4, 5, 10, 11, 1],
+    "single-token": [9],
 }
 
 
-@pytest.mark.parametrize("indices", list(NOT_WHOLE_PAGES))
-def test_host_copy_refuses_index_sets_that_are_not_whole_pages(indices):
-    """get_cpu_copy and load_cpu_copy take only whole pages, in slot order."""
+@pytest.mark.parametrize("name", list(INDEX_SETS))
+def test_host_copy_round_trips_any_token_set(name):
+    """get_cpu_copy takes any token ids; load_cpu_copy writes copied token i to
+    indices[i] (latent row, key and scale bytes) and leaves every other token alone,
+    the other tokens of the same pages included."""
     pool = make_dsa(page_size=4)
-    with pytest.raises(ValueError, match=r"indices.*whole pages"):
-        pool.get_cpu_copy(locs(*NOT_WHOLE_PAGES[indices]))
-    copy = pool.get_cpu_copy(torch.arange(4, 8))
+    fill(pool, seed=13)
+    source = INDEX_SETS[name]
+    targets = [11 - t for t in source]  # distinct, crossing pages, partly overlapping
+    before = {t: token_state(pool, t) for t in range(12)}
+    copy = pool.get_cpu_copy(locs(*source))
+    assert copy.num_tokens == len(source)
+    pool.load_cpu_copy(copy, locs(*targets))
+    expected = dict(before)
+    for s_tok, t_tok in zip(source, targets, strict=True):
+        expected[t_tok] = before[s_tok]
+    assert {t: token_state(pool, t) for t in range(12)} == expected
+
+
+def test_host_copy_index_rows_are_key_then_scale_bytes():
+    """Each copied index row is the token's D key bytes followed by its S scale bytes."""
+    pool = make_dsa(page_size=2, size=8)
+    fill(pool, seed=14)
+    copy = pool.get_cpu_copy(locs(7, 2, 2))
+    for i, token in enumerate([7, 2, 2]):
+        key, scale = token_index_bytes(pool, 0, token)
+        assert bytes(copy.parts["index_k"][0][i].tolist()) == key + scale
+    assert copy.parts["index_k"][1].shape == (0, 132)
+
+
+def test_reload_after_the_slots_were_reused_restores_the_request():
+    """Retraction: copy a request's tokens, let another request overwrite them and their
+    page neighbours, reload; the request's tokens come back, the neighbours keep the new
+    data."""
+    pool = make_dsa(page_size=4)
+    fill(pool, seed=15)
+    request = locs(4, 5, 6, 7, 8, 9)  # a whole page plus a partial one
+    saved = {t: token_state(pool, t) for t in request.tolist()}
+    copy = pool.get_cpu_copy(request)
+    fill(pool, seed=16)
+    neighbours = {t: token_state(pool, t) for t in (10, 11)}
+    pool.load_cpu_copy(copy, request)
+    assert {t: token_state(pool, t) for t in request.tolist()} == saved
+    assert {t: token_state(pool, t) for t in (10, 11)} == neighbours
+
+
+def test_host_copy_keeps_the_index_token_bound():
+    """Host copies still refuse tokens beyond the index pages while a layer has index keys."""
+    pool = make_dsa(size=6, page_size=4)  # 10 slots, 8 index tokens
+    with pytest.raises(ValueError, match=r"indices\[1\]=9 not in \[0, 8\).*index-K"):
+        pool.get_cpu_copy(locs(1, 9))
+    copy = pool.get_cpu_copy(locs(1, 2))
     before = snapshot(pool)
-    with pytest.raises(ValueError, match=r"indices.*whole pages"):
-        pool.load_cpu_copy(copy, locs(*NOT_WHOLE_PAGES[indices]))
+    with pytest.raises(ValueError, match=r"indices\[0\]=8 not in \[0, 8\)"):
+        pool.load_cpu_copy(copy, locs(8, 3))
     assert all(torch.equal(a, b) for a, b in zip(before, snapshot(pool), strict=True))
 
 
-def test_host_copy_of_several_pages_in_any_page_order():
-    """Whole pages may be listed in any page order; copies carry each page's index row."""
-    pool = make_dsa(page_size=2, size=8)
-    fill(pool, seed=13)
-    copy = pool.get_cpu_copy(locs(6, 7, 2, 3))
-    assert torch.equal(copy.parts["index_k"][0][0], pool.index_k_with_scale_buffer[0][3])
-    assert torch.equal(copy.parts["index_k"][0][1], pool.index_k_with_scale_buffer[0][1])
+def test_host_copy_layout_is_checked_before_writing():
+    """A copy whose index rows have the wrong width is refused and nothing is written."""
+    pool = make_dsa()
+    fill(pool, seed=17)
+    copy = pool.get_cpu_copy(locs(1, 2))
+    bad_parts = dict(copy.parts)
+    bad_parts["index_k"] = tuple(t[:, :-1] for t in copy.parts["index_k"])
+    bad = type(copy)(source=copy.source, num_tokens=2, parts=bad_parts)
+    before = snapshot(pool)
+    with pytest.raises(ValueError, match="part 'index_k' layer 0 must have shape"):
+        pool.load_cpu_copy(bad, locs(5, 6))
+    assert all(torch.equal(a, b) for a, b in zip(before, snapshot(pool), strict=True))
 
 
 # --- index capacity ---------------------------------------------------------------------
@@ -244,7 +295,7 @@ def test_meta_dsa_operations_check_shapes_and_do_nothing():
     )
     pool.move_kv_cache(meta_loc, meta_loc)
     copy = pool.get_cpu_copy(torch.arange(4, 8))
-    assert [tuple(t.shape) for t in copy.parts["index_k"]] == [(1, 528), (0, 528), (1, 528)]
+    assert [tuple(t.shape) for t in copy.parts["index_k"]] == [(4, 132), (0, 132), (4, 132)]
     assert all(t.is_meta for t in copy.parts["kv"])
     pool.load_cpu_copy(copy, torch.arange(8, 12))
     with pytest.raises(ValueError, match="index_k must have shape"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from _pools_support import layer, locs, make_noop, snapshot
@@ -55,6 +57,11 @@ WRITES = {
     ),
     "set_kv_buffer-garbage": lambda p: p.set_kv_buffer(None, None, None, None),
     "load_cpu_copy": lambda p: p.load_cpu_copy(p.get_cpu_copy(locs(1)), locs(1)),
+    "load_cpu_copy-garbage": lambda p: p.load_cpu_copy(None, "x"),
+    "prefix-valid": lambda p: p.set_kv_buffer_prefix_valid(
+        layer(0), torch.tensor([[1]]), locs(1), torch.zeros(1, 2, 4), torch.zeros(1, 2, 3)
+    ),
+    "prefix-valid-garbage": lambda p: p.set_kv_buffer_prefix_valid(),
 }
 
 
@@ -78,17 +85,54 @@ def test_every_write_raises_runtime_error_naming_pool_and_configuration(write):
     assert all(torch.equal(a, b) for a, b in zip(before, snapshot(pool), strict=True))
 
 
-@pytest.mark.parametrize(
-    ("tgt", "src"),
-    [(locs(1, 2), locs(3, 4)), (locs(10**6), locs(-5)), (None, "anything")],
-    ids=["valid", "out-of-range", "garbage"],
-)
-def test_move_is_a_no_op_for_any_arguments(tgt, src):
-    """move_kv_cache accepts anything and leaves the placeholders as they were."""
+def test_move_validates_then_does_nothing():
+    """A valid move (within the scheduler's slots, not the placeholder's rows) changes
+    nothing."""
     pool = make_noop()
     before = snapshot(pool)
-    assert pool.move_kv_cache(tgt, src) is None
+    assert pool.move_kv_cache(locs(1, 11), locs(10, 10)) is None
+    assert pool.move_kv_cache(tgt_loc=locs(3), src_loc=locs(4)) is None
     assert all(torch.equal(a, b) for a, b in zip(before, snapshot(pool), strict=True))
+
+
+BAD_MOVES = {
+    "garbage": (("x", 3.5), "tgt_loc must be a torch.Tensor, got str"),
+    "none": ((None, locs(1)), "tgt_loc must be a torch.Tensor, got NoneType"),
+    "out-of-range": ((locs(10**6), locs(1)), "tgt_loc[0]=1000000 not in [0, 12)"),
+    "negative-src": ((locs(1), locs(-5)), "src_loc[0]=-5 not in [0, 12)"),
+    "float": ((locs(1), torch.tensor([1.0])), "src_loc must have dtype int32 or int64"),
+    "duplicate-targets": ((locs(2, 2), locs(1, 3)), "tgt_loc has value 2 at positions 0 and 1"),
+    "lengths": ((locs(1, 2), locs(3)), "len(tgt_loc)=2 and len(src_loc)=1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MOVES))
+def test_bad_move_arguments_are_refused(case):
+    """move_kv_cache checks its arguments like the MHA pool's move before doing nothing."""
+    (tgt, src), fragment = BAD_MOVES[case]
+    pool = make_noop()
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        pool.move_kv_cache(tgt, src)
+
+
+def test_move_takes_exactly_sglangs_two_arguments():
+    """Extra or missing arguments are a TypeError, as for any Python method."""
+    pool = make_noop()
+    with pytest.raises(TypeError):
+        pool.move_kv_cache(locs(1), locs(2), locs(3))  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        pool.move_kv_cache(locs(1))  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("indices", "fragment"),
+    [(locs(12), "indices[0]=12 not in [0, 12)"), ("x", "indices must be a torch.Tensor")],
+    ids=["out-of-range", "garbage"],
+)
+def test_cpu_copy_validates_indices(indices, fragment):
+    """get_cpu_copy checks indices like the MHA pool before returning its empty copy."""
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        make_noop().get_cpu_copy(indices)
 
 
 def test_cpu_copy_is_empty():
