@@ -255,10 +255,7 @@ def _flavour(target: str) -> _Flavour:
     module, sep, attr = name.partition(":")
     if sep and _DOTTED.fullmatch(module) and _DOTTED.fullmatch(attr):
         return _Flavour("module", module, attr)
-    raise ValueError(
-        f"target={target!r}: expected 'kvcheck', 'sglang' or 'module:attr' "
-        "(dotted Python names on both sides)"
-    )
+    raise ValueError(f"target={target!r}: expected 'kvcheck', 'sglang' or 'module:attr'")
 
 
 # --- rendering helpers ----------------------------------------------------------------------
@@ -266,7 +263,12 @@ def _flavour(target: str) -> _Flavour:
 
 def _hex(data: bytes, indent: str) -> str:
     """A hex string literal, split over lines of 64 digits when long."""
-    text = data.hex()
+    return _wrapped(data.hex(), indent)
+
+
+def _wrapped(text: str, indent: str) -> str:
+    """A string literal of ``text`` (no quotes or backslashes in it), split over lines of
+    64 characters when long."""
     if len(text) <= 64:
         return f'"{text}"'
     chunks = [text[i : i + 64] for i in range(0, len(text), 64)]
@@ -288,9 +290,24 @@ def _rows_expr(dtype: str, inner: Sequence[int], rows: Sequence[bytes], indent: 
     return f"rows(torch.{dtype}, {shape},{items}\n{indent})"
 
 
+def _is_run(values: Sequence[int]) -> bool:
+    return len(values) >= 4 and list(values) == list(range(values[0], values[0] + len(values)))
+
+
 def _locs(values: Sequence[int]) -> str:
-    # Python ints make int64 tensors; an empty list needs the dtype spelled out.
-    return f"torch.tensor({list(values)!r})" if values else "torch.tensor([], dtype=torch.int64)"
+    """Locations as an int64 tensor expression (Python ints make int64 tensors)."""
+    if not values:
+        return "torch.tensor([], dtype=torch.int64)"
+    if _is_run(values):
+        return f"torch.arange({values[0]}, {values[0] + len(values)})"
+    return f"torch.tensor({list(values)!r})"
+
+
+def _list(values: Sequence[int]) -> str:
+    """Locations as a label shows them: a list, or a range when they are consecutive."""
+    return (
+        f"range({values[0]}, {values[0] + len(values)})" if _is_run(values) else str(list(values))
+    )
 
 
 def _runs(row: np.ndarray) -> str:
@@ -312,7 +329,9 @@ def _expected_layer(array: np.ndarray, indent: str) -> str:
     rows = [int(r) for r in np.flatnonzero(array.any(axis=1))] if array.size else []
     if not rows:
         return f"{indent}({shape}, {{}}),"
-    body = "".join(f'\n{indent}    {r}: "{_runs(array[r])}",' for r in rows)
+    body = "".join(
+        f"\n{indent}    {r}: {_wrapped(_runs(array[r]), indent + '    ')}," for r in rows
+    )
     return f"{indent}({shape}, {{{body}\n{indent}}}),"
 
 
@@ -389,7 +408,8 @@ def call(what, method, *args, raises=None, **kwargs):
 
 
 def expect_bytes(what, tensor, shape, nonzero):
-    """`tensor` holds `shape` bytes: the `nonzero` runs ({row: "offset:hex ..."}), zeros elsewhere."""
+    """`tensor` holds `shape` bytes: the `nonzero` runs ({row: "offset:hex ..."}) and
+    zeros everywhere else."""
     got = as_bytes(tensor)
     if tuple(got.shape) != shape:
         reproduced(f"{what} is {tuple(got.shape)} [rows, bytes per row] but should be {shape}")
@@ -419,7 +439,8 @@ def check_pool(pool):
     for read, layers in READS.items():
         if hasattr(pool, read):
             for layer_id, (shape, nonzero) in zip(LAYER_IDS, layers):
-                expect_bytes(f"pool.{read}({layer_id})", getattr(pool, read)(layer_id), shape, nonzero)
+                got = getattr(pool, read)(layer_id)
+                expect_bytes(f"pool.{read}({layer_id})", got, shape, nonzero)
 '''
 
 _SGLANG_SETUP = '''
@@ -554,9 +575,9 @@ class _ScriptWriter:
             "# kvcheck's reference model (kvcheck.reference.ReferencePool).",
         ]
         if rep.test:
-            lines.append(f"# Test: {rep.test}")
+            lines += _comment(f"Test: {rep.test}")
         if rep.check:
-            lines.append(f"# Check: {rep.check}")
+            lines += _comment(f"Check: {rep.check}")
         if rep.note:
             lines += ["# kvcheck reported:", *_comment(rep.note, "#   ")]
         lines += [
@@ -630,7 +651,7 @@ class _ScriptWriter:
         if isinstance(op, HostReload) and op.name not in self._copied():
             return [f"# load_cpu_copy of copy {op.name!r}, which was never taken: nothing to call"]
         prep, label, method, args = self._call_parts(op)
-        text = f'call("{label}", {method}, {", ".join(args)}{raises})'
+        text = f"call({label!r}, {method}, {', '.join(args)}{raises})"
         if isinstance(op, HostCopy):
             text = f"copies[{op.name!r}] = {text}"
         return [*prep, text]
@@ -646,11 +667,12 @@ class _ScriptWriter:
             spec = self.spec
             prep = [
                 f"loc = {_locs(op.locs)}",
-                f"cache_k_nope = {_rows_expr(spec.dtype, (1, spec.kv_lora_rank), op.nope_rows, '')}",
+                "cache_k_nope = "
+                f"{_rows_expr(spec.dtype, (1, spec.kv_lora_rank), op.nope_rows, '')}",
                 f"cache_k_rope = "
                 f"{_rows_expr(spec.dtype, (1, spec.qk_rope_head_dim), op.rope_rows, '')}",
             ]
-            label = f"set_mla_kv_buffer(layer_id={op.layer_id}, loc={list(op.locs)})"
+            label = f"set_mla_kv_buffer(layer_id={op.layer_id}, loc={_list(op.locs)})"
             args = [f"layer({op.layer_id})", "loc", "cache_k_nope", "cache_k_rope"]
             return prep, label, "pool.set_mla_kv_buffer", args
         if isinstance(op, WritePrefixValid):
@@ -677,21 +699,21 @@ class _ScriptWriter:
                 "index_k_scale = "
                 f"{_rows_expr('float32', (dim // DSA_QUANT_BLOCK,), op.scale_rows, '')}",
             ]
-            label = f"set_index_k_scale_buffer(layer_id={op.layer_id}, loc={list(op.locs)})"
+            label = f"set_index_k_scale_buffer(layer_id={op.layer_id}, loc={_list(op.locs)})"
             args = [str(op.layer_id), "loc", "index_k", "index_k_scale"]
             if self.flavour.kind == "module":
                 return prep, label, "target.write_index_k", ["pool", *args]
             return prep, label, "pool.set_index_k_scale_buffer", args
         if isinstance(op, Move):
-            label = f"move_kv_cache(tgt_loc={list(op.tgt)}, src_loc={list(op.src)})"
+            label = f"move_kv_cache(tgt_loc={_list(op.tgt)}, src_loc={_list(op.src)})"
             return [], label, "pool.move_kv_cache", [_locs(op.tgt), _locs(op.src)]
         if isinstance(op, HostCopy):
-            label = f"get_cpu_copy(indices={list(op.indices)})"
+            label = f"get_cpu_copy(indices={_list(op.indices)})"
             return [], label, "pool.get_cpu_copy", [_locs(op.indices)]
         if isinstance(op, HostReload):
-            label = f"load_cpu_copy(copies[{op.name!r}], indices={list(op.indices)})"
+            label = f"load_cpu_copy(copies[{op.name!r}], indices={_list(op.indices)})"
             args = [f"copies[{op.name!r}]", _locs(op.indices)]
-            return [], label.replace('"', "'"), "pool.load_cpu_copy", args
+            return [], label, "pool.load_cpu_copy", args
         raise ValueError(f"op={op!r} is not an operation from kvcheck.specs")
 
     def _write_kv(self, op: WriteKV) -> tuple[list[str], str, str, list[str]]:
@@ -701,10 +723,8 @@ class _ScriptWriter:
         dtype = spec.dtype if payload is None else payload.dtype
         k_rows = op.k_rows if payload is None else payload.k_rows
         v_rows = op.v_rows if payload is None else payload.v_rows
-        k_inner = (1, spec.kv_lora_rank + spec.qk_rope_head_dim) if latent else (
-            spec.head_num,
-            spec.head_dim,
-        )
+        latent_width = spec.kv_lora_rank + spec.qk_rope_head_dim
+        k_inner = (1, latent_width) if latent else (spec.head_num, spec.head_dim)
         prep = [f"loc = {_locs(op.locs)}", f"cache_k = {_rows_expr(dtype, k_inner, k_rows, '')}"]
         if latent:
             prep.append("cache_v = None  # the latent row holds both")
@@ -713,13 +733,13 @@ class _ScriptWriter:
             prep.append(f"cache_v = {_rows_expr(dtype, v_inner, v_rows, '')}")
         args = [f"layer({op.layer_id})", "loc", "cache_k", "cache_v"]
         scales = ""
-        if payload is not None:
+        if payload is not None and not latent:  # latent writes take no scales
             for name in ("k_scale", "v_scale"):
                 value = getattr(payload, name)
                 if value is not None:
                     args.append(f"{name}={value!r}")
                     scales += f", {name}={value!r}"
-        label = f"set_kv_buffer(layer_id={op.layer_id}, loc={list(op.locs)}{scales})"
+        label = f"set_kv_buffer(layer_id={op.layer_id}, loc={_list(op.locs)}{scales})"
         return prep, label, "pool.set_kv_buffer", args
 
     # -- the expected end state -------------------------------------------------------------
@@ -807,7 +827,8 @@ def _pool_arguments(spec: PoolSpec, *, sglang: bool) -> list[tuple[str, str]]:
         args += [
             ("index_head_dim", str(spec.index_head_dim)),
             ("index_buf_size", repr(spec.index_buf_size)),
-            ("skip_topk_layers", repr(None if mask is None and not sglang else list(spec.skip_mask))),
+            # sglang is given the mask its configurator builds: one entry per layer.
+            ("skip_topk_layers", repr(list(spec.skip_mask) if sglang or mask else None)),
         ]
         if sglang:
             args.append(("kv_cache_dim", str(spec.kv_lora_rank + spec.qk_rope_head_dim)))
@@ -832,7 +853,7 @@ def render_script(data: Mapping[str, Any], *, target: str) -> str:
         >>> render_script(data, target="nonsense")
         Traceback (most recent call last):
         ...
-        ValueError: target='nonsense': expected 'kvcheck', 'sglang' or 'module:attr' (dotted Python names on both sides)
+        ValueError: target='nonsense': expected 'kvcheck', 'sglang' or 'module:attr'
     """
     flavour = _flavour(target)
     rep = reproduction_from_json(data)

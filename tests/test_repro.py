@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from kvcheck.repro import (
     Reproduction,
@@ -63,9 +62,14 @@ MLA = PoolSpec(
     qk_rope_head_dim=1,
 )
 DSA = PoolSpec(
-    family="dsa", size=4, page_size=2, layer_num=1, dtype="bfloat16", kv_lora_rank=2,
+    family="dsa",
+    size=4,
+    page_size=2,
+    layer_num=1,
+    dtype="bfloat16",
+    kv_lora_rank=2,
     qk_rope_head_dim=1,
-)  # fmt: skip
+)
 KEY = bytes(range(1, 129))
 SCALE = np.float32(0.5).tobytes()
 
@@ -126,7 +130,8 @@ TWINS: dict[str, tuple[str, Reproduction, str]] = {
     "LocSortingMHA": (
         "LOC_SORTING_MHA",
         Reproduction(MHA, (_write(2, 1),)),
-        "set_kv_buffer(layer_id=0, loc=[2, 1]) changed the caller's tensor args[1]: [2, 1] -> [1, 2]",
+        "set_kv_buffer(layer_id=0, loc=[2, 1]) changed the caller's tensor args[1]: "
+        "[2, 1] -> [1, 2]",
     ),
     "HalfApplyingMHA": (
         "HALF_APPLYING_MHA",
@@ -199,8 +204,11 @@ def twin_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
     broken, fixed = [], []
     for twin, (attr, rep, _) in TWINS.items():
         data = json.loads(json.dumps(reproduction_to_json(rep)))  # as stored beside results
-        broken.append(write_script(data, target=f"repro_targets:{attr}", directory=directory,
-                                   test=f"broken_{twin}"))  # fmt: skip
+        broken.append(
+            write_script(
+                data, target=f"repro_targets:{attr}", directory=directory, test=f"broken_{twin}"
+            )
+        )
         fixed.append(write_script(data, target="kvcheck", directory=directory, test=twin))
     return _run_batch(broken + fixed)
 
@@ -213,8 +221,9 @@ def _every_kind_of_op() -> Reproduction:
         dtype="float32", k_rows=(bytes(8),), v_rows=(bytes(8),), k_scale=0.5, v_scale=None
     )
     ops = (
-        WriteKV(layer_id=3, locs=(1,), k_rows=(b"\x01\x02",), v_rows=(b"\x03\x04",),
-                payload=payload),  # fmt: skip
+        WriteKV(
+            layer_id=3, locs=(1,), k_rows=(b"\x01\x02",), v_rows=(b"\x03\x04",), payload=payload
+        ),
         WriteMLA(layer_id=3, locs=(2,), nope_rows=(b"\x05",), rope_rows=(b"\x06",)),
         WritePrefixValid(
             layer_id=3,
@@ -228,8 +237,16 @@ def _every_kind_of_op() -> Reproduction:
         HostCopy(name="a", indices=()),
         HostReload(name="a", indices=(5, 6)),
     )
-    spec = PoolSpec(family="dsa", size=4, page_size=2, layer_num=2, dtype="float8_e5m2",
-                    start_layer=3, skip_topk_layers=(False, True), index_buf_size=6)  # fmt: skip
+    spec = PoolSpec(
+        family="dsa",
+        size=4,
+        page_size=2,
+        layer_num=2,
+        dtype="float8_e5m2",
+        start_layer=3,
+        skip_topk_layers=(False, True),
+        index_buf_size=6,
+    )
     return Reproduction(spec, ops, note="got 1\nbut should be 0", failing_op=4, check="c", test="t")
 
 
@@ -255,8 +272,17 @@ def test_json_round_trip_of_generated_sequences(sequence: Any) -> None:
         {"ops": [{"op": "Explode"}]},
         {"ops": [{"op": "Move", "tgt": [1], "src": [2], "speed": 3}]},
         {"ops": [{"op": "HostCopy", "name": "a", "indices": [1], "extra": 1}]},
-        {"ops": [{"op": "WriteIndexK", "layer_id": 0, "locs": [1], "key_rows": ["zz"],
-                  "scale_rows": ["00"]}]},  # fmt: skip
+        {
+            "ops": [
+                {
+                    "op": "WriteIndexK",
+                    "layer_id": 0,
+                    "locs": [1],
+                    "key_rows": ["zz"],
+                    "scale_rows": ["00"],
+                }
+            ]
+        },
         {"format": 99},
         {"failing_op": 5},
     ],
@@ -332,12 +358,20 @@ def test_script_passes_on_kvcheck_pools(twin: str, twin_results: dict[str, dict[
 def test_script_runs_as_a_plain_python_file(tmp_path: Path) -> None:
     """`python repro_<test>.py`: exit 1 with REPRODUCED on stderr for the broken pool."""
     _, rep, expected = TWINS["MoveIgnoresV"]
-    path = write_script(reproduction_to_json(rep), target="repro_targets:MOVE_IGNORES_V",
-                        directory=tmp_path, test="test_x.py::test_move")  # fmt: skip
+    path = write_script(
+        reproduction_to_json(rep),
+        target="repro_targets:MOVE_IGNORES_V",
+        directory=tmp_path,
+        test="test_x.py::test_move",
+    )
     completed = subprocess.run(
-        [sys.executable, path.name], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+        [sys.executable, path.name],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
         check=False,
-    )  # fmt: skip
+    )
     assert completed.returncode == 1, completed.stderr
     assert completed.stderr.strip().splitlines()[-1].startswith("REPRODUCED: ")
     assert expected in completed.stderr
@@ -346,48 +380,97 @@ def test_script_runs_as_a_plain_python_file(tmp_path: Path) -> None:
 def test_new_write_ops_render_as_pool_calls() -> None:
     """set_mla_kv_buffer, set_kv_buffer_prefix_valid and payload writes render as valid
     calls with SGLang's argument order (the reference's verdict is not needed for this)."""
-    rep = _every_kind_of_op()
-    writer = _ScriptWriter(rep, _Flavour("kvcheck"))
+    payload = Payload(dtype="float32", k_rows=(bytes(8),), v_rows=(bytes(8),), k_scale=0.5)
+    mha_ops = (
+        WriteKV(layer_id=0, locs=(1,), k_rows=(bytes(4),), v_rows=(bytes(4),), payload=payload),
+        WritePrefixValid(
+            layer_id=0,
+            loc_grid=((1, 2), (3, 4)),
+            commit_lens=(1, 2),
+            k_rows=(bytes(4),) * 4,
+            v_rows=(bytes(4),) * 4,
+        ),
+    )
+    mla_op = WriteMLA(layer_id=0, locs=(2,), nope_rows=(b"\x05\x06",), rope_rows=(b"\x07",))
     rendered = {}
-    for op in rep.ops[:3]:
+    for spec, op in ((MHA, mha_ops[0]), (MHA, mha_ops[1]), (MLA, mla_op)):
+        writer = _ScriptWriter(Reproduction(spec, (op,)), _Flavour("kvcheck"))
         prep, label, method, args = writer._call_parts(op)
-        source = "\n".join([*prep, f'call("{label}", {method}, {", ".join(args)})'])
+        source = "\n".join([*prep, f"call({label!r}, {method}, {', '.join(args)})"])
         ast.parse(source)
         rendered[type(op).__name__] = source
-    assert "pool.set_kv_buffer, layer(3), loc, cache_k, cache_v, k_scale=0.5)" in (
-        rendered["WriteKV"]
+    assert 'cache_k = rows(torch.float32, (1, 2), "0000000000000000")' in rendered["WriteKV"]
+    assert (
+        "pool.set_kv_buffer, layer(0), loc, cache_k, cache_v, k_scale=0.5)" in (rendered["WriteKV"])
     )
-    assert "rows(torch.float32, (1, 1, -1)" not in rendered["WriteKV"]
-    assert "pool.set_mla_kv_buffer, layer(3), loc, cache_k_nope, cache_k_rope)" in (
-        rendered["WriteMLA"]
+    assert 'cache_k_rope = rows(torch.float8_e4m3fn, (1, 1), "07")' in rendered["WriteMLA"]
+    assert (
+        "pool.set_mla_kv_buffer, layer(0), loc, cache_k_nope, cache_k_rope)"
+        in (rendered["WriteMLA"])
     )
-    assert "loc_2d = torch.tensor([[1, 2], [3, 4]], dtype=torch.int64)" in (
-        rendered["WritePrefixValid"]
+    assert (
+        "loc_2d = torch.tensor([[1, 2], [3, 4]], dtype=torch.int64)"
+        in (rendered["WritePrefixValid"])
+    )
+    assert (
+        "pool.set_kv_buffer_prefix_valid, layer(0), loc_2d, commit_lens, cache_k, cache_v)"
+        in (rendered["WritePrefixValid"])
     )
 
 
 # --- sglang ------------------------------------------------------------------------------------
 
-SGLANG_MHA = PoolSpec(family="mha", size=8, page_size=4, layer_num=2, dtype="bfloat16",
-                      head_num=1, head_dim=2, start_layer=1)  # fmt: skip
-SGLANG_MLA = PoolSpec(family="mla", size=8, page_size=4, layer_num=1, dtype="bfloat16",
-                      kv_lora_rank=2, qk_rope_head_dim=1)  # fmt: skip
-SGLANG_DSA = PoolSpec(family="dsa", size=64, page_size=64, layer_num=2, dtype="bfloat16",
-                      kv_lora_rank=2, qk_rope_head_dim=1, skip_topk_layers=(False, True))  # fmt: skip
+SGLANG_MHA = PoolSpec(
+    family="mha",
+    size=8,
+    page_size=4,
+    layer_num=2,
+    dtype="bfloat16",
+    head_num=1,
+    head_dim=2,
+    start_layer=1,
+)
+SGLANG_MLA = PoolSpec(
+    family="mla",
+    size=8,
+    page_size=4,
+    layer_num=1,
+    dtype="bfloat16",
+    kv_lora_rank=2,
+    qk_rope_head_dim=1,
+)
+SGLANG_DSA = PoolSpec(
+    family="dsa",
+    size=64,
+    page_size=64,
+    layer_num=2,
+    dtype="bfloat16",
+    kv_lora_rank=2,
+    qk_rope_head_dim=1,
+    skip_topk_layers=(False, True),
+)
 
 
 @pytest.mark.sglang
 def test_sglang_scripts_run_without_kvcheck(tmp_path: Path) -> None:
     """MHA, MLA and DSA reproductions for sglang import sglang alone and pass on its pools."""
     latent = (b"\x80\x3f\x00\x40\x40\x40",)  # bfloat16 1.0, 2.0, 3.0
-    mha_write = WriteKV(layer_id=2, locs=(3, 9), k_rows=(b"\x80\x3f\x00\x40",) * 2,
-                        v_rows=(b"\x40\x40\x80\x40",) * 2)  # fmt: skip
+    mha_write = WriteKV(
+        layer_id=2,
+        locs=(3, 9),
+        k_rows=(b"\x80\x3f\x00\x40",) * 2,
+        v_rows=(b"\x40\x40\x80\x40",) * 2,
+    )
     cases = {
         "mha": Reproduction(
             SGLANG_MHA,
-            (mha_write, Move(tgt=(5, 3), src=(3, 9)), HostCopy("a", (4, 5)),
-             HostReload("a", (8, 9))),
-        ),  # fmt: skip
+            (
+                mha_write,
+                Move(tgt=(5, 3), src=(3, 9)),
+                HostCopy("a", (4, 5)),
+                HostReload("a", (8, 9)),
+            ),
+        ),
         "mla": Reproduction(
             SGLANG_MLA,
             (WriteKV(layer_id=0, locs=(6,), k_rows=latent), Move(tgt=(7,), src=(6,))),
