@@ -102,6 +102,8 @@ class Reproduction:
     def __post_init__(self) -> None:
         if not isinstance(self.spec, PoolSpec):
             raise ValueError(f"spec={self.spec!r} is not a kvcheck.specs.PoolSpec")
+        # Callers may pass a list of the ops run so far; equality and hashing need a tuple.
+        object.__setattr__(self, "ops", tuple(self.ops))
         for op in self.ops:
             if type(op).__name__ not in _OP_CLASSES:
                 raise ValueError(f"op={op!r} is not an operation from kvcheck.specs")
@@ -562,10 +564,10 @@ class _ScriptWriter:
 
         rep, spec = self.rep, self.spec
         needs = {
-            "kvcheck": "torch and kvcheck",
-            "sglang": "torch and sglang (tested with 0.5.23, CPU only)",
-            "module": f"torch, {self.flavour.module} and kvcheck (for kvcheck.specs.PoolSpec, "
-            "which the target's make_pool takes)",
+            "kvcheck": "torch and kvcheck (its pools)",
+            "sglang": "torch and sglang (written for sglang 0.5.23; runs on CPU)",
+            "module": f"torch, {self.flavour.module}, and kvcheck for the PoolSpec that "
+            "the target's make_pool takes",
         }[self.flavour.kind]
         lines = [
             f"# Reproduction written by kvcheck {__version__} for target {target!r}.",
@@ -582,7 +584,8 @@ class _ScriptWriter:
             lines += ["# kvcheck reported:", *_comment(rep.note, "#   ")]
         lines += [
             "#",
-            f"# Run: python <this file>   (needs {needs})",
+            "# Run: python <this file>",
+            f"# Needs: {needs}.",
             '# Exit 1 with "REPRODUCED: ..." naming the first discrepancy; exit 0 with',
             '# "OK: no discrepancy" when the pool behaves.',
         ]
@@ -602,7 +605,8 @@ class _ScriptWriter:
         if kind == "kvcheck":
             return [*lines, "from kvcheck import pools"]
         module = self.flavour.module
-        return [*lines, f"import {module}", "from kvcheck.specs import PoolSpec"]
+        # A private alias, so that no module name can shadow the script's own names.
+        return [*lines, f"import {module} as target_module", "from kvcheck.specs import PoolSpec"]
 
     def build_pool(self) -> list[str]:
         spec, kind = self.spec, self.flavour.kind
@@ -612,7 +616,7 @@ class _ScriptWriter:
                 for f in dataclasses.fields(spec)
                 if getattr(spec, f.name) != f.default
             )
-            first = f"target = {self.flavour.module}.{self.flavour.attr}"
+            first = f"target = target_module.{self.flavour.attr}"
             return [
                 first,
                 "if isinstance(target, type) or not hasattr(target, 'make_pool'):",

@@ -453,7 +453,8 @@ SGLANG_DSA = PoolSpec(
 
 @pytest.mark.sglang
 def test_sglang_scripts_run_without_kvcheck(tmp_path: Path) -> None:
-    """MHA, MLA and DSA reproductions for sglang import sglang alone and pass on its pools."""
+    """MHA, MLA and DSA reproductions for sglang import sglang alone and pass on its pools;
+    a known sglang finding (no check for repeated move targets) is reproduced."""
     latent = (b"\x80\x3f\x00\x40\x40\x40",)  # bfloat16 1.0, 2.0, 3.0
     mha_write = WriteKV(
         layer_id=2,
@@ -490,7 +491,20 @@ def test_sglang_scripts_run_without_kvcheck(tmp_path: Path) -> None:
         write_script(reproduction_to_json(rep), target="sglang", directory=tmp_path, test=name)
         for name, rep in cases.items()
     ]
+    # sglang 0.5.23 does not validate move targets (finding I-series): a known discrepancy.
+    finding = Reproduction(SGLANG_MHA, (Move(tgt=(1, 1), src=(2, 3)),))
+    paths.append(
+        write_script(
+            reproduction_to_json(finding), target="sglang", directory=tmp_path, test="finding"
+        )
+    )
     results = _run_batch(paths, block_kvcheck=True)
     for name in cases:
         result = results[f"repro_{name}"]
         assert (result["code"], result["message"].strip()) == (0, "OK: no discrepancy"), name
+    result = results["repro_finding"]
+    assert result["code"] == 1
+    assert result["message"] == (
+        "REPRODUCED: move_kv_cache(tgt_loc=[1, 1], src_loc=[2, 3]) returned, but should raise "
+        "ValueError"
+    )
