@@ -11,6 +11,8 @@ twin is also run as ``python repro_<test>.py`` on its own.
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -264,6 +266,20 @@ def test_json_round_trip_of_generated_sequences(sequence: Any) -> None:
     """Generated specs and op sequences, invalid ones included, round-trip through JSON."""
     rep = Reproduction(spec=sequence.spec, ops=sequence.ops)
     assert reproduction_from_json(json.loads(json.dumps(reproduction_to_json(rep)))) == rep
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=op_sequences(pool_specs(max_layers=2, max_size=8), max_ops=4, include_invalid=True))
+def test_generated_sequences_replay_cleanly_on_kvcheck_pools(sequence: Any) -> None:
+    """For any sequence, invalid calls included, the kvcheck script agrees with kvcheck's pools
+    (run in this process: the script is plain Python)."""
+    script = render_script(
+        reproduction_to_json(Reproduction(sequence.spec, sequence.ops)), target="kvcheck"
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(script, "repro.py", "exec"), {"__name__": "__main__"})
+    assert out.getvalue() == "OK: no discrepancy\n"
 
 
 @pytest.mark.parametrize(
