@@ -596,7 +596,7 @@ class _ScriptWriter:
         if kind == "sglang":
             names = ["importlib.abc", "importlib.machinery", "math", "os", "sys", "types"]
             names.append("warnings")
-            lines = [f"import {name}" for name in names] + ["", "import torch"]
+            lines = [*(f"import {name}" for name in names), "", "import torch", "", ""]
             lines += _SGLANG_SETUP.strip("\n").splitlines()
             if any(isinstance(op, WriteIndexK) for op in self.rep.ops):
                 lines += _SGLANG_INDEX_K.rstrip("\n").splitlines()
