@@ -1,0 +1,913 @@
+"""Standalone reproduction scripts: a failure as a plain Python file a maintainer can run.
+
+A :class:`Reproduction` is a pool spec, the operations run on it (the failing one last) and
+what kvcheck reported. :func:`reproduction_to_json` stores it beside the results (bytes as
+hex) and :func:`render_script` turns that JSON into a script that imports only torch and
+the target's own package, builds the pool, makes the calls in order and compares every
+buffer with the bytes kvcheck's reference model expects. The script exits 1 with
+``REPRODUCED: ...`` naming the first discrepancy, or prints ``OK: no discrepancy`` and
+exits 0 when the pool behaves, so it can be pasted into an upstream issue as it is.
+
+The expected behaviour (which calls must raise, what every buffer must hold) comes from
+:class:`kvcheck.reference.ReferencePool` when the script is rendered; the script itself
+does not need kvcheck (except ``module:attr`` targets, which take a ``PoolSpec``).
+
+Example:
+    >>> from kvcheck.specs import Move, PoolSpec, WriteKV
+    >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="float16",
+    ...                 head_num=1, head_dim=1)
+    >>> rep = Reproduction(spec=spec, ops=(
+    ...     WriteKV(layer_id=0, locs=(3,), k_rows=(b"\\x00<",), v_rows=(b"\\x00@",)),
+    ...     Move(tgt=(5,), src=(3,))), note="got 0 but should be 64")
+    >>> data = reproduction_to_json(rep)
+    >>> reproduction_from_json(data) == rep
+    True
+    >>> script = render_script(data, target="kvcheck")
+    >>> "pool.move_kv_cache" in script and "from kvcheck import pools" in script
+    True
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvcheck.reference import ReferencePool
+from kvcheck.specs import (
+    DSA_QUANT_BLOCK,
+    DTYPE_ITEMSIZE,
+    HostCopy,
+    HostReload,
+    Move,
+    Op,
+    Payload,
+    PoolSpec,
+    WriteIndexK,
+    WriteKV,
+    WriteMLA,
+    WritePrefixValid,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Reproduction",
+    "render_script",
+    "reproduction_from_json",
+    "reproduction_to_json",
+    "script_name",
+    "write_script",
+]
+
+#: Version of the JSON form; bumped when a field changes meaning.
+FORMAT_VERSION = 1
+
+_OP_CLASSES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (WriteKV, WriteMLA, WritePrefixValid, WriteIndexK, Move, HostCopy, HostReload)
+}
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """A failure kvcheck found, as the pool and the calls that show it.
+
+    ``ops`` are every operation run on a fresh pool built from ``spec``, in order, the
+    failing one last (``failing_op`` names another index when the failure showed earlier).
+    ``note`` is what kvcheck reported, ``check`` the property that failed and ``test`` the
+    test id; all three only annotate the script.
+
+    Example:
+        >>> from kvcheck.specs import Move, PoolSpec
+        >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
+        >>> Reproduction(spec=spec, ops=(Move(tgt=(1,), src=(2,)),)).failing_index
+        0
+    """
+
+    spec: PoolSpec
+    ops: tuple[Op, ...]
+    note: str = ""
+    failing_op: int | None = None
+    check: str = ""
+    test: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.spec, PoolSpec):
+            raise ValueError(f"spec={self.spec!r} is not a kvcheck.specs.PoolSpec")
+        # Callers may pass a list of the ops run so far; equality and hashing need a tuple.
+        object.__setattr__(self, "ops", tuple(self.ops))
+        for op in self.ops:
+            if type(op).__name__ not in _OP_CLASSES:
+                raise ValueError(f"op={op!r} is not an operation from kvcheck.specs")
+        if self.failing_op is not None and not 0 <= self.failing_op < len(self.ops):
+            raise ValueError(
+                f"failing_op={self.failing_op!r} not in [0, {len(self.ops)}) (len(ops))"
+            )
+
+    @property
+    def failing_index(self) -> int | None:
+        """Index of the op after which kvcheck saw the failure (the last one by default)."""
+        if self.failing_op is not None:
+            return self.failing_op
+        return len(self.ops) - 1 if self.ops else None
+
+
+# --- JSON -----------------------------------------------------------------------------------
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, tuple | list):
+        return [_encode(item) for item in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+def _decode(value: Any, hint: Any, where: str) -> Any:
+    """Rebuild a value of type ``hint`` (as annotated in kvcheck.specs) from its JSON form."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if value is None:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        options = [arg for arg in args if arg is not type(None)]
+        return _decode(value, options[0], where)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ValueError(f"{where}={value!r}: expected a list")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(item, args[0], f"{where}[{i}]") for i, item in enumerate(value))
+        return tuple(_decode(item, arg, where) for item, arg in zip(value, args, strict=True))
+    if hint is bytes:
+        try:
+            return bytes.fromhex(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}={value!r}: expected a hex string") from None
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _decode_dataclass(hint, value, where)
+    return value
+
+
+def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where}={data!r}: expected an object for {cls.__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names - {"op"}
+    if unknown:
+        raise ValueError(f"{where}: unknown {cls.__name__} fields {sorted(unknown)}")
+    kwargs = {
+        name: _decode(data[name], hints[name], f"{where}.{name}") for name in names if name in data
+    }
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"{where}: cannot build {cls.__name__}: {exc}") from None
+
+
+def reproduction_to_json(rep: Reproduction) -> dict[str, Any]:
+    """``rep`` as JSON-serializable data; row bytes become hex strings.
+
+    Example:
+        >>> from kvcheck.specs import HostCopy, PoolSpec
+        >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
+        >>> reproduction_to_json(Reproduction(spec, (HostCopy("a", (2, 3)),)))["ops"]
+        [{'op': 'HostCopy', 'name': 'a', 'indices': [2, 3]}]
+    """
+    if not isinstance(rep, Reproduction):
+        raise ValueError(f"rep={rep!r} is not a Reproduction")
+    return {
+        "format": FORMAT_VERSION,
+        "spec": _encode(rep.spec),
+        "ops": [{"op": type(op).__name__, **_encode(op)} for op in rep.ops],
+        "note": rep.note,
+        "failing_op": rep.failing_op,
+        "check": rep.check,
+        "test": rep.test,
+    }
+
+
+def reproduction_from_json(data: Mapping[str, Any]) -> Reproduction:
+    """The :class:`Reproduction` that :func:`reproduction_to_json` wrote (an exact round trip).
+
+    Raises ``ValueError`` naming the offending field for data it cannot read.
+
+    Example:
+        >>> from kvcheck.specs import Move, PoolSpec
+        >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="float16")
+        >>> rep = Reproduction(spec, (Move((1,), (2,)),), note="x")
+        >>> reproduction_from_json(reproduction_to_json(rep)) == rep
+        True
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"data={data!r} is not a mapping")
+    version = data.get("format", FORMAT_VERSION)
+    if version != FORMAT_VERSION:
+        raise ValueError(f"format={version!r}: this kvcheck reads format {FORMAT_VERSION}")
+    if "spec" not in data or "ops" not in data:
+        raise ValueError(f"data has keys {sorted(data)}; 'spec' and 'ops' are required")
+    spec = _decode_dataclass(PoolSpec, data["spec"], "spec")
+    ops = []
+    for i, item in enumerate(data["ops"]):
+        name = item.get("op") if isinstance(item, Mapping) else None
+        if name not in _OP_CLASSES:
+            raise ValueError(f"ops[{i}].op={name!r} not in {sorted(_OP_CLASSES)}")
+        ops.append(_decode_dataclass(_OP_CLASSES[name], item, f"ops[{i}]"))
+    return Reproduction(
+        spec=spec,
+        ops=tuple(ops),
+        note=str(data.get("note", "")),
+        failing_op=data.get("failing_op"),
+        check=str(data.get("check", "")),
+        test=str(data.get("test", "")),
+    )
+
+
+# --- targets --------------------------------------------------------------------------------
+
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+@dataclass(frozen=True)
+class _Flavour:
+    """How the script reaches the pools: kvcheck's, sglang's, or a ``module:attr`` target."""
+
+    kind: str  # "kvcheck", "sglang" or "module"
+    module: str = ""
+    attr: str = ""
+
+
+def _flavour(target: str) -> _Flavour:
+    if not isinstance(target, str):
+        raise ValueError(f"target={target!r} is not a str")
+    name = target.strip()
+    if name in ("kvcheck", "sglang"):
+        return _Flavour(name)
+    module, sep, attr = name.partition(":")
+    if sep and _DOTTED.fullmatch(module) and _DOTTED.fullmatch(attr):
+        return _Flavour("module", module, attr)
+    raise ValueError(f"target={target!r}: expected 'kvcheck', 'sglang' or 'module:attr'")
+
+
+# --- rendering helpers ----------------------------------------------------------------------
+
+
+def _hex(data: bytes, indent: str) -> str:
+    """A hex string literal, split over lines of 64 digits when long."""
+    return _wrapped(data.hex(), indent)
+
+
+def _wrapped(text: str, indent: str) -> str:
+    """A string literal of ``text`` (no quotes or backslashes in it), split over lines of
+    64 characters when long."""
+    if len(text) <= 64:
+        return f'"{text}"'
+    chunks = [text[i : i + 64] for i in range(0, len(text), 64)]
+    inner = "".join(f'\n{indent}    "{chunk}"' for chunk in chunks)
+    return f"({inner}\n{indent})"
+
+
+def _rows_expr(dtype: str, inner: Sequence[int], rows: Sequence[bytes], indent: str) -> str:
+    itemsize = DTYPE_ITEMSIZE.get(dtype, 1)
+    if rows and any(len(row) != itemsize * int(np.prod(inner)) for row in rows):
+        # Rows of the wrong size are part of the call (the pool must refuse them).
+        inner = (*inner[:-1], -1)
+    shape = "(" + ", ".join(str(n) for n in inner) + ("," if len(inner) == 1 else "") + ")"
+    if not rows:
+        return f"rows(torch.{dtype}, {shape})"
+    if len(rows) == 1 and len(rows[0]) <= 24:
+        return f"rows(torch.{dtype}, {shape}, {_hex(rows[0], indent)})"
+    items = "".join(f"\n{indent}    {_hex(row, indent + '    ')}," for row in rows)
+    return f"rows(torch.{dtype}, {shape},{items}\n{indent})"
+
+
+def _is_run(values: Sequence[int]) -> bool:
+    return len(values) >= 4 and list(values) == list(range(values[0], values[0] + len(values)))
+
+
+def _locs(values: Sequence[int]) -> str:
+    """Locations as an int64 tensor expression (Python ints make int64 tensors)."""
+    if not values:
+        return "torch.tensor([], dtype=torch.int64)"
+    if _is_run(values):
+        return f"torch.arange({values[0]}, {values[0] + len(values)})"
+    return f"torch.tensor({list(values)!r})"
+
+
+def _list(values: Sequence[int]) -> str:
+    """Locations as a label shows them: a list, or a range when they are consecutive."""
+    return (
+        f"range({values[0]}, {values[0] + len(values)})" if _is_run(values) else str(list(values))
+    )
+
+
+def _runs(row: np.ndarray) -> str:
+    """A row's non-zero bytes as ``"offset:hex ..."`` runs (zero gaps of 8+ bytes split runs)."""
+    nonzero = np.flatnonzero(row)
+    runs: list[str] = []
+    start = prev = int(nonzero[0])
+    for column in (int(c) for c in nonzero[1:]):
+        if column - prev > 8:
+            runs.append(f"{start}:{row[start : prev + 1].tobytes().hex()}")
+            start = column
+        prev = column
+    runs.append(f"{start}:{row[start : prev + 1].tobytes().hex()}")
+    return " ".join(runs)
+
+
+def _expected_layer(array: np.ndarray, indent: str) -> str:
+    shape = f"({array.shape[0]}, {array.shape[1]})"
+    rows = [int(r) for r in np.flatnonzero(array.any(axis=1))] if array.size else []
+    if not rows:
+        return f"{indent}({shape}, {{}}),"
+    body = "".join(
+        f"\n{indent}    {r}: {_wrapped(_runs(array[r]), indent + '    ')}," for r in rows
+    )
+    return f"{indent}({shape}, {{{body}\n{indent}}}),"
+
+
+def _exception_name(error: type[Exception]) -> str:
+    # Scripts name built-in exceptions only; anything else is caught as Exception.
+    return error.__name__ if getattr(builtins, error.__name__, None) is error else "Exception"
+
+
+def _comment(text: str, prefix: str = "# ") -> list[str]:
+    lines = text.replace("\r", "").splitlines() or [""]
+    return [f"{prefix}{line}".rstrip() for line in lines]
+
+
+# --- the script's parts ---------------------------------------------------------------------
+
+_HELPERS = '''
+def reproduced(message):
+    raise SystemExit(f"REPRODUCED: {message}")
+
+
+def layer(layer_id):
+    """What pools read from an attention layer: its global id."""
+    return types.SimpleNamespace(layer_id=layer_id)
+
+
+def rows(dtype, inner, *hex_rows):
+    """A [len(hex_rows), *inner] tensor of dtype holding each row's raw bytes."""
+    if not hex_rows:
+        return torch.zeros((0, *inner), dtype=dtype)
+    data = bytearray(bytes.fromhex("".join(hex_rows)))
+    return torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(len(hex_rows), *inner)
+
+
+def as_bytes(tensor):
+    """A tensor's bytes as [rows, bytes per row] uint8, whatever its dtype."""
+    tensor = tensor.detach().cpu().contiguous()
+    num_rows = tensor.shape[0] if tensor.dim() else 1
+    width = math.prod(tensor.shape[1:]) * tensor.element_size()
+    return tensor.reshape(-1).view(torch.uint8).reshape(num_rows, width)
+
+
+def tensors_in(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in tensors_in(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in tensors_in(item)]
+    return []
+
+
+def call(what, method, *args, raises=None, **kwargs):
+    """Run one call: it must raise `raises` (or nothing) and leave the caller's tensors as
+    they were."""
+    inputs = [(i, t) for i, arg in enumerate(args) for t in tensors_in(arg)]
+    before = [(t.shape, t.dtype, t.clone()) for _, t in inputs]
+    result, error = None, None
+    try:
+        result = method(*args, **kwargs)
+    except Exception as exc:
+        error = exc
+    for (i, tensor), (shape, dtype, copy) in zip(inputs, before):
+        if (tensor.shape, tensor.dtype) != (shape, dtype) or not torch.equal(
+            as_bytes(tensor), as_bytes(copy)
+        ):
+            change = f": {copy.tolist()} -> {tensor.tolist()}" if copy.numel() <= 8 else ""
+            reproduced(f"{what} changed the caller's tensor args[{i}]{change}")
+    if error is not None and (raises is None or not isinstance(error, raises)):
+        wanted = "no exception" if raises is None else raises.__name__
+        reproduced(f"{what} raised {type(error).__name__}: {error}, but should be {wanted}")
+    if error is None and raises is not None:
+        reproduced(f"{what} returned, but should raise {raises.__name__}")
+    return result
+
+
+def expect_bytes(what, tensor, shape, nonzero):
+    """`tensor` holds `shape` bytes: the `nonzero` runs ({row: "offset:hex ..."}) and
+    zeros everywhere else."""
+    got = as_bytes(tensor)
+    if tuple(got.shape) != shape:
+        reproduced(f"{what} is {tuple(got.shape)} [rows, bytes per row] but should be {shape}")
+    want = torch.zeros(shape, dtype=torch.uint8)
+    for row, runs in nonzero.items():
+        for run in runs.split():
+            offset, digits = run.split(":")
+            data = torch.tensor(list(bytes.fromhex(digits)), dtype=torch.uint8)
+            want[row, int(offset) : int(offset) + len(data)] = data
+    differ = (got != want).nonzero()
+    if len(differ):
+        row, byte = differ[0].tolist()
+        reproduced(
+            f"{what} row {row} byte {byte} is 0x{int(got[row, byte]):02x} but should be "
+            f"0x{int(want[row, byte]):02x} ({len(differ)} bytes differ)"
+        )
+
+
+def check_pool(pool):
+    """Every buffer, and every read API, holds exactly the expected bytes."""
+    for name, layers in EXPECTED.items():
+        buffers = getattr(pool, name)
+        if len(buffers) != len(layers):
+            reproduced(f"pool.{name} has {len(buffers)} layers but should have {len(layers)}")
+        for i, (layer_id, (shape, nonzero)) in enumerate(zip(LAYER_IDS, layers)):
+            expect_bytes(f"pool.{name}[{i}] (layer_id {layer_id})", buffers[i], shape, nonzero)
+    for read, layers in READS.items():
+        if hasattr(pool, read):
+            for layer_id, (shape, nonzero) in zip(LAYER_IDS, layers):
+                got = getattr(pool, read)(layer_id)
+                expect_bytes(f"pool.{read}({layer_id})", got, shape, nonzero)
+'''
+
+_SGLANG_SETUP = '''
+# --- what a launched sglang server would have provided (kvcheck's CPU workarounds) ---
+# sglang's MHA pool moves K/V with a Triton kernel unless this variable asks for its
+# tensor-indexing move; the pool reads it in its constructor.
+os.environ["SGLANG_NATIVE_MOVE_KV_CACHE"] = "1"
+
+
+def torchvision_stand_in():
+    """sglang's config package imports torchvision at import time (for image models this
+    script never builds). Without a loadable torchvision, serve stand-in modules that
+    raise if anything actually calls them."""
+    try:
+        import torchvision  # noqa: F401
+
+        return
+    except Exception:
+        for name in [n for n in sys.modules if n.split(".")[0] == "torchvision"]:
+            del sys.modules[name]
+    try:  # transformers caches whether torchvision exists: let it see the truth first
+        from transformers.utils import import_utils
+
+        import_utils.is_torchvision_available()
+        import_utils.is_torchvision_v2_available()
+    except Exception:
+        pass
+
+    class StandIn(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            child = StandIn(f"{self.__name__}.{name}")
+            setattr(self, name, child)
+            return child
+
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError(f"{self.__name__}: torchvision is a stand-in in this script")
+
+        def __mro_entries__(self, bases):
+            return (object,)
+
+    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] != "torchvision":
+                return None
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+        def create_module(self, spec):
+            module = StandIn(spec.name)
+            module.__path__ = []
+            return module
+
+        def exec_module(self, module):
+            pass
+
+    sys.meta_path.insert(0, Finder())
+
+
+torchvision_stand_in()
+with warnings.catch_warnings():  # sglang warns about CPU-only features at import
+    warnings.simplefilter("ignore")
+    from sglang.srt.mem_cache import memory_pool
+    from sglang.srt.runtime_context import get_parallel
+
+# MLA/DSA pools read parallel widths that a launched server publishes: one rank here.
+get_parallel().override_permanently(attn_dcp_size=1, dcp_enabled=False, attn_dcp_rank=0)
+if not torch.cuda.is_available():
+    # DSA host copies call torch.cuda.synchronize(); CPU work has nothing to wait for.
+    torch.cuda.synchronize = lambda device=None: None
+'''
+
+_SGLANG_INDEX_K = '''
+
+def cpu_set_k_and_s(buf_fp8, buf_fp32, loc, index_k, index_k_scale, index_k_row_stride, *,
+                    PAGE_SIZE, BUF_NUMEL_PER_PAGE, NUM_K_ELEMS_PER_TOKEN,
+                    S_OFFSET_NBYTES_IN_PAGE, PRESHUFFLE_TILE, **launch_options):
+    """CPU body of sglang's Triton _set_k_and_s_triton_kernel, with the byte layout that
+    kernel documents: token t sits in page t // PAGE_SIZE at offset o = t % PAGE_SIZE; its
+    fp8 key fills bytes [o*K, (o+1)*K) of the page row, its fp32 scale the 4 bytes at
+    S_OFFSET + 4*o."""
+    token = loc.view(-1).long()
+    if token.numel() == 0:
+        return
+    page, offset = token // PAGE_SIZE, token % PAGE_SIZE
+    columns = torch.arange(NUM_K_ELEMS_PER_TOKEN)
+    key_at = (page * BUF_NUMEL_PER_PAGE + offset * NUM_K_ELEMS_PER_TOKEN)[:, None] + columns
+    keys = torch.as_strided(index_k.view(torch.uint8), (token.numel(), NUM_K_ELEMS_PER_TOKEN),
+                            (index_k_row_stride, 1))
+    buf_fp8.view(torch.uint8).view(-1)[key_at.reshape(-1)] = keys.reshape(-1)
+    scale_at = page * (BUF_NUMEL_PER_PAGE // 4) + S_OFFSET_NBYTES_IN_PAGE // 4 + offset
+    buf_fp32.view(-1)[scale_at] = index_k_scale.reshape(-1)[: token.numel()].float()
+
+
+class CpuKernel:
+    def __getitem__(self, grid):  # launched as kernel[grid](...)
+        return cpu_set_k_and_s
+
+
+from sglang.kernels.ops.kvcache import dsa_index_k_cache  # noqa: E402
+
+dsa_index_k_cache._set_k_and_s_triton_kernel = CpuKernel()
+'''
+
+
+class _ScriptWriter:
+    """Builds one script from a reproduction, the reference's verdicts and a target flavour."""
+
+    def __init__(self, rep: Reproduction, flavour: _Flavour) -> None:
+        self.rep = rep
+        self.spec = rep.spec
+        self.flavour = flavour
+        self.reference = ReferencePool(rep.spec)
+
+    # -- header and setup -------------------------------------------------------------------
+
+    def header(self, target: str) -> list[str]:
+        from kvcheck import __version__
+
+        rep, spec = self.rep, self.spec
+        needs = {
+            "kvcheck": "torch and kvcheck (its pools)",
+            "sglang": "torch and sglang (written for sglang 0.5.23; runs on CPU)",
+            "module": f"torch, {self.flavour.module}, and kvcheck for the PoolSpec that "
+            "the target's make_pool takes",
+        }[self.flavour.kind]
+        lines = [
+            f"# Reproduction written by kvcheck {__version__} for target {target!r}.",
+            "#",
+            f"# Pool: {_describe_spec(spec)}",
+            f"# Calls: {len(rep.ops)}, made in order below; the expected results come from",
+            "# kvcheck's reference model (kvcheck.reference.ReferencePool).",
+        ]
+        if rep.test:
+            lines += _comment(f"Test: {rep.test}")
+        if rep.check:
+            lines += _comment(f"Check: {rep.check}")
+        if rep.note:
+            lines += ["# kvcheck reported:", *_comment(rep.note, "#   ")]
+        lines += [
+            "#",
+            "# Run: python <this file>",
+            f"# Needs: {needs}.",
+            '# Exit 1 with "REPRODUCED: ..." naming the first discrepancy; exit 0 with',
+            '# "OK: no discrepancy" when the pool behaves.',
+        ]
+        return lines
+
+    def imports(self) -> list[str]:
+        kind = self.flavour.kind
+        if kind == "sglang":
+            names = ["importlib.abc", "importlib.machinery", "math", "os", "sys", "types"]
+            names.append("warnings")
+            lines = [*(f"import {name}" for name in names), "", "import torch", "", ""]
+            lines += _SGLANG_SETUP.strip("\n").splitlines()
+            if any(isinstance(op, WriteIndexK) for op in self.rep.ops):
+                lines += _SGLANG_INDEX_K.rstrip("\n").splitlines()
+            return lines
+        lines = ["import math", "import types", "", "import torch", ""]
+        if kind == "kvcheck":
+            return [*lines, "from kvcheck import pools"]
+        module = self.flavour.module
+        # A private alias, so that no module name can shadow the script's own names.
+        return [*lines, f"import {module} as target_module", "from kvcheck.specs import PoolSpec"]
+
+    def build_pool(self) -> list[str]:
+        spec, kind = self.spec, self.flavour.kind
+        if kind == "module":
+            fields = ", ".join(
+                f"{f.name}={getattr(spec, f.name)!r}"
+                for f in dataclasses.fields(spec)
+                if getattr(spec, f.name) != f.default
+            )
+            first = f"target = target_module.{self.flavour.attr}"
+            return [
+                first,
+                "if isinstance(target, type) or not hasattr(target, 'make_pool'):",
+                "    target = target()  # a class or factory: kvcheck calls it with no arguments",
+                f'pool = target.make_pool(PoolSpec({fields}), device="cpu")',
+            ]
+        args = _pool_arguments(spec, sglang=kind == "sglang")
+        owner = "memory_pool" if kind == "sglang" else "pools"
+        cls = {
+            "mha": "MHATokenToKVPool",
+            "noop": "NoOpMHATokenToKVPool",
+            "mla": "MLATokenToKVPool",
+            "dsa": "DSATokenToKVPool",
+        }[spec.family]
+        body = "".join(f"\n    {name}={value}," for name, value in args)
+        return [f"pool = {owner}.{cls}({body}\n)"]
+
+    # -- operations -------------------------------------------------------------------------
+
+    def op_lines(self) -> list[str]:
+        lines: list[str] = []
+        failing = self.rep.failing_index
+        for index, op in enumerate(self.rep.ops):
+            error = self.reference.expected_error(op)
+            marker = "  <- kvcheck saw the failure here" if index == failing else ""
+            verdict = f"must raise {error.__name__}" if error is not None else "accepted"
+            lines.append(f"# call {index + 1} of {len(self.rep.ops)} ({verdict}){marker}")
+            lines += self._call_lines(op, error)
+            lines.append("")
+            if error is None:
+                self.reference.apply(op)
+        return lines
+
+    def _call_lines(self, op: Op, error: type[Exception] | None) -> list[str]:
+        raises = "" if error is None else f", raises={_exception_name(error)}"
+        if isinstance(op, HostReload) and op.name not in self._copied():
+            return [f"# load_cpu_copy of copy {op.name!r}, which was never taken: nothing to call"]
+        prep, label, method, args = self._call_parts(op)
+        text = f"call({label!r}, {method}, {', '.join(args)}{raises})"
+        if isinstance(op, HostCopy):
+            text = f"copies[{op.name!r}] = {text}"
+        return [*prep, text]
+
+    def _copied(self) -> set[str]:
+        return set(self.reference._host_copies)
+
+    def _call_parts(self, op: Op) -> tuple[list[str], str, str, list[str]]:
+        """Lines preparing tensors, the label, the bound method and its arguments."""
+        if isinstance(op, WriteKV):
+            return self._write_kv(op)
+        if isinstance(op, WriteMLA):
+            spec = self.spec
+            prep = [
+                f"loc = {_locs(op.locs)}",
+                "cache_k_nope = "
+                f"{_rows_expr(spec.dtype, (1, spec.kv_lora_rank), op.nope_rows, '')}",
+                f"cache_k_rope = "
+                f"{_rows_expr(spec.dtype, (1, spec.qk_rope_head_dim), op.rope_rows, '')}",
+            ]
+            label = f"set_mla_kv_buffer(layer_id={op.layer_id}, loc={_list(op.locs)})"
+            args = [f"layer({op.layer_id})", "loc", "cache_k_nope", "cache_k_rope"]
+            return prep, label, "pool.set_mla_kv_buffer", args
+        if isinstance(op, WritePrefixValid):
+            heads, spec = self.spec.head_num, self.spec
+            grid = [list(row) for row in op.loc_grid]
+            prep = [
+                f"loc_2d = torch.tensor({grid!r}, dtype=torch.int64)",
+                f"commit_lens = torch.tensor({list(op.commit_lens)!r}, dtype=torch.int32)",
+                f"cache_k = {_rows_expr(spec.dtype, (heads, spec.head_dim), op.k_rows, '')}",
+                "cache_v = "
+                f"{_rows_expr(spec.dtype, (heads, spec.effective_v_head_dim), op.v_rows, '')}",
+            ]
+            label = (
+                f"set_kv_buffer_prefix_valid(layer_id={op.layer_id}, loc_2d={grid}, "
+                f"commit_lens={list(op.commit_lens)})"
+            )
+            args = [f"layer({op.layer_id})", "loc_2d", "commit_lens", "cache_k", "cache_v"]
+            return prep, label, "pool.set_kv_buffer_prefix_valid", args
+        if isinstance(op, WriteIndexK):
+            dim = self.spec.index_head_dim
+            prep = [
+                f"loc = {_locs(op.locs)}",
+                f"index_k = {_rows_expr('float8_e4m3fn', (dim,), op.key_rows, '')}",
+                "index_k_scale = "
+                f"{_rows_expr('float32', (dim // DSA_QUANT_BLOCK,), op.scale_rows, '')}",
+            ]
+            label = f"set_index_k_scale_buffer(layer_id={op.layer_id}, loc={_list(op.locs)})"
+            args = [str(op.layer_id), "loc", "index_k", "index_k_scale"]
+            if self.flavour.kind == "module":
+                return prep, label, "target.write_index_k", ["pool", *args]
+            return prep, label, "pool.set_index_k_scale_buffer", args
+        if isinstance(op, Move):
+            label = f"move_kv_cache(tgt_loc={_list(op.tgt)}, src_loc={_list(op.src)})"
+            return [], label, "pool.move_kv_cache", [_locs(op.tgt), _locs(op.src)]
+        if isinstance(op, HostCopy):
+            label = f"get_cpu_copy(indices={_list(op.indices)})"
+            return [], label, "pool.get_cpu_copy", [_locs(op.indices)]
+        if isinstance(op, HostReload):
+            label = f"load_cpu_copy(copies[{op.name!r}], indices={_list(op.indices)})"
+            args = [f"copies[{op.name!r}]", _locs(op.indices)]
+            return [], label, "pool.load_cpu_copy", args
+        raise ValueError(f"op={op!r} is not an operation from kvcheck.specs")
+
+    def _write_kv(self, op: WriteKV) -> tuple[list[str], str, str, list[str]]:
+        spec = self.spec
+        latent = spec.family in ("mla", "dsa")
+        payload: Payload | None = op.payload
+        dtype = spec.dtype if payload is None else payload.dtype
+        k_rows = op.k_rows if payload is None else payload.k_rows
+        v_rows = op.v_rows if payload is None else payload.v_rows
+        latent_width = spec.kv_lora_rank + spec.qk_rope_head_dim
+        k_inner = (1, latent_width) if latent else (spec.head_num, spec.head_dim)
+        prep = [f"loc = {_locs(op.locs)}", f"cache_k = {_rows_expr(dtype, k_inner, k_rows, '')}"]
+        if latent:
+            prep.append("cache_v = None  # the latent row holds both")
+        else:
+            v_inner = (spec.head_num, spec.effective_v_head_dim)
+            prep.append(f"cache_v = {_rows_expr(dtype, v_inner, v_rows, '')}")
+        args = [f"layer({op.layer_id})", "loc", "cache_k", "cache_v"]
+        scales = ""
+        if payload is not None and not latent:  # latent writes take no scales
+            for name in ("k_scale", "v_scale"):
+                value = getattr(payload, name)
+                if value is not None:
+                    args.append(f"{name}={value!r}")
+                    scales += f", {name}={value!r}"
+        label = f"set_kv_buffer(layer_id={op.layer_id}, loc={_list(op.locs)}{scales})"
+        return prep, label, "pool.set_kv_buffer", args
+
+    # -- the expected end state -------------------------------------------------------------
+
+    def expected(self) -> list[str]:
+        buffers = self.reference.expected_buffers()
+        lines = [
+            f"LAYER_IDS = {list(self.spec.layer_ids)!r}",
+            "# Expected bytes of each buffer, one ((rows, bytes per row), {row: runs}) per layer:",
+            '# a run "offset:hex" gives the bytes from that offset; every other byte is zero.',
+            "EXPECTED = {",
+        ]
+        for name, layers in buffers.items():
+            lines.append(f'    "{name}": [')
+            lines += [_expected_layer(layer, "        ") for layer in layers]
+            lines.append("    ],")
+        lines.append("}")
+        lines += self._reads(buffers)
+        return lines
+
+    def _reads(self, buffers: Mapping[str, list[np.ndarray]]) -> list[str]:
+        """The read APIs and the expected bytes they return (views of the raw buffers)."""
+        spec = self.spec
+        if spec.family in ("mha", "noop"):
+            return [
+                'READS = {"get_key_buffer": EXPECTED["k_buffer"], '
+                '"get_value_buffer": EXPECTED["v_buffer"]}'
+            ]
+        width = spec.kv_lora_rank * spec.itemsize
+        values = [layer[:, :width] for layer in buffers["kv_buffer"]]
+        lines = [
+            "READS = {",
+            '    "get_key_buffer": EXPECTED["kv_buffer"],',
+            f"    # the first kv_lora_rank={spec.kv_lora_rank} values of each latent row",
+            '    "get_value_buffer": [',
+            *[_expected_layer(layer, "        ") for layer in values],
+            "    ],",
+        ]
+        if spec.family == "dsa":
+            lines.append(
+                '    "get_index_k_with_scale_buffer": EXPECTED["index_k_with_scale_buffer"],'
+            )
+        return [*lines, "}"]
+
+
+def _describe_spec(spec: PoolSpec) -> str:
+    shown = [
+        f"{f.name}={getattr(spec, f.name)!r}"
+        for f in dataclasses.fields(spec)
+        if f.name != "family" and getattr(spec, f.name) != f.default
+    ]
+    return f"{spec.family} ({', '.join(shown)})"
+
+
+def _pool_arguments(spec: PoolSpec, *, sglang: bool) -> list[tuple[str, str]]:
+    """Constructor arguments of the pool ``spec`` describes, as (name, source) pairs."""
+    args = [
+        ("size", str(spec.size)),
+        ("page_size", str(spec.page_size)),
+        ("dtype", f"torch.{spec.dtype}"),
+        ("layer_num", str(spec.layer_num)),
+        ("device", '"cpu"'),
+        ("start_layer", str(spec.start_layer)),
+    ]
+    if sglang:
+        args += [
+            ("end_layer", str(spec.start_layer + spec.layer_num)),
+            ("enable_memory_saver", "False"),
+        ]
+    if spec.family in ("mha", "noop"):
+        args += [
+            ("head_num", str(spec.head_num)),
+            ("head_dim", str(spec.head_dim)),
+            ("v_head_dim", repr(spec.v_head_dim)),
+        ]
+        if sglang:
+            args.append(("enable_kv_cache_copy", "False"))
+        return args
+    args += [
+        ("kv_lora_rank", str(spec.kv_lora_rank)),
+        ("qk_rope_head_dim", str(spec.qk_rope_head_dim)),
+    ]
+    if spec.family == "dsa":
+        mask = spec.skip_topk_layers
+        args += [
+            ("index_head_dim", str(spec.index_head_dim)),
+            ("index_buf_size", repr(spec.index_buf_size)),
+            # sglang is given the mask its configurator builds: one entry per layer.
+            ("skip_topk_layers", repr(list(spec.skip_mask) if sglang or mask else None)),
+        ]
+        if sglang:
+            args.append(("kv_cache_dim", str(spec.kv_lora_rank + spec.qk_rope_head_dim)))
+    return args
+
+
+def render_script(data: Mapping[str, Any], *, target: str) -> str:
+    """The standalone script that replays ``data`` (:func:`reproduction_to_json`'s output).
+
+    ``target`` is the target name given to kvcheck: ``"kvcheck"`` (the script imports
+    torch and ``kvcheck.pools``), ``"sglang"`` (torch and sglang only, with kvcheck's CPU
+    workarounds written out), or ``"module:attr"`` (the script imports ``module``, takes
+    ``attr`` as the target and calls ``target.make_pool(PoolSpec(...), device="cpu")``).
+    Raises ``ValueError`` for any other form.
+
+    Example:
+        >>> from kvcheck.specs import Move, PoolSpec
+        >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
+        >>> data = reproduction_to_json(Reproduction(spec, (Move((1,), (2,)),)))
+        >>> "import mypkg.targets" in render_script(data, target="mypkg.targets:Mine")
+        True
+        >>> render_script(data, target="nonsense")
+        Traceback (most recent call last):
+        ...
+        ValueError: target='nonsense': expected 'kvcheck', 'sglang' or 'module:attr'
+    """
+    flavour = _flavour(target)
+    rep = reproduction_from_json(data)
+    writer = _ScriptWriter(rep, flavour)
+    head = "\n".join(writer.header(target.strip()))
+    setup = "\n".join(writer.imports())
+    body = [
+        "# --- the pool and the calls " + "-" * 60,
+        *writer.build_pool(),
+        "copies = {}  # host copies by name",
+        "",
+        *writer.op_lines(),
+        *writer.expected(),
+        "",
+        "check_pool(pool)",
+        'print("OK: no discrepancy")',
+    ]
+    blocks = [setup, _HELPERS.strip("\n"), "\n".join(body)]
+    return head + "\n\n" + "\n\n\n".join(blocks) + "\n"
+
+
+def script_name(test: str) -> str:
+    """File name for the reproduction of test ``test``: ``repro_<sanitized test id>.py``.
+
+    Example:
+        >>> script_name("kvcheck/suite/test_pool_machines.py::test_mha[cpu]")
+        'repro_test_pool_machines_test_mha_cpu.py'
+    """
+    tail = test.replace("\\", "/").split("/")[-1].replace(".py::", "_").replace("::", "_")
+    stem = re.sub(r"[^A-Za-z0-9_]+", "_", tail).strip("_") or "failure"
+    return f"repro_{stem[:100]}.py"
+
+
+def write_script(
+    data: Mapping[str, Any], *, target: str, directory: str | Path, test: str = ""
+) -> Path:
+    """Render ``data`` for ``target`` into ``directory`` (created if missing); return the path.
+
+    The file is named by :func:`script_name` from ``test`` (else from ``data["test"]``).
+
+    Example:
+        >>> import tempfile
+        >>> from kvcheck.specs import Move, PoolSpec
+        >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
+        >>> data = reproduction_to_json(Reproduction(spec, (Move((1,), (2,)),), test="t::x"))
+        >>> write_script(data, target="kvcheck", directory=tempfile.mkdtemp()).name
+        'repro_t_x.py'
+    """
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    out = path / script_name(test or str(data.get("test", "")))
+    out.write_text(render_script(data, target=target), encoding="utf-8")
+    return out

@@ -1,0 +1,526 @@
+"""Standalone reproduction scripts (kvcheck.repro): JSON round trip, targets, and the twins.
+
+For each pool-side failing twin that a short op sequence shows, a hand-picked minimal
+reproduction is rendered for a ``module:attr`` target serving the broken pool (it must
+exit 1 with ``REPRODUCED``) and for the ``kvcheck`` target (it must exit 0). Each script
+runs as ``__main__`` in a fresh interpreter; to keep the cost of importing torch low, the
+scripts of one kind share one interpreter (run one after another with ``runpy``), and one
+twin is also run as ``python repro_<test>.py`` on its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from kvcheck.repro import (
+    Reproduction,
+    _Flavour,
+    _ScriptWriter,
+    render_script,
+    reproduction_from_json,
+    reproduction_to_json,
+    script_name,
+    write_script,
+)
+from kvcheck.specs import (
+    HostCopy,
+    HostReload,
+    Move,
+    Payload,
+    PoolSpec,
+    WriteIndexK,
+    WriteKV,
+    WriteMLA,
+    WritePrefixValid,
+)
+from kvcheck.strategies import op_sequences, pool_specs
+
+TESTS_DIR = Path(__file__).resolve().parent
+WORKTREE = TESTS_DIR.parent
+
+# --- minimal reproductions of the twins --------------------------------------------------------
+
+MHA = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="bfloat16", head_dim=2)
+NOOP = PoolSpec(family="noop", size=4, page_size=2, layer_num=1, dtype="bfloat16", head_dim=2)
+MLA = PoolSpec(
+    family="mla",
+    size=4,
+    page_size=2,
+    layer_num=1,
+    dtype="float8_e4m3fn",
+    kv_lora_rank=2,
+    qk_rope_head_dim=1,
+)
+DSA = PoolSpec(
+    family="dsa",
+    size=4,
+    page_size=2,
+    layer_num=1,
+    dtype="bfloat16",
+    kv_lora_rank=2,
+    qk_rope_head_dim=1,
+)
+KEY = bytes(range(1, 129))
+SCALE = np.float32(0.5).tobytes()
+
+
+def _write(*locs: int, v_bytes: int = 4) -> WriteKV:
+    """An MHA write of distinct non-zero rows (4 bytes of K, ``v_bytes`` of V per slot)."""
+    k = tuple(bytes([16 * loc + i + 1 for i in range(4)]) for loc in locs)
+    v = tuple(bytes([16 * loc + i + 9 for i in range(v_bytes)]) for loc in locs)
+    return WriteKV(layer_id=0, locs=locs, k_rows=k, v_rows=v)
+
+
+#: twin id -> (attribute of tests/repro_targets.py, reproduction, part of the REPRODUCED line)
+TWINS: dict[str, tuple[str, Reproduction, str]] = {
+    "MoveIgnoresV": (
+        "MOVE_IGNORES_V",
+        Reproduction(MHA, (_write(3), Move(tgt=(5,), src=(3,))), note="v_buffer differs"),
+        "pool.v_buffer[0] (layer_id 0) row 5 byte 0",
+    ),
+    "SequentialMoveMLA": (
+        "SEQUENTIAL_MOVE_MLA",
+        Reproduction(
+            MLA,
+            (
+                WriteKV(layer_id=0, locs=(1, 2), k_rows=(b"\x01\x02\x03", b"\x04\x05\x06")),
+                Move(tgt=(2, 3), src=(1, 2)),
+            ),
+        ),
+        "pool.kv_buffer[0] (layer_id 0) row 3 byte 0",
+    ),
+    "PageRowMoveDSA": (
+        "PAGE_ROW_MOVE_DSA",
+        Reproduction(
+            DSA,
+            (
+                WriteIndexK(layer_id=0, locs=(1,), key_rows=(KEY,), scale_rows=(SCALE,)),
+                Move(tgt=(2,), src=(1,)),
+            ),
+        ),
+        "pool.index_k_with_scale_buffer[0] (layer_id 0) row 1 byte 0",
+    ),
+    "HostCopyDropsIndexK": (
+        "HOST_COPY_DROPS_INDEX_K",
+        Reproduction(
+            DSA,
+            (
+                WriteIndexK(layer_id=0, locs=(2,), key_rows=(KEY,), scale_rows=(SCALE,)),
+                HostCopy(name="a", indices=(2, 3)),
+                HostReload(name="a", indices=(4, 5)),
+            ),
+        ),
+        "pool.index_k_with_scale_buffer[0] (layer_id 0) row 2 byte 0",
+    ),
+    "SilentNoOp": (
+        "SILENT_NOOP",
+        Reproduction(NOOP, (_write(1),)),
+        "set_kv_buffer(layer_id=0, loc=[1]) returned, but should raise RuntimeError",
+    ),
+    "LocSortingMHA": (
+        "LOC_SORTING_MHA",
+        Reproduction(MHA, (_write(2, 1),)),
+        "set_kv_buffer(layer_id=0, loc=[2, 1]) changed the caller's tensor args[1]: "
+        "[2, 1] -> [1, 2]",
+    ),
+    "HalfApplyingMHA": (
+        "HALF_APPLYING_MHA",
+        Reproduction(MHA, (_write(1, v_bytes=2),)),
+        "pool.k_buffer[0] (layer_id 0) row 1 byte 0",
+    ),
+    "ValidatingMoveNoOp": (
+        "VALIDATING_MOVE_NOOP",
+        Reproduction(NOOP, (Move(tgt=(3,), src=(1,)),)),
+        "move_kv_cache(tgt_loc=[3], src_loc=[1]) raised ValueError",
+    ),
+    "FullSizeNoOp": (
+        "FULL_SIZE_NOOP",
+        Reproduction(NOOP, ()),
+        "pool.k_buffer[0] (layer_id 0) is (6, 4) [rows, bytes per row] but should be (2, 4)",
+    ),
+    "factory": (
+        "broken_factory",
+        Reproduction(MHA, (_write(3), Move(tgt=(5,), src=(3,)))),
+        "pool.v_buffer[0] (layer_id 0) row 5 byte 0",
+    ),
+}
+
+#: Runs each script path given as an argument as ``__main__``; prints one JSON result each.
+_BATCH_RUNNER = """
+import contextlib, io, json, runpy, sys, traceback
+if sys.argv[1] == "block-kvcheck":
+    sys.modules["kvcheck"] = None  # any `import kvcheck...` now raises ImportError
+results = []
+for path in sys.argv[2:]:
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(path, run_name="__main__")
+        code, message = 0, out.getvalue()
+    except SystemExit as exc:
+        code, message = (exc.code, "") if isinstance(exc.code, int) else (1, str(exc.code))
+    except BaseException:
+        code, message = "crashed", traceback.format_exc()
+    results.append({"path": path, "code": code, "message": message})
+print(json.dumps(results))
+"""
+
+
+def _env() -> dict[str, str]:
+    """The test's environment with tests/ (for repro_targets) and the worktree importable."""
+    paths = [str(TESTS_DIR), str(WORKTREE), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+def _run_batch(paths: list[Path], *, block_kvcheck: bool = False) -> dict[str, dict[str, Any]]:
+    mode = "block-kvcheck" if block_kvcheck else "plain"
+    completed = subprocess.run(
+        [sys.executable, "-c", _BATCH_RUNNER, mode, *map(str, paths)],
+        cwd=paths[0].parent,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    results = json.loads(completed.stdout.strip().splitlines()[-1])
+    return {Path(item["path"]).stem: item for item in results}
+
+
+@pytest.fixture(scope="module")
+def twin_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Every twin's script run against its broken pool and against kvcheck's own pool."""
+    directory = tmp_path_factory.mktemp("repro")
+    broken, fixed = [], []
+    for twin, (attr, rep, _) in TWINS.items():
+        data = json.loads(json.dumps(reproduction_to_json(rep)))  # as stored beside results
+        broken.append(
+            write_script(
+                data, target=f"repro_targets:{attr}", directory=directory, test=f"broken_{twin}"
+            )
+        )
+        fixed.append(write_script(data, target="kvcheck", directory=directory, test=twin))
+    return _run_batch(broken + fixed)
+
+
+# --- JSON --------------------------------------------------------------------------------------
+
+
+def _every_kind_of_op() -> Reproduction:
+    payload = Payload(
+        dtype="float32", k_rows=(bytes(8),), v_rows=(bytes(8),), k_scale=0.5, v_scale=None
+    )
+    ops = (
+        WriteKV(
+            layer_id=3, locs=(1,), k_rows=(b"\x01\x02",), v_rows=(b"\x03\x04",), payload=payload
+        ),
+        WriteMLA(layer_id=3, locs=(2,), nope_rows=(b"\x05",), rope_rows=(b"\x06",)),
+        WritePrefixValid(
+            layer_id=3,
+            loc_grid=((1, 2), (3, 4)),
+            commit_lens=(1, 2),
+            k_rows=(b"\x01",) * 4,
+            v_rows=(b"\x02",) * 4,
+        ),
+        WriteIndexK(layer_id=3, locs=(2,), key_rows=(KEY,), scale_rows=(SCALE,)),
+        Move(tgt=(1, 2), src=(2, 2)),
+        HostCopy(name="a", indices=()),
+        HostReload(name="a", indices=(5, 6)),
+    )
+    spec = PoolSpec(
+        family="dsa",
+        size=4,
+        page_size=2,
+        layer_num=2,
+        dtype="float8_e5m2",
+        start_layer=3,
+        skip_topk_layers=(False, True),
+        index_buf_size=6,
+    )
+    return Reproduction(spec, ops, note="got 1\nbut should be 0", failing_op=4, check="c", test="t")
+
+
+def test_json_round_trip_is_exact_for_every_op_kind() -> None:
+    """Every op kind, payload, nested tuple and optional field survives JSON text exactly."""
+    rep = _every_kind_of_op()
+    text = json.dumps(reproduction_to_json(rep))
+    assert reproduction_from_json(json.loads(text)) == rep
+    assert "0102" in text  # bytes are stored as hex
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=op_sequences(pool_specs(), max_ops=4, include_invalid=True))
+def test_json_round_trip_of_generated_sequences(sequence: Any) -> None:
+    """Generated specs and op sequences, invalid ones included, round-trip through JSON."""
+    rep = Reproduction(spec=sequence.spec, ops=sequence.ops)
+    assert reproduction_from_json(json.loads(json.dumps(reproduction_to_json(rep)))) == rep
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=op_sequences(pool_specs(max_layers=2, max_size=8), max_ops=4, include_invalid=True))
+def test_generated_sequences_replay_cleanly_on_kvcheck_pools(sequence: Any) -> None:
+    """For any sequence, invalid calls included, the kvcheck script agrees with kvcheck's pools
+    (run in this process: the script is plain Python)."""
+    script = render_script(
+        reproduction_to_json(Reproduction(sequence.spec, sequence.ops)), target="kvcheck"
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(script, "repro.py", "exec"), {"__name__": "__main__"})
+    assert out.getvalue() == "OK: no discrepancy\n"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"ops": [{"op": "Explode"}]},
+        {"ops": [{"op": "Move", "tgt": [1], "src": [2], "speed": 3}]},
+        {"ops": [{"op": "HostCopy", "name": "a", "indices": [1], "extra": 1}]},
+        {
+            "ops": [
+                {
+                    "op": "WriteIndexK",
+                    "layer_id": 0,
+                    "locs": [1],
+                    "key_rows": ["zz"],
+                    "scale_rows": ["00"],
+                }
+            ]
+        },
+        {"format": 99},
+        {"failing_op": 5},
+    ],
+    ids=["unknown-op", "unknown-field", "extra-field", "bad-hex", "format", "failing-op"],
+)
+def test_from_json_refuses_what_it_cannot_read(change: dict[str, Any]) -> None:
+    """Unknown ops or fields, bad hex, another format or an out-of-range index: ValueError."""
+    data = {**reproduction_to_json(Reproduction(MHA, (Move((1,), (2,)),))), **change}
+    with pytest.raises(ValueError):
+        reproduction_from_json(data)
+
+
+# --- targets -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["", "nonsense", "sglang2", "pkg:", ":attr", "pkg:attr; import os", "pkg:a-b", "a:b:c"],
+)
+def test_unknown_target_forms_are_refused(target: str) -> None:
+    """Anything but kvcheck, sglang or module:attr (Python names) raises ValueError."""
+    data = reproduction_to_json(Reproduction(MHA, ()))
+    with pytest.raises(ValueError, match="module:attr"):
+        render_script(data, target=target)
+
+
+def test_scripts_import_only_what_their_target_needs() -> None:
+    """kvcheck scripts import kvcheck.pools, sglang scripts sglang alone, module:attr scripts
+    the module and kvcheck.specs."""
+    data = reproduction_to_json(TWINS["PageRowMoveDSA"][1])
+    imported = {}
+    for target in ("kvcheck", "sglang", "pkg.sub:Target"):
+        tree = ast.parse(render_script(data, target=target))
+        imported[target] = {
+            (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        } - {"math", "types", "os", "sys", "importlib", "warnings"}
+    assert imported["kvcheck"] == {"torch", "kvcheck"}
+    assert imported["sglang"] == {"torch", "sglang", "torchvision", "transformers"}
+    assert imported["pkg.sub:Target"] == {"torch", "pkg", "kvcheck"}
+
+
+def test_script_name_is_a_python_file_name() -> None:
+    """Test ids with paths, brackets and colons become repro_<name>.py."""
+    assert script_name("a/b/test_x.py::T::test_y[mha-2]") == "repro_test_x_T_test_y_mha_2.py"
+    assert script_name("") == "repro_failure.py"
+
+
+# --- the twins ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("twin", sorted(TWINS))
+def test_script_reproduces_the_twin_on_its_broken_pool(
+    twin: str, twin_results: dict[str, dict[str, Any]]
+) -> None:
+    """Against the broken pool the script exits 1 naming the first discrepancy."""
+    result = twin_results[f"repro_broken_{twin}"]
+    assert result["code"] == 1, result["message"]
+    assert result["message"].startswith("REPRODUCED: "), result["message"]
+    assert TWINS[twin][2] in result["message"]
+
+
+@pytest.mark.parametrize("twin", sorted(TWINS))
+def test_script_passes_on_kvcheck_pools(twin: str, twin_results: dict[str, dict[str, Any]]) -> None:
+    """The same reproduction against kvcheck's own pools exits 0 and says so."""
+    result = twin_results[f"repro_{twin}"]
+    assert result["code"] == 0, result["message"]
+    assert result["message"].strip() == "OK: no discrepancy"
+
+
+def test_script_runs_as_a_plain_python_file(tmp_path: Path) -> None:
+    """`python repro_<test>.py`: exit 1 with REPRODUCED on stderr for the broken pool."""
+    _, rep, expected = TWINS["MoveIgnoresV"]
+    path = write_script(
+        reproduction_to_json(rep),
+        target="repro_targets:MOVE_IGNORES_V",
+        directory=tmp_path,
+        test="test_x.py::test_move",
+    )
+    completed = subprocess.run(
+        [sys.executable, path.name],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert completed.returncode == 1, completed.stderr
+    assert completed.stderr.strip().splitlines()[-1].startswith("REPRODUCED: ")
+    assert expected in completed.stderr
+
+
+def test_new_write_ops_render_as_pool_calls() -> None:
+    """set_mla_kv_buffer, set_kv_buffer_prefix_valid and payload writes render as valid
+    calls with SGLang's argument order (the reference's verdict is not needed for this)."""
+    payload = Payload(dtype="float32", k_rows=(bytes(8),), v_rows=(bytes(8),), k_scale=0.5)
+    mha_ops = (
+        WriteKV(layer_id=0, locs=(1,), k_rows=(bytes(4),), v_rows=(bytes(4),), payload=payload),
+        WritePrefixValid(
+            layer_id=0,
+            loc_grid=((1, 2), (3, 4)),
+            commit_lens=(1, 2),
+            k_rows=(bytes(4),) * 4,
+            v_rows=(bytes(4),) * 4,
+        ),
+    )
+    mla_op = WriteMLA(layer_id=0, locs=(2,), nope_rows=(b"\x05\x06",), rope_rows=(b"\x07",))
+    rendered = {}
+    for spec, op in ((MHA, mha_ops[0]), (MHA, mha_ops[1]), (MLA, mla_op)):
+        writer = _ScriptWriter(Reproduction(spec, (op,)), _Flavour("kvcheck"))
+        prep, label, method, args = writer._call_parts(op)
+        source = "\n".join([*prep, f"call({label!r}, {method}, {', '.join(args)})"])
+        ast.parse(source)
+        rendered[type(op).__name__] = source
+    assert 'cache_k = rows(torch.float32, (1, 2), "0000000000000000")' in rendered["WriteKV"]
+    assert (
+        "pool.set_kv_buffer, layer(0), loc, cache_k, cache_v, k_scale=0.5)" in (rendered["WriteKV"])
+    )
+    assert 'cache_k_rope = rows(torch.float8_e4m3fn, (1, 1), "07")' in rendered["WriteMLA"]
+    assert (
+        "pool.set_mla_kv_buffer, layer(0), loc, cache_k_nope, cache_k_rope)"
+        in (rendered["WriteMLA"])
+    )
+    assert (
+        "loc_2d = torch.tensor([[1, 2], [3, 4]], dtype=torch.int64)"
+        in (rendered["WritePrefixValid"])
+    )
+    assert (
+        "pool.set_kv_buffer_prefix_valid, layer(0), loc_2d, commit_lens, cache_k, cache_v)"
+        in (rendered["WritePrefixValid"])
+    )
+
+
+# --- sglang ------------------------------------------------------------------------------------
+
+SGLANG_MHA = PoolSpec(
+    family="mha",
+    size=8,
+    page_size=4,
+    layer_num=2,
+    dtype="bfloat16",
+    head_num=1,
+    head_dim=2,
+    start_layer=1,
+)
+SGLANG_MLA = PoolSpec(
+    family="mla",
+    size=8,
+    page_size=4,
+    layer_num=1,
+    dtype="bfloat16",
+    kv_lora_rank=2,
+    qk_rope_head_dim=1,
+)
+SGLANG_DSA = PoolSpec(
+    family="dsa",
+    size=64,
+    page_size=64,
+    layer_num=2,
+    dtype="bfloat16",
+    kv_lora_rank=2,
+    qk_rope_head_dim=1,
+    skip_topk_layers=(False, True),
+)
+
+
+@pytest.mark.sglang
+def test_sglang_scripts_run_without_kvcheck(tmp_path: Path) -> None:
+    """MHA, MLA and DSA reproductions for sglang import sglang alone and pass on its pools;
+    a known sglang finding (no check for repeated move targets) is reproduced."""
+    latent = (b"\x80\x3f\x00\x40\x40\x40",)  # bfloat16 1.0, 2.0, 3.0
+    mha_write = WriteKV(
+        layer_id=2,
+        locs=(3, 9),
+        k_rows=(b"\x80\x3f\x00\x40",) * 2,
+        v_rows=(b"\x40\x40\x80\x40",) * 2,
+    )
+    cases = {
+        "mha": Reproduction(
+            SGLANG_MHA,
+            (
+                mha_write,
+                Move(tgt=(5, 3), src=(3, 9)),
+                HostCopy("a", (4, 5)),
+                HostReload("a", (8, 9)),
+            ),
+        ),
+        "mla": Reproduction(
+            SGLANG_MLA,
+            (WriteKV(layer_id=0, locs=(6,), k_rows=latent), Move(tgt=(7,), src=(6,))),
+        ),
+        "dsa": Reproduction(
+            SGLANG_DSA,
+            (
+                WriteKV(layer_id=1, locs=(70,), k_rows=latent),
+                WriteIndexK(layer_id=0, locs=(70,), key_rows=(KEY,), scale_rows=(SCALE,)),
+                Move(tgt=(65,), src=(70,)),
+                HostCopy("a", tuple(range(64, 128))),
+                HostReload("a", tuple(range(0, 64))),
+            ),
+        ),
+    }
+    paths = [
+        write_script(reproduction_to_json(rep), target="sglang", directory=tmp_path, test=name)
+        for name, rep in cases.items()
+    ]
+    # sglang 0.5.23 does not validate move targets (finding I-series): a known discrepancy.
+    finding = Reproduction(SGLANG_MHA, (Move(tgt=(1, 1), src=(2, 3)),))
+    paths.append(
+        write_script(
+            reproduction_to_json(finding), target="sglang", directory=tmp_path, test="finding"
+        )
+    )
+    results = _run_batch(paths, block_kvcheck=True)
+    for name in cases:
+        result = results[f"repro_{name}"]
+        assert (result["code"], result["message"].strip()) == (0, "OK: no discrepancy"), name
+    result = results["repro_finding"]
+    assert result["code"] == 1
+    assert result["message"] == (
+        "REPRODUCED: move_kv_cache(tgt_loc=[1, 1], src_loc=[2, 3]) returned, but should raise "
+        "ValueError"
+    )
