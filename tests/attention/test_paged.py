@@ -15,7 +15,8 @@ from kvcheck.attention import (
     token_slots,
     write_kv_by_page,
 )
-from kvcheck.attention.properties import build_mha_pool, check_paged_matches_raw
+from kvcheck.attention.properties import attention_pool_spec, check_paged_matches_raw
+from kvcheck.targets.builtin import KVCheckTarget
 from kvcheck.attention.strategies import page_layouts, varlen_batches
 
 TABLE = torch.tensor([[3, 1], [2, 0]], dtype=torch.int32)
@@ -61,7 +62,8 @@ def test_paged_attention_reads_only_its_layer():
     """K/V written to layer 1 are read from layer 1; layer 0's data does not leak in."""
     batch = VarlenBatch(seq_lens=(3, 1), num_heads=2, num_kv_heads=1, head_dim=8)
     layout = scrambled_layout(batch.seq_lens, page_size=2)
-    pool = build_mha_pool(batch, layout, dtype=torch.float32, device="cpu")
+    spec = attention_pool_spec(batch, layout, dtype=torch.float32)
+    pool = KVCheckTarget().make_pool(spec, device="cpu")
     q, k, v = batch.make_qkv(dtype=torch.float32, device="cpu")
     cu, table = batch.cu_seqlens_tensor(device="cpu"), layout.page_table_tensor(device="cpu")
     write_kv_by_page(pool, layer_id=1, k=k, v=v, cu_seqlens=cu, page_table=table)
