@@ -130,17 +130,26 @@ def _builtin_target() -> Any:
     return KVCheckTarget()
 
 
-def _pool_call(call: str, family: str, context: str, fn: Callable[[], Any]) -> Any:
-    """Run one call on a pool; an exception from a valid call is the pool's failure."""
+def _pool_call(
+    method: str,
+    call: str,
+    family: str,
+    context: str,
+    fn: Callable[..., Any],
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """``fn(*args, **kwargs)``, a valid call of the target's ``method`` (shown as ``call``):
+    any exception it raises is the target's failure."""
     __tracebackhide__ = True
     try:
-        return fn()
+        return fn(*args, **kwargs)
     except PropertyFailure:
         raise
     except Exception as exc:
         raise PropertyFailure(
             f"got {type(exc).__name__}: {exc} but should be no exception [{call}] {context}",
-            signature=_signature(call, f"raised {type(exc).__name__}", family),
+            signature=_signature(method, f"raised {type(exc).__name__}", family),
         ) from exc
 
 
@@ -162,12 +171,15 @@ def _fill_decoy_layers(
             # A different draw per layer: a read of either neighbour is told apart.
             _, k, v = batch.make_qkv(dtype=dtype, device=device, salt=7 + layer_id)
             _pool_call(
+                "set_kv_buffer",
                 f"set_kv_buffer(layer_id={layer_id})",
                 spec.family,
                 context,
-                lambda layer_id=layer_id, k=k, v=v: pool.set_kv_buffer(
-                    LayerRef(layer_id), slots, k, v
-                ),
+                pool.set_kv_buffer,
+                LayerRef(layer_id),
+                slots,
+                k,
+                v,
             )
 
 
@@ -216,31 +228,36 @@ def check_paged_matches_raw(
     _fill_decoy_layers(pool, batch, layout, spec, dtype=dtype, device=device, context=context)
     layer_id = start_layer + CHECKED_LAYER
     _pool_call(
+        "set_kv_buffer",
         f"set_kv_buffer(layer_id={layer_id})",
         spec.family,
         context,
-        lambda: write_kv_by_page(
-            pool, layer_id=layer_id, k=k, v=v, cu_seqlens=cu, page_table=table
-        ),
+        write_kv_by_page,
+        pool,
+        layer_id=layer_id,
+        k=k,
+        v=v,
+        cu_seqlens=cu,
+        page_table=table,
     )
     read: ReadApi
     for read in ("split", "kv"):
         call = f"{READ_APIS[read]}(layer_id={layer_id})"
         paged = _pool_call(
+            READ_APIS[read],
             call,
             spec.family,
             context,
-            lambda read=read: paged_fn(
-                q,
-                pool,
-                cu,
-                batch.max_seqlen,
-                layer_id=layer_id,
-                page_table=table,
-                backend=backend,
-                read=read,
-                **options,
-            ),
+            paged_fn,
+            q,
+            pool,
+            cu,
+            batch.max_seqlen,
+            layer_id=layer_id,
+            page_table=table,
+            backend=backend,
+            read=read,
+            **options,
         )
         assert_outputs_close(
             paged,
@@ -316,7 +333,14 @@ def _selected_family(
         f"{flags['prefill_only_disable_kv_cache']}, is_draft=False)"
     )
     family = _pool_call(
-        call, expected, context, lambda: target.select_pool_family(flags, model, is_draft=False)
+        "select_pool_family",
+        call,
+        expected,
+        context,
+        target.select_pool_family,
+        flags,
+        model,
+        is_draft=False,
     )
     if family != expected:
         raise PropertyFailure(
@@ -424,24 +448,26 @@ def check_noop_pool_matches_full_pool(
         full_pool, batch, layout, specs["mha"], dtype=dtype, device=device, context=context
     )
     paged = _pool_call(
+        "prefill_attention",
         f"prefill_attention(layer_id={layer_id}) through the full pool",
         "mha",
         context,
-        lambda: prefill_fn(
-            q,
-            k,
-            v,
-            cu,
-            batch.max_seqlen,
-            pool=full_pool,
-            skip_kv_cache=False,
-            backend=backend,
-            **options,
-        ),
+        prefill_fn,
+        q,
+        k,
+        v,
+        cu,
+        batch.max_seqlen,
+        pool=full_pool,
+        skip_kv_cache=False,
+        backend=backend,
+        **options,
     )
+    # The raw-K/V path is kvcheck's own attention, the paged one runs the target's pool:
+    # the raw outputs are what the pool's should be.
     assert_outputs_close(
-        skipped,
         paged,
+        skipped,
         comparison="paged_vs_raw",
         context=context,
         signature=_signature("prefill_attention", "outputs differ", "mha"),

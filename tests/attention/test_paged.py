@@ -16,8 +16,8 @@ from kvcheck.attention import (
     write_kv_by_page,
 )
 from kvcheck.attention.properties import attention_pool_spec, check_paged_matches_raw
-from kvcheck.targets.builtin import KVCheckTarget
 from kvcheck.attention.strategies import page_layouts, varlen_batches
+from kvcheck.targets.builtin import KVCheckTarget
 
 TABLE = torch.tensor([[3, 1], [2, 0]], dtype=torch.int32)
 CU = torch.tensor([0, 3, 4], dtype=torch.int32)
