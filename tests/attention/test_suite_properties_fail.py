@@ -222,3 +222,18 @@ def test_twin_target_is_correct_without_its_bug() -> None:
     case = PagedCase(batch=batch, layout=layout, start_layer=2, dtype="float32")
     check_paged_case(target, CPU, case)
     check_noop_case(target, CPU, case)
+
+
+def test_a_read_that_raises_is_the_pools_failure() -> None:
+    """A read API raising on a valid global layer id (here IndexError: the global id used as
+    a local index past the buffers) is a PropertyFailure naming the read, not an error."""
+    target = AttentionBrokenTarget({"mha": StartLayerIgnoringMHA})
+    batch = VarlenBatch(seq_lens=(2,), num_heads=1, num_kv_heads=1, head_dim=8)
+    case = PagedCase(
+        batch=batch, layout=scrambled_layout((2,), page_size=2), start_layer=2, dtype="float32"
+    )
+    with pytest.raises(PropertyFailure) as caught:
+        check_paged_case(target, CPU, case)
+    assert caught.value.signature.call == "get_key_buffer/get_value_buffer"
+    assert caught.value.signature.kind == "raised IndexError"
+    assert isinstance(caught.value.__cause__, IndexError)
