@@ -7,10 +7,14 @@ both paths and the checks that compare them:
 
 * ``varlen_attention``: flash-attn when installed and able (CUDA, fp16/bf16), else the
   torch reference with the same semantics (``reference_varlen_attention``);
-* ``paged_attention`` / ``write_kv_by_page``: K/V through an MHA pool by page table;
+* ``paged_attention`` / ``write_kv_by_page``: K/V through an MHA pool by page table,
+  written with ``set_kv_buffer`` and read back only through the pool's read API
+  (``get_key_buffer``/``get_value_buffer`` or ``get_kv_buffer``, see ``READ_APIS``);
 * ``prefill_attention``: one layer's prefill as SGLang's FA backend runs it;
 * ``append_padding_segment``: the CUDA-graph padding fix;
-* ``kvcheck.attention.properties``: the reusable checks;
+* ``kvcheck.attention.properties``: the reusable checks, which take their pools from a
+  target (``make_pool``, ``select_pool_family``) and raise ``PropertyFailure``; the
+  shipped suite runs them on any target (``kvcheck/suite/test_attention.py``);
   ``kvcheck.attention.strategies``: Hypothesis strategies for varlen batches.
 
 Example:
@@ -30,6 +34,7 @@ from kvcheck.attention.flash import (
 )
 from kvcheck.attention.padding import append_padding_segment
 from kvcheck.attention.paged import (
+    READ_APIS,
     LayerRef,
     gather_kv_by_page,
     paged_attention,
@@ -43,6 +48,7 @@ from kvcheck.attention.varlen import BACKENDS, resolve_backend, varlen_attention
 
 __all__ = [
     "BACKENDS",
+    "READ_APIS",
     "TOLERANCES",
     "LayerRef",
     "PagedLayout",

@@ -4,18 +4,29 @@ This is the path the no-op pool lets embedding prefill skip. Sequence ``s``'s to
 ``t`` lives at slot ``page_table[s, t // page_size] * page_size + t % page_size`` of
 every layer's buffers, like SGLang's ``req_to_token`` mapping and flash-attn's
 ``block_table``. The pool is any object with SGLang's MHA pool API
-(``set_kv_buffer``, ``get_key_buffer``, ``get_value_buffer``, ``page_size``).
+(``set_kv_buffer``, ``get_key_buffer``, ``get_value_buffer``, ``get_kv_buffer``,
+``page_size``), written and read with global layer ids; its buffers are reached only
+through those read calls, never through attributes, so a pool whose read API is wrong
+gives wrong attention.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from kvcheck.attention._checks import segment_bounds
 from kvcheck.attention.varlen import Backend, varlen_attention
+
+ReadApi = Literal["split", "kv"]
+#: How K/V are read back: ``"split"`` with ``get_key_buffer`` and ``get_value_buffer``,
+#: ``"kv"`` with ``get_kv_buffer`` (the pair at once); values name the calls.
+READ_APIS: dict[str, str] = {
+    "split": "get_key_buffer/get_value_buffer",
+    "kv": "get_kv_buffer",
+}
 
 
 @dataclass(frozen=True)
@@ -87,8 +98,8 @@ def token_slots(
     return torch.cat(per_sequence)
 
 
-def _check_pool(pool: Any) -> int:
-    for attribute in ("page_size", "set_kv_buffer", "get_key_buffer", "get_value_buffer"):
+def _check_pool(pool: Any, *, needs: tuple[str, ...] = ()) -> int:
+    for attribute in ("page_size", "set_kv_buffer", "get_key_buffer", "get_value_buffer", *needs):
         if not hasattr(pool, attribute):
             raise ValueError(
                 f"pool={type(pool).__name__} has no {attribute!r}; an MHA pool is needed"
@@ -131,16 +142,26 @@ def gather_kv_by_page(
     layer_id: int,
     cu_seqlens: torch.Tensor,
     page_table: torch.Tensor,
+    read: ReadApi = "split",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Read every token's K and V back from ``pool`` layer ``layer_id``, packed in order.
 
+    ``read`` picks the pool's read API (:data:`READ_APIS`): ``"split"`` calls
+    ``get_key_buffer`` and ``get_value_buffer``, ``"kv"`` calls ``get_kv_buffer``.
+
     Example:
         >>> k, v = gather_kv_by_page(pool, layer_id=0, cu_seqlens=cu,
-        ...                          page_table=table)   # doctest: +SKIP
+        ...                          page_table=table, read="kv")   # doctest: +SKIP
     """
-    page_size = _check_pool(pool)
-    key_buffer = pool.get_key_buffer(layer_id)
-    value_buffer = pool.get_value_buffer(layer_id)
+    if read not in READ_APIS:
+        raise ValueError(f"read={read!r} must be one of {tuple(READ_APIS)}")
+    if read == "kv":
+        page_size = _check_pool(pool, needs=("get_kv_buffer",))
+        key_buffer, value_buffer = pool.get_kv_buffer(layer_id)
+    else:
+        page_size = _check_pool(pool)
+        key_buffer = pool.get_key_buffer(layer_id)
+        value_buffer = pool.get_value_buffer(layer_id)
     slots = token_slots(
         page_table, cu_seqlens, page_size=page_size, num_slots=key_buffer.shape[0]
     ).to(key_buffer.device)
@@ -160,17 +181,21 @@ def paged_attention(
     window: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     backend: Backend = "auto",
+    read: ReadApi = "split",
 ) -> torch.Tensor:
     """Attention of ``q`` over K/V read back from ``pool`` through ``page_table``.
 
     Same semantics and validation as ``varlen_attention``; the keys of sequence ``s`` are
-    its ``cu_seqlens`` tokens, read from layer ``layer_id`` by page.
+    its ``cu_seqlens`` tokens, read from layer ``layer_id`` by page with the read API
+    ``read`` names (see :func:`gather_kv_by_page`).
 
     Example:
         >>> out = paged_attention(q, pool, cu, max_seqlen, layer_id=0, page_table=table,
         ...                       causal=True)   # doctest: +SKIP
     """
-    k, v = gather_kv_by_page(pool, layer_id=layer_id, cu_seqlens=cu_seqlens, page_table=page_table)
+    k, v = gather_kv_by_page(
+        pool, layer_id=layer_id, cu_seqlens=cu_seqlens, page_table=page_table, read=read
+    )
     return varlen_attention(
         q,
         k,

@@ -2,72 +2,185 @@
 
 Each ``check_*`` function builds its tensors from a ``VarlenBatch`` (and a
 ``PagedLayout`` where pages are involved), runs the paths it compares and raises
-``AssertionError`` with a ``got ... but should be ... [context]`` message when they
-disagree. The implementations under comparison are parameters, so kvcheck's own tests
-can hand in deliberately broken ones and see each check fail.
+:class:`kvcheck.properties.PropertyFailure` (an ``AssertionError``) with a
+``got ... but should be ... [context]`` message and a
+:class:`~kvcheck.properties._assertions.FailureSignature` (``check="attention"``) when
+they disagree. The implementations under comparison are parameters, so kvcheck's own
+tests can hand in deliberately broken ones and see each check fail.
 
-Pools and the serving layer are imported when a check needs them, so the attention
-code itself imports without them.
+The checks that involve pools get them from a target (:mod:`kvcheck.targets`): through
+``make_pool`` (:func:`check_paged_matches_raw`) or the target itself
+(:func:`check_noop_pool_matches_full_pool`, which also asks ``select_pool_family``);
+kvcheck's own target when none is given. A pool is written with ``set_kv_buffer`` and
+read back only through its read API (``get_key_buffer``/``get_value_buffer`` and
+``get_kv_buffer``, global layer ids), with decoy data in the layers on either side of the
+one attended over, so a read of the wrong layer changes the output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from kvcheck.attention.batch import PagedLayout, VarlenBatch
 from kvcheck.attention.padding import append_padding_segment
-from kvcheck.attention.paged import LayerRef, paged_attention, write_kv_by_page
+from kvcheck.attention.paged import (
+    READ_APIS,
+    LayerRef,
+    ReadApi,
+    paged_attention,
+    write_kv_by_page,
+)
 from kvcheck.attention.prefill import prefill_attention, uses_raw_kv
 from kvcheck.attention.tolerances import assert_outputs_close
 from kvcheck.attention.varlen import Backend, varlen_attention
+from kvcheck.properties._assertions import FailureSignature, PropertyFailure
+from kvcheck.specs import DTYPE_ITEMSIZE, PoolSpec
 
 AttentionFn = Callable[..., torch.Tensor]
+#: Builds the pool a ``PoolSpec`` describes (``lambda spec: target.make_pool(spec, device=d)``).
+PoolFactory = Callable[[PoolSpec], Any]
 
-#: The layer whose K/V the checks attend over; the pool's other layer holds decoy data,
-#: so a read from the wrong layer shows up as a wrong output.
+#: The local layer whose K/V the checks attend over; the pool's layers on either side hold
+#: decoy data, so a read from the layer below or above (an off-by-one, a read that ignores
+#: ``start_layer``) shows up as a wrong output.
 CHECKED_LAYER = 1
-POOL_LAYERS = 2
+POOL_LAYERS = 3
+#: The ``check`` of every failure signature raised here.
+CHECK = "attention"
 
 
 def _context(**items: object) -> str:
     return "[" + ", ".join(f"{name}={value!r}" for name, value in items.items()) + "]"
 
 
-def build_mha_pool(
-    batch: VarlenBatch, layout: PagedLayout, *, dtype: torch.dtype, device: torch.device | str
-) -> Any:
-    """A ``kvcheck.pools.MHATokenToKVPool`` sized for ``layout`` with ``batch``'s heads.
+def _signature(call: str, kind: str, family: str) -> FailureSignature:
+    return FailureSignature(check=CHECK, call=call, kind=kind, family=family)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPE_ITEMSIZE:
+        raise ValueError(f"dtype={dtype} must be one of torch.{sorted(DTYPE_ITEMSIZE)}")
+    return name
+
+
+def _check_start_layer(start_layer: object) -> int:
+    if isinstance(start_layer, bool) or not isinstance(start_layer, int) or start_layer < 0:
+        raise ValueError(f"start_layer={start_layer!r} must be an int >= 0")
+    return start_layer
+
+
+def attention_pool_spec(
+    batch: VarlenBatch,
+    layout: PagedLayout,
+    *,
+    dtype: torch.dtype,
+    family: str = "mha",
+    start_layer: int = 0,
+) -> PoolSpec:
+    """The ``PoolSpec`` of a pool that holds ``layout``'s pages for ``batch``'s K/V heads.
+
+    ``POOL_LAYERS`` layers from global layer ``start_layer``; ``family`` is "mha" or
+    "noop".
 
     Example:
-        >>> pool = build_mha_pool(batch, layout, dtype=torch.float32,
-        ...                       device="cpu")   # doctest: +SKIP
+        >>> batch = VarlenBatch(seq_lens=(3,), num_heads=2, num_kv_heads=1, head_dim=8)
+        >>> spec = attention_pool_spec(batch, PagedLayout(page_size=2, num_pages=2,
+        ...     page_tables=((1, 2),)), dtype=torch.float32, start_layer=2)
+        >>> spec.size, spec.page_size, spec.dtype, list(spec.layer_ids)
+        (4, 2, 'float32', [2, 3, 4])
     """
-    from kvcheck.pools import MHATokenToKVPool
-
-    return MHATokenToKVPool(
+    if family not in ("mha", "noop"):
+        raise ValueError(f"family={family!r} must be 'mha' or 'noop'")
+    return PoolSpec(
+        family="mha" if family == "mha" else "noop",
         size=layout.pool_size,
         page_size=layout.page_size,
-        dtype=dtype,
+        layer_num=POOL_LAYERS,
+        dtype=_dtype_name(dtype),
+        start_layer=_check_start_layer(start_layer),
         head_num=batch.num_kv_heads,
         head_dim=batch.head_dim,
-        layer_num=POOL_LAYERS,
-        device=device,
-        v_head_dim=batch.effective_v_head_dim,
+        v_head_dim=batch.v_head_dim,
     )
 
 
+def target_pool_factory(target: Any, *, device: torch.device | str) -> PoolFactory:
+    """``make_pool`` of ``target`` on ``device``, as the ``make_pool`` the checks take.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> make_pool = target_pool_factory(resolve_target("kvcheck"), device="cpu")
+        >>> batch = VarlenBatch(seq_lens=(1,), num_heads=1, num_kv_heads=1, head_dim=8)
+        >>> layout = PagedLayout(page_size=1, num_pages=1, page_tables=((1,),))
+        >>> type(make_pool(attention_pool_spec(batch, layout, dtype=torch.float32))).__name__
+        'MHATokenToKVPool'
+    """
+    device_name = str(device)
+    return lambda spec: target.make_pool(spec, device=device_name)
+
+
+def _builtin_target() -> Any:
+    from kvcheck.targets.builtin import KVCheckTarget
+
+    return KVCheckTarget()
+
+
+def _pool_call(
+    method: str,
+    call: str,
+    family: str,
+    context: str,
+    fn: Callable[..., Any],
+    *args: Any,
+    **kwargs: Any,
+) -> Any:
+    """``fn(*args, **kwargs)``, a valid call of the target's ``method`` (shown as ``call``):
+    any exception it raises is the target's failure."""
+    __tracebackhide__ = True
+    try:
+        return fn(*args, **kwargs)
+    except PropertyFailure:
+        raise
+    except Exception as exc:
+        raise PropertyFailure(
+            f"got {type(exc).__name__}: {exc} but should be no exception [{call}] {context}",
+            signature=_signature(method, f"raised {type(exc).__name__}", family),
+        ) from exc
+
+
 def _fill_decoy_layers(
-    pool: Any, batch: VarlenBatch, layout: PagedLayout, *, dtype: torch.dtype, device: Any
+    pool: Any,
+    batch: VarlenBatch,
+    layout: PagedLayout,
+    spec: PoolSpec,
+    *,
+    dtype: torch.dtype,
+    device: Any,
+    context: str,
 ) -> None:
     """Write unrelated K/V at the same slots of every layer but the checked one."""
     slots = torch.tensor(layout.token_slots(batch.seq_lens), dtype=torch.int64, device=device)
-    _, k, v = batch.make_qkv(dtype=dtype, device=device, salt=7)
-    for layer_id in range(POOL_LAYERS):
-        if layer_id != CHECKED_LAYER:
-            pool.set_kv_buffer(LayerRef(layer_id), slots, k, v)
+    checked = spec.start_layer + CHECKED_LAYER
+    for layer_id in spec.layer_ids:
+        if layer_id != checked:
+            # A different draw per layer: a read of either neighbour is told apart.
+            _, k, v = batch.make_qkv(dtype=dtype, device=device, salt=7 + layer_id)
+            _pool_call(
+                "set_kv_buffer",
+                f"set_kv_buffer(layer_id={layer_id})",
+                spec.family,
+                context,
+                pool.set_kv_buffer,
+                LayerRef(layer_id),
+                slots,
+                k,
+                v,
+            )
 
 
 def check_paged_matches_raw(
@@ -78,54 +191,97 @@ def check_paged_matches_raw(
     device: torch.device | str,
     backend: Backend = "auto",
     paged_fn: AttentionFn = paged_attention,
+    make_pool: PoolFactory | None = None,
+    start_layer: int = 0,
 ) -> None:
     """Attention on raw K/V equals attention on K/V written to a pool and read by page.
 
-    Exact for fp32 on the CPU; within ``tolerances.TOLERANCES["paged_vs_raw", ...]``
-    otherwise. ``paged_fn`` has ``paged_attention``'s signature (tests pass broken ones).
+    The pool is ``make_pool(attention_pool_spec(...))`` (kvcheck's own MHA pool when
+    ``make_pool`` is None), serving ``POOL_LAYERS`` layers from global layer
+    ``start_layer``. Decoy K/V go to every layer but ``start_layer + CHECKED_LAYER``;
+    ``batch``'s K/V go there with one ``set_kv_buffer``, and are read back through each
+    read API in :data:`kvcheck.attention.paged.READ_APIS` in turn. Exact for fp32 on the
+    CPU; within ``tolerances.TOLERANCES["paged_vs_raw", ...]`` otherwise. ``paged_fn``
+    has ``paged_attention``'s signature (tests pass broken ones).
 
     Example:
+        >>> from kvcheck.attention import scrambled_layout
         >>> check_paged_matches_raw(VarlenBatch(seq_lens=(3,), num_heads=2, num_kv_heads=1,
         ...                                     head_dim=8),
         ...                         scrambled_layout((3,), page_size=2),
-        ...                         dtype=torch.float32, device="cpu")   # doctest: +SKIP
+        ...                         dtype=torch.float32, device="cpu", start_layer=1)
     """
     layout.check_fits(batch.seq_lens)
+    spec = attention_pool_spec(batch, layout, dtype=dtype, start_layer=start_layer)
+    if make_pool is None:
+        make_pool = target_pool_factory(_builtin_target(), device=device)
     q, k, v = batch.make_qkv(dtype=dtype, device=device)
     cu = batch.cu_seqlens_tensor(device=device)
     table = layout.page_table_tensor(device=device)
     options = batch.attention_options
     raw = varlen_attention(q, k, v, cu, batch.max_seqlen, backend=backend, **options)
 
-    pool = build_mha_pool(batch, layout, dtype=dtype, device=device)
-    _fill_decoy_layers(pool, batch, layout, dtype=dtype, device=device)
-    write_kv_by_page(pool, layer_id=CHECKED_LAYER, k=k, v=v, cu_seqlens=cu, page_table=table)
-    paged = paged_fn(
-        q,
+    context = _context(
+        batch=batch, layout=layout, dtype=dtype, start_layer=start_layer, backend=backend
+    )
+    pool = make_pool(spec)
+    _fill_decoy_layers(pool, batch, layout, spec, dtype=dtype, device=device, context=context)
+    layer_id = start_layer + CHECKED_LAYER
+    _pool_call(
+        "set_kv_buffer",
+        f"set_kv_buffer(layer_id={layer_id})",
+        spec.family,
+        context,
+        write_kv_by_page,
         pool,
-        cu,
-        batch.max_seqlen,
-        layer_id=CHECKED_LAYER,
+        layer_id=layer_id,
+        k=k,
+        v=v,
+        cu_seqlens=cu,
         page_table=table,
-        backend=backend,
-        **options,
     )
-    assert_outputs_close(
-        paged,
-        raw,
-        comparison="paged_vs_raw",
-        context=_context(batch=batch, layout=layout, dtype=dtype, backend=backend),
-    )
+    read: ReadApi
+    for read in ("split", "kv"):
+        call = f"{READ_APIS[read]}(layer_id={layer_id})"
+        paged = _pool_call(
+            READ_APIS[read],
+            call,
+            spec.family,
+            context,
+            paged_fn,
+            q,
+            pool,
+            cu,
+            batch.max_seqlen,
+            layer_id=layer_id,
+            page_table=table,
+            backend=backend,
+            read=read,
+            **options,
+        )
+        assert_outputs_close(
+            paged,
+            raw,
+            comparison="paged_vs_raw",
+            context=f"{context} [read through {call}]",
+            signature=_signature(READ_APIS[read], "outputs differ", spec.family),
+        )
 
 
-def serving_model_config(batch: VarlenBatch) -> Any:
-    """A plain-MHA ``kvcheck.serving.ModelConfig`` with ``batch``'s heads and dims."""
+def serving_model_config(batch: VarlenBatch, *, num_hidden_layers: int = POOL_LAYERS) -> Any:
+    """A plain-MHA ``kvcheck.serving.ModelConfig`` with ``batch``'s heads and dims.
+
+    Example:
+        >>> batch = VarlenBatch(seq_lens=(3,), num_heads=4, num_kv_heads=2, head_dim=8)
+        >>> serving_model_config(batch).num_key_value_heads
+        2
+    """
     from kvcheck.serving import ModelConfig
 
     return ModelConfig(
         name="varlen-mha",
         attention_arch="mha",
-        num_hidden_layers=POOL_LAYERS,
+        num_hidden_layers=num_hidden_layers,
         num_attention_heads=batch.num_heads,
         num_key_value_heads=batch.num_kv_heads,
         head_dim=batch.head_dim,
@@ -133,21 +289,85 @@ def serving_model_config(batch: VarlenBatch) -> Any:
     )
 
 
-def embedding_server_args(*, prefill_only_disable_kv_cache: bool, device: str) -> Any:
-    """``ServerArgs`` for an embedding prefill-only server, with the flag on or off.
+def embedding_flags(*, prefill_only_disable_kv_cache: bool) -> dict[str, Any]:
+    """``ServerArgs`` flags of an embedding prefill-only server, with the flag on or off.
 
-    Everything the flag requires is set either way, so the two pools differ only in
-    the flag.
+    Everything the flag requires is set either way (embedding mode, unchunked prefill, no
+    radix cache, the fa3 backend), so the two configurations differ only in the flag.
+    Plain field names, as ``Target.select_pool_family`` takes them.
+
+    Example:
+        >>> embedding_flags(prefill_only_disable_kv_cache=True)["chunked_prefill_size"]
+        -1
+    """
+    return {
+        "is_embedding": True,
+        "prefill_only_disable_kv_cache": prefill_only_disable_kv_cache,
+        "chunked_prefill_size": -1,
+        "disable_radix_cache": True,
+        "attention_backend": "fa3",
+    }
+
+
+def embedding_server_args(*, prefill_only_disable_kv_cache: bool, device: str) -> Any:
+    """kvcheck's ``ServerArgs`` built from :func:`embedding_flags` on ``device``.
+
+    Example:
+        >>> embedding_server_args(prefill_only_disable_kv_cache=True,
+        ...                       device="cpu").disable_radix_cache
+        True
     """
     from kvcheck.serving import ServerArgs
 
-    return ServerArgs(
-        is_embedding=True,
-        prefill_only_disable_kv_cache=prefill_only_disable_kv_cache,
-        chunked_prefill_size=-1,
-        disable_radix_cache=True,
-        prefill_attention_backend="fa3",
-        device=device,
+    flags = embedding_flags(prefill_only_disable_kv_cache=prefill_only_disable_kv_cache)
+    return ServerArgs(**flags, device=device)
+
+
+def _selected_family(
+    target: Any, flags: Mapping[str, Any], model: Any, *, expected: str, context: str
+) -> None:
+    """Raise unless ``target`` builds an ``expected``-family pool for a worker under ``flags``."""
+    __tracebackhide__ = True
+    call = (
+        "select_pool_family(prefill_only_disable_kv_cache="
+        f"{flags['prefill_only_disable_kv_cache']}, is_draft=False)"
+    )
+    family = _pool_call(
+        "select_pool_family",
+        call,
+        expected,
+        context,
+        target.select_pool_family,
+        flags,
+        model,
+        is_draft=False,
+    )
+    if family != expected:
+        raise PropertyFailure(
+            f"got {family!r} but should be {expected!r} [{call}] {context}",
+            signature=_signature("select_pool_family", "wrong family", expected),
+        )
+
+
+def _assert_write_refused(
+    pool: Any, *, layer_id: int, k: torch.Tensor, v: torch.Tensor, cu: Any, table: Any, context: str
+) -> None:
+    """The no-op pool raises ``RuntimeError`` on a valid write (a paged prefill's first step)."""
+    __tracebackhide__ = True
+    call = f"set_kv_buffer(layer_id={layer_id}) on the no-op pool"
+    try:
+        write_kv_by_page(pool, layer_id=layer_id, k=k, v=v, cu_seqlens=cu, page_table=table)
+    except RuntimeError:
+        return
+    except Exception as exc:
+        raise PropertyFailure(
+            f"got {type(exc).__name__}: {exc} but should be RuntimeError [{call}] {context}",
+            signature=_signature("set_kv_buffer", "wrong exception", "noop"),
+        ) from exc
+    raise PropertyFailure(
+        f"got no exception but should be RuntimeError (the no-op pool must refuse writes) "
+        f"[{call}] {context}",
+        signature=_signature("set_kv_buffer", "no exception", "noop"),
     )
 
 
@@ -159,72 +379,60 @@ def check_noop_pool_matches_full_pool(
     device: torch.device | str,
     backend: Backend = "auto",
     prefill_fn: AttentionFn = prefill_attention,
+    target: Any = None,
+    start_layer: int = 0,
 ) -> None:
-    """With ``--prefill-only-disable-kv-cache`` the serving layer's pool gives the same outputs.
+    """With ``--prefill-only-disable-kv-cache`` the target's pool gives the full pool's outputs.
 
-    Through ``kvcheck.serving.select_kv_pool``: the flag on yields the no-op pool, which
-    refuses writes (``RuntimeError``), so the backend takes the raw-K/V path; the flag
-    off yields a full pool, written and read by page. The outputs must agree exactly
-    for fp32 on the CPU (``paged_vs_raw`` tolerances otherwise). ``prefill_fn`` has
-    ``prefill_attention``'s signature.
+    ``target`` (kvcheck's own when None) must pick the "noop" family for a plain-MHA
+    worker with the flag and its required settings (:func:`embedding_flags`), and "mha"
+    without the flag (``select_pool_family``). Both pools come from ``target.make_pool``
+    (``POOL_LAYERS`` layers from ``start_layer``). The no-op pool must refuse a paged
+    prefill's write with ``RuntimeError``, so the backend takes the raw-K/V path; the
+    full pool, with decoys in the other layers, is written and read by page. The outputs
+    must agree exactly for fp32 on the CPU (``paged_vs_raw`` tolerances otherwise).
+    ``prefill_fn`` has ``prefill_attention``'s signature.
 
     Example:
-        >>> check_noop_pool_matches_full_pool(batch, layout, dtype=torch.float32,
-        ...                                   device="cpu")   # doctest: +SKIP
+        >>> from kvcheck.attention import scrambled_layout
+        >>> check_noop_pool_matches_full_pool(VarlenBatch(seq_lens=(2, 3), num_heads=2,
+        ...                                               num_kv_heads=1, head_dim=8),
+        ...                                   scrambled_layout((2, 3), page_size=2),
+        ...                                   dtype=torch.float32, device="cpu")
     """
-    from kvcheck.pools import NoOpMHATokenToKVPool
-    from kvcheck.serving import select_kv_pool
-
     layout.check_fits(batch.seq_lens)
-    device_name = str(device)
-    model = serving_model_config(batch)
-    pools = {}
-    for flag in (True, False):
-        args = embedding_server_args(prefill_only_disable_kv_cache=flag, device=device_name)
-        pools[flag] = select_kv_pool(
-            args,
-            model,
-            max_total_num_tokens=layout.pool_size,
-            page_size=layout.page_size,
-            dtype=dtype,
-            device=device,
+    if target is None:
+        target = _builtin_target()
+    flag_on = embedding_flags(prefill_only_disable_kv_cache=True)
+    flag_off = embedding_flags(prefill_only_disable_kv_cache=False)
+    model = serving_model_config(batch, num_hidden_layers=start_layer + POOL_LAYERS)
+    context = _context(
+        batch=batch, layout=layout, dtype=dtype, start_layer=start_layer, backend=backend
+    )
+    _selected_family(target, flag_on, model, expected="noop", context=context)
+    _selected_family(target, flag_off, model, expected="mha", context=context)
+    if not uses_raw_kv(SimpleNamespace(**flag_on), model):
+        raise PropertyFailure(
+            f"got the paged path but should be raw K/V [uses_raw_kv({flag_on})] {context}",
+            signature=_signature("uses_raw_kv", "wrong path", "noop"),
         )
-    noop_pool, full_pool = pools[True], pools[False]
-    context = _context(batch=batch, layout=layout, dtype=dtype, backend=backend)
-    if not isinstance(noop_pool, NoOpMHATokenToKVPool):
-        raise AssertionError(
-            f"got {type(noop_pool).__name__} but should be NoOpMHATokenToKVPool "
-            f"[select_kv_pool with --prefill-only-disable-kv-cache] {context}"
-        )
-    if isinstance(full_pool, NoOpMHATokenToKVPool):
-        raise AssertionError(f"got the no-op pool without the flag {context}")
-    on_args = embedding_server_args(prefill_only_disable_kv_cache=True, device=device_name)
-    if not uses_raw_kv(on_args, model):
-        raise AssertionError(f"the flag's required settings do not select raw K/V {context}")
 
+    specs = {
+        family: attention_pool_spec(
+            batch, layout, dtype=dtype, family=family, start_layer=start_layer
+        )
+        for family in ("noop", "mha")
+    }
+    make_pool = target_pool_factory(target, device=device)
+    noop_pool, full_pool = make_pool(specs["noop"]), make_pool(specs["mha"])
     q, k, v = batch.make_qkv(dtype=dtype, device=device)
     cu = batch.cu_seqlens_tensor(device=device)
     table = layout.page_table_tensor(device=device)
-    options = {**batch.attention_options, "layer_id": CHECKED_LAYER, "page_table": table}
-    try:
-        prefill_fn(
-            q,
-            k,
-            v,
-            cu,
-            batch.max_seqlen,
-            pool=noop_pool,
-            skip_kv_cache=False,
-            backend=backend,
-            **options,
-        )
-    except RuntimeError:
-        pass
-    else:
-        raise AssertionError(
-            f"got a paged prefill through the no-op pool but should be a RuntimeError "
-            f"(the no-op pool must refuse writes) {context}"
-        )
+    layer_id = start_layer + CHECKED_LAYER
+    options = {**batch.attention_options, "layer_id": layer_id, "page_table": table}
+    _assert_write_refused(
+        noop_pool, layer_id=layer_id, k=k, v=v, cu=cu, table=table, context=context
+    )
     skipped = prefill_fn(
         q,
         k,
@@ -236,8 +444,15 @@ def check_noop_pool_matches_full_pool(
         backend=backend,
         **options,
     )
-    _fill_decoy_layers(full_pool, batch, layout, dtype=dtype, device=device)
-    paged = prefill_fn(
+    _fill_decoy_layers(
+        full_pool, batch, layout, specs["mha"], dtype=dtype, device=device, context=context
+    )
+    paged = _pool_call(
+        "prefill_attention",
+        f"prefill_attention(layer_id={layer_id}) through the full pool",
+        "mha",
+        context,
+        prefill_fn,
         q,
         k,
         v,
@@ -248,7 +463,15 @@ def check_noop_pool_matches_full_pool(
         backend=backend,
         **options,
     )
-    assert_outputs_close(skipped, paged, comparison="paged_vs_raw", context=context)
+    # The raw-K/V path is kvcheck's own attention, the paged one runs the target's pool:
+    # the raw outputs are what the pool's should be.
+    assert_outputs_close(
+        paged,
+        skipped,
+        comparison="paged_vs_raw",
+        context=context,
+        signature=_signature("prefill_attention", "outputs differ", "mha"),
+    )
 
 
 def padded_batch_tensors(

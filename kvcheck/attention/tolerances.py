@@ -17,8 +17,12 @@ Keyed by (comparison, device type, dtype). Why each entry is what it is:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from kvcheck.properties._assertions import FailureSignature
 
 
 @dataclass(frozen=True)
@@ -86,11 +90,13 @@ def assert_outputs_close(
     *,
     comparison: str,
     context: str = "",
+    signature: FailureSignature | None = None,
 ) -> None:
     """Assert two attention outputs agree within the table's tolerance.
 
-    The message has the shape ``got ... but should be ... [context]`` and names the first
-    differing token and head.
+    Raises :class:`kvcheck.properties.PropertyFailure` (an ``AssertionError``) carrying
+    ``signature``; the message has the shape ``got ... but should be ... [context]`` and
+    names the first differing token and head.
 
     Example:
         >>> x = torch.ones(2, 1, 4)
@@ -98,9 +104,10 @@ def assert_outputs_close(
     """
     __tracebackhide__ = True
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
-        raise AssertionError(
+        raise _failure(
             f"got shape {tuple(actual.shape)} {actual.dtype} but should be "
-            f"{tuple(expected.shape)} {expected.dtype} [{comparison}] {context}"
+            f"{tuple(expected.shape)} {expected.dtype} [{comparison}] {context}",
+            signature,
         )
     tol = tolerance(comparison, dtype=expected.dtype, device=expected.device)
     close = torch.isclose(
@@ -111,9 +118,18 @@ def assert_outputs_close(
     bad = (~close).nonzero()
     token, head = (int(x) for x in bad[0][:2])
     diff = (actual.float() - expected.float()).abs()
-    raise AssertionError(
+    raise _failure(
         f"got {actual[token, head].tolist()} but should be {expected[token, head].tolist()} "
         f"at token {token}, head {head} ({bad.shape[0]} of {actual.numel()} values differ, "
         f"max |diff|={float(diff.nan_to_num(float('inf')).max()):.3g}, "
-        f"{tol}) [{comparison}] {context}"
+        f"{tol}) [{comparison}] {context}",
+        signature,
     )
+
+
+def _failure(message: str, signature: FailureSignature | None) -> AssertionError:
+    # Imported here: kvcheck.properties loads the pool-side modules, which the attention
+    # code does not otherwise need.
+    from kvcheck.properties._assertions import PropertyFailure
+
+    return PropertyFailure(message, signature=signature)

@@ -8,15 +8,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcheck.attention import (
+    READ_APIS,
     PagedLayout,
     VarlenBatch,
+    gather_kv_by_page,
     paged_attention,
     scrambled_layout,
     token_slots,
     write_kv_by_page,
 )
-from kvcheck.attention.properties import build_mha_pool, check_paged_matches_raw
+from kvcheck.attention.properties import attention_pool_spec, check_paged_matches_raw
 from kvcheck.attention.strategies import page_layouts, varlen_batches
+from kvcheck.targets.builtin import KVCheckTarget
 
 TABLE = torch.tensor([[3, 1], [2, 0]], dtype=torch.int32)
 CU = torch.tensor([0, 3, 4], dtype=torch.int32)
@@ -61,7 +64,8 @@ def test_paged_attention_reads_only_its_layer():
     """K/V written to layer 1 are read from layer 1; layer 0's data does not leak in."""
     batch = VarlenBatch(seq_lens=(3, 1), num_heads=2, num_kv_heads=1, head_dim=8)
     layout = scrambled_layout(batch.seq_lens, page_size=2)
-    pool = build_mha_pool(batch, layout, dtype=torch.float32, device="cpu")
+    spec = attention_pool_spec(batch, layout, dtype=torch.float32)
+    pool = KVCheckTarget().make_pool(spec, device="cpu")
     q, k, v = batch.make_qkv(dtype=torch.float32, device="cpu")
     cu, table = batch.cu_seqlens_tensor(device="cpu"), layout.page_table_tensor(device="cpu")
     write_kv_by_page(pool, layer_id=1, k=k, v=v, cu_seqlens=cu, page_table=table)
@@ -109,3 +113,44 @@ def test_paged_layout_rejects_shared_pages():
     """Two sequences may not own the same page."""
     with pytest.raises(ValueError, match=r"page 2 is given to two sequences"):
         PagedLayout(page_size=2, num_pages=3, page_tables=((2,), (2,)))
+
+
+def test_both_read_apis_gather_the_same_tokens():
+    """get_kv_buffer ("kv") and get_key_buffer/get_value_buffer ("split") read the same K/V."""
+    batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=8, v_head_dim=4)
+    layout = scrambled_layout(batch.seq_lens, page_size=2)
+    spec = attention_pool_spec(batch, layout, dtype=torch.float32, start_layer=2)
+    pool = KVCheckTarget().make_pool(spec, device="cpu")
+    _, k, v = batch.make_qkv(dtype=torch.float32, device="cpu")
+    cu, table = batch.cu_seqlens_tensor(device="cpu"), layout.page_table_tensor(device="cpu")
+    write_kv_by_page(pool, layer_id=3, k=k, v=v, cu_seqlens=cu, page_table=table)
+    for read in READ_APIS:
+        got_k, got_v = gather_kv_by_page(
+            pool, layer_id=3, cu_seqlens=cu, page_table=table, read=read
+        )
+        torch.testing.assert_close(got_k, k, rtol=0, atol=0)
+        torch.testing.assert_close(got_v, v, rtol=0, atol=0)
+
+
+def test_unknown_read_api_is_refused():
+    """A read API other than READ_APIS' is a ValueError naming the allowed values."""
+    with pytest.raises(ValueError, match=r"read='attr' must be one of \('split', 'kv'\)"):
+        gather_kv_by_page(object(), layer_id=0, cu_seqlens=CU, page_table=TABLE, read="attr")
+
+
+BAD_SPEC_ARGUMENTS = {
+    "family": ({"family": "mla"}, r"family='mla' must be 'mha' or 'noop'"),
+    "start-layer": ({"start_layer": -1}, r"start_layer=-1 must be an int >= 0"),
+    "dtype": ({"dtype": torch.int8}, r"dtype=torch.int8 must be one of"),
+}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"), BAD_SPEC_ARGUMENTS.values(), ids=BAD_SPEC_ARGUMENTS
+)
+def test_attention_pool_spec_validates_its_arguments(overrides, message):
+    """attention_pool_spec refuses other families, negative start layers and non-float dtypes."""
+    batch = VarlenBatch(seq_lens=(1,), num_heads=1, num_kv_heads=1, head_dim=8)
+    layout = scrambled_layout(batch.seq_lens, page_size=1)
+    with pytest.raises(ValueError, match=message):
+        attention_pool_spec(batch, layout, **{"dtype": torch.float32, **overrides})
