@@ -201,7 +201,9 @@ class PoolMachine(RuleBasedStateMachine):
             yield
         except PropertyFailure as exc:
             if exc.reproduction is None and self.spec is not None:
-                exc.reproduction = make_reproduction(self.spec, tuple(self.history), str(exc))
+                exc.reproduction = make_reproduction(
+                    self.spec, tuple(self.history), str(exc), check=exc.signature.check
+                )
             raise
 
     def _next_copy_name(self) -> str:
@@ -327,21 +329,19 @@ class PoolMachine(RuleBasedStateMachine):
                 ) from exc
 
 
-def make_reproduction(spec: PoolSpec, ops: tuple[Op, ...], note: str) -> Any:
+def make_reproduction(spec: PoolSpec, ops: tuple[Op, ...], note: str, *, check: str = "") -> Any:
     """The reproduction a failure carries: the pool ``spec`` and the ``ops`` run so far
     (a :class:`kvcheck.repro.Reproduction`), for a standalone script.
 
     Example:
         >>> from kvcheck.specs import PoolSpec
         >>> spec = PoolSpec(family="mha", size=2, page_size=1, layer_num=1, dtype="float16")
-        >>> make_reproduction(spec, (), "note").ops   # doctest: +SKIP
+        >>> make_reproduction(spec, (), "got 1 but should be 0 [poke]").ops
         ()
     """
-    try:  # MERGE-TODO: kvcheck.repro lands from the repro branch; drop this guard then
-        from kvcheck.repro import Reproduction
-    except ImportError:
-        return None
-    return Reproduction(spec=spec, ops=ops, note=note)
+    from kvcheck.repro import Reproduction
+
+    return Reproduction(spec=spec, ops=ops, note=note, check=check)
 
 
 def _settle_rule_flags(machine: RuleBasedStateMachine, data: st.DataObject) -> None:

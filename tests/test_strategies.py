@@ -27,6 +27,7 @@ from kvcheck.specs import (
     WriteIndexK,
     WriteKV,
 )
+from kvcheck.strategies import ops
 
 FAST = settings(max_examples=25, database=None, deadline=None)
 #: find() searches longer, stops at the first hit and skips shrinking (speed); no database so
@@ -275,7 +276,7 @@ def test_finite_encoding_covers_every_bit_pattern(dtype: str) -> None:
     """Every 8- and 16-bit pattern maps to a finite value; finite patterns stay as they are."""
     width = DTYPE_ITEMSIZE[dtype]
     raw = np.arange(1 << (8 * width), dtype=f"<u{width}").tobytes()
-    fixed = strategies._finite_bytes(raw, dtype)
+    fixed = ops._finite(raw, dtype)
     before = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(getattr(torch, dtype))
     after = torch.frombuffer(bytearray(fixed), dtype=torch.uint8).view(getattr(torch, dtype))
     assert torch.isfinite(after.float()).all()
@@ -367,9 +368,66 @@ def test_op_sequences_reach_dsa_index_writes_and_page_reloads() -> None:
     sequence = _find(
         strategies.op_sequences(spec), lambda s: {"WriteIndexK", "HostReload"} <= kinds(s)
     )
+    layouts = {
+        op.name: ops.copy_layout(spec, op.indices)
+        for op in sequence.ops
+        if isinstance(op, HostCopy)
+    }
     reloads = [op for op in sequence.ops if isinstance(op, HostReload)]
-    assert all(len(op.indices) % 4 == 0 for op in reloads)
+    assert all(ops.copy_layout(spec, op.indices) == layouts[op.name] for op in reloads)
     assert all(op.layer_id == 1 for op in sequence.ops if isinstance(op, WriteIndexK))
+
+
+def test_host_copies_reach_partial_pages_and_several_requests() -> None:
+    """Host copies come shaped as the scheduler passes them: a request whose last page is
+    partial, and two requests at once."""
+    spec = PoolSpec(family="dsa", size=16, page_size=4, layer_num=1, dtype="bfloat16")
+    partial = _find(
+        ops.host_copy_ops(spec, "c"),
+        lambda op: (
+            (layout := ops.copy_layout(spec, op.indices)) is not None
+            and len(layout) == 1
+            and layout[0] % 4 != 0
+            and layout[0] > 4
+        ),
+    )
+    assert partial.indices[0] % 4 == 0
+    two = _find(
+        ops.host_copy_ops(spec, "c"),
+        lambda op: len(ops.copy_layout(spec, op.indices) or ()) == 2,
+    )
+    assert len(set(two.indices)) == len(two.indices)
+
+
+@pytest.mark.parametrize("family", ["mha", "noop", "mla", "dsa"])
+@FAST
+@given(data=st.data())
+def test_single_op_strategies_draw_what_the_reference_accepts(
+    family: str, data: st.DataObject
+) -> None:
+    """Every valid single-op strategy draws an op the reference accepts (NoOp: writes
+    raise RuntimeError), and a reload of a copy has its copy's shape."""
+    spec = data.draw(strategies.pool_specs(families=(family,)), label="spec")
+    reference = ReferencePool(spec)
+    kind = data.draw(st.sampled_from(ops.family_op_kinds(spec)), label="kind")
+    copies: dict[str, tuple[int, ops.CopyLayout]] = {}
+    if kind == "host_reload":
+        copy = data.draw(ops.host_copy_ops(spec, "c"), label="copy")
+        reference.apply(copy)
+        copies["c"] = (len(copy.indices), ops.copy_layout(spec, copy.indices))
+        op = data.draw(ops.host_reload_ops(spec, copies), label="op")
+    elif kind == "host_copy":
+        op = data.draw(ops.host_copy_ops(spec, "c"), label="op")
+    elif kind == "write_index_k":
+        op = data.draw(
+            ops.write_index_k_ops(spec, layer_ids=ops.indexed_layers(spec, skip=False)),
+            label="op",
+        )
+    else:
+        op = data.draw(getattr(ops, f"{kind}_ops")(spec), label="op")
+    expected = reference.expected_error(op)
+    writes = kind not in ("move", "host_copy")
+    assert expected is (RuntimeError if family == "noop" and writes else None), op
 
 
 def test_server_flags_reach_several_violations() -> None:

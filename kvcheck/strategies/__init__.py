@@ -342,35 +342,6 @@ def token_locations(
 
 # --- op sequences ------------------------------------------------------------------------------
 
-#: Operation kinds :func:`op_sequences` draws, in shrink order.
-OP_KINDS: tuple[str, ...] = (
-    "write_kv",
-    "move",
-    "host_copy",
-    "host_reload",
-    "write_index_k",
-    "cast_write_kv",
-    "write_mla",
-    "write_prefix_valid",
-)
-
-
-def family_op_kinds(spec: PoolSpec) -> tuple[str, ...]:
-    """The operation kinds that apply to ``spec``'s family (index-K writes only where a
-    layer has index-K; ``set_mla_kv_buffer`` for MLA/DSA; prefix-valid writes for MHA).
-
-    Example:
-        >>> family_op_kinds(PoolSpec(family="mla", size=2, page_size=1, layer_num=1,
-        ...                          dtype="bfloat16"))
-        ('write_kv', 'move', 'host_copy', 'host_reload', 'cast_write_kv', 'write_mla')
-    """
-    applies = {
-        "write_index_k": bool(_ops.indexed_layers(spec, skip=False)),
-        "write_mla": spec.family in ("mla", "dsa"),
-        "write_prefix_valid": spec.family in ("mha", "noop"),
-    }
-    return tuple(kind for kind in OP_KINDS if applies.get(kind, True))
-
 
 @st.composite
 def _op_sequences(
@@ -380,14 +351,14 @@ def _op_sequences(
     include_invalid: bool,
     kinds: tuple[str, ...] | None,
 ) -> OpSequence:
-    allowed = family_op_kinds(spec) if kinds is None else kinds
+    allowed = _ops.family_op_kinds(spec) if kinds is None else kinds
     copies: dict[str, tuple[int, _ops.CopyLayout]] = {}
     ops: list[Op] = []
     for number in range(draw(st.integers(0, max_ops))):
         available = [
             kind
             for kind in allowed
-            if kind in family_op_kinds(spec) and (kind != "host_reload" or copies)
+            if kind in _ops.family_op_kinds(spec) and (kind != "host_reload" or copies)
         ]
         if include_invalid:
             available.append("invalid")
@@ -444,8 +415,9 @@ def op_sequences(
       requests at once or of arbitrary tokens, and later ``HostReload`` of an earlier copy
       to slots of the same shape.
 
-    ``kinds`` restricts the drawn kinds to those named (of :data:`OP_KINDS`; default all
-    that apply to the family, :func:`family_op_kinds`). Every op comes from
+    ``kinds`` restricts the drawn kinds to those named (of
+    :data:`kvcheck.strategies.ops.OP_KINDS`; default all that apply to the family,
+    :func:`kvcheck.strategies.ops.family_op_kinds`). Every op comes from
     :mod:`kvcheck.strategies.ops`, the generator the state machines use too.
 
     On the NoOp family the writes are generated too: raising RuntimeError is what is under
@@ -469,7 +441,7 @@ def op_sequences(
     """
     _check_int("max_ops", max_ops, min_value=0)
     _check_bool("include_invalid", include_invalid)
-    chosen = None if kinds is None else _check_choices("kinds", kinds, OP_KINDS)
+    chosen = None if kinds is None else _check_choices("kinds", kinds, _ops.OP_KINDS)
     if isinstance(spec, st.SearchStrategy):
         return spec.flatmap(
             lambda drawn: _op_sequences(_valid_spec(drawn), max_ops, include_invalid, chosen)

@@ -229,6 +229,36 @@ def row_elements(spec: PoolSpec) -> tuple[int, int]:
     return spec.kv_lora_rank + spec.qk_rope_head_dim, 0
 
 
+#: Operation kinds :func:`op_sequences` draws, in shrink order.
+OP_KINDS: tuple[str, ...] = (
+    "write_kv",
+    "move",
+    "host_copy",
+    "host_reload",
+    "write_index_k",
+    "cast_write_kv",
+    "write_mla",
+    "write_prefix_valid",
+)
+
+
+def family_op_kinds(spec: PoolSpec) -> tuple[str, ...]:
+    """The operation kinds that apply to ``spec``'s family (index-K writes only where a
+    layer has index-K; ``set_mla_kv_buffer`` for MLA/DSA; prefix-valid writes for MHA).
+
+    Example:
+        >>> family_op_kinds(PoolSpec(family="mla", size=2, page_size=1, layer_num=1,
+        ...                          dtype="bfloat16"))
+        ('write_kv', 'move', 'host_copy', 'host_reload', 'cast_write_kv', 'write_mla')
+    """
+    applies = {
+        "write_index_k": bool(indexed_layers(spec, skip=False)),
+        "write_mla": spec.family in ("mla", "dsa"),
+        "write_prefix_valid": spec.family in ("mha", "noop"),
+    }
+    return tuple(kind for kind in OP_KINDS if applies.get(kind, True))
+
+
 # --- slots and pages ---------------------------------------------------------------------
 
 
@@ -392,8 +422,10 @@ def _write_mla_ops(draw: st.DrawFn, spec: PoolSpec, padding_slot: bool) -> Write
     if not padding_slot and 0 in locs:
         # Slot 0 becomes the lowest free slot (or is dropped when none is free).
         free = sorted(set(range(1, spec.num_slots)) - set(locs))
-        locs = tuple(free[0] if loc == 0 else loc for loc in locs) if free else tuple(
-            loc for loc in locs if loc
+        locs = (
+            tuple(free[0] if loc == 0 else loc for loc in locs)
+            if free
+            else tuple(loc for loc in locs if loc)
         )
     nope = draw(
         payload_rows(spec.dtype, len(locs), spec.kv_lora_rank * spec.itemsize), label="nope"
