@@ -314,14 +314,18 @@ def _run_suite(
         print(f"kvcheck: warning: {warning}", file=sys.stderr)
     target = _checked_target(options.target)
     device = _checked_device(options.device)
-    database = _check_database()
+    # Replay reads first: a mistyped path must not be created (and then found empty).
+    database = _check_database(writable=command != "replay")
     _check_workers(options.workers)
     for option, value in (("--json", options.json_path), ("--junit-xml", options.junit_xml)):
         if value is not None:
             _check_output_path(option, Path(value))
     results_dir = _usable_directory("--results-dir", Path(options.results_dir))
     repro_dir = Path(options.repro_dir) if options.repro_dir else results_dir / "repros"
-    scan = _scan_for_replay(database) if command == "replay" else None
+    scan = None
+    if command == "replay":
+        scan = _scan_for_replay(database)
+        _check_database(writable=True)
     results_path = results_dir / "results.json"
     log_path = results_dir / "pytest.log"
     results_path.unlink(missing_ok=True)  # a stale file must not pass for this run's results
@@ -606,13 +610,14 @@ def _checked_device(spec: str | None) -> str | None:
         raise UsageProblem(str(exc)) from exc
 
 
-def _check_database() -> Any:
-    """The database KVCHECK_DB names, checked writable (directory and a probe file)."""
+def _check_database(*, writable: bool) -> Any:
+    """The database KVCHECK_DB names; with ``writable``, checked with a probe file."""
     from kvcheck.db import DATABASE_ENV_VAR, DatabaseSpecError, check_writable, database_from_spec
 
     try:
         database = database_from_spec(os.environ.get(DATABASE_ENV_VAR))
-        check_writable(database)
+        if writable:
+            check_writable(database)
     except DatabaseSpecError as exc:
         raise UsageProblem(str(exc)) from exc
     return database

@@ -347,14 +347,17 @@ class RecordingDatabase(ExampleDatabase):
         try:
             self.inner.save(key, value)
         except Exception as exc:  # OSError from a directory, RedisError from a server
-            test_id = _current_test.get() or _NO_TEST
-            _save_errors.setdefault(test_id, []).append(f"{type(exc).__name__}: {exc}")
+            _record_save_error(exc)
 
     def delete(self, key: bytes, value: bytes) -> None:
         self.inner.delete(key, value)
 
     def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        self.inner.move(src, dest, value)
+        """Move through ``inner``; a move saves ``value`` under ``dest``, so it is a save."""
+        try:
+            self.inner.move(src, dest, value)
+        except Exception as exc:  # as for save: recorded for the running test
+            _record_save_error(exc)
 
     def _start_listening(self) -> None:
         self.inner.add_listener(self._broadcast_change)
@@ -364,6 +367,11 @@ class RecordingDatabase(ExampleDatabase):
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _record_save_error(exc: BaseException) -> None:
+    test_id = _current_test.get() or _NO_TEST
+    _save_errors.setdefault(test_id, []).append(f"{type(exc).__name__}: {exc}")
 
 
 def _directory(text: str, base: Path, *, role: str) -> Path:

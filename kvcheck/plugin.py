@@ -47,6 +47,7 @@ import contextlib
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -185,8 +186,9 @@ class _SessionReporter:
                 red=True,
                 bold=True,
             )
-            for nodeid, reason in lost:
-                terminalreporter.write_line(f"  {nodeid}: {reason}", red=True)
+            for (nodeid, reason), times in Counter(lost).items():
+                again = f" ({times} times)" if times > 1 else ""
+                terminalreporter.write_line(f"  {nodeid}: {reason}{again}", red=True)
 
     def _send_total(self, total: int) -> None:
         if not self._total_sent:

@@ -180,7 +180,9 @@ class RecordedTest:
     """What happened to one test, across its setup, call and teardown."""
 
     nodeid: str
-    outcome: str = "passed"  # passed | failed | error | skipped | xfailed | xpassed
+    #: passed | failed | error | skipped | xfailed | xpassed, or interrupted: it started and
+    #: never finished (Ctrl-C), so a setup report alone never counts as a pass.
+    outcome: str = "interrupted"
     duration_s: float = 0.0
     skip_reason: str | None = None
     message: str | None = None
@@ -230,6 +232,8 @@ class ResultsCollector:
         elif report.skipped and report.when == "setup":
             record.outcome = "xfailed" if xfail else "skipped"
             record.skip_reason = _skip_reason(report)
+        elif report.when == "teardown" and record.outcome == "interrupted":
+            record.outcome = "passed"  # a test without a call phase that set up and tore down
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:

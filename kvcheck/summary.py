@@ -276,8 +276,9 @@ def _lost_saves(tests: Sequence[Mapping[str, Any]]) -> list[str]:
         "saved; kvcheck replay will not find them:"
     ]
     for test in lost:
-        for reason in test["save_errors"]:
-            lines.append(f"    {short_name(test['nodeid'])}: {reason}")
+        for reason, times in Counter(test["save_errors"]).items():
+            again = f" ({times} times)" if times > 1 else ""
+            lines.append(f"    {short_name(test['nodeid'])}: {reason}{again}")
     return [*lines, ""]
 
 
@@ -348,6 +349,6 @@ def _total(tests: Sequence[Mapping[str, Any]]) -> float:
 
 def _counts(tests: Sequence[Mapping[str, Any]]) -> str:
     counts = Counter(test["outcome"] for test in tests)
-    order = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+    order = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "interrupted")
     parts = [f"{counts[outcome]} {outcome}" for outcome in order if counts[outcome]]
     return ", ".join(parts) or "no tests ran"

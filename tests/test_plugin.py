@@ -89,7 +89,7 @@ def test_header_names_target_device_profile_database_and_env(
             "kvcheck hypothesis profile: kvcheck-dev for tests that use kvcheck*",
             f"kvcheck database: directory {tmp_path / 'db'}",
             "kvcheck env: KVCHECK_DB=*, KVCHECK_SOMETHING='typo?'",
-            "kvcheck WARNING: unknown variable KVCHECK_SOMETHING='typo?' is ignored (kvcheck reads*",
+            "kvcheck WARNING: unknown variable KVCHECK_SOMETHING='typo?' is ignored (kvcheck*",
         ]
     )
     assert result.ret == 0
