@@ -346,6 +346,25 @@ def test_profile_applies_only_to_tests_that_use_kvcheck(
     replay.stdout.fnmatch_lines(["FAILED *::test_kvcheck_fails*"])
 
 
+def test_fresh_process_of_an_unrelated_project_keeps_hypothesis_defaults(
+    pytester: pytest.Pytester,
+) -> None:
+    """In its own process, a project with nothing of kvcheck runs under Hypothesis's own
+    profile: default deadline, no kvcheck database."""
+    pytester.makepyfile(
+        """
+        from hypothesis import given, settings, strategies as st
+
+        @given(st.integers())
+        def test_plain(x):
+            assert settings.get_current_profile_name() == "default"
+            assert settings.default.deadline is not None
+            assert "Recording" not in type(settings.default.database).__name__
+        """
+    )
+    pytester.runpytest_subprocess("-p", "no:randomly").assert_outcomes(passed=1)
+
+
 def test_profile_everywhere_when_asked(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
