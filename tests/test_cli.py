@@ -396,10 +396,36 @@ def test_verify_all_passing_exits_0(
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """With -k selecting passing properties only, verify exits 0."""
+    """With -k selecting passing properties only, verify exits 0; --verbose streams pytest's
+    -v log and adds the per-test table."""
     _workdir(tmp_path, "run", monkeypatch)
-    assert main(["verify", "--suite", str(project), "--device", "cpu", "-k", "never_grows"]) == 0
-    assert capfd.readouterr().out.rstrip().endswith("exit 0")
+    argv = ["verify", "--suite", str(project), "--device", "cpu", "-k", "never_grows"]
+    assert main([*argv, "--verbose"]) == 0
+    out = capfd.readouterr().out
+    assert out.rstrip().endswith("exit 0")
+    assert "test_clamp.py::test_clamp_never_grows PASSED" in out  # pytest's own -v log
+    assert "RESULT" in out and "test_clamp.py::test_clamp_never_grows" in out.split("RESULT")[1]
+
+
+def test_verify_json_write_error_is_one_line_and_exit_2(
+    project: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A --json file that cannot be written after the run: one error line, exit 2."""
+    import kvcheck.cli
+
+    def refuse(path: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    _workdir(tmp_path, "run", monkeypatch)
+    monkeypatch.setattr(kvcheck.cli, "_write_json", refuse)
+    argv = ["verify", "--suite", str(project), "--device", "cpu", "-k", "never_grows"]
+    assert main([*argv, "--quiet", "--json", "out.json"]) == 2
+    captured = capfd.readouterr()
+    assert captured.err.strip() == "kvcheck: error: cannot write --json out.json: Permission denied"
+    assert "running" not in captured.out  # --quiet: no progress
 
 
 def test_verify_pytest_usage_error_exits_2(
