@@ -27,10 +27,11 @@ A good neighbour: a test "uses kvcheck" when it lives in kvcheck's package (the 
 suite), takes a ``kvcheck_target``/``kvcheck_device`` fixture, or carries a
 ``kvcheck_needs``/``gpu``/``sglang`` marker. Only those run under kvcheck's profile (loaded
 around the test and put back after it); every other test keeps Hypothesis's settings as the
-project has them. kvcheck's profile applies to every test instead when asked for
-(``--kvcheck-profile``, ``KVCHECK_PROFILE``), under the ``kvcheck`` command, and in kvcheck's
-own checkout. A project that chose a Hypothesis profile itself keeps it everywhere. Heavy
-imports (torch, the pools) happen only when a test asks for a device or a pool.
+project has them. kvcheck's profile applies to every test instead when asked for: a
+``--kvcheck-target``/``--kvcheck-device``/``--kvcheck-profile`` option (command line or the
+project's ``addopts``), ``KVCHECK_PROFILE``, the ``kvcheck`` command, kvcheck's own
+checkout. A project that chose a Hypothesis profile itself keeps it everywhere. Heavy imports
+(torch, the pools) happen only when a test asks for a device or a pool.
 
 Example (a downstream test module)::
 
@@ -531,8 +532,8 @@ def _load_profile(
     """Register kvcheck's profiles and settle which applies where.
 
     Returns the database, the kvcheck profile in effect (None when the project chose its
-    own Hypothesis profile), whether it is loaded for the whole run (asked for with
-    ``--kvcheck-profile``/``KVCHECK_PROFILE``, the kvcheck command, kvcheck's own checkout)
+    own Hypothesis profile), whether it is loaded for the whole run (any
+    ``--kvcheck-*`` option given, ``KVCHECK_PROFILE``, the kvcheck command, kvcheck's checkout)
     rather than around each test that uses kvcheck, and Hypothesis's own profile objects.
     """
     from hypothesis import settings
@@ -590,8 +591,13 @@ def _load_profile(
             f"kvcheck: Hypothesis profile {chosen!r} is not registered "
             f"({_PROFILE_OPTION} / KVCHECK_PROFILE); kvcheck's: {', '.join(PROFILE_NAMES)}"
         ) from exc
+    # A project that passes kvcheck options (on the command line or in its addopts) uses
+    # kvcheck for its whole suite; one that merely has kvcheck installed does not.
+    named_options = any(
+        config.getoption(name) for name in ("kvcheck_target", "kvcheck_device", "kvcheck_profile")
+    )
     everywhere = (
-        bool(kvcheck_option)
+        named_options
         or bool(os.environ.get(PROFILE_ENV_VAR, "").strip())
         or record_results
         or _is_kvcheck_checkout(config)

@@ -80,15 +80,16 @@ def test_header_names_target_device_profile_database_and_env(
     """The header shows target+version, device, profile, database and every KVCHECK_* var."""
     monkeypatch.setenv("KVCHECK_DB", str(tmp_path / "db"))
     monkeypatch.setenv("KVCHECK_SOMETHING", "typo?")
+    monkeypatch.setenv("KVCHECK_DEVICE", "cpu")  # an option would apply the profile everywhere
     pytester.makepyfile("def test_nothing():\n    assert True\n")
-    result = pytester.runpytest("--kvcheck-device=cpu")
+    result = pytester.runpytest()
     result.stdout.fnmatch_lines(
         [
             "kvcheck target: kvcheck 0.1.0 ('kvcheck', default*",
             "kvcheck device: cpu (requested cpu)",
             "kvcheck hypothesis profile: kvcheck-dev for tests that use kvcheck*",
             f"kvcheck database: directory {tmp_path / 'db'}",
-            "kvcheck env: KVCHECK_DB=*, KVCHECK_SOMETHING='typo?'",
+            "kvcheck env: KVCHECK_DB=*, KVCHECK_DEVICE='cpu', KVCHECK_SOMETHING='typo?'",
             "kvcheck WARNING: unknown variable KVCHECK_SOMETHING='typo?' is ignored (kvcheck*",
         ]
     )
@@ -365,11 +366,16 @@ def test_fresh_process_of_an_unrelated_project_keeps_hypothesis_defaults(
     pytester.runpytest_subprocess("-p", "no:randomly").assert_outcomes(passed=1)
 
 
+@pytest.mark.parametrize("how", ["env", "addopts"])
 def test_profile_everywhere_when_asked(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
-    """KVCHECK_PROFILE applies kvcheck's profile to every test."""
-    monkeypatch.setenv("KVCHECK_PROFILE", "kvcheck-dev")
+    """KVCHECK_PROFILE, or a kvcheck option in the project's addopts, applies kvcheck's
+    profile to every test."""
+    if how == "env":
+        monkeypatch.setenv("KVCHECK_PROFILE", "kvcheck-dev")
+    else:
+        pytester.makeini("[pytest]\naddopts = --kvcheck-target=kvcheck\n")
     pytester.makepyfile(
         """
         from hypothesis import settings
