@@ -323,7 +323,10 @@ def test_ctrl_c_prints_the_partial_summary_and_exits_130(tmp_path: Path) -> None
     out = "".join(seen) + rest
     assert process.returncode == cli.EXIT_INTERRUPTED == 130
     assert "INTERRUPTED (Ctrl-C)" in out
-    assert "1 property passed" in out and "1 passed, 1 interrupted" in out
+    # The second test may or may not have started when the signal came: either way it is
+    # never counted as a pass.
+    assert "1 property passed" in out
+    assert out.rstrip().endswith("exit 130") and "2 passed" not in out
     assert "Traceback" not in out
 
 
