@@ -10,8 +10,18 @@
 ``kvcheck memory-report``
     Cell sizes, token capacities and pool bytes (built on ``meta``) for real model configs.
 
-Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage or target
-error. Arguments after ``--`` go to pytest unchanged.
+Output: a progress line (rewritten in place on a terminal, a few lines otherwise), then each
+failure once (property, error with the first differing byte, minimal example, reproduction
+script) and a summary with passes collapsed and skips grouped by reason. ``--verbose``
+streams pytest's ``-v`` log and adds a row per test; ``--quiet`` prints only the summary.
+pytest's full log, ``results.json`` and the reproduction scripts (``repros/``) are kept in
+``--results-dir`` (default ``.kvcheck`` under the current directory).
+
+Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage, target or
+setup error, or the example database failed (a failing example could not be saved; replay:
+the database is missing, empty, holds examples that cannot be decoded, or none of them
+belongs to the selected tests); 130 interrupted by Ctrl-C (pytest stops, and the summary of
+what ran is printed first). Arguments after ``--`` go to pytest unchanged.
 
 Example:
     >>> main(["verify", "--target", "no_such_target"])  # doctest: +SKIP
@@ -22,13 +32,16 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +50,18 @@ import kvcheck
 __all__ = ["build_parser", "main", "pytest_command"]
 
 DEFAULT_SUITE = "kvcheck.suite"
+DEFAULT_RESULTS_DIR = ".kvcheck"
+#: Exit status after Ctrl-C (128 + SIGINT, as shells report it).
+EXIT_INTERRUPTED = 130
+#: How long pytest gets to stop by itself after a Ctrl-C before it is sent one.
+_INTERRUPT_GRACE_S = 10.0
+_EXIT_STATUS_TEXT = (
+    "Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage, target "
+    "or setup error, or the example database failed (a failing example could not be saved; "
+    "replay: the database is missing, empty, holds examples that cannot be decoded, or none "
+    "of them belongs to the selected tests); 130 interrupted (Ctrl-C), after the summary "
+    "of what ran."
+)
 _DEFAULT_BUDGET_GIB = 64.0
 _DEFAULT_PAGE_SIZE = 64
 _DEFAULT_DTYPE = "bfloat16"
@@ -79,14 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvcheck",
         description="Property-based verification of LLM-serving KV-cache memory pools.",
-        epilog="Exit status: 0 all passed, 1 a property failed, 2 usage or target error. "
-        "Arguments after -- are passed to pytest.",
+        epilog=f"{_EXIT_STATUS_TEXT} Arguments after -- are passed to pytest.",
     )
     parser.add_argument("--version", action="version", version=f"kvcheck {kvcheck.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     verify = commands.add_parser(
-        "verify", help="run the property suite against a target and summarize it"
+        "verify",
+        help="run the property suite against a target and summarize it",
+        epilog=_EXIT_STATUS_TEXT,
     )
     _add_run_arguments(verify)
     verify.add_argument(
@@ -98,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify.set_defaults(handler=_verify)
 
     replay = commands.add_parser(
-        "replay", help="rerun only the stored (previously failing) examples"
+        "replay",
+        help="rerun only the stored (previously failing) examples",
+        epilog=_EXIT_STATUS_TEXT,
     )
     _add_run_arguments(replay)
     replay.set_defaults(handler=_replay)
@@ -206,6 +234,49 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("-k", dest="keyword", default=None, metavar="EXPR", help="pytest -k")
     parser.add_argument(
+        "--family",
+        dest="families",
+        action="append",
+        default=None,
+        choices=_pool_families(),
+        help="only this pool family's tests (repeatable): pytest -k FAMILY, which selects "
+        "the tests whose id contains the name, i.e. the [FAMILY] parameter of per-family "
+        "properties and tests or modules named after the family (test_noop.py); several "
+        "--family are or-ed, and and-ed with -k",
+    )
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="store_const",
+        const=1,
+        default=0,
+        help="stream pytest's -v log and add a row per test to the summary",
+    )
+    output.add_argument(
+        "-q",
+        "--quiet",
+        dest="verbosity",
+        action="store_const",
+        const=-1,
+        help="print only the summary (no progress, no failure details)",
+    )
+    parser.add_argument(
+        "--results-dir",
+        default=DEFAULT_RESULTS_DIR,
+        metavar="DIR",
+        help=f"where results.json, pytest.log and repros/ are kept (default: "
+        f"{DEFAULT_RESULTS_DIR} under the current directory)",
+    )
+    parser.add_argument(
+        "--repro-dir",
+        default=None,
+        metavar="DIR",
+        help="where a standalone reproduction script is written per failure "
+        "(default: repros/ in --results-dir)",
+    )
+    parser.add_argument(
         "--suite",
         default=DEFAULT_SUITE,
         help=f"tests to run: a path, or a dotted module (default: {DEFAULT_SUITE}, "
@@ -237,46 +308,203 @@ def _run_suite(
 ) -> int:
     """Check the settings here (fast, clear errors), then run pytest and summarize."""
     from kvcheck.results import load_results
-    from kvcheck.summary import exit_code_for, render_replay, render_verify
+    from kvcheck.summary import EXIT_USAGE, exit_code_for, render_replay, render_verify
 
+    for warning in _env_warnings():
+        print(f"kvcheck: warning: {warning}", file=sys.stderr)
     target = _checked_target(options.target)
     device = _checked_device(options.device)
-    _check_database()
+    # Replay reads first: a mistyped path must not be created (and then found empty).
+    database = _check_database(writable=command != "replay")
     _check_workers(options.workers)
-    with tempfile.TemporaryDirectory(prefix="kvcheck-") as scratch:
-        results_path = Path(scratch) / "results.json"
-        argv = pytest_command(
-            suite=options.suite,
-            target=target,
-            device=device,
-            profile=profile,
-            workers=options.workers,
-            junit_xml=options.junit_xml,
-            keyword=options.keyword,
-            results_path=results_path,
-            extra=extra,
-        )
-        print(f"kvcheck {command}: {shlex.join(argv)}", flush=True)
-        status = subprocess.call(argv)
-        try:
-            results: dict[str, Any] | None = load_results(results_path)
-        except ValueError:
-            results = None
-    exit_code = exit_code_for(status)
+    for option, value in (("--json", options.json_path), ("--junit-xml", options.junit_xml)):
+        if value is not None:
+            _check_output_path(option, Path(value))
+    results_dir = _usable_directory("--results-dir", Path(options.results_dir))
+    repro_dir = Path(options.repro_dir) if options.repro_dir else results_dir / "repros"
+    scan = None
+    if command == "replay":
+        scan = _scan_for_replay(database)
+        _check_database(writable=True)
+    results_path = results_dir / "results.json"
+    log_path = results_dir / "pytest.log"
+    results_path.unlink(missing_ok=True)  # a stale file must not pass for this run's results
+    argv = pytest_command(
+        suite=options.suite,
+        target=target,
+        device=device,
+        profile=profile,
+        workers=options.workers,
+        junit_xml=options.junit_xml,
+        keyword=_keyword(options.keyword, options.families),
+        results_path=results_path,
+        extra=extra,
+    )
+    run = _SuiteRun(command=command, verbosity=options.verbosity, log_path=log_path)
+    status = run.run(argv)
+    try:
+        results: dict[str, Any] | None = load_results(results_path)
+    except ValueError:
+        results = None
     if results is None:
         print(
             f"\nkvcheck {command}: pytest stopped before running the suite (exit {status}); "
-            "see its message above",
+            + ("see its message above" if options.verbosity > 0 else run.log_tail()),
             file=sys.stderr,
         )
-        return 2
+        return EXIT_INTERRUPTED if run.interrupted else EXIT_USAGE
+    exit_code = exit_code_for(status)
+    lost = [t for t in results.get("tests", ()) if t.get("save_errors")]
+    if lost:
+        exit_code = EXIT_USAGE  # reproductions were lost: the run cannot be trusted to replay
+    scripts_note = _write_repro_scripts(results, repro_dir=repro_dir, target=target)
+    locations = {
+        "results": _shown(results_path),
+        "pytest log": "(printed above)" if options.verbosity > 0 else _shown(log_path),
+        "reproduction scripts": _shown(repro_dir) if scripts_note is None else scripts_note,
+    }
     if command == "replay":
-        print("\n" + render_replay(results, exit_code=exit_code))
+        assert scan is not None
+        if scan.undecodable or not _stored_total(results):
+            exit_code = max(exit_code, EXIT_USAGE)
+        if run.interrupted:
+            exit_code = EXIT_INTERRUPTED
+        text = render_replay(
+            results,
+            exit_code=exit_code,
+            verbosity=options.verbosity,
+            scan=scan,
+            locations=locations,
+        )
     else:
-        print("\n" + render_verify(results, exit_code=exit_code))
+        if run.interrupted:
+            exit_code = EXIT_INTERRUPTED
+        text = render_verify(
+            results,
+            exit_code=exit_code,
+            verbosity=options.verbosity,
+            locations=locations,
+            interrupted=run.interrupted,
+        )
+    print("\n" + text, flush=True)
     if options.json_path:
-        _write_json(Path(options.json_path), results, command=command, exit_code=exit_code)
+        try:
+            _write_json(Path(options.json_path), results, command=command, exit_code=exit_code)
+        except OSError as exc:
+            print(
+                f"kvcheck: error: cannot write --json {options.json_path}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
     return exit_code
+
+
+class _SuiteRun:
+    """The pytest subprocess: its output (streamed, or to the log file) and our progress line.
+
+    pytest stays in the kvcheck command's process group, so a Ctrl-C in the terminal
+    reaches both; pytest then stops, records what ran, and exits. If only the kvcheck
+    command got the signal, it is passed on after a grace period.
+    """
+
+    def __init__(self, *, command: str, verbosity: int, log_path: Path) -> None:
+        self.command = command
+        self.verbosity = verbosity
+        self.log_path = log_path
+        self.interrupted = False
+        self.total: int | None = None
+        self.counts: dict[str, int] = {}
+        self._tty = sys.stdout.isatty()
+        self._next_report = 0
+
+    def run(self, argv: list[str]) -> int:
+        read_fd, write_fd = os.pipe()
+        argv = [*argv, f"--kvcheck-progress-fd={write_fd}"]
+        env = _subprocess_env()
+        if self.verbosity > 0:
+            print(f"kvcheck {self.command}: {shlex.join(argv)}", flush=True)
+        with contextlib.ExitStack() as stack:
+            stdout = None if self.verbosity > 0 else stack.enter_context(self.log_path.open("wb"))
+            try:
+                process = subprocess.Popen(argv, stdout=stdout, env=env, pass_fds=(write_fd,))
+            finally:
+                os.close(write_fd)
+            with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as events:
+                try:
+                    for line in events:
+                        self._event(line)
+                except KeyboardInterrupt:
+                    self.interrupted = True
+            return self._wait(process)
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of pytest's output (its reason for stopping), indented."""
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return f"see {self.log_path}"
+        tail = text.strip().splitlines()[-lines:]
+        return "its output ends:\n" + "\n".join(f"    {line}" for line in tail)
+
+    def _wait(self, process: subprocess.Popen[bytes]) -> int:
+        while True:
+            try:
+                if not self.interrupted:
+                    return process.wait()
+                try:
+                    return process.wait(timeout=_INTERRUPT_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    # Only we got the signal (kill -INT, not the terminal): pass it on.
+                    process.send_signal(signal.SIGINT)
+                    return process.wait()
+            except KeyboardInterrupt:
+                if self.interrupted:  # a second Ctrl-C: stop waiting for a clean exit
+                    process.kill()
+                    return process.wait()
+                self.interrupted = True
+            finally:
+                self._end_line()
+
+    def _event(self, line: str) -> None:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            return
+        if event.get("event") == "collected":
+            self.total = int(event.get("total", 0))
+            if self.verbosity == 0:
+                print(
+                    f"kvcheck {self.command}: running {self.total} tests "
+                    f"(full pytest log: {_shown(self.log_path)})",
+                    flush=True,
+                )
+        elif event.get("event") == "test":
+            outcome = str(event.get("outcome"))
+            self.counts[outcome] = self.counts.get(outcome, 0) + 1
+            if self.verbosity == 0:
+                self._progress(str(event.get("nodeid", "")))
+
+    def _progress(self, nodeid: str) -> None:
+        from kvcheck.summary import short_name
+
+        done = sum(self.counts.values())
+        total = self.total or 0
+        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.counts.items()))
+        text = f"[{done}/{total or '?'}] {counts}"
+        if self._tty:
+            width = shutil.get_terminal_size().columns
+            line = f"{text}  {short_name(nodeid)}"[: max(width - 1, 20)]
+            print(f"\r\x1b[K{line}", end="", flush=True)
+        elif done >= self._next_report or done == total:
+            # Off a terminal, a few lines: about every quarter of the run.
+            print(text, flush=True)
+            self._next_report = done + max(1, total // 4)
+
+    def _end_line(self) -> None:
+        if self._tty and self.verbosity == 0 and self.counts:
+            print(flush=True)
+            self.counts = dict(self.counts)  # the line is finished; later ends print nothing
+            self._tty = False
 
 
 def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
@@ -310,13 +538,65 @@ def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def _checked_target(name: str | None) -> str:
+    """Resolve the target as pytest will: module:attr is imported from the current directory."""
     from kvcheck.targets import TargetError, resolve_target, target_spec
 
     try:
-        resolve_target(name)
+        with _cwd_on_sys_path():
+            resolve_target(name)
     except TargetError as exc:
         raise UsageProblem(str(exc)) from exc
     return target_spec(name)
+
+
+@contextlib.contextmanager
+def _cwd_on_sys_path() -> Iterator[None]:
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _subprocess_env() -> dict[str, str]:
+    """The environment of pytest: the current directory first on PYTHONPATH, like our import."""
+    env = dict(os.environ)
+    parts = [os.getcwd(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    return env
+
+
+def _env_warnings() -> list[str]:
+    from kvcheck.profiles import unknown_env_warnings
+
+    return unknown_env_warnings()
+
+
+def _pool_families() -> tuple[str, ...]:
+    from kvcheck.specs import POOL_FAMILIES
+
+    return tuple(POOL_FAMILIES)
+
+
+def _keyword(keyword: str | None, families: Sequence[str] | None) -> str | None:
+    """The -k expression: the families or-ed, and-ed with the user's -k.
+
+    Example:
+        >>> _keyword("move", ["mha", "dsa"])
+        '(mha or dsa) and (move)'
+        >>> _keyword(None, ["dsa"])
+        'dsa'
+    """
+    if not families:
+        return keyword
+    chosen = " or ".join(dict.fromkeys(families))
+    if keyword:
+        return f"({chosen}) and ({keyword})"
+    return chosen
 
 
 def _checked_device(spec: str | None) -> str | None:
@@ -330,13 +610,129 @@ def _checked_device(spec: str | None) -> str | None:
         raise UsageProblem(str(exc)) from exc
 
 
-def _check_database() -> None:
-    from kvcheck.db import DATABASE_ENV_VAR, DatabaseSpecError, database_from_spec
+def _check_database(*, writable: bool) -> Any:
+    """The database KVCHECK_DB names; with ``writable``, checked with a probe file."""
+    from kvcheck.db import DATABASE_ENV_VAR, DatabaseSpecError, check_writable, database_from_spec
 
     try:
-        database_from_spec(os.environ.get(DATABASE_ENV_VAR))
+        database = database_from_spec(os.environ.get(DATABASE_ENV_VAR))
+        if writable:
+            check_writable(database)
     except DatabaseSpecError as exc:
         raise UsageProblem(str(exc)) from exc
+    return database
+
+
+def _scan_for_replay(database: Any) -> Any:
+    """What replay will find; nothing (missing, empty, all undecodable) is a usage error."""
+    from kvcheck.db import describe_database, scan_database
+
+    scan = scan_database(database)
+    where = describe_database(database)
+    if not scan.scanned:
+        return scan
+    if scan.entries == 0:
+        missing = f" ({', '.join(scan.missing)} does not exist)" if scan.missing else ""
+        raise UsageProblem(
+            f"nothing to replay: the example database ({where}) holds no stored examples"
+            f"{missing}; check KVCHECK_DB"
+        )
+    if scan.undecodable == scan.entries:
+        raise UsageProblem(
+            f"nothing to replay: {scan.undecodable} stored examples could not be decoded "
+            f"(of {scan.entries} in {where}); the database is corrupted or from another tool"
+        )
+    return scan
+
+
+def _check_output_path(option: str, path: Path) -> None:
+    """Refuse before the run a file that could not be written after it."""
+    if path.is_dir():
+        raise UsageProblem(f"{option} {path}: is a directory; give a file name")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageProblem(f"{option} {path}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageProblem(f"{option} {path}: directory {str(parent)!r} is not writable")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageProblem(f"{option} {path}: the file exists and is not writable")
+
+
+def _usable_directory(option: str, path: Path) -> Path:
+    """Create ``path`` and a probe file in it; a UsageProblem saying why when that fails."""
+    probe = path / f".kvcheck-probe-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageProblem(f"{option} {path}: cannot write there ({exc.strerror or exc})") from exc
+    return path.resolve()
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the current directory when it is below it."""
+    with contextlib.suppress(ValueError):
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    return str(path)
+
+
+def _stored_total(results: dict[str, Any]) -> int:
+    return sum(int(test.get("stored_examples") or 0) for test in results.get("tests", ()))
+
+
+def _script_name(nodeid: str, used: set[str]) -> str:
+    """``repro_<test name and parameters>.py``, unique among ``used``.
+
+    Example:
+        >>> _script_name("suite/test_pools.py::test_move[mha-2]", set())
+        'repro_test_move_mha_2.py'
+    """
+    short = nodeid.rpartition("::")[2] or nodeid
+    stem = re.sub(r"[^A-Za-z0-9_]+", "_", short).strip("_")[:80] or "test"
+    name, number = f"repro_{stem}.py", 2
+    while name in used:
+        name, number = f"repro_{stem}_{number}.py", number + 1
+    used.add(name)
+    return name
+
+
+def _write_repro_scripts(results: dict[str, Any], *, repro_dir: Path, target: str) -> str | None:
+    """A standalone script per failure that carries reproduction data; its path goes on the
+    failure as ``script``. Returns a note instead of the folder when none could be written."""
+    from kvcheck.summary import FAILING_OUTCOMES
+
+    failures = [
+        failure
+        for test in results.get("tests", ())
+        if test.get("outcome") in FAILING_OUTCOMES
+        for failure in (test.get("failures") or ())
+        if failure.get("reproduction_data")
+    ]
+    if not failures:
+        return "none (no failure carried reproduction data)"
+    try:
+        from kvcheck.repro import render_script
+    except ImportError as exc:
+        return f"not written: kvcheck.repro is not available ({exc})"
+    try:
+        repro_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"not written: cannot create {repro_dir} ({exc.strerror or exc})"
+    used: set[str] = set()
+    for test in results.get("tests", ()):
+        for failure in test.get("failures") or ():
+            data = failure.get("reproduction_data")
+            if not data or test.get("outcome") not in FAILING_OUTCOMES:
+                continue
+            path = repro_dir / _script_name(test["nodeid"], used)
+            try:
+                path.write_text(render_script(data, target=target), encoding="utf-8")
+            except Exception as exc:  # one bad script must not hide the others or the summary
+                failure["script_error"] = f"{type(exc).__name__}: {exc}"
+                continue
+            failure["script"] = _shown(path)
+    return None
 
 
 def _check_workers(workers: str | None) -> None:
@@ -354,8 +750,7 @@ def _write_json(path: Path, results: dict[str, Any], *, command: str, exit_code:
             {"nodeid": test["nodeid"], "verdict": verdict}
             for verdict, test in replay_verdicts(results.get("tests", ()))
         ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+    path.write_text(json.dumps(payload, indent=2, default=str), encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,12 @@ the next run. ``KVCHECK_DB`` says where they are stored:
 examples the test fetched, which is how ``kvcheck replay`` knows what had something to
 replay.
 
+A database that cannot be written is never silent: :func:`check_writable` (run before the
+suite) creates the directory and a probe file, and :class:`RecordingDatabase` records, per
+test, every save that failed (Hypothesis's own directory database drops write errors), which
+the plugin and ``kvcheck verify`` then report. :func:`scan_database` counts what a database
+holds, and how much of it cannot be decoded, before ``kvcheck replay`` runs.
+
 Example:
     >>> db = database_from_spec("/tmp/kvcheck-db")
     >>> describe_database(db)
@@ -26,7 +32,9 @@ import contextlib
 import contextvars
 import os
 import urllib.parse
+import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,16 +43,22 @@ from hypothesis.database import (
     ExampleDatabase,
     MultiplexedDatabase,
     ReadOnlyDatabase,
+    choices_from_bytes,
 )
 
 __all__ = [
     "DATABASE_ENV_VAR",
     "DEFAULT_DATABASE_DIR",
+    "DatabaseScan",
     "DatabaseSpecError",
     "RecordingDatabase",
+    "StrictDirectoryDatabase",
+    "check_writable",
     "database_from_spec",
     "describe_database",
     "recording_test",
+    "save_errors",
+    "scan_database",
     "stored_examples_fetched",
 ]
 
@@ -59,6 +73,33 @@ _REDIS_OPERATION_TIMEOUT_S = 30.0
 
 class DatabaseSpecError(ValueError):
     """A ``KVCHECK_DB`` value that does not name a usable database."""
+
+
+class StrictDirectoryDatabase(DirectoryBasedExampleDatabase):
+    """A directory database whose failed saves raise ``OSError`` instead of vanishing.
+
+    Hypothesis's :class:`~hypothesis.database.DirectoryBasedExampleDatabase` swallows every
+    ``OSError`` while saving, so an unwritable directory loses failing examples without a
+    word. This one checks that the value landed and, when it did not, repeats the write
+    itself so that the real error (permission, disk full) surfaces.
+
+    Example:
+        >>> import tempfile
+        >>> db = StrictDirectoryDatabase(Path(tempfile.mkdtemp()) / "db")
+        >>> db.save(b"k", b"v")
+        >>> list(db.fetch(b"k"))
+        [b'v']
+    """
+
+    def __repr__(self) -> str:
+        return f"StrictDirectoryDatabase({self.path!r})"
+
+    def save(self, key: bytes, value: bytes) -> None:
+        super().save(key, value)
+        path = self._value_path(key, value)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(value)  # raises the OSError Hypothesis swallowed
 
 
 def database_from_spec(
@@ -79,7 +120,7 @@ def database_from_spec(
     base = Path.cwd() if cwd is None else Path(cwd)
     text = "" if spec is None else spec.strip()
     if not text:
-        return DirectoryBasedExampleDatabase(base / DEFAULT_DATABASE_DIR)
+        return StrictDirectoryDatabase(base / DEFAULT_DATABASE_DIR)
     scheme = urllib.parse.urlsplit(text).scheme
     if scheme in _REDIS_SCHEMES:
         return _redis_database(text, check_connection=check_connection)
@@ -90,7 +131,7 @@ def database_from_spec(
         )
     parts = text.split(os.pathsep)
     if len(parts) == 1:
-        return DirectoryBasedExampleDatabase(_directory(text, base, role="database"))
+        return StrictDirectoryDatabase(_directory(text, base, role="database"))
     if len(parts) == 2 and all(part.strip() for part in parts):
         local = _directory(parts[0].strip(), base, role="local database")
         shared = _directory(parts[1].strip(), base, role="shared database")
@@ -100,7 +141,7 @@ def database_from_spec(
                 "does not exist; download it first or drop it from the setting"
             )
         return MultiplexedDatabase(
-            DirectoryBasedExampleDatabase(local),
+            StrictDirectoryDatabase(local),
             ReadOnlyDatabase(DirectoryBasedExampleDatabase(shared)),
         )
     raise DatabaseSpecError(
@@ -136,6 +177,85 @@ def describe_database(db: Any) -> str:
     return repr(db)
 
 
+def check_writable(db: ExampleDatabase) -> None:
+    """Raise :class:`DatabaseSpecError` unless every directory ``db`` writes to is usable.
+
+    Creates each writable directory (read-only parts are only read) and a probe file in it,
+    then removes the probe: what a failing example's save would do, done before the run.
+    Other databases (Redis) were checked when they were built.
+
+    Example:
+        >>> import tempfile
+        >>> check_writable(database_from_spec(tempfile.mkdtemp()))
+    """
+    for directory in _writable_directories(db):
+        probe = directory / f".kvcheck-probe-{uuid.uuid4().hex}"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"probe")
+            probe.unlink()
+        except OSError as exc:
+            raise DatabaseSpecError(
+                f"{DATABASE_ENV_VAR}: cannot write failing examples to {str(directory)!r} "
+                f"({type(exc).__name__}: {exc.strerror or exc}); fix its permissions or "
+                "point KVCHECK_DB at a writable directory"
+            ) from exc
+
+
+@dataclass(frozen=True)
+class DatabaseScan:
+    """What a database holds: directories read, entries and undecodable entries.
+
+    ``missing`` lists the directories that do not exist; ``scanned`` is False for
+    databases that cannot be listed (Redis), whose counts are then zero.
+    """
+
+    entries: int = 0
+    undecodable: int = 0
+    missing: tuple[str, ...] = ()
+    scanned: bool = True
+
+
+def scan_database(db: ExampleDatabase) -> DatabaseScan:
+    """Count the stored examples in ``db``'s directories and those that cannot be decoded.
+
+    Hypothesis deletes an entry it cannot decode when it meets it, so a corrupted database
+    must be counted before a run. Hypothesis's index of keys is not an example; skipped.
+
+    Example:
+        >>> import tempfile
+        >>> db = database_from_spec(tempfile.mkdtemp())
+        >>> db.save(b"key", b"\\xff")  # not a serialized example
+        >>> scan_database(db)
+        DatabaseScan(entries=1, undecodable=1, missing=(), scanned=True)
+    """
+    directories = _all_directories(db)
+    if directories is None:
+        return DatabaseScan(scanned=False)
+    index = getattr(DirectoryBasedExampleDatabase, "_metakeys_hash", None)
+    entries = undecodable = 0
+    missing: list[str] = []
+    for directory in directories:
+        if not directory.is_dir():
+            missing.append(str(directory))
+            continue
+        for key_dir in directory.iterdir():
+            if not key_dir.is_dir() or key_dir.name == index:
+                continue
+            for value in key_dir.iterdir():
+                if not value.is_file():
+                    continue
+                entries += 1
+                try:
+                    data = value.read_bytes()
+                except OSError:
+                    undecodable += 1
+                    continue
+                if choices_from_bytes(data) is None:
+                    undecodable += 1
+    return DatabaseScan(entries=entries, undecodable=undecodable, missing=tuple(missing))
+
+
 # --- recording which tests had stored examples ----------------------------------------------
 
 _current_test: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -144,6 +264,9 @@ _current_test: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 #: test id -> stored examples fetched while it ran; per process, keyed by test, so xdist
 #: workers and tests never share an entry.
 _fetched: dict[str, int] = {}
+#: test id -> why its saves failed; saves outside any recorded test go under _NO_TEST.
+_save_errors: dict[str, list[str]] = {}
+_NO_TEST = "<no kvcheck test running>"
 
 
 @contextlib.contextmanager
@@ -157,6 +280,7 @@ def recording_test(test_id: str) -> Iterator[None]:
         0
     """
     _fetched[test_id] = 0
+    _save_errors.pop(test_id, None)
     token = _current_test.set(test_id)
     try:
         yield
@@ -167,6 +291,16 @@ def recording_test(test_id: str) -> Iterator[None]:
 def stored_examples_fetched(test_id: str) -> int:
     """Stored examples that ``test_id`` fetched through a :class:`RecordingDatabase`."""
     return _fetched.get(test_id, 0)
+
+
+def save_errors(test_id: str) -> list[str]:
+    """Why saves made while ``test_id`` ran failed (empty when every save landed).
+
+    Example:
+        >>> save_errors("a test that never ran")
+        []
+    """
+    return list(_save_errors.get(test_id, ()))
 
 
 class RecordingDatabase(ExampleDatabase):
@@ -205,13 +339,25 @@ class RecordingDatabase(ExampleDatabase):
             yield value
 
     def save(self, key: bytes, value: bytes) -> None:
-        self.inner.save(key, value)
+        """Save through ``inner``; a failure is recorded for the running test, not raised.
+
+        Raising would turn the property's own failure into a database error; losing the
+        save silently would make ``kvcheck replay`` find nothing. So: record and go on.
+        """
+        try:
+            self.inner.save(key, value)
+        except Exception as exc:  # OSError from a directory, RedisError from a server
+            _record_save_error(exc)
 
     def delete(self, key: bytes, value: bytes) -> None:
         self.inner.delete(key, value)
 
     def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        self.inner.move(src, dest, value)
+        """Move through ``inner``; a move saves ``value`` under ``dest``, so it is a save."""
+        try:
+            self.inner.move(src, dest, value)
+        except Exception as exc:  # as for save: recorded for the running test
+            _record_save_error(exc)
 
     def _start_listening(self) -> None:
         self.inner.add_listener(self._broadcast_change)
@@ -223,6 +369,11 @@ class RecordingDatabase(ExampleDatabase):
 # --- helpers ----------------------------------------------------------------------------------
 
 
+def _record_save_error(exc: BaseException) -> None:
+    test_id = _current_test.get() or _NO_TEST
+    _save_errors.setdefault(test_id, []).append(f"{type(exc).__name__}: {exc}")
+
+
 def _directory(text: str, base: Path, *, role: str) -> Path:
     path = Path(text).expanduser()
     path = path if path.is_absolute() else base / path
@@ -231,6 +382,38 @@ def _directory(text: str, base: Path, *, role: str) -> Path:
             f"{DATABASE_ENV_VAR}: the {role} {str(path)!r} exists but is not a directory"
         )
     return path
+
+
+def _writable_directories(db: Any) -> list[Path]:
+    if isinstance(db, RecordingDatabase):
+        return _writable_directories(db.inner)
+    if isinstance(db, DirectoryBasedExampleDatabase):
+        return [Path(db.path)]
+    if isinstance(db, MultiplexedDatabase):
+        return [
+            path for part in getattr(db, "_wrapped", ()) for path in _writable_directories(part)
+        ]
+    return []  # read-only parts are never written; Redis was pinged when built
+
+
+def _all_directories(db: Any) -> list[Path] | None:
+    """Every directory ``db`` reads, or None when part of it is not a directory."""
+    if isinstance(db, RecordingDatabase):
+        return _all_directories(db.inner)
+    if isinstance(db, DirectoryBasedExampleDatabase):
+        return [Path(db.path)]
+    wrapped = getattr(db, "_wrapped", None)
+    if isinstance(db, ReadOnlyDatabase) and wrapped is not None:
+        return _all_directories(wrapped)
+    if isinstance(db, MultiplexedDatabase) and wrapped is not None:
+        found: list[Path] = []
+        for part in wrapped:
+            paths = _all_directories(part)
+            if paths is None:
+                return None
+            found += paths
+        return found
+    return None
 
 
 def _redis_database(url: str, *, check_connection: bool) -> ExampleDatabase:

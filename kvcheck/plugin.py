@@ -16,13 +16,22 @@ Installing kvcheck is enough for any test suite to get:
   discrepancy that gets fixed fails the run as XPASS(strict) until its entry is removed;
 - the target's ``prepare()`` hook, run once per test process before any test (not in the
   xdist controller, which runs none);
-- kvcheck's Hypothesis profiles (:mod:`kvcheck.profiles`) with the ``KVCHECK_DB`` database;
-- report header lines with the target, device, profile, database and ``KVCHECK_*`` variables;
+- kvcheck's Hypothesis profiles (:mod:`kvcheck.profiles`) with the ``KVCHECK_DB`` database,
+  applied to the tests that use kvcheck (below), or to every test when asked for;
+- report header lines with the target, device, profile, database and ``KVCHECK_*`` variables
+  (with a did-you-mean for an unknown ``KVCHECK_*`` variable, repeated in the summary);
+- a terminal-summary warning naming every test whose failing example could not be saved;
 - under ``pytest -n N`` with several GPUs, one GPU per xdist worker, round-robin.
 
-A project that uses none of the fixtures or markers sees only the header lines and the
-kvcheck profile (loaded only when the project did not choose a Hypothesis profile itself).
-Heavy imports (torch, the pools) happen only when a test asks for a device or a pool.
+A good neighbour: a test "uses kvcheck" when it lives in kvcheck's package (the shipped
+suite), takes a ``kvcheck_target``/``kvcheck_device`` fixture, or carries a
+``kvcheck_needs``/``gpu``/``sglang`` marker. Only those run under kvcheck's profile (loaded
+around the test and put back after it); every other test keeps Hypothesis's settings as the
+project has them. kvcheck's profile applies to every test instead when asked for: a
+``--kvcheck-target``/``--kvcheck-device``/``--kvcheck-profile`` option (command line or the
+project's ``addopts``), ``KVCHECK_PROFILE``, the ``kvcheck`` command, kvcheck's own
+checkout. A project that chose a Hypothesis profile itself keeps it everywhere. Heavy imports
+(torch, the pools) happen only when a test asks for a device or a pool.
 
 Example (a downstream test module)::
 
@@ -39,6 +48,7 @@ import contextlib
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -51,9 +61,25 @@ _TARGET_OPTION = "--kvcheck-target"
 _DEVICE_OPTION = "--kvcheck-device"
 _PROFILE_OPTION = "--kvcheck-profile"
 _RESULTS_OPTION = "--kvcheck-results"
+_PROGRESS_OPTION = "--kvcheck-progress-fd"
 _ENV_PREFIX = "KVCHECK_"
 _KVCHECK_FIXTURES = frozenset({"kvcheck_target", "kvcheck_device"})
 _SGLANG_MARKER = "sglang"
+_KVCHECK_MARKERS = ("kvcheck_needs", "gpu", _SGLANG_MARKER)
+#: Hypothesis settings a test's own ``@settings(...)`` may have changed from its parent.
+_SETTING_NAMES = (
+    "max_examples",
+    "derandomize",
+    "database",
+    "verbosity",
+    "phases",
+    "stateful_step_count",
+    "report_multiple_bugs",
+    "suppress_health_check",
+    "deadline",
+    "print_blob",
+    "backend",
+)
 
 
 class KVCheckSession:
@@ -68,6 +94,9 @@ class KVCheckSession:
         gpu_assignment: str | None,
         database: Any,
         record_results: bool,
+        profile: str | None = None,
+        profile_everywhere: bool = True,
+        unchosen_settings: tuple[Any, ...] = (),
     ) -> None:
         self.target = target
         self.target_source = target_source
@@ -75,6 +104,14 @@ class KVCheckSession:
         self.gpu_assignment = gpu_assignment
         self.database = database
         self.record_results = record_results
+        #: The kvcheck profile in effect (None: the project chose its own Hypothesis profile).
+        self.profile = profile
+        #: True: loaded for the whole run; False: loaded around each test that uses kvcheck.
+        self.profile_everywhere = profile_everywhere
+        #: Hypothesis's own profile objects, which a ``@given`` test binds when nobody chose.
+        self.unchosen_settings = unchosen_settings
+        #: (test id, reason) for every failing example the database could not save.
+        self.save_errors: list[tuple[str, str]] = []
         self._device: str | None = None
 
     @property
@@ -89,6 +126,83 @@ class KVCheckSession:
 
             self._device = resolve_device(self.device_spec)
         return self._device
+
+
+class _SessionReporter:
+    """Per-run plugin object: lost saves, the terminal warnings, the kvcheck command's progress.
+
+    Registered on every process; under xdist the controller sees the workers' reports (and
+    their user properties), so it alone gathers the lost saves and writes the progress.
+    """
+
+    def __init__(self, session: KVCheckSession, progress_fd: int | None) -> None:
+        self.session = session
+        self.progress_fd = progress_fd
+        self._outcomes: dict[str, str] = {}
+        self._total_sent = False
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._send_total(len(session.items))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self._send_total(len(ids))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        from kvcheck.results import SAVE_ERRORS_PROPERTY
+
+        if report.when == "call":
+            for name, value in report.user_properties:
+                if name == SAVE_ERRORS_PROPERTY:
+                    self.session.save_errors += [
+                        (report.nodeid, reason) for reason in json.loads(str(value))
+                    ]
+        if self.progress_fd is None:
+            return
+        xfail = hasattr(report, "wasxfail")
+        if report.when == "call":
+            if report.passed:
+                outcome = "xpassed" if xfail else "passed"
+            else:
+                outcome = "failed" if report.failed else ("xfailed" if xfail else "skipped")
+            self._outcomes[report.nodeid] = outcome
+        elif report.failed and self._outcomes.get(report.nodeid) != "failed":
+            self._outcomes[report.nodeid] = "error"
+        elif report.skipped and report.when == "setup":
+            self._outcomes[report.nodeid] = "xfailed" if xfail else "skipped"
+        if report.when == "teardown":
+            outcome = self._outcomes.pop(report.nodeid, "passed")
+            self._send({"event": "test", "nodeid": report.nodeid, "outcome": outcome})
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        from kvcheck.profiles import unknown_env_warnings
+
+        for warning in unknown_env_warnings():
+            terminalreporter.write_line(f"kvcheck WARNING: {warning}", yellow=True, bold=True)
+        lost = self.session.save_errors
+        if lost:
+            terminalreporter.write_line(
+                f"kvcheck WARNING: {len(lost)} failing example(s) could not be saved to the "
+                "example database; kvcheck replay will not find them:",
+                red=True,
+                bold=True,
+            )
+            for (nodeid, reason), times in Counter(lost).items():
+                again = f" ({times} times)" if times > 1 else ""
+                terminalreporter.write_line(f"  {nodeid}: {reason}{again}", red=True)
+
+    def _send_total(self, total: int) -> None:
+        if not self._total_sent:
+            self._total_sent = True
+            self._send({"event": "collected", "total": total})
+
+    def _send(self, event: dict[str, Any]) -> None:
+        if self.progress_fd is None:
+            return
+        try:
+            os.write(self.progress_fd, (json.dumps(event) + "\n").encode())
+        except OSError:  # the kvcheck command went away: progress is only a display
+            self.progress_fd = None
 
 
 _SESSION = pytest.StashKey[KVCheckSession]()
@@ -131,6 +245,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write per-test results (outcome, Hypothesis examples, reproductions) as JSON "
         "to FILE; used by the kvcheck command.",
     )
+    group.addoption(
+        _PROGRESS_OPTION,
+        default=None,
+        type=int,
+        metavar="FD",
+        help="write one JSON line per finished test to file descriptor FD; used by the "
+        "kvcheck command for its progress line.",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -165,13 +287,22 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     from hypothesis import settings
 
     from kvcheck.db import describe_database
-    from kvcheck.profiles import PROFILE_NAMES
+    from kvcheck.profiles import PROFILE_NAMES, unknown_env_warnings
 
-    profile = _current_profile_name(settings)
+    current = _current_profile_name(settings)
+    profile = current if session.profile_everywhere else session.profile
     if profile in PROFILE_NAMES:
         database = describe_database(session.database)
     else:
-        database = f"as Hypothesis profile {profile!r} sets it (not a kvcheck profile)"
+        database = f"as Hypothesis profile {current!r} sets it (not a kvcheck profile)"
+    if session.profile is not None and not session.profile_everywhere:
+        profile = (
+            f"{profile} for tests that use kvcheck (its suite, fixtures kvcheck_target/"
+            f"kvcheck_device, markers kvcheck_needs/gpu/sglang); other tests keep "
+            f"Hypothesis profile {current!r}"
+        )
+    elif profile is None:
+        profile = current
     target = session.target
     env = {name: value for name, value in os.environ.items() if name.startswith(_ENV_PREFIX)}
     env_text = ", ".join(f"{name}={value!r}" for name, value in sorted(env.items()))
@@ -182,6 +313,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         f"kvcheck database: {database}",
         f"kvcheck env: {env_text or 'no KVCHECK_* variables set'}",
     ]
+    lines += [f"kvcheck WARNING: {warning}" for warning in unknown_env_warnings()]
     expected = getattr(target, "expected_failures", None) or {}
     if expected:
         from kvcheck.targets.expected import generates_examples
@@ -286,9 +418,10 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         with _fast_if_expected_to_fail(item), _steering(item, session):
             yield
         return
-    from kvcheck.db import recording_test, stored_examples_fetched
+    from kvcheck.db import recording_test, save_errors, stored_examples_fetched
     from kvcheck.results import (
         DEVICE_PROPERTY,
+        SAVE_ERRORS_PROPERTY,
         STATISTICS_PROPERTY,
         STORED_PROPERTY,
         summarize_statistics,
@@ -298,6 +431,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     with (
         _fast_if_expected_to_fail(item),
         _steering(item, session),
+        _kvcheck_profile_around(item, session),
         recording_test(item.nodeid),
         _collecting_statistics(runs),
     ):
@@ -305,6 +439,9 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     if runs:
         item.user_properties.append((STATISTICS_PROPERTY, json.dumps(summarize_statistics(runs))))
     item.user_properties.append((STORED_PROPERTY, stored_examples_fetched(item.nodeid)))
+    lost = save_errors(item.nodeid)
+    if lost:
+        item.user_properties.append((SAVE_ERRORS_PROPERTY, json.dumps(lost)))
     if session.device_resolved is not None:
         item.user_properties.append((DEVICE_PROPERTY, session.device_resolved))
 
@@ -325,7 +462,7 @@ def pytest_runtest_makereport(
     from kvcheck.results import FAILURES_PROPERTY, failures_from_exception
 
     failures = failures_from_exception(call.excinfo.value)
-    report.user_properties.append((FAILURES_PROPERTY, json.dumps(failures)))
+    report.user_properties.append((FAILURES_PROPERTY, json.dumps(failures, default=str)))
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -375,14 +512,18 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
         raise pytest.UsageError(f"kvcheck: {exc}") from exc
     source = f"{target_spec(target_option)!r}, {source}"
 
-    database = _load_profile(config)
+    record_results = bool(config.getoption("kvcheck_results"))
+    database, profile, everywhere, unchosen = _load_profile(config, record_results=record_results)
     session = KVCheckSession(
         target=target,
         target_source=source,
         device_spec=device_spec,
         gpu_assignment=gpu_assignment,
         database=database,
-        record_results=bool(config.getoption("kvcheck_results")),
+        record_results=record_results,
+        profile=profile,
+        profile_everywhere=everywhere,
+        unchosen_settings=unchosen,
     )
     if device_spec.startswith("cuda"):
         # An explicit CUDA request on a machine without one stops the run here, once.
@@ -396,11 +537,21 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
 
         collector = ResultsCollector(Path(results_path), context=lambda: _results_context(session))
         config.pluginmanager.register(collector, "kvcheck-results")
+    progress_fd = config.getoption("kvcheck_progress_fd") if worker_id is None else None
+    config.pluginmanager.register(_SessionReporter(session, progress_fd), "kvcheck-session")
     return session
 
 
-def _load_profile(config: pytest.Config) -> Any:
-    """Register kvcheck's profiles and load the one in effect; return the database."""
+def _load_profile(
+    config: pytest.Config, *, record_results: bool
+) -> tuple[Any, str | None, bool, tuple[Any, ...]]:
+    """Register kvcheck's profiles and settle which applies where.
+
+    Returns the database, the kvcheck profile in effect (None when the project chose its
+    own Hypothesis profile), whether it is loaded for the whole run (any
+    ``--kvcheck-*`` option given, ``KVCHECK_PROFILE``, the kvcheck command, kvcheck's checkout)
+    rather than around each test that uses kvcheck, and Hypothesis's own profile objects.
+    """
     from hypothesis import settings
     from hypothesis.errors import InvalidArgument
 
@@ -408,9 +559,15 @@ def _load_profile(config: pytest.Config) -> Any:
         DATABASE_ENV_VAR,
         DatabaseSpecError,
         RecordingDatabase,
+        check_writable,
         database_from_spec,
     )
-    from kvcheck.profiles import PROFILE_NAMES, choose_profile_to_load, register_profiles
+    from kvcheck.profiles import (
+        PROFILE_ENV_VAR,
+        PROFILE_NAMES,
+        choose_profile_to_load,
+        register_profiles,
+    )
 
     kvcheck_option = config.getoption("kvcheck_profile")
     hypothesis_option = config.getoption("hypothesis_profile", None)
@@ -419,10 +576,15 @@ def _load_profile(config: pytest.Config) -> Any:
             f"give one of {_PROFILE_OPTION}={kvcheck_option} and "
             f"--hypothesis-profile={hypothesis_option}, not both"
         )
+    spec = os.environ.get(DATABASE_ENV_VAR)
     try:
-        database = RecordingDatabase(database_from_spec(os.environ.get(DATABASE_ENV_VAR)))
+        inner = database_from_spec(spec)
+        if (spec or "").strip() or record_results:
+            # Asked-for databases are checked now: a failure found later must be saved.
+            check_writable(inner)
     except DatabaseSpecError as exc:
         raise pytest.UsageError(f"kvcheck: {exc}") from exc
+    database = RecordingDatabase(inner)
     config.stash[_RESTORE_PROFILES] = _snapshot_profiles(settings)
     register_profiles(database)
     chosen = choose_profile_to_load(
@@ -430,17 +592,110 @@ def _load_profile(config: pytest.Config) -> Any:
         hypothesis_option=hypothesis_option,
         current=_current_profile_name(settings),
     )
-    if chosen is not None:
-        try:
-            # get_profile first: a failed load_profile would leave the bad name current.
-            settings.get_profile(chosen)
-        except InvalidArgument as exc:
-            raise pytest.UsageError(
-                f"kvcheck: Hypothesis profile {chosen!r} is not registered "
-                f"({_PROFILE_OPTION} / KVCHECK_PROFILE); kvcheck's: {', '.join(PROFILE_NAMES)}"
-            ) from exc
+    unchosen = tuple(
+        settings._profiles[name]  # Hypothesis's own profiles, bound by undecorated tests
+        for name in ("default", "ci")
+        if name in getattr(settings, "_profiles", {})
+    )
+    if chosen is None:
+        return database, None, True, unchosen
+    try:
+        # get_profile first: a failed load_profile would leave the bad name current.
+        settings.get_profile(chosen)
+    except InvalidArgument as exc:
+        raise pytest.UsageError(
+            f"kvcheck: Hypothesis profile {chosen!r} is not registered "
+            f"({_PROFILE_OPTION} / KVCHECK_PROFILE); kvcheck's: {', '.join(PROFILE_NAMES)}"
+        ) from exc
+    # A project that passes kvcheck options (on the command line or in its addopts) uses
+    # kvcheck for its whole suite; one that merely has kvcheck installed does not.
+    named_options = any(
+        config.getoption(name) for name in ("kvcheck_target", "kvcheck_device", "kvcheck_profile")
+    )
+    everywhere = (
+        named_options
+        or bool(os.environ.get(PROFILE_ENV_VAR, "").strip())
+        or record_results
+        or _is_kvcheck_checkout(config)
+    )
+    if everywhere:
         settings.load_profile(chosen)
-    return database
+    return database, chosen, everywhere, unchosen
+
+
+def _is_kvcheck_checkout(config: pytest.Config) -> bool:
+    """pytest runs in kvcheck's own source tree (its tests are kvcheck's suite too)."""
+    import kvcheck
+
+    package = Path(kvcheck.__file__).resolve().parent
+    return package.parent == Path(config.rootpath).resolve()
+
+
+def _uses_kvcheck(item: pytest.Item) -> bool:
+    """In kvcheck's package, or takes a kvcheck fixture, or carries a kvcheck marker."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & _KVCHECK_FIXTURES:
+        return True
+    if any(item.get_closest_marker(name) is not None for name in _KVCHECK_MARKERS):
+        return True
+    import kvcheck
+
+    package = Path(kvcheck.__file__).resolve().parent
+    return package in Path(str(item.path)).resolve().parents
+
+
+@contextlib.contextmanager
+def _kvcheck_profile_around(item: pytest.Item, session: KVCheckSession) -> Iterator[None]:
+    """Run a test that uses kvcheck under kvcheck's profile, then put everything back.
+
+    ``@given`` binds ``settings.default`` when the module is imported, so loading the
+    profile now reaches only settings made during the test (state machines); the test's
+    bound settings are rebased too when they are Hypothesis's own profile (nobody chose)
+    or a test's ``@settings(...)`` on top of it (its own choices kept).
+    """
+    if session.profile is None or session.profile_everywhere or not _uses_kvcheck(item):
+        yield
+        return
+    from hypothesis import settings
+
+    previous = _current_profile_name(settings)
+    profile = settings.get_profile(session.profile)
+    test = getattr(item, "obj", None)
+    test = getattr(test, "__func__", test)  # a method's function carries the settings
+    bound = getattr(test, "_hypothesis_internal_use_settings", None)
+    rebased = _rebased_settings(bound, profile, session.unchosen_settings)
+    settings.load_profile(session.profile)
+    if rebased is not None:
+        test._hypothesis_internal_use_settings = rebased  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        if rebased is not None:
+            test._hypothesis_internal_use_settings = bound  # type: ignore[union-attr]
+        settings.load_profile(previous)
+
+
+def _rebased_settings(bound: Any, profile: Any, unchosen: tuple[Any, ...]) -> Any:
+    """``profile`` with the test's own changes to Hypothesis's defaults, or None to keep."""
+    if bound is None:
+        return None
+    if any(bound is default for default in unchosen):
+        return profile
+    parent = getattr(bound, "_fallback", None)
+    if parent is None or not any(parent is default for default in unchosen):
+        return None  # settings the project chose: leave them
+    from hypothesis import settings
+    from hypothesis.errors import InvalidArgument
+
+    changed = {
+        name: getattr(bound, name)
+        for name in _SETTING_NAMES
+        if getattr(bound, name, None) != getattr(parent, name, None)
+    }
+    try:
+        return settings(profile, **changed)
+    except InvalidArgument:
+        return None
 
 
 def _snapshot_profiles(settings: Any) -> Callable[[], None]:
@@ -596,13 +851,8 @@ def _sglang_skip_reason(session: KVCheckSession) -> str | None:
 
 
 def _is_tracked(item: pytest.Item, session: KVCheckSession) -> bool:
-    """kvcheck tests, or every test when the kvcheck command asked for results."""
-    if session.record_results:
-        return True
-    fixtures = set(getattr(item, "fixturenames", ()))
-    return (
-        bool(fixtures & _KVCHECK_FIXTURES) or item.get_closest_marker("kvcheck_needs") is not None
-    )
+    """Tests that use kvcheck, or every test when the kvcheck command asked for results."""
+    return session.record_results or _uses_kvcheck(item)
 
 
 def _results_context(session: KVCheckSession) -> dict[str, Any]:
@@ -617,7 +867,11 @@ def _results_context(session: KVCheckSession) -> dict[str, Any]:
             "source": session.target_source,
         },
         "device": {"requested": session.device_spec, "resolved": session.device_resolved},
-        "profile": _current_profile_name(settings),
+        "profile": (
+            _current_profile_name(settings)
+            if session.profile_everywhere or session.profile is None
+            else session.profile
+        ),
         "database": describe_database(session.database),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIX)},
     }

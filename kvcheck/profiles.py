@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +38,7 @@ from kvcheck.db import DATABASE_ENV_VAR, RecordingDatabase, database_from_spec
 __all__ = [
     "CI",
     "DEV",
+    "KNOWN_ENV_VARS",
     "PROFILE_ENV_VAR",
     "PROFILE_NAMES",
     "REPLAY",
@@ -45,6 +47,7 @@ __all__ = [
     "default_profile_name",
     "profile_options",
     "register_profiles",
+    "unknown_env_warnings",
 ]
 
 DEV = "kvcheck-dev"
@@ -53,6 +56,14 @@ THOROUGH = "kvcheck-thorough"
 REPLAY = "kvcheck-replay"
 PROFILE_NAMES: tuple[str, ...] = (DEV, CI, THOROUGH, REPLAY)
 PROFILE_ENV_VAR = "KVCHECK_PROFILE"
+#: Every ``KVCHECK_*`` variable kvcheck reads; any other one is most likely a typo.
+KNOWN_ENV_VARS: tuple[str, ...] = (
+    "KVCHECK_TARGET",
+    "KVCHECK_DEVICE",
+    PROFILE_ENV_VAR,
+    DATABASE_ENV_VAR,
+    "KVCHECK_TORCH_PIN",  # scripts/install_sglang.sh
+)
 
 #: Hypothesis's built-in profiles: loaded without anyone choosing them.
 _HYPOTHESIS_DEFAULT_PROFILES = ("default", "ci")
@@ -158,3 +169,27 @@ def choose_profile_to_load(
             return CI  # Hypothesis detected a CI it knows, perhaps without CI itself set
         return default_profile_name(env)
     return None
+
+
+def unknown_env_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per ``KVCHECK_*`` variable kvcheck does not read, with a did-you-mean.
+
+    Example:
+        >>> unknown_env_warnings({"KVCHECK_TARGE": "sglang", "KVCHECK_DB": "db"})
+        ["unknown variable KVCHECK_TARGE='sglang' is ignored (did you mean KVCHECK_TARGET?)"]
+    """
+    env = os.environ if environ is None else environ
+    warnings: list[str] = []
+    for name in sorted(env):
+        if not name.startswith("KVCHECK_") or name in KNOWN_ENV_VARS:
+            continue
+        # Compare what follows the prefix: the shared "KVCHECK_" makes everything "close".
+        suffixes = {known.removeprefix("KVCHECK_"): known for known in KNOWN_ENV_VARS}
+        close = difflib.get_close_matches(name.removeprefix("KVCHECK_"), suffixes, n=1)
+        hint = (
+            f"did you mean {suffixes[close[0]]}?"
+            if close
+            else f"kvcheck reads {', '.join(KNOWN_ENV_VARS)}"
+        )
+        warnings.append(f"unknown variable {name}={env[name]!r} is ignored ({hint})")
+    return warnings

@@ -7,7 +7,8 @@ Workers (or the single pytest process) attach what only they can see to each rep
 - ``kvcheck_failures``: per distinct failure, the error, Hypothesis's falsifying example
   and its ``@reproduce_failure`` blob,
 - ``kvcheck_stored_examples``: stored examples the test fetched from the database,
-- ``kvcheck_device``: the device the worker ran on.
+- ``kvcheck_device``: the device the worker ran on,
+- ``kvcheck_save_errors``: why saving a failing example to the database failed, if it did.
 
 On the controller, :class:`ResultsCollector` folds the setup/call/teardown reports into one
 :class:`RecordedTest` per test and writes them as JSON (``--kvcheck-results FILE``).
@@ -31,8 +32,10 @@ from typing import Any
 
 __all__ = [
     "DEVICE_PROPERTY",
+    "EXAMPLE_HEADING",
     "FAILURES_PROPERTY",
     "RESULTS_FORMAT",
+    "SAVE_ERRORS_PROPERTY",
     "STATISTICS_PROPERTY",
     "STORED_PROPERTY",
     "RecordedTest",
@@ -47,10 +50,17 @@ STATISTICS_PROPERTY = "kvcheck_statistics"
 FAILURES_PROPERTY = "kvcheck_failures"
 STORED_PROPERTY = "kvcheck_stored_examples"
 DEVICE_PROPERTY = "kvcheck_device"
+SAVE_ERRORS_PROPERTY = "kvcheck_save_errors"
 
 #: Phases whose test cases are examples of the property (shrinking only re-runs failures).
 _EXAMPLE_PHASES = ("explicit", "reuse", "generate", "target")
 _BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
+#: A note that starts with a heading ("Falsifying example:", "Failing test case:" ...)
+#: followed by a call or, for state machines, by steps on the next lines.
+_EXAMPLE_NOTE = re.compile(r"\A[A-Z][A-Za-z ]*:[ \n]")
+_DRAW = re.compile(r"\ADraw \d+")
+#: kvcheck's heading for the minimal example, whatever Hypothesis calls it.
+EXAMPLE_HEADING = "Minimal example:"
 #: Keep a plain (non-Hypothesis) failure readable in a summary.
 _MAX_MESSAGE_LINES = 30
 
@@ -97,37 +107,71 @@ def summarize_statistics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def failures_from_exception(exc: BaseException) -> list[dict[str, str | None]]:
-    """One entry per distinct failure: error line, falsifying example and blob.
+def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
+    """One entry per distinct failure: error, minimal example, draws, blob, reproduction.
 
-    Hypothesis attaches the falsifying example and the ``@reproduce_failure`` line as
-    exception notes; several distinct bugs arrive as an ``ExceptionGroup``.
+    Hypothesis attaches the minimal example, ``Draw N (label): ...`` lines and the
+    ``@reproduce_failure`` line as exception notes; several distinct bugs arrive as an
+    ``ExceptionGroup``. Its headings change between releases ("Falsifying example:",
+    "Failing test case:"), so the heading is dropped and kvcheck's own put in its place:
+    ``example`` is the bare call (or state-machine steps), ``reproduction`` is that under
+    :data:`EXAMPLE_HEADING` followed by the draws. A leaf with a ``signature`` (a
+    :class:`~kvcheck.properties._assertions.PropertyFailure`) adds its fields; one with a
+    ``reproduction`` adds ``reproduction_data`` (:mod:`kvcheck.repro`, imported only then).
 
     Example:
         >>> err = AssertionError("boom")
         >>> err.add_note("Falsifying example: test(x=1)")
-        >>> failures_from_exception(err)[0]["reproduction"]
-        'Falsifying example: test(x=1)'
+        >>> err.add_note("Draw 1 (y): 0")
+        >>> entry = failures_from_exception(err)[0]
+        >>> entry["example"], entry["draws"]
+        ('test(x=1)', ['Draw 1 (y): 0'])
+        >>> print(entry["reproduction"])
+        Minimal example: test(x=1)
+        Draw 1 (y): 0
     """
-    entries: list[dict[str, str | None]] = []
+    entries: list[dict[str, Any]] = []
     for leaf in _leaf_exceptions(exc):
-        notes = [str(note) for note in getattr(leaf, "__notes__", ())]
         blob = None
-        example_lines: list[str] = []
-        for note in notes:
+        example: str | None = None
+        draws: list[str] = []
+        other: list[str] = []
+        for note in (str(note) for note in getattr(leaf, "__notes__", ())):
             match = _BLOB.search(note)
             if match:
                 blob = match.group(0)
-            else:
-                example_lines.append(note.strip("\n"))
+                continue
+            text = note.strip("\n")
+            if _DRAW.match(text):
+                draws += text.splitlines()
+            elif example is None and _EXAMPLE_NOTE.match(text):
+                example = _EXAMPLE_NOTE.sub("", text, count=1).strip("\n")
+            elif text.strip():
+                other.append(text)
         message = str(leaf).strip()
-        entries.append(
-            {
-                "error": f"{type(leaf).__name__}: {message}" if message else type(leaf).__name__,
-                "reproduction": "\n".join(example_lines) or None,
-                "blob": blob,
+        entry: dict[str, Any] = {
+            "error": f"{type(leaf).__name__}: {message}" if message else type(leaf).__name__,
+            "example": example,
+            "draws": draws,
+            "notes": other,
+            "reproduction": _reproduction_text(example, draws, other),
+            "blob": blob,
+        }
+        signature = getattr(leaf, "signature", None)
+        if signature is not None:
+            entry["signature"] = {
+                name: str(getattr(signature, name, "") or "")
+                for name in ("check", "call", "kind", "family")
             }
-        )
+        reproduction = getattr(leaf, "reproduction", None)
+        if reproduction is not None:
+            try:
+                from kvcheck.repro import reproduction_to_json
+
+                entry["reproduction_data"] = reproduction_to_json(reproduction)
+            except Exception as error:  # a broken renderer must not hide the failure itself
+                entry["reproduction_error"] = f"{type(error).__name__}: {error}"
+        entries.append(entry)
     return entries
 
 
@@ -136,7 +180,9 @@ class RecordedTest:
     """What happened to one test, across its setup, call and teardown."""
 
     nodeid: str
-    outcome: str = "passed"  # passed | failed | error | skipped | xfailed | xpassed
+    #: passed | failed | error | skipped | xfailed | xpassed, or interrupted: it started and
+    #: never finished (Ctrl-C), so a setup report alone never counts as a pass.
+    outcome: str = "interrupted"
     duration_s: float = 0.0
     skip_reason: str | None = None
     message: str | None = None
@@ -144,6 +190,7 @@ class RecordedTest:
     failures: list[dict[str, Any]] = field(default_factory=list)
     stored_examples: int | None = None
     device: str | None = None
+    save_errors: list[str] = field(default_factory=list)
 
 
 class ResultsCollector:
@@ -185,6 +232,8 @@ class ResultsCollector:
         elif report.skipped and report.when == "setup":
             record.outcome = "xfailed" if xfail else "skipped"
             record.skip_reason = _skip_reason(report)
+        elif report.when == "teardown" and record.outcome == "interrupted":
+            record.outcome = "passed"  # a test without a call phase that set up and tore down
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
@@ -242,6 +291,18 @@ def _leaf_exceptions(exc: BaseException) -> Iterator[BaseException]:
         yield exc
 
 
+def _reproduction_text(example: str | None, draws: list[str], other: list[str]) -> str | None:
+    if example is None and not draws and not other:
+        return None
+    lines: list[str] = []
+    if example is not None:
+        first = example.split("\n", 1)[0].rstrip()
+        # A call starts on the heading's line; state-machine steps start on the next one.
+        starts_a_call = "\n" not in example or first.endswith("(")
+        lines.append(f"{EXAMPLE_HEADING}{' ' if starts_a_call else chr(10)}{example}")
+    return "\n".join([*lines, *draws, *other])
+
+
 def _apply_properties(record: RecordedTest, properties: Sequence[Any]) -> None:
     for item in properties:
         if not isinstance(item, tuple | list) or len(item) != 2:
@@ -255,6 +316,8 @@ def _apply_properties(record: RecordedTest, properties: Sequence[Any]) -> None:
             record.stored_examples = int(value)
         elif name == DEVICE_PROPERTY:
             record.device = str(value)
+        elif name == SAVE_ERRORS_PROPERTY:
+            record.save_errors = list(json.loads(value))
 
 
 def _skip_reason(report: Any) -> str | None:

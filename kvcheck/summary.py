@@ -1,8 +1,10 @@
 """What ``kvcheck verify`` and ``kvcheck replay`` print once the suite has run.
 
-Both read the results file the pytest plugin wrote (:mod:`kvcheck.results`) and turn it
-into a table a person can read, then one block per failure with its minimal reproduction
-(Hypothesis's falsifying example and the ``@reproduce_failure`` line to paste).
+Both read the results file the pytest plugin wrote (:mod:`kvcheck.results`). By default the
+verify summary is short: each failure once (the property, its error with the first differing
+byte, the minimal example, the ``@reproduce_failure`` line and the standalone script), then
+passes collapsed into one line and skips grouped by reason. ``verbosity=1`` adds a row per
+test; ``verbosity=-1`` leaves only the counts and the names of the failures.
 
 Example:
     >>> results = {"target": {"name": "kvcheck", "version": "0.1.0"}, "tests": [
@@ -23,6 +25,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
     "EXIT_USAGE",
+    "FAILING_OUTCOMES",
     "exit_code_for",
     "render_replay",
     "render_verify",
@@ -34,6 +37,11 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 _FAILING = ("failed", "error", "xpassed")
+FAILING_OUTCOMES = _FAILING
+#: Skip reasons listed one by one before the rest are counted.
+_MAX_SKIP_GROUPS = 8
+#: Lines of one failure's error message shown by default (the first difference is early).
+_MAX_ERROR_LINES = 25
 _OUTCOME_LABEL = {"failed": "FAILED", "error": "ERROR", "xpassed": "XPASS(strict)"}
 
 
@@ -66,31 +74,43 @@ def short_name(nodeid: str) -> str:
     return f"{PurePosixPath(path.replace(chr(92), '/')).name}{sep}{rest}"
 
 
-def render_verify(results: Mapping[str, Any], *, exit_code: int) -> str:
-    """The verify summary: a row per test, then each failure with its reproduction."""
+def render_verify(
+    results: Mapping[str, Any],
+    *,
+    exit_code: int,
+    verbosity: int = 0,
+    locations: Mapping[str, str] | None = None,
+    interrupted: bool = False,
+) -> str:
+    """The verify summary: failures once each, passes collapsed, skips grouped by reason.
+
+    ``verbosity`` 1 adds a row per test (result, examples, time); -1 keeps only the counts
+    and the failures' names. ``locations`` (label -> path) are listed at the end.
+    """
     tests = list(results.get("tests", ()))
     lines = [_heading("kvcheck verify", results), ""]
     lines += _collection_errors(results)
-    if tests:
-        lines.append(f"{'RESULT':<13} {'EXAMPLES':>8} {'TIME':>7}  PROPERTY")
-        for test in tests:
-            lines.append(
-                f"{_OUTCOME_LABEL.get(test['outcome'], test['outcome']):<13} "
-                f"{_examples(test):>8} {_seconds(test.get('duration_s')):>7}  "
-                f"{short_name(test['nodeid'])}"
-            )
-            if test.get("skip_reason") and test["outcome"] in ("skipped", "xfailed"):
-                lines.append(f"{'':<31}{test['skip_reason']}")
+    if tests and verbosity > 0:
+        lines += [*_table(tests), ""]
     failing = [test for test in tests if test["outcome"] in _FAILING]
-    if failing:
-        lines += ["", "Failures, with their minimal reproductions", "-" * 42]
+    if failing and verbosity >= 0:
+        lines += [f"Failures ({len(failing)}), each with its minimal reproduction", ""]
         for test in failing:
-            lines += _failure_block(test)
-    lines += [
-        "",
+            lines += [*_failure_block(test), ""]
+    elif failing:
+        lines += [
+            f"{_OUTCOME_LABEL[test['outcome']]} {short_name(test['nodeid'])}" for test in failing
+        ]
+        lines.append("")
+    lines += _lost_saves(tests)
+    if interrupted:
+        lines.append("INTERRUPTED (Ctrl-C): only the tests that finished are counted")
+    lines += _collapsed(tests)
+    lines += _locations(locations, failing)
+    lines.append(
         f"{_counts(tests)} in {_seconds(results.get('duration_s', _total(tests)))}; "
-        f"exit {exit_code}",
-    ]
+        f"exit {exit_code}"
+    )
     return "\n".join(lines)
 
 
@@ -119,11 +139,27 @@ def replay_verdicts(tests: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mappi
     return verdicts
 
 
-def render_replay(results: Mapping[str, Any], *, exit_code: int) -> str:
-    """The replay summary: per test with stored examples, still failing or fixed."""
+def render_replay(
+    results: Mapping[str, Any],
+    *,
+    exit_code: int,
+    verbosity: int = 0,
+    scan: Any = None,
+    locations: Mapping[str, str] | None = None,
+) -> str:
+    """The replay summary: per test with stored examples, still failing or fixed.
+
+    ``scan`` (a :class:`kvcheck.db.DatabaseScan`) adds what the database held before the
+    run, and how many of its examples could not be decoded.
+    """
     tests = list(results.get("tests", ()))
     verdicts = replay_verdicts(tests)
     lines = [_heading("kvcheck replay", results), ""]
+    if scan is not None and getattr(scan, "scanned", False):
+        held = f"the database held {_plural(scan.entries, 'stored example')}"
+        if scan.undecodable:
+            held += f"; {scan.undecodable} stored examples could not be decoded"
+        lines += [held, ""]
     lines += _collection_errors(results)
     if verdicts:
         lines.append(f"{'VERDICT':<14} {'REPLAYED':>8}  PROPERTY")
@@ -131,11 +167,18 @@ def render_replay(results: Mapping[str, Any], *, exit_code: int) -> str:
             lines.append(f"{verdict:<14} {_replayed(test):>8}  {short_name(test['nodeid'])}")
     else:
         lines.append(f"nothing to replay: no stored examples in {results.get('database', '?')}")
+    if not any(test.get("stored_examples") for test in tests):
+        lines.append(
+            "nothing was replayed: no selected test had stored examples (another suite, "
+            "target or -k selection saved them?)"
+        )
     failing = [test for verdict, test in verdicts if verdict in ("still failing", "failed")]
-    if failing:
+    if failing and verbosity >= 0:
         lines += ["", "Still failing, with their reproductions", "-" * 39]
         for test in failing:
             lines += _failure_block(test)
+    lines += ["", *_lost_saves(tests)]
+    lines += _locations(locations, failing)
     counts = Counter(verdict for verdict, _ in verdicts)
     without = sum(1 for test in tests if not test.get("stored_examples"))
     parts = [
@@ -144,7 +187,7 @@ def render_replay(results: Mapping[str, Any], *, exit_code: int) -> str:
         if counts[name]
     ]
     parts.append(f"{without} test{'s' * (without != 1)} without stored examples")
-    lines += ["", f"{', '.join(parts)}; exit {exit_code}"]
+    lines += [f"{', '.join(parts)}; exit {exit_code}"]
     return "\n".join(lines)
 
 
@@ -174,27 +217,109 @@ def _collection_errors(results: Mapping[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _table(tests: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = [f"{'RESULT':<13} {'EXAMPLES':>8} {'TIME':>7}  PROPERTY"]
+    for test in tests:
+        lines.append(
+            f"{_OUTCOME_LABEL.get(test['outcome'], test['outcome']):<13} "
+            f"{_examples(test):>8} {_seconds(test.get('duration_s')):>7}  "
+            f"{short_name(test['nodeid'])}"
+        )
+        if test.get("skip_reason") and test["outcome"] in ("skipped", "xfailed"):
+            lines.append(f"{'':<31}{test['skip_reason']}")
+    return lines
+
+
 def _failure_block(test: Mapping[str, Any]) -> list[str]:
-    lines = ["", short_name(test["nodeid"])]
+    title = f"{_OUTCOME_LABEL.get(test['outcome'], test['outcome'])} {short_name(test['nodeid'])}"
     statistics = test.get("statistics") or {}
     if statistics:
-        lines.append(
-            f"    found after {_plural(statistics.get('examples', 0), 'example')}, "
-            f"{_plural(statistics.get('shrinks', 0), 'shrink step')}"
+        title += (
+            f" (found after {_plural(statistics.get('examples', 0), 'example')}, "
+            f"{_plural(statistics.get('shrinks', 0), 'shrink step')})"
         )
+    lines = [title]
     failures: Sequence[Mapping[str, Any]] = test.get("failures") or []
     if not failures:
-        lines += [f"    {line}" for line in str(test.get("message") or "").splitlines()]
+        lines += [f"    {line}" for line in _capped(str(test.get("message") or ""))]
         return lines
     for index, failure in enumerate(failures, start=1):
         if len(failures) > 1:
-            lines.append(f"    distinct failure {index} of {len(failures)}:")
-        lines += [f"    {line}" for line in str(failure.get("error")).splitlines()]
+            lines.append(f"  distinct failure {index} of {len(failures)}:")
+        lines += [f"    {line}" for line in _capped(str(failure.get("error")))]
         for line in str(failure.get("reproduction") or "").splitlines():
             lines.append(f"    {line}")
         if failure.get("blob"):
             lines.append(f"    reproduce with: {failure['blob']}")
+        if failure.get("script"):
+            lines.append(f"    standalone script: python {failure['script']}")
+        elif failure.get("script_error") or failure.get("reproduction_error"):
+            why = failure.get("script_error") or failure.get("reproduction_error")
+            lines.append(f"    no standalone script: {why}")
     return lines
+
+
+def _capped(text: str) -> list[str]:
+    lines = text.splitlines()
+    if len(lines) > _MAX_ERROR_LINES:
+        hidden = len(lines) - _MAX_ERROR_LINES
+        lines = [*lines[:_MAX_ERROR_LINES], f"... ({hidden} more lines in results.json)"]
+    return lines
+
+
+def _lost_saves(tests: Sequence[Mapping[str, Any]]) -> list[str]:
+    lost = [test for test in tests if test.get("save_errors")]
+    if not lost:
+        return []
+    lines = [
+        f"DATABASE ERROR: the failing examples of {_plural(len(lost), 'test')} could not be "
+        "saved; kvcheck replay will not find them:"
+    ]
+    for test in lost:
+        for reason, times in Counter(test["save_errors"]).items():
+            again = f" ({times} times)" if times > 1 else ""
+            lines.append(f"    {short_name(test['nodeid'])}: {reason}{again}")
+    return [*lines, ""]
+
+
+def _collapsed(tests: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Passes in one line, expected failures in one, skips grouped by reason."""
+    counts = Counter(test["outcome"] for test in tests)
+    lines: list[str] = []
+    if counts["passed"]:
+        number = counts["passed"]
+        lines.append(f"{number} propert{'y' if number == 1 else 'ies'} passed")
+    if counts["xfailed"]:
+        lines.append(
+            f"{counts['xfailed']} expected failures (declared by the target) failed as expected"
+        )
+    skips = Counter(
+        str(test.get("skip_reason") or "no reason given")
+        for test in tests
+        if test["outcome"] == "skipped"
+    )
+    if skips:
+        lines.append(f"{counts['skipped']} skipped:")
+        for reason, number in skips.most_common(_MAX_SKIP_GROUPS):
+            lines.append(f"    {number} x {reason}")
+        rest = skips.most_common()[_MAX_SKIP_GROUPS:]
+        if rest:
+            lines.append(
+                f"    {sum(n for _, n in rest)} more, for {len(rest)} other reasons "
+                "(--verbose lists every test)"
+            )
+    return lines
+
+
+def _locations(locations: Mapping[str, str] | None, failing: Sequence[Any]) -> list[str]:
+    if not locations:
+        return []
+    shown = {
+        label: path
+        for label, path in locations.items()
+        if failing or label != "reproduction scripts"
+    }
+    return [f"{label}: {path}" for label, path in shown.items()]
 
 
 def _replayed(test: Mapping[str, Any]) -> str:
@@ -224,6 +349,6 @@ def _total(tests: Sequence[Mapping[str, Any]]) -> float:
 
 def _counts(tests: Sequence[Mapping[str, Any]]) -> str:
     counts = Counter(test["outcome"] for test in tests)
-    order = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+    order = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "interrupted")
     parts = [f"{counts[outcome]} {outcome}" for outcome in order if counts[outcome]]
     return ", ".join(parts) or "no tests ran"

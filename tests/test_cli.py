@@ -275,7 +275,7 @@ _RESULTS: dict[str, Any] = {
             "failures": [
                 {
                     "error": "AssertionError: assert 101 <= 100",
-                    "reproduction": "Falsifying example: test_bad(\n    x=101,\n)",
+                    "reproduction": "Minimal example: test_bad(\n    x=101,\n)",
                     "blob": "@reproduce_failure('6.155.2', b'AEFl')",
                 }
             ],
@@ -291,17 +291,38 @@ _RESULTS: dict[str, Any] = {
 }
 
 
-def test_render_verify_table_and_reproductions() -> None:
-    """The verify summary has a row per test, skip reasons, and each failure's reproduction."""
-    text = render_verify(_RESULTS, exit_code=1)
+def test_render_verify_verbose_table_and_reproductions() -> None:
+    """--verbose: a row per test, skip reasons, and each failure's reproduction."""
+    text = render_verify(_RESULTS, exit_code=1, verbosity=1)
     assert "verify: target fake 1.2; device cpu; profile kvcheck-dev" in text
     assert "passed             100    1.0s  test_a.py::test_ok" in text
     assert "target 'fake' does not support move (no move kernel)" in text
     assert "found after 12 examples, 30 shrink steps" in text
-    assert "    Falsifying example: test_bad(\n        x=101,\n    )" in text
+    assert "    Minimal example: test_bad(\n        x=101,\n    )" in text
     assert "reproduce with: @reproduce_failure('6.155.2', b'AEFl')" in text
     assert "    assert 1 == 2" in text
     assert text.endswith("1 passed, 2 failed, 1 skipped in 2.5s; exit 1")
+
+
+def test_render_verify_default_is_short() -> None:
+    """Default: each failure once, passes collapsed, skips grouped, no per-test rows."""
+    many = dict(_RESULTS)
+    many["tests"] = [
+        *[{**_RESULTS["tests"][0], "nodeid": f"s/test_a.py::test_ok[{i}]"} for i in range(128)],
+        *[{**_RESULTS["tests"][1], "nodeid": f"s/test_a.py::test_skip[{i}]"} for i in range(3)],
+        _RESULTS["tests"][2],
+    ]
+    text = render_verify(many, exit_code=1, locations={"results": ".kvcheck/results.json"})
+    assert "test_ok[" not in text  # passes collapsed
+    assert "128 properties passed" in text
+    assert "3 skipped:\n    3 x target 'fake' does not support move (no move kernel)" in text
+    assert text.count("test_a.py::test_bad") == 1
+    assert "FAILED test_a.py::test_bad (found after 12 examples, 30 shrink steps)" in text
+    assert "    Minimal example: test_bad(" in text
+    assert "results: .kvcheck/results.json" in text
+    assert len(text.splitlines()) <= 40
+    quiet = render_verify(many, exit_code=1, verbosity=-1)
+    assert "Minimal example" not in quiet and "FAILED test_a.py::test_bad" in quiet
 
 
 def test_replay_verdicts_and_render() -> None:
@@ -318,8 +339,9 @@ def test_replay_verdicts_and_render() -> None:
 
 def test_render_replay_with_nothing_stored() -> None:
     """With no stored examples the replay summary says there was nothing to replay."""
-    text = render_replay({"database": "directory /db", "tests": []}, exit_code=0)
+    text = render_replay({"database": "directory /db", "tests": []}, exit_code=2)
     assert "nothing to replay: no stored examples in directory /db" in text
+    assert text.endswith("exit 2")
 
 
 # --- verify and replay end to end (pytest subprocesses) ------------------------------------------
@@ -352,10 +374,15 @@ def test_verify_reports_failure_with_reproduction(
     ]
     assert main(argv) == 1
     out = capfd.readouterr().out
-    assert "test_clamp.py::test_clamp_never_grows PASSED" in out  # pytest's live progress
-    assert "Falsifying example: test_clamp_at_most_100(" in out
+    assert "kvcheck verify: running 3 tests" in out  # kvcheck's own progress
+    assert "PASSED" not in out  # not pytest's -v log: that is in the results directory
+    assert "test_clamp_never_grows PASSED" in Path(".kvcheck/pytest.log").read_text()
+    assert "FAILED test_clamp.py::test_clamp_at_most_100" in out
+    assert "Minimal example: test_clamp_at_most_100(" in out and "x=101" in out
     assert "reproduce with: @reproduce_failure(" in out
-    assert "target 'fake' does not support move (no move kernel)" in out
+    assert "1 x target 'fake' does not support move (no move kernel)" in out
+    assert "1 property passed" in out
+    assert "results: .kvcheck/results.json" in out
     summary = json.loads(Path("summary.json").read_text())
     assert summary["exit_code"] == 1 and summary["command"] == "verify"
     passing = [t for t in summary["tests"] if t["nodeid"].endswith("test_clamp_never_grows")]
@@ -369,10 +396,36 @@ def test_verify_all_passing_exits_0(
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
 ) -> None:
-    """With -k selecting passing properties only, verify exits 0."""
+    """With -k selecting passing properties only, verify exits 0; --verbose streams pytest's
+    -v log and adds the per-test table."""
     _workdir(tmp_path, "run", monkeypatch)
-    assert main(["verify", "--suite", str(project), "--device", "cpu", "-k", "never_grows"]) == 0
-    assert capfd.readouterr().out.rstrip().endswith("exit 0")
+    argv = ["verify", "--suite", str(project), "--device", "cpu", "-k", "never_grows"]
+    assert main([*argv, "--verbose"]) == 0
+    out = capfd.readouterr().out
+    assert out.rstrip().endswith("exit 0")
+    assert "test_clamp.py::test_clamp_never_grows PASSED" in out  # pytest's own -v log
+    assert "RESULT" in out and "test_clamp.py::test_clamp_never_grows" in out.split("RESULT")[1]
+
+
+def test_verify_json_write_error_is_one_line_and_exit_2(
+    project: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """A --json file that cannot be written after the run: one error line, exit 2."""
+    import kvcheck.cli
+
+    def refuse(path: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    _workdir(tmp_path, "run", monkeypatch)
+    monkeypatch.setattr(kvcheck.cli, "_write_json", refuse)
+    argv = ["verify", "--suite", str(project), "--device", "cpu", "-k", "never_grows"]
+    assert main([*argv, "--quiet", "--json", "out.json"]) == 2
+    captured = capfd.readouterr()
+    assert captured.err.strip() == "kvcheck: error: cannot write --json out.json: Permission denied"
+    assert "running" not in captured.out  # --quiet: no progress
 
 
 def test_verify_pytest_usage_error_exits_2(
@@ -418,7 +471,7 @@ def test_replay_round_trip_across_working_directories(
     assert main(["replay", "--suite", str(project), "--device", "cpu", "--json", "r.json"]) == 1
     out = capfd.readouterr().out
     assert "still failing" in out and "test_clamp.py::test_clamp_at_most_100" in out
-    assert "Falsifying example: test_clamp_at_most_100(" in out
+    assert "Minimal example: test_clamp_at_most_100(" in out
     verdicts = json.loads(Path("r.json").read_text())["verdicts"]
     assert [v["verdict"] for v in verdicts] == ["still failing"]
 

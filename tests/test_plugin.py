@@ -46,6 +46,8 @@ def isolated_plugin_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # Hypothesis offers no public way to unregister a profile, hence the private registry.
     saved = dict(settings._profiles)
     current = settings.get_current_profile_name()
+    # Inner runs start as in a fresh process, not under the outer run's kvcheck profile.
+    settings.load_profile("default")
     yield
     settings._profiles.clear()
     settings._profiles.update(saved)
@@ -78,15 +80,17 @@ def test_header_names_target_device_profile_database_and_env(
     """The header shows target+version, device, profile, database and every KVCHECK_* var."""
     monkeypatch.setenv("KVCHECK_DB", str(tmp_path / "db"))
     monkeypatch.setenv("KVCHECK_SOMETHING", "typo?")
+    monkeypatch.setenv("KVCHECK_DEVICE", "cpu")  # an option would apply the profile everywhere
     pytester.makepyfile("def test_nothing():\n    assert True\n")
-    result = pytester.runpytest("--kvcheck-device=cpu")
+    result = pytester.runpytest()
     result.stdout.fnmatch_lines(
         [
             "kvcheck target: kvcheck 0.1.0 ('kvcheck', default*",
             "kvcheck device: cpu (requested cpu)",
-            "kvcheck hypothesis profile: kvcheck-dev",
+            "kvcheck hypothesis profile: kvcheck-dev for tests that use kvcheck*",
             f"kvcheck database: directory {tmp_path / 'db'}",
-            "kvcheck env: KVCHECK_DB=*, KVCHECK_SOMETHING='typo?'",
+            "kvcheck env: KVCHECK_DB=*, KVCHECK_DEVICE='cpu', KVCHECK_SOMETHING='typo?'",
+            "kvcheck WARNING: unknown variable KVCHECK_SOMETHING='typo?' is ignored (kvcheck*",
         ]
     )
     assert result.ret == 0
@@ -249,7 +253,7 @@ def test_gpu_marker_skips_on_cpu(pytester: pytest.Pytester) -> None:
 _PROFILE_PROBE = """
     from hypothesis import settings
 
-    def test_profile():
+    def test_profile(kvcheck_target):
         assert settings.get_current_profile_name() == {expected!r}
         assert settings.default.database is not None
 """
@@ -292,6 +296,156 @@ def test_project_profile_is_left_alone(pytester: pytest.Pytester) -> None:
     )
     pytester.makepyfile(_PROFILE_PROBE.format(expected="project"))
     pytester.runpytest().assert_outcomes(passed=1)
+
+
+_NEIGHBOUR_SUITE = """
+    import os
+
+    from hypothesis import given, settings, strategies as st
+
+    CALLS = []
+    FIRST_RUN = "REPLAYING" not in os.environ
+
+    @given(st.integers(0, 100))
+    def test_plain_fails(x):
+        if FIRST_RUN:
+            assert settings.get_current_profile_name() == "default"
+        assert x < 10
+
+    @given(st.integers(0, 100))
+    def test_kvcheck_fails(kvcheck_target, x):
+        if FIRST_RUN:
+            assert settings.get_current_profile_name() == "kvcheck-dev"
+        assert x < 10
+
+    @settings(max_examples=7)
+    @given(st.integers())
+    def test_kvcheck_own_settings(kvcheck_target, x):
+        CALLS.append(x)
+
+    def test_own_settings_kept_and_profile_put_back():
+        if FIRST_RUN:
+            assert len(CALLS) == 7
+            assert settings.get_current_profile_name() == "default"
+"""
+
+
+def test_profile_applies_only_to_tests_that_use_kvcheck(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A plain @given test keeps Hypothesis's profile and database; a kvcheck test gets
+    kvcheck's profile and database, with its own @settings kept; the profile is put back."""
+    monkeypatch.setenv("KVCHECK_DB", str(tmp_path / "kvcheck-db"))
+    pytester.makepyfile(_NEIGHBOUR_SUITE)
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=2)
+    assert "AssertionError: assert 'default'" not in result.stdout.str()
+    # Replaying kvcheck's database everywhere: only the kvcheck test had saved its example.
+    monkeypatch.setenv("REPLAYING", "1")
+    replay = pytester.runpytest("-p", "no:randomly", "--kvcheck-profile=kvcheck-replay")
+    replay.assert_outcomes(passed=1, skipped=2, failed=1)  # nothing stored: skipped
+    replay.stdout.fnmatch_lines(["FAILED *::test_kvcheck_fails*"])
+
+
+def test_fresh_process_of_an_unrelated_project_keeps_hypothesis_defaults(
+    pytester: pytest.Pytester,
+) -> None:
+    """In its own process, a project with nothing of kvcheck runs under Hypothesis's own
+    profile: default deadline, no kvcheck database."""
+    pytester.makepyfile(
+        """
+        from hypothesis import given, settings, strategies as st
+
+        @given(st.integers())
+        def test_plain(x):
+            assert settings.get_current_profile_name() == "default"
+            assert settings.default.deadline is not None
+            assert "Recording" not in type(settings.default.database).__name__
+        """
+    )
+    pytester.runpytest_subprocess("-p", "no:randomly").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("how", ["env", "addopts"])
+def test_profile_everywhere_when_asked(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """KVCHECK_PROFILE, or a kvcheck option in the project's addopts, applies kvcheck's
+    profile to every test."""
+    if how == "env":
+        monkeypatch.setenv("KVCHECK_PROFILE", "kvcheck-dev")
+    else:
+        pytester.makeini("[pytest]\naddopts = --kvcheck-target=kvcheck\n")
+    pytester.makepyfile(
+        """
+        from hypothesis import settings
+
+        def test_plain():
+            assert settings.get_current_profile_name() == "kvcheck-dev"
+        """
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_unknown_kvcheck_variable_warns_without_failing(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelled KVCHECK_* variable is a warning with a did-you-mean, even under -W error."""
+    monkeypatch.setenv("KVCHECK_TARGE", "sglang")
+    pytester.makepyfile("def test_nothing():\n    assert True\n")
+    result = pytester.runpytest("-W", "error")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        [
+            "kvcheck WARNING: unknown variable KVCHECK_TARGE='sglang' is ignored (did you mean "
+            "KVCHECK_TARGET?)"
+        ]
+        * 2
+    )
+
+
+def test_unwritable_database_stops_the_run(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A KVCHECK_DB that cannot be created is a usage error naming the directory."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("KVCHECK_DB", str(blocker / "db"))
+    pytester.makepyfile("def test_nothing():\n    assert True\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [f"*KVCHECK_DB: cannot write failing examples to '{blocker / 'db'}'*"]
+    )
+
+
+def test_failed_save_is_reported_naming_the_test(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, fake_target: str
+) -> None:
+    """A save that fails during the run is a warning naming the test, and in the results."""
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    def refuse(self: object, key: bytes, value: bytes) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(DirectoryBasedExampleDatabase, "save", refuse)
+    pytester.makepyfile(_RESULTS_SUITE)
+    result = pytester.runpytest(
+        f"--kvcheck-target={fake_target}", "--kvcheck-results=results.json", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=1, failed=1, skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "kvcheck WARNING: * failing example(s) could not be saved*",
+            "  *test_fails: PermissionError: *Permission denied*",
+        ]
+    )
+    tests = {
+        t["nodeid"].split("::")[-1]: t
+        for t in json.loads((pytester.path / "results.json").read_text())["tests"]
+    }
+    assert tests["test_fails"]["save_errors"]
+    assert not tests["test_passes"]["save_errors"]
 
 
 def test_unrelated_project_gets_no_properties(pytester: pytest.Pytester) -> None:
@@ -338,7 +492,8 @@ def _assert_results(path: Path) -> dict:
     assert tests["test_passes"]["statistics"]["examples"] == 100
     failing = tests["test_fails"]
     assert failing["outcome"] == "failed"
-    assert failing["failures"][0]["reproduction"].startswith("Falsifying example: test_fails(")
+    assert failing["failures"][0]["reproduction"].startswith("Minimal example: test_fails(")
+    assert failing["failures"][0]["example"].startswith("test_fails(")
     assert "x=50" in failing["failures"][0]["reproduction"]
     assert failing["failures"][0]["blob"].startswith("@reproduce_failure(")
     assert tests["test_skipped"]["outcome"] == "skipped"

@@ -20,9 +20,13 @@ from kvcheck import profiles
 from kvcheck.db import (
     DatabaseSpecError,
     RecordingDatabase,
+    StrictDirectoryDatabase,
+    check_writable,
     database_from_spec,
     describe_database,
     recording_test,
+    save_errors,
+    scan_database,
     stored_examples_fetched,
 )
 
@@ -289,3 +293,52 @@ def test_choose_profile_to_load(
         environ=environ,
     )
     assert chosen == expected
+
+
+# --- the database never fails silently ------------------------------------------------------
+
+
+def test_hypothesis_drops_save_errors_strict_database_raises(tmp_path: Path) -> None:
+    """Hypothesis's directory database swallows a failed save; kvcheck's raises it."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    DirectoryBasedExampleDatabase(blocker / "db").save(b"k", b"v")  # silently lost
+    with pytest.raises(OSError):
+        StrictDirectoryDatabase(blocker / "db").save(b"k", b"v")
+
+
+def test_recording_database_records_failed_saves_per_test(tmp_path: Path) -> None:
+    """A failed save (or move) is recorded for the running test instead of raised or lost."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    db = RecordingDatabase(StrictDirectoryDatabase(blocker / "db"))
+    with recording_test("test_lost"):
+        db.save(b"k", b"v")
+        db.move(b"k", b"k2", b"v")
+    reasons = save_errors("test_lost")
+    assert len(reasons) == 2 and all("Error" in reason for reason in reasons)
+    with recording_test("test_lost"):  # a new run of the test starts clean
+        pass
+    assert save_errors("test_lost") == []
+
+
+def test_check_writable_names_the_directory(tmp_path: Path) -> None:
+    """An uncreatable database directory is a DatabaseSpecError naming it; a good one passes."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(DatabaseSpecError, match="cannot write failing examples to"):
+        check_writable(database_from_spec(str(blocker / "db")))
+    check_writable(database_from_spec(str(tmp_path / "new" / "db")))
+    assert (tmp_path / "new" / "db").is_dir() and not list((tmp_path / "new" / "db").iterdir())
+
+
+def test_scan_counts_entries_and_undecodable_ones(tmp_path: Path) -> None:
+    """scan_database counts stored examples, those that cannot be decoded, missing dirs."""
+    from hypothesis.database import choices_to_bytes
+
+    db = database_from_spec(str(tmp_path / "db"))
+    assert scan_database(db).missing == (str(tmp_path / "db"),)
+    db.save(b"key", choices_to_bytes((1, True)))
+    db.save(b"key", b"\xff")
+    scan = scan_database(db)
+    assert (scan.entries, scan.undecodable, scan.missing) == (2, 1, ())
