@@ -55,6 +55,7 @@ __all__ = [
     "PoolMachine",
     "default_machine_specs",
     "pool_machine",
+    "supported_op_kinds",
 ]
 
 MACHINE_FAMILIES = POOL_FAMILIES
@@ -111,6 +112,27 @@ STEER_TAGS: tuple[str, ...] = (
 _MAX_LAYERS = 3
 _MAX_SIZE = 32
 _MAX_PAGE_SIZE = 4
+
+
+def supported_op_kinds(target: Any, family: str) -> tuple[str, ...]:
+    """The :data:`kvcheck.strategies.ops.OP_KINDS` that ``target`` serves for ``family``
+    and that none of its declared findings asks to steer around.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> supported_op_kinds(resolve_target("kvcheck"), "mla")[:3]
+        ('write_kv', 'move', 'host_copy')
+    """
+    needs = dict(_STEP_KINDS)
+    steer = steered_tags(target)
+
+    def served(kind: str) -> bool:
+        capability = needs[kind]
+        return capability is None or supports(target, capability, family=family)
+
+    return tuple(
+        kind for kind in draws.OP_KINDS if served(kind) and f"{family}:{kind}" not in steer
+    )
 
 
 def default_machine_specs(family: str) -> st.SearchStrategy[PoolSpec]:

@@ -1,6 +1,8 @@
-"""Inputs: no call changes a tensor the caller passed in; a rejected call changes nothing.
+"""Hardening: bad input raises ValueError, changes no pool byte and no caller tensor.
 
-Random operation sequences, valid and invalid (the reference deciding which must raise),
+(That no *valid* call changes a caller's tensor is a core invariant, checked on every
+call by the state machines on every target.) Random operation sequences, valid and
+invalid (the reference deciding which must raise),
 check that locations, payloads and host-copy tensors keep every byte and their layout.
 Malformed calls the spec vocabulary cannot express (float or 2-D locations, wrong
 dtypes, a valid K beside a malformed V, ...) are made on pools already holding data, and
@@ -15,6 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvcheck.machines import supported_op_kinds
 from kvcheck.properties.inputs import (
     assert_rejected_call_changes_nothing,
     bad_calls,
@@ -48,7 +51,10 @@ def test_calls_leave_caller_tensors_unchanged(
 ) -> None:
     """Every call, accepted or rejected, leaves the caller's tensors byte-identical."""
     specs = within_target_limits(kvcheck_target, SPECS[family])
-    sequence = data.draw(op_sequences(specs, max_ops=6, include_invalid=True), label="ops")
+    kinds = supported_op_kinds(kvcheck_target, family)
+    sequence = data.draw(
+        op_sequences(specs, max_ops=6, include_invalid=True, kinds=kinds), label="ops"
+    )
     check_sequence_inputs(kvcheck_target, sequence, device=kvcheck_device)
     assert sequence.spec.family == family
 
@@ -60,7 +66,10 @@ def test_rejected_calls_leave_pool_unchanged(
 ) -> None:
     """A malformed call raises ValueError and leaves every buffer of a filled pool unchanged."""
     spec = data.draw(within_target_limits(kvcheck_target, SPECS[family]), label="spec")
-    setup = data.draw(op_sequences(spec, max_ops=3), label="setup ops")
+    setup = data.draw(
+        op_sequences(spec, max_ops=3, kinds=supported_op_kinds(kvcheck_target, family)),
+        label="setup ops",
+    )
     pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
     copies: dict[str, Any] = {}
     for op in setup.ops:

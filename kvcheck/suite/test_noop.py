@@ -1,4 +1,4 @@
-"""The no-op pool: every write raises, only placeholders are held, moves change nothing.
+"""The no-op pool: every write raises, only placeholders are held, valid moves change nothing.
 
 Writes are drawn both valid (a ``set_kv_buffer`` any MHA pool would accept) and with
 arbitrary arguments; each must raise ``RuntimeError`` naming ``NoOpMHATokenToKVPool`` and
@@ -13,18 +13,28 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvcheck.properties.inputs import run_checked_call
 from kvcheck.properties.noop import (
+    NOOP_WRITE_METHODS,
     assert_noop_holds_only_placeholders,
     assert_noop_move_changes_nothing,
     assert_noop_write_raises,
     noop_move_arguments,
     noop_write_calls,
 )
+from kvcheck.properties.ops import PoolCall, loc_tensor
+from kvcheck.specs import Move
 from kvcheck.strategies import pool_specs
+from kvcheck.targets.findings import steered_tags
 from kvcheck.targets.limits import within_target_limits
 
 #: No-op pools of every shape, large capacities included (they allocate one page only).
 NOOP_SPECS = pool_specs(families=("noop",), max_size=1 << 16, max_page_size=64)
+
+
+#: The write methods, with the machine step each stands for (a finding that makes the
+#: target's no-op pool accept one is steered around by that step's tag).
+_WRITE_STEPS = {"set_kv_buffer": "noop:write_kv", "load_cpu_copy": "noop:host_reload"}
 
 
 @pytest.mark.kvcheck_needs("noop_pool")
@@ -35,7 +45,12 @@ def test_noop_write_raises_whatever_the_arguments(
     """Every write raises RuntimeError naming the pool and the flags; placeholders stay zero."""
     spec = data.draw(within_target_limits(kvcheck_target, NOOP_SPECS), label="spec")
     pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
-    call = data.draw(noop_write_calls(spec, device=kvcheck_device), label="call")
+    steered = steered_tags(kvcheck_target)
+    methods = tuple(method for method, step in _WRITE_STEPS.items() if step not in steered)
+    call = data.draw(
+        noop_write_calls(spec, device=kvcheck_device, methods=methods or NOOP_WRITE_METHODS),
+        label="call",
+    )
     assert_noop_write_raises(pool, call.method, call.args, call.kwargs)
     assert_noop_holds_only_placeholders(pool, spec)
 
@@ -52,12 +67,42 @@ def test_noop_holds_only_placeholders(
     assert pool.size == spec.size
 
 
+def _bad_moves(spec: Any) -> st.SearchStrategy[Move]:
+    """A repeated target, a target outside the pool, or sources and targets of different
+    lengths. Shrinks towards a repeated target at slot 0."""
+    slot = st.integers(0, spec.num_slots - 1)
+    outside = st.sampled_from((spec.num_slots, -1))
+    return st.one_of(
+        st.builds(lambda t, s: Move(tgt=(t, t), src=(s, s)), slot, slot),
+        st.builds(lambda t, s: Move(tgt=(t,), src=(s,)), outside, slot),
+        st.builds(lambda t, s, e: Move(tgt=(t,), src=(s, e)), slot, slot, slot),
+    )
+
+
+@pytest.mark.kvcheck_needs("noop_pool", "input_validation")
+@given(data=st.data())
+def test_noop_refuses_malformed_moves(
+    kvcheck_target: Any, kvcheck_device: str, data: st.DataObject
+) -> None:
+    """Hardening: a move of locations outside the pool, repeated targets or different
+    lengths raises ValueError and changes no byte, as on any pool."""
+    spec = data.draw(within_target_limits(kvcheck_target, NOOP_SPECS), label="spec")
+    pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
+    bad = data.draw(_bad_moves(spec), label="move")
+    call = PoolCall(
+        "move_kv_cache",
+        (loc_tensor(bad.tgt, device=kvcheck_device), loc_tensor(bad.src, device=kvcheck_device)),
+    )
+    run_checked_call(kvcheck_target, pool, call, description=repr(bad), expected_error=ValueError)
+    assert_noop_holds_only_placeholders(pool, spec)
+
+
 @pytest.mark.kvcheck_needs("noop_pool")
 @given(data=st.data())
 def test_noop_move_changes_nothing(
     kvcheck_target: Any, kvcheck_device: str, data: st.DataObject
 ) -> None:
-    """move_kv_cache accepts any arguments and changes no byte."""
+    """A valid move_kv_cache (by position or keyword) is accepted and changes no byte."""
     spec = data.draw(within_target_limits(kvcheck_target, NOOP_SPECS), label="spec")
     pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
     args, kwargs = data.draw(noop_move_arguments(spec, device=kvcheck_device), label="move")
