@@ -18,18 +18,45 @@ from typing import Any, Protocol, runtime_checkable
 
 from kvcheck.specs import PoolSpec
 
-#: Capability names a target may declare in ``unsupported``. The suite marks each test
-#: with the capabilities it needs (``@pytest.mark.kvcheck_needs("host_copy")``).
+# Two tiers of contract
+# ---------------------
+# **Core invariants** hold on valid input for every target; declaring a capability away
+# only skips the checks that need that capability's methods:
+#
+# - after every step of a random operation sequence every buffer equals the reference
+#   byte for byte, read raw (``k_buffer``/``v_buffer``/``kv_buffer``/
+#   ``index_k_with_scale_buffer``) and through the read API attention uses
+#   (``get_key_buffer``, ``get_value_buffer``, ``get_kv_buffer``,
+#   ``get_index_k_with_scale_buffer``, ``get_mla_kv_buffer``) with global layer ids;
+# - no call changes a tensor the caller passed in (locations, payloads, host copies);
+# - ``start_layer``, ``layer_num`` and ``end_layer`` describe the layers served;
+# - skip layers hold zero bytes; accounting (``get_kv_size_bytes``, ``mem_usage``,
+#   ``get_state_buf_infos``, ``get_contiguous_buf_infos``) equals the bytes held;
+# - every write to the no-op pool raises ``RuntimeError`` naming the pool and a flag;
+# - pools sized by the configurator fit their budget.
+#
+# **Hardening** (capability ``input_validation``): bad input (locations outside
+# ``[0, size + page_size)``, repeated write targets, wrong shapes, dtypes or lengths, a
+# layer the pool does not serve, an index-K write to a skip layer) raises ``ValueError``
+# and leaves the pool and the caller's tensors unchanged. Declaring it unsupported skips
+# exactly those checks; the core invariants above still run.
+#
+# A known discrepancy is declared as a ``Finding`` (``findings``), never as a missing
+# capability: the suite steers around its own failure and keeps checking the rest.
+
+#: Capability names a target may declare in ``unsupported`` (what declaring each skips is
+#: said beside it). The suite marks each test with the capabilities it needs
+#: (``@pytest.mark.kvcheck_needs("host_copy")``).
 CAPABILITIES: tuple[str, ...] = (
     "mha_pool",
     "noop_pool",
     "mla_pool",
     "dsa_pool",
     "meta_device",  # pools build on torch's meta device
-    "move",  # move_kv_cache
-    "host_copy",  # get_cpu_copy / load_cpu_copy
-    "index_k_write",  # DSA set_index_k_scale_buffer
-    "state_buf_infos",  # DSA get_state_buf_infos
+    "move",  # move_kv_cache: no move steps
+    "host_copy",  # get_cpu_copy / load_cpu_copy: no host copy or reload steps
+    "index_k_write",  # DSA set_index_k_scale_buffer: no index-K write steps
+    "state_buf_infos",  # DSA get_state_buf_infos: not compared with the buffers
     "read_api",  # get_key_buffer / get_value_buffer / get_kv_buffer (and DSA index-K reads)
     "cast_write",  # set_kv_buffer with the caller's payload in another dtype (+ k/v scales)
     "mla_write",  # MLA/DSA set_mla_kv_buffer and get_mla_kv_buffer
