@@ -7,6 +7,7 @@ sglang) to check that the sglang reach table names methods that exist.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -205,7 +206,7 @@ def test_main_exit_status(monkeypatch, capsys, args, report, status):
     """Exit 1 below --min-percent or, with --strict, on an unexplained range; 2 if no run."""
     seen = {}
 
-    def fake_measure(target, *, workers, pytest_args):
+    def fake_measure(target, *, workers, pytest_args, save_data):
         seen.update(target=target, workers=workers, pytest_args=pytest_args)
         return report
 
@@ -287,3 +288,40 @@ def test_a_pattern_on_a_later_line_of_the_range_does_not_explain_it():
     report = _analyze(reasons=(Reason(FILE, "Pool.never", "x", pattern=r"x = 1"),))
     never = next(g for g in report.gaps if g.qualname == "Pool.never")
     assert never.reason == "x"
+
+
+def test_main_from_data_reanalyzes_without_running(monkeypatch, capsys):
+    """--from-data analyzes a saved data file with today's table; the suite does not run."""
+    monkeypatch.setattr(reach, "measure", lambda *a, **k: pytest.fail("the suite ran"))
+    monkeypatch.setattr(
+        reach, "analyze_data", lambda target, path: _fake_report(90, unexplained=False)
+    )
+    assert reach.main(["--from-data", "saved.coverage", "--min-percent", "85"]) == 0
+    assert "headline: 90/100" in capsys.readouterr().out
+
+
+def test_main_refuses_an_undercounting_xdist_run(monkeypatch):
+    """A run where an xdist worker saved no data is not a measurement (exit 2)."""
+    report = dataclasses.replace(
+        _fake_report(90, unexplained=False),
+        notes=("only 1 of 2 xdist workers saved coverage data; the figure undercounts",),
+    )
+    monkeypatch.setattr(reach, "measure", lambda *a, **k: report)
+    assert reach.main(["-n", "2"]) == 2
+
+
+def test_analyze_data_refuses_a_missing_file(tmp_path):
+    """A data file that does not exist is an error naming it."""
+    with pytest.raises(ValueError, match=r"data_file="):
+        reach.analyze_data("sglang", tmp_path / "none.coverage")
+
+
+def test_files_with_data_counts_only_files_that_measured_something(tmp_path):
+    """The main process's empty data file does not count as a worker's data."""
+    coverage = pytest.importorskip("coverage")
+    full = coverage.CoverageData(str(tmp_path / ".coverage.a"))
+    full.add_lines({str(tmp_path / "m.py"): [1, 2]})
+    full.write()
+    empty = coverage.CoverageData(str(tmp_path / ".coverage.b"))
+    empty.write()
+    assert reach._files_with_data(sorted(tmp_path.glob(".coverage.*"))) == 1

@@ -93,6 +93,13 @@ OTHER_FAMILIES = (
     "platforms)"
 )
 
+NPU_ONLY = "Ascend NPU only (`_is_npu` branches)"
+FP4_CPU = (
+    "CUDA only: sglang's is_float4_e2m1fn_x2 is `is_cuda() and ...`, False on a CPU host "
+    "(docs/sglang-findings.md, found by hand: FP4 MHA on CPU)"
+)
+CP_LAYER_SPLIT = "GLM DSA context-parallel layer split (shard_size > 1): one rank, one shard here"
+
 _MP, _IKC, _PC, _KVC = MEMORY_POOL, INDEX_KEY_CACHE, POOL_CONFIGURATOR, KV_CACHE_CONFIGURATOR
 
 REASONS: tuple[Reason, ...] = (
@@ -229,6 +236,14 @@ REASONS: tuple[Reason, ...] = (
     ),
     Reason(_PC, "create_memory_pool_configurator", OTHER_FAMILIES),
     Reason(_PC, "_get_dsa_cache_layer_ids", OTHER_FAMILIES, pattern=r"mambaish"),
+    Reason(_PC, "_get_dsa_cache_layer_ids", SPEC_DRAFT, pattern=r"return list\(range\(num_layers"),
+    Reason(_PC, "DefaultPoolConfigurator.*", NPU_ONLY, pattern=r"_is_npu"),
+    Reason(
+        _PC,
+        "DefaultPoolConfigurator._compute_dsa_indexer_cell_size",
+        CP_LAYER_SPLIT,
+        pattern=r"shard_size > 1|active_indexer_layers",
+    ),
     Reason(_PC, "DefaultPoolConfigurator.calculate_pool_sizes_from_max_tokens", NOT_SELECTION),
     # --- pool-family check, skip-layer elision and the rest of KVCacheConfigurator ------------
     Reason(
@@ -237,5 +252,12 @@ REASONS: tuple[Reason, ...] = (
         OTHER_FAMILIES,
         pattern=r"dsv4|out_of_tree|ascend|mambaish|is_hybrid_swa",
     ),
+    Reason(_KVC, "_should_elide_dsa_index_k", NPU_ONLY, pattern=r"_is_npu"),
     Reason(_KVC, "_should_elide_dsa_index_k", SPEC_DRAFT, pattern=r"hisparse|draft"),
+    Reason(
+        _KVC,
+        "KVCacheConfigurator._validate_prefill_only_disable_kv_cache_pool_family",
+        FP4_CPU,
+        pattern=r"FP4 MHA KV pool",
+    ),
 )
