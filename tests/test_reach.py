@@ -157,9 +157,7 @@ def test_explain_requires_the_same_file_and_takes_the_first_match():
     """A reason for another file never applies; the first matching reason wins."""
     gap = Gap(FILE, "Pool.write", 9, 10, 2)
     assert explain(gap, "x", [Reason("other.py", "*", "elsewhere")]) == UNEXPLAINED
-    assert explain(gap, "x", [Reason(FILE, "*", "first"), Reason(FILE, "*", "second")]) == (
-        "first"
-    )
+    assert explain(gap, "x", [Reason(FILE, "*", "first"), Reason(FILE, "*", "second")]) == ("first")
 
 
 def test_analyze_refuses_a_scope_without_data():
@@ -273,9 +271,7 @@ def test_sglang_reach_table_names_existing_methods():
             f"{s.qualname}.{reach.CLASS_BODY}" for s in spans if s.kind == "class"
         }
     stale = [
-        entry
-        for entry in table.REASONS
-        if not fnmatch.filter(names[entry.file], entry.qualname)
+        entry for entry in table.REASONS if not fnmatch.filter(names[entry.file], entry.qualname)
     ]
     assert stale == []
 
