@@ -54,6 +54,7 @@ __all__ = [
     "analyze_data",
     "explain",
     "find_spans",
+    "format_markdown",
     "format_report",
     "group_gaps",
     "main",
@@ -387,7 +388,7 @@ def analyze(
                 headline_covered += covered
         if scope.headline:
             headline_names.extend(
-                f"{scope.file}:{name}" for name in (scope.names or (MODULE_BODY,))
+                [f"{scope.file}:{name}" for name in scope.names] if scope.names else [scope.file]
             )
         in_scope = {line for lines in per_method.values() for line in lines}
         blocks = _blocks(ast.parse(source))
@@ -617,6 +618,67 @@ def format_report(report: ReachReport, *, methods: bool = True) -> str:
     return "\n".join(out)
 
 
+def format_markdown(report: ReachReport) -> str:
+    """The report as the Markdown block ``docs/sglang-findings.md`` publishes.
+
+    Per class, then per method of the headline scopes, then the unreached ranges grouped
+    by reason (explained ones folded), unexplained ones listed first.
+
+    Example:
+        >>> r = ReachReport("t", (MethodReach("p.py", "P.f", 4, 3),), (), ("p.py:P",), 4, 3)
+        >>> print(format_markdown(r).splitlines()[0])
+        **Headline: 75.0 %** (3 of 4 executable lines of P).
+    """
+    headline_files = {name.split(":")[0] for name in report.headline_names}
+    out = [
+        f"**Headline: {report.headline_percent:.1f} %** ({report.headline_covered} of "
+        f"{report.headline_lines} executable lines of "
+        f"{', '.join(name.split(':')[-1] for name in report.headline_names)}).",
+        "",
+        "| file | class or function | lines | reached | % |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for (file, name), (lines, covered) in sorted(report.by_class().items()):
+        percent = 100.0 * covered / lines if lines else 100.0
+        out.append(f"| `{file}` | `{name}` | {lines} | {covered} | {percent:.1f} |")
+    out += ["", "<details><summary>Per method (headline scopes)</summary>", ""]
+    out += ["| method | lines | reached | % |", "|---|---:|---:|---:|"]
+    for method in report.methods:
+        if method.file in headline_files:
+            out.append(
+                f"| `{method.qualname}` | {method.lines} | {method.covered} | "
+                f"{method.percent:.1f} |"
+            )
+    out += ["", "</details>", ""]
+    unexplained = report.unexplained
+    out.append(
+        f"Unreached: {len(report.gaps)} ranges, {sum(g.lines for g in report.gaps)} lines; "
+        f"unexplained: {len(unexplained)} ranges, {sum(g.lines for g in unexplained)} lines."
+    )
+    out += ["", "Unexplained (reachable on CPU, not reached by the suite):", ""]
+    out += [
+        f"- `{_where(gap)}` `{gap.qualname}` ({gap.lines}): `{gap.first_line}`"
+        for gap in unexplained
+    ] or ["- none"]
+    by_reason: dict[str, list[Gap]] = {}
+    for gap in report.gaps:
+        if gap.explained:
+            by_reason.setdefault(gap.reason, []).append(gap)
+    out += ["", "| reason | ranges | lines |", "|---|---:|---:|"]
+    for reason, gaps in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+        out.append(f"| {reason} | {len(gaps)} | {sum(g.lines for g in gaps)} |")
+    out += ["", "<details><summary>Every explained range</summary>", ""]
+    for reason, gaps in sorted(by_reason.items()):
+        out += ["", f"*{reason}*:", ""]
+        out += [f"- `{_where(g)}` `{g.qualname}` ({g.lines}): `{g.first_line}`" for g in gaps]
+    out += ["", "</details>"]
+    return "\n".join(out)
+
+
+def _where(gap: Gap) -> str:
+    return f"{gap.file}:{gap.start}" + (f"-{gap.end}" if gap.end != gap.start else "")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m kvcheck.reach`` argument parser.
 
@@ -632,6 +694,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--min-percent", type=float, default=0.0, metavar="P")
     parser.add_argument("--strict", action="store_true", help="fail on unexplained ranges")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument(
+        "--markdown", metavar="FILE", help="also write the Markdown block the docs publish"
+    )
     parser.add_argument(
         "-n",
         "--workers",
@@ -677,6 +742,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_report(report, methods=not options.no_methods))
     if options.json:
         Path(options.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if options.markdown:
+        Path(options.markdown).write_text(format_markdown(report) + "\n")
     undercount = any("undercounts" in note for note in report.notes)
     if report.pytest_status not in (None, 0, 1) or report.headline_lines == 0 or undercount:
         print("kvcheck.reach: the suite did not run; the figure is not a measurement")

@@ -321,3 +321,14 @@ def test_files_with_data_counts_only_files_that_measured_something(tmp_path):
     empty = coverage.CoverageData(str(tmp_path / ".coverage.b"))
     empty.write()
     assert reach._files_with_data(sorted(tmp_path.glob(".coverage.*"))) == 1
+
+
+def test_markdown_block_lists_unexplained_ranges_and_reasons():
+    """The published block has the headline, a class table and each unexplained range."""
+    text = reach.format_markdown(_analyze())
+    assert text.splitlines()[0].startswith(
+        "**Headline: 61.5 %** (8 of 13 executable lines of Pool)"
+    )
+    assert "| `pkg/pool.py` | `Pool` | 13 | 8 | 61.5 |" in text
+    assert "- `pkg/pool.py:15` `Pool.helper` (1): `return 1`" in text
+    assert "| HND layout | 1 | 2 |" in text

@@ -195,6 +195,7 @@ REASONS: tuple[Reason, ...] = (
         ),
     ),
     Reason(_MP, "DSATokenToKVPool.__init__", VARIANT, pattern=r"attn_dcp_size"),
+    Reason(_MP, "DSATokenToKVPool.get_cpu_copy", VARIANT, pattern=r"compress_tail"),
     # --- IndexKeyCache ------------------------------------------------------------------------
     Reason(_IKC, "IndexKeyCache.*", GPU_ONLY, pattern=r"_use_aiter_preshuffle|PRESHUFFLE"),
     Reason(_IKC, "IndexKeyCache.*", SERVING_ONLY, pattern=r"layer_transfer_counter"),
