@@ -100,6 +100,24 @@ FP4_CPU = (
 )
 CP_LAYER_SPLIT = "GLM DSA context-parallel layer split (shard_size > 1): one rank, one shard here"
 
+
+def _guarded_by(regex: str) -> str:
+    """A pattern found only in the header of the block holding a range, not its first line.
+
+    Patterns are matched against the header followed by the range's first line; requiring a
+    line break after the match keeps it off that last line. A method whose whole body went
+    unreached starts its range at the guarding ``if`` itself and so is not explained by it.
+
+    Example:
+        >>> import re
+        >>> bool(re.search(_guarded_by("use_hnd"), "if self.use_hnd:\\n    pages = loc"))
+        True
+        >>> bool(re.search(_guarded_by("use_hnd"), "if self.use_hnd:"))
+        False
+    """
+    return rf"(?:{regex})[^\n]*\n"
+
+
 _MP, _IKC, _PC, _KVC = MEMORY_POOL, INDEX_KEY_CACHE, POOL_CONFIGURATOR, KV_CACHE_CONFIGURATOR
 
 REASONS: tuple[Reason, ...] = (
@@ -108,10 +126,17 @@ REASONS: tuple[Reason, ...] = (
     Reason(_MP, "KVCache.host_pool_decls", SERVING_ONLY),
     Reason(_MP, "KVCache.register_layer_transfer_counter", SERVING_ONLY),
     Reason(_MP, "KVCache.maybe_get_custom_mem_pool", SERVING_ONLY),
-    Reason(_MP, "KVCache._check_physical_write_loc", VARIANT, pattern=r"requires_physical"),
+    Reason(
+        _MP, "KVCache._check_physical_write_loc", VARIANT, pattern=_guarded_by(r"requires_physical")
+    ),
     Reason(_MP, "KVCache._finalize_allocation_log", VARIANT, pattern=r"post_capture_active"),
     # --- MHATokenToKVPool ---------------------------------------------------------------------
-    Reason(_MP, "MHATokenToKVPool.__init__", VARIANT, pattern=r"kv_cache_layout is not None"),
+    Reason(
+        _MP,
+        "MHATokenToKVPool.__init__",
+        VARIANT,
+        pattern=_guarded_by(r"kv_cache_layout is not None"),
+    ),
     Reason(_MP, "MHATokenToKVPool.__init__", GPU_ONLY, pattern=r"_init_kv_copy_and_warmup"),
     Reason(_MP, "MHATokenToKVPool._init_kv_copy_and_warmup", GPU_ONLY),
     Reason(_MP, "MHATokenToKVPool.get_device_pool_infos", SERVING_ONLY),
@@ -123,6 +148,8 @@ REASONS: tuple[Reason, ...] = (
     Reason(_MP, "MHATokenToKVPool._assign_post_capture_tensors", VARIANT),
     Reason(_MP, "MHATokenToKVPool._alloc_post_capture_buffers", VARIANT),
     Reason(_MP, "MHATokenToKVPool._finalize_backing_tokens", VARIANT),
+    Reason(_MP, "MHATokenToKVPool.finalize_backing", VARIANT),
+    Reason(_MP, "MHATokenToKVPool.post_capture_backed_bytes", VARIANT),
     Reason(_MP, "MHATokenToKVPool._build_kv_buffer_descs", VARIANT, pattern=r"_kv_buffer_shapes\("),
     Reason(
         _MP,
@@ -165,9 +192,9 @@ REASONS: tuple[Reason, ...] = (
         _MP,
         "MLATokenToKVPool._write_mla_kv_buffer",
         VARIANT,
-        pattern=r"dsa_kv_cache_store_fp8|quantize_k_cache_separate",
+        pattern=_guarded_by(r"dsa_kv_cache_store_fp8"),
     ),
-    Reason(_MP, "MLATokenToKVPool.*", VARIANT, pattern=r"shape\[0\] == 0"),
+    Reason(_MP, "MLATokenToKVPool.*", VARIANT, pattern=_guarded_by(r"shape\[0\] == 0")),
     # --- DSATokenToKVPool ---------------------------------------------------------------------
     Reason(_MP, "DSATokenToKVPool.host_pool_decls", SERVING_ONLY),
     Reason(_MP, "DSATokenToKVPool._clear_buffers", DEAD),
@@ -184,58 +211,73 @@ REASONS: tuple[Reason, ...] = (
             r"|tail_k_cpu = \[\]|for tail_k, tail_score"
         ),
     ),
-    Reason(_MP, "DSATokenToKVPool.__init__", VARIANT, pattern=r"attn_dcp_size"),
-    Reason(_MP, "DSATokenToKVPool.get_cpu_copy", VARIANT, pattern=r"compress_tail"),
+    Reason(
+        _MP,
+        "DSATokenToKVPool.get_cpu_copy",
+        VARIANT,
+        pattern=_guarded_by(r"compress_tail is not None"),
+    ),
     # --- IndexKeyCache ------------------------------------------------------------------------
-    Reason(_IKC, "IndexKeyCache.*", GPU_ONLY, pattern=r"_use_aiter_preshuffle|PRESHUFFLE"),
-    Reason(_IKC, "IndexKeyCache.*", SERVING_ONLY, pattern=r"layer_transfer_counter"),
+    Reason(_IKC, "IndexKeyCache.*", GPU_ONLY, pattern=_guarded_by(r"_use_aiter_preshuffle")),
+    Reason(_IKC, "IndexKeyCache.*", SERVING_ONLY, pattern=_guarded_by(r"layer_transfer_counter")),
     Reason(_IKC, "IndexKeyCache.clear", DEAD),
-    Reason(_IKC, "IndexKeyCache.*", VARIANT, pattern=r"index_kpool"),
     # --- pool configurator --------------------------------------------------------------------
     Reason(_PC, "_dflash_draft_cell_size", SPEC_DRAFT),
     Reason(
         _PC,
         "DefaultPoolConfigurator.__init__",
         SPEC_DRAFT,
-        pattern=r"spec_algorithm|eagle|dflash|draft|hisparse",
+        pattern=_guarded_by(
+            r"spec_algorithm|fused_full_entry|draft_num_layers|enable_hisparse|is_deepseek_dsa"
+        ),
     ),
     Reason(
         _PC,
         "DefaultPoolConfigurator._compute_cell_size",
         OTHER_FAMILIES,
-        pattern=r"minimax|NPU|npu|mambaish|qsa|swa|dsv4|linear",
+        pattern=_guarded_by(r"minimax|SPARSE_KV_OFFLOAD|offload_cell_size"),
     ),
     Reason(
         _PC,
         "DefaultPoolConfigurator._compute_cell_size",
         VARIANT,
-        pattern=r"float4|fp4|mxfp8|scale_block",
+        pattern=_guarded_by(r"float4|mxfp8"),
     ),
     Reason(_PC, "DefaultPoolConfigurator._compute_qsa_cell_size", OTHER_FAMILIES),
     Reason(
         _PC,
         "DefaultPoolConfigurator._compute_dsa_indexer_cell_size",
         SPEC_DRAFT,
-        pattern=r"allocate_all_layers|hisparse|draft",
+        pattern=_guarded_by(r"allocate_all_layers|enable_hisparse"),
     ),
     Reason(
         _PC,
         "MemoryPoolConfig.__post_init__",
         "budget below one page: kvcheck's budgets always fit a page (finding 'too small a budget')",
     ),
-    Reason(_PC, "_get_dsa_cache_layer_ids", SPEC_DRAFT, pattern=r"return list\(range\(num_layers"),
-    Reason(_PC, "DefaultPoolConfigurator.*", NPU_ONLY, pattern=r"_is_npu"),
+    Reason(
+        _PC,
+        "_get_dsa_cache_layer_ids",
+        SPEC_DRAFT,
+        pattern=_guarded_by(r"len\(layer_ids\) != num_layers"),
+    ),
+    Reason(_PC, "DefaultPoolConfigurator.*", NPU_ONLY, pattern=_guarded_by(r"_is_npu")),
     Reason(
         _PC,
         "DefaultPoolConfigurator._compute_dsa_indexer_cell_size",
         CP_LAYER_SPLIT,
-        pattern=r"shard_size > 1|active_indexer_layers",
+        pattern=_guarded_by(r"shard_size > 1"),
     ),
     Reason(_PC, "DefaultPoolConfigurator.calculate_pool_sizes_from_max_tokens", NOT_SELECTION),
     Reason(_PC, "MemoryPoolConfigurator.*", ABSTRACT, pattern=r"raise NotImplementedError"),
     Reason(_PC, "MemoryPoolConfigurator.finalize_with_max_running_requests", NOT_SELECTION),
     Reason(_PC, "MemoryPoolConfigurator.validate_swa_pool_size", OTHER_FAMILIES),
-    Reason(_PC, "create_memory_pool_configurator", OTHER_FAMILIES, pattern=r"DSV4|deepseek_v4"),
+    Reason(
+        _PC,
+        "create_memory_pool_configurator",
+        OTHER_FAMILIES,
+        pattern=_guarded_by(r"is_deepseek_v4"),
+    ),
     # --- pool-family check, skip-layer elision and the rest of KVCacheConfigurator ------------
     # Only the families kvcheck's model strategies never draw; MLA, SWA, hybrid MLA-SWA and
     # hybrid-linear models are drawn, so their lines stay UNEXPLAINED until reached.
@@ -245,8 +287,7 @@ REASONS: tuple[Reason, ...] = (
         OTHER_FAMILIES,
         pattern=r"DeepSeekV4TokenToKVPool|out-of-tree platform|NPU/Ascend KV pool",
     ),
-    Reason(_KVC, "_should_elide_dsa_index_k", NPU_ONLY, pattern=r"_is_npu"),
-    Reason(_KVC, "_should_elide_dsa_index_k", SPEC_DRAFT, pattern=r"hisparse|draft"),
+    Reason(_KVC, "_should_elide_dsa_index_k", NPU_ONLY, pattern=_guarded_by(r"_is_npu")),
     Reason(
         _KVC,
         "KVCacheConfigurator._validate_prefill_only_disable_kv_cache_pool_family",
@@ -257,13 +298,25 @@ REASONS: tuple[Reason, ...] = (
     # entries above, so that a method's own reason wins) ---------------------------------
     # HND / vectorized_5d: only the branches they guard (`assert not self.use_hnd` opens
     # methods every pool runs, so it must not explain them).
-    Reason(_MP, "*", VARIANT, pattern=r"^\s*(el)?if .*use_hnd|vectorized_5d|_kv_vector_x"),
-    Reason(_MP, "*", GPU_ONLY, pattern=r"_use_aiter|aiter_|\b_is_hip\b|\bis_xpu\(|\b_is_xpu\b"),
-    Reason(_MP, "*", GPU_ONLY, pattern=r"if _is_cuda\b|\(\s*_is_cuda\s*$|get_is_capture_mode"),
-    Reason(_MP, "*", VARIANT, pattern=r"post_capture|_post_capture_owner|finalize_backing"),
-    Reason(_MP, "*", VARIANT, pattern=r"is_quantized_kv_cache|quant_method\.|scale_buffer"),
-    Reason(_MP, "*", VARIANT, pattern=r"\bdq_[kv]_buffer|native_[kv]_scale"),
-    Reason(_MP, "*", VARIANT, pattern=r"dcp_kv_mask|dcp_replicated|write_loc_is_dcp_resolved"),
-    Reason(_MP, "*", SERVING_ONLY, pattern=r"layer_transfer_counter"),
-    Reason(_MP, "*", VARIANT, pattern=r"layer_num == 0|layer_shard"),
+    Reason(_MP, "*", VARIANT, pattern=_guarded_by(r"use_hnd|vectorized_5d")),
+    Reason(
+        _MP,
+        "*",
+        GPU_ONLY,
+        pattern=_guarded_by(r"_use_aiter|aiter_|\b_is_hip\b|\bis_xpu\(|\b_is_xpu\b"),
+    ),
+    Reason(_MP, "*", GPU_ONLY, pattern=_guarded_by(r"\b_is_cuda\b|get_is_capture_mode")),
+    Reason(_MP, "*", VARIANT, pattern=_guarded_by(r"post_capture")),
+    Reason(
+        _MP, "*", VARIANT, pattern=_guarded_by(r"is_quantized_kv_cache|quant_method\.|scale_buffer")
+    ),
+    Reason(_MP, "*", VARIANT, pattern=_guarded_by(r"\bdq_[kv]_buffer|native_[kv]_scale")),
+    Reason(
+        _MP,
+        "*",
+        VARIANT,
+        pattern=_guarded_by(r"dcp_kv_mask|dcp_replicated|write_loc_is_dcp_resolved"),
+    ),
+    Reason(_MP, "*", SERVING_ONLY, pattern=_guarded_by(r"layer_transfer_counter")),
+    Reason(_MP, "*", VARIANT, pattern=_guarded_by(r"layer_num == 0|layer_shard")),
 )
