@@ -1,8 +1,8 @@
 """Reach: line coverage of a target's pool code under kvcheck's shipped suite.
 
 ``python -m kvcheck.reach --target sglang`` runs ``pytest --pyargs kvcheck.suite
---kvcheck-target sglang`` under coverage.py (``coverage run`` with parallel data files, so
-pytest-xdist workers are measured too), restricted to the files the target declares, and
+--kvcheck-target sglang`` under coverage.py (``coverage run``, one process by default; see
+:func:`measure` on xdist), restricted to the files the target declares, and
 prints per class and per method how many executable lines the suite ran; the headline figure
 (the share of the declared headline scopes' executable lines that ran); and every unreached
 line range with the reason the target's reach table gives for it, or ``UNEXPLAINED``.
@@ -15,10 +15,13 @@ never by line number, so the table survives reformatting of the target's code.
 
 Exit status: 0; 1 when the headline is below ``--min-percent``, or with ``--strict`` when a
 range is unexplained; 2 when the measurement itself failed (pytest could not run the suite,
-or no data). Arguments after ``--`` go to pytest unchanged.
+no data, or an xdist worker's data is missing). Arguments after ``--`` go to pytest
+unchanged. ``--save-data FILE`` keeps the coverage data; ``--from-data FILE`` analyzes it
+again with an edited reach table; ``--json`` and ``--markdown`` write the report (the
+Markdown block is what ``docs/sglang-findings.md`` publishes).
 
 Example:
-    >>> report = measure("sglang", workers=2)               # doctest: +SKIP
+    >>> report = measure("sglang")                          # doctest: +SKIP
     >>> print(format_report(report))                        # doctest: +SKIP
     headline: 1234/2000 lines = 61.7% (KVCache, MHATokenToKVPool, ...)
 """
