@@ -1,0 +1,768 @@
+"""Reach: line coverage of a target's pool code under kvcheck's shipped suite.
+
+``python -m kvcheck.reach --target sglang`` runs ``pytest --pyargs kvcheck.suite
+--kvcheck-target sglang`` under coverage.py (``coverage run``, one process by default; see
+:func:`measure` on xdist), restricted to the files the target declares, and
+prints per class and per method how many executable lines the suite ran; the headline figure
+(the share of the declared headline scopes' executable lines that ran); and every unreached
+line range with the reason the target's reach table gives for it, or ``UNEXPLAINED``.
+
+What is measured and why a range may stay unreached are data, kept per target beside the
+adapter (``kvcheck/targets/_sglang_reach.py``): a list of :class:`Scope` and a list of
+:class:`Reason`. A reason is keyed by file and qualified method name (a glob) and optionally
+a regular expression over the range's source and the header of the block that encloses it,
+never by line number, so the table survives reformatting of the target's code.
+
+Exit status: 0; 1 when the headline is below ``--min-percent``, or with ``--strict`` when a
+range is unexplained; 2 when the measurement itself failed (pytest could not run the suite,
+no data, or an xdist worker's data is missing). Arguments after ``--`` go to pytest
+unchanged. ``--save-data FILE`` keeps the coverage data; ``--from-data FILE`` analyzes it
+again with an edited reach table; ``--json`` and ``--markdown`` write the report (the
+Markdown block is what ``docs/sglang-findings.md`` publishes).
+
+Example:
+    >>> report = measure("sglang")                          # doctest: +SKIP
+    >>> print(format_report(report))                        # doctest: +SKIP
+    headline: 1234/2000 lines = 61.7% (KVCache, MHATokenToKVPool, ...)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import fnmatch
+import importlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Gap",
+    "MethodReach",
+    "ReachReport",
+    "Reason",
+    "Scope",
+    "Span",
+    "analyze",
+    "analyze_data",
+    "explain",
+    "find_spans",
+    "format_markdown",
+    "format_report",
+    "group_gaps",
+    "main",
+    "measure",
+]
+
+#: Target name -> module holding its reach table (``PACKAGE``, ``SCOPES``, ``REASONS``).
+REACH_TABLES: Mapping[str, str] = {"sglang": "kvcheck.targets._sglang_reach"}
+
+UNEXPLAINED = "UNEXPLAINED"
+CLASS_BODY = "<class body>"
+MODULE_BODY = "<module>"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Part of one source file to measure.
+
+    ``file`` is relative to the target's package directory (``srt/mem_cache/x.py``);
+    ``names`` are top-level class or function names in it, or a class's method
+    (``"Class.method"``) (``None``: the whole file);
+    ``headline`` says whether its lines count towards the headline figure.
+    """
+
+    file: str
+    names: tuple[str, ...] | None = None
+    headline: bool = False
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why unreached lines stay unreached.
+
+    Explains a range in ``file`` (relative, as in :class:`Scope`) inside a method whose
+    qualified name matches the glob ``qualname`` (``"MHATokenToKVPool.get_raw_kv_buffer"``,
+    ``"MHATokenToKVPool._*"``, ``"*"``) when ``pattern`` is ``None`` or the regular
+    expression ``pattern`` is found (``re.search``, multiline) in the range's first source
+    line joined with the header of the innermost block (``if``, ``for``, ``with``, ``try``)
+    that holds it (``if self.use_hnd:``). Only the first line counts, so a pattern for a
+    GPU-only tail of a method does not also explain a range that starts in its CPU part.
+    """
+
+    file: str
+    qualname: str
+    reason: str
+    pattern: str | None = None
+
+
+@dataclass(frozen=True)
+class Span:
+    """Lines ``start``..``end`` (inclusive, decorators included) of a class or function."""
+
+    qualname: str
+    start: int
+    end: int
+    kind: str  # "class" or "function"
+
+
+@dataclass(frozen=True)
+class MethodReach:
+    """Executable lines of one method (or class body, or module body) and how many ran."""
+
+    file: str
+    qualname: str
+    lines: int
+    covered: int
+
+    @property
+    def percent(self) -> float:
+        """Covered share in percent (100.0 for a method with no executable lines)."""
+        return 100.0 * self.covered / self.lines if self.lines else 100.0
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A run of unreached executable lines inside one method, with its reason."""
+
+    file: str
+    qualname: str
+    start: int
+    end: int
+    lines: int
+    reason: str = UNEXPLAINED
+    first_line: str = ""
+
+    @property
+    def explained(self) -> bool:
+        """Whether the reach table gives a reason for this range."""
+        return self.reason != UNEXPLAINED
+
+
+@dataclass(frozen=True)
+class ReachReport:
+    """What one reach measurement found.
+
+    ``methods`` hold every measured method; ``headline_names`` are the qualified top-level
+    names (``file:Name``) whose lines make the headline.
+    """
+
+    target: str
+    methods: tuple[MethodReach, ...]
+    gaps: tuple[Gap, ...]
+    headline_names: tuple[str, ...]
+    headline_lines: int
+    headline_covered: int
+    pytest_status: int | None = None
+    command: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def headline_percent(self) -> float:
+        """The headline figure in percent."""
+        if not self.headline_lines:
+            return 0.0
+        return 100.0 * self.headline_covered / self.headline_lines
+
+    @property
+    def unexplained(self) -> tuple[Gap, ...]:
+        """Unreached ranges the reach table gives no reason for."""
+        return tuple(gap for gap in self.gaps if not gap.explained)
+
+    def by_class(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """``(file, top-level name) -> (lines, covered)`` summed over its methods."""
+        totals: dict[tuple[str, str], tuple[int, int]] = {}
+        for method in self.methods:
+            key = (method.file, method.qualname.split(".")[0])
+            lines, covered = totals.get(key, (0, 0))
+            totals[key] = (lines + method.lines, covered + method.covered)
+        return totals
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict: every field plus the derived figures."""
+        data = dataclasses.asdict(self)
+        data["headline_percent"] = round(self.headline_percent, 2)
+        data["unexplained"] = len(self.unexplained)
+        data["classes"] = [
+            {"file": f, "name": n, "lines": lines, "covered": covered}
+            for (f, n), (lines, covered) in self.by_class().items()
+        ]
+        return data
+
+
+# --- source structure -----------------------------------------------------------------------
+
+
+def find_spans(source: str) -> list[Span]:
+    """Top-level classes and functions of ``source``, and each class's methods.
+
+    Nested functions and classes count as part of the method that holds them.
+
+    Example:
+        >>> src = "class A:\\n    x = 1\\n    def f(self):\\n        return 1\\n"
+        >>> src += "def g():\\n    pass\\n"
+        >>> [(s.qualname, s.start, s.end) for s in find_spans(src)]
+        [('A', 1, 4), ('A.f', 3, 4), ('g', 5, 6)]
+    """
+    spans: list[Span] = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef):
+            spans.append(Span(node.name, _first_line(node), _last_line(node), "class"))
+            for child in node.body:
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    spans.append(
+                        Span(
+                            f"{node.name}.{child.name}",
+                            _first_line(child),
+                            _last_line(child),
+                            "function",
+                        )
+                    )
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            spans.append(Span(node.name, _first_line(node), _last_line(node), "function"))
+    return spans
+
+
+def _first_line(node: ast.AST) -> int:
+    decorators = getattr(node, "decorator_list", [])
+    return min([node.lineno, *(d.lineno for d in decorators)])  # type: ignore[attr-defined]
+
+
+def _last_line(node: ast.AST) -> int:
+    return int(node.end_lineno or node.lineno)  # type: ignore[attr-defined]
+
+
+def _owner(line: int, spans: Sequence[Span]) -> str:
+    """Qualified name owning ``line``: a method, a class body, a function or the module."""
+    best: Span | None = None
+    for span in spans:
+        if span.start <= line <= span.end and (best is None or span.start >= best.start):
+            best = span
+    if best is None:
+        return MODULE_BODY
+    return f"{best.qualname}.{CLASS_BODY}" if best.kind == "class" else best.qualname
+
+
+def _in_scope(qualname: str, scope: Scope) -> bool:
+    if scope.names is None:
+        return True
+    return any(qualname == name or qualname.startswith(name + ".") for name in scope.names)
+
+
+def group_gaps(
+    file: str, statements: Iterable[int], missing: Iterable[int], spans: Sequence[Span]
+) -> list[Gap]:
+    """Group ``missing`` statement lines into runs with no executed statement between them.
+
+    A run never crosses from one method into another. Reasons are left ``UNEXPLAINED``.
+
+    Example:
+        >>> src = "def f(x):\\n    if x:\\n        a = 1\\n        b = 2\\n    return 3\\n"
+        >>> [(g.qualname, g.start, g.end, g.lines)
+        ...  for g in group_gaps("m.py", [1, 2, 3, 4, 5], [3, 4], find_spans(src))]
+        [('f', 3, 4, 2)]
+    """
+    missing_set = set(missing)
+    gaps: list[Gap] = []
+    run: list[int] = []
+    run_owner = ""
+    for line in sorted(set(statements)):
+        owner = _owner(line, spans)
+        if line in missing_set and (not run or owner == run_owner):
+            run.append(line)
+            run_owner = owner
+            continue
+        if run:
+            gaps.append(Gap(file, run_owner, run[0], run[-1], len(run)))
+            run = []
+        if line in missing_set:  # a new method starts with a missing line
+            run, run_owner = [line], owner
+    if run:
+        gaps.append(Gap(file, run_owner, run[0], run[-1], len(run)))
+    return gaps
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _blocks(tree: ast.AST) -> list[tuple[int, int, int, int]]:
+    """``(body_first, body_last, header_first, header_last)`` for every statement block."""
+    blocks = []
+    for node in ast.walk(tree):
+        # A def or class is not a block header: a range directly in a method body is
+        # matched on its own first line, not on the method's signature.
+        if not isinstance(node, ast.stmt) or isinstance(node, _DEFINITIONS):
+            continue
+        body = getattr(node, "body", None)
+        header_last = body[0].lineno - 1 if isinstance(body, list) and body else node.lineno
+        for name in ("body", "orelse", "finalbody", "handlers"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and block:
+                first = min(_first_line(stmt) for stmt in block)
+                last = max(_last_line(stmt) for stmt in block)
+                blocks.append((first, last, node.lineno, max(node.lineno, header_last)))
+    return blocks
+
+
+def _enclosing_header(
+    blocks: Sequence[tuple[int, int, int, int]], line: int, lines: Sequence[str]
+) -> str:
+    """Source of the header of the innermost block whose body holds ``line``."""
+    holding = [block for block in blocks if block[0] <= line <= block[1]]
+    if not holding:
+        return ""
+    _, _, first, last = max(holding, key=lambda block: block[2])
+    return "\n".join(lines[first - 1 : last])
+
+
+def explain(gap: Gap, text: str, reasons: Sequence[Reason]) -> str:
+    """The first reason in ``reasons`` that covers ``gap``, else ``UNEXPLAINED``.
+
+    ``text`` is what patterns are matched against: the range's first line and the header
+    of the block that holds it.
+
+    Example:
+        >>> gap = Gap("m.py", "P.write", 10, 12, 3)
+        >>> explain(gap, "if self.use_hnd:\\n    pages = loc // 2",
+        ...         [Reason("m.py", "P.*", "HND layout", pattern=r"use_hnd")])
+        'HND layout'
+        >>> explain(gap, "x = 1", [Reason("m.py", "P.*", "HND layout", pattern=r"use_hnd")])
+        'UNEXPLAINED'
+    """
+    for reason in reasons:
+        if reason.file != gap.file or not fnmatch.fnmatchcase(gap.qualname, reason.qualname):
+            continue
+        if reason.pattern is None or re.search(reason.pattern, text, re.MULTILINE):
+            return reason.reason
+    return UNEXPLAINED
+
+
+def analyze(
+    measured: Mapping[str, tuple[Iterable[int], Iterable[int]]],
+    sources: Mapping[str, str],
+    scopes: Sequence[Scope],
+    reasons: Sequence[Reason],
+    *,
+    target: str = "",
+) -> ReachReport:
+    """Build a report from coverage data: ``measured[file] = (statements, missing)``.
+
+    ``sources[file]`` is each file's source text; files are keyed as in ``scopes``. Pure:
+    no coverage.py and no target needed.
+
+    Example:
+        >>> src = "class P:\\n    def f(self):\\n        return 1\\n"
+        >>> src += "    def g(self):\\n        return 2\\n"
+        >>> r = analyze({"p.py": ([1, 2, 3, 4, 5], [5])}, {"p.py": src},
+        ...             [Scope("p.py", ("P",), headline=True)], [])
+        >>> r.headline_covered, r.headline_lines, [g.qualname for g in r.unexplained]
+        (4, 5, ['P.g'])
+    """
+    methods: list[MethodReach] = []
+    gaps: list[Gap] = []
+    headline_names: list[str] = []
+    headline_lines = headline_covered = 0
+    for scope in scopes:
+        if scope.file not in measured:
+            raise ValueError(f"file={scope.file!r} has no coverage data")
+        statements, missing = (set(lines) for lines in measured[scope.file])
+        source = sources[scope.file]
+        spans = find_spans(source)
+        per_method: dict[str, list[int]] = {}
+        for line in sorted(statements):
+            owner = _owner(line, spans)
+            if _in_scope(owner, scope):
+                per_method.setdefault(owner, []).append(line)
+        for qualname, lines in per_method.items():
+            covered = sum(1 for line in lines if line not in missing)
+            methods.append(MethodReach(scope.file, qualname, len(lines), covered))
+            if scope.headline:
+                headline_lines += len(lines)
+                headline_covered += covered
+        if scope.headline:
+            headline_names.extend(
+                [f"{scope.file}:{name}" for name in scope.names] if scope.names else [scope.file]
+            )
+        in_scope = {line for lines in per_method.values() for line in lines}
+        blocks = _blocks(ast.parse(source))
+        source_lines = source.splitlines()
+        for gap in group_gaps(scope.file, in_scope, missing & in_scope, spans):
+            text = "\n".join(
+                [
+                    _enclosing_header(blocks, gap.start, source_lines),
+                    source_lines[gap.start - 1],
+                ]
+            )
+            gaps.append(
+                dataclasses.replace(
+                    gap,
+                    reason=explain(gap, text, reasons),
+                    first_line=source_lines[gap.start - 1].strip(),
+                )
+            )
+    return ReachReport(
+        target=target,
+        methods=tuple(methods),
+        gaps=tuple(gaps),
+        headline_names=tuple(headline_names),
+        headline_lines=headline_lines,
+        headline_covered=headline_covered,
+    )
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+
+def _reach_table(target: str) -> Any:
+    if target not in REACH_TABLES:
+        raise ValueError(f"target={target!r} has no reach table; valid: {sorted(REACH_TABLES)}")
+    return importlib.import_module(REACH_TABLES[target])
+
+
+def _package_dir(package: str) -> Path:
+    """Directory of ``package`` without importing it (sglang's import takes seconds)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(f"package {package!r} is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def suite_command(
+    target: str, *, workers: int, pytest_args: Sequence[str] = (), rcfile: str = ".coveragerc"
+) -> list[str]:
+    """The ``coverage run ... -m pytest`` command line that :func:`measure` runs.
+
+    Example:
+        >>> suite_command("sglang", workers=0, rcfile="rc")[:6]
+        ['python', '-m', 'coverage', 'run', '--rcfile=rc', '-m']
+    """
+    if workers < 0:
+        raise ValueError(f"workers={workers!r} must be >= 0 (0: one process)")
+    command = ["python", "-m", "coverage", "run", f"--rcfile={rcfile}", "-m", "pytest"]
+    command += ["--pyargs", "kvcheck.suite", f"--kvcheck-target={target}"]
+    command += ["-p", "no:cacheprovider", "-q"]
+    if workers:
+        command += ["-n", str(workers)]
+    return [*command, *pytest_args]
+
+
+def measure(
+    target: str = "sglang",
+    *,
+    workers: int = 0,
+    pytest_args: Sequence[str] = (),
+    quiet: bool = False,
+    save_data: str | os.PathLike[str] | None = None,
+) -> ReachReport:
+    """Run the shipped suite against ``target`` under coverage.py and analyze what it reached.
+
+    ``workers`` = 0 (the default) runs one process. ``workers`` > 0 runs pytest-xdist,
+    each worker measured through coverage's subprocess patch; on sglang 0.5.23 one worker's
+    data went missing in two runs of two (cause not found), so a run in which fewer
+    workers than started saved data is reported as a failed measurement (a note, and
+    ``main`` exits 2). ``save_data`` keeps the combined coverage data file for
+    :func:`analyze_data`, so the reach table can be revised without rerunning the suite.
+
+    Example:
+        >>> measure("sglang").headline_percent > 0   # doctest: +SKIP
+        True
+    """
+    table = _reach_table(target)
+    files = _scope_files(table)
+    with tempfile.TemporaryDirectory(prefix="kvcheck-reach-") as tmp:
+        rcfile = Path(tmp) / "coveragerc"
+        data_file = Path(tmp) / ".coverage"
+        include = "\n".join(f"    {path}" for path in sorted(set(files.values())))
+        rcfile.write_text(
+            # _exit: execnet ends a slow-to-exit xdist worker with os._exit, which would
+            # otherwise lose that worker's data.
+            "[run]\nparallel = true\npatch =\n    subprocess\n    _exit\nsigterm = true\n"
+            f"data_file = {data_file}\ninclude =\n{include}\n"
+        )
+        command = suite_command(
+            target, workers=workers, pytest_args=pytest_args, rcfile=str(rcfile)
+        )
+        command[0] = sys.executable
+        completed = subprocess.run(
+            command,
+            check=False,
+            stdout=subprocess.DEVNULL if quiet else None,
+            env={**os.environ, "KVCHECK_TARGET": target},
+        )
+        notes = []
+        saved = _files_with_data(Path(tmp).glob(".coverage.*"))
+        if workers and saved < workers:
+            notes.append(
+                f"only {saved} of {workers} xdist workers saved coverage data; the figure "
+                "undercounts: rerun with -n 0"
+            )
+        combined = _combine(tmp, data_file)
+        if save_data is not None and combined.exists():
+            shutil.copyfile(combined, save_data)
+        report = analyze_data(target, combined)
+    return dataclasses.replace(
+        report,
+        pytest_status=completed.returncode,
+        command=tuple(suite_command(target, workers=workers, pytest_args=pytest_args)),
+        notes=(*notes, *report.notes),
+    )
+
+
+def analyze_data(target: str, data_file: str | os.PathLike[str]) -> ReachReport:
+    """Analyze a coverage data file from an earlier :func:`measure` with today's reach table.
+
+    Example:
+        >>> print(format_report(analyze_data("sglang", "reach.coverage")))  # doctest: +SKIP
+    """
+    import coverage
+
+    table = _reach_table(target)
+    files = _scope_files(table)
+    if not Path(data_file).exists():
+        raise ValueError(f"data_file={str(data_file)!r} does not exist")
+    cov = coverage.Coverage(data_file=str(data_file))
+    cov.load()
+    measured_files = {os.path.realpath(f) for f in cov.get_data().measured_files()}
+    measured: dict[str, tuple[list[int], list[int]]] = {}
+    sources: dict[str, str] = {}
+    notes: list[str] = []
+    for name, path in files.items():
+        sources[name] = path.read_text()
+        _, statements, _, missing, _ = cov.analysis2(str(path))
+        if os.path.realpath(path) not in measured_files:
+            notes.append(f"{name}: no line ran (never imported?)")
+        measured[name] = (list(statements), list(missing))
+    report = analyze(measured, sources, table.SCOPES, table.REASONS, target=target)
+    return dataclasses.replace(report, notes=tuple(notes))
+
+
+def _scope_files(table: Any) -> dict[str, Path]:
+    package_dir = _package_dir(table.PACKAGE)
+    return {scope.file: package_dir / scope.file for scope in table.SCOPES}
+
+
+def _files_with_data(paths: Iterable[Path]) -> int:
+    """How many coverage data files hold any measured file (the main process may hold none)."""
+    import coverage
+
+    count = 0
+    for path in paths:
+        data = coverage.CoverageData(str(path))
+        data.read()
+        count += bool(data.measured_files())
+    return count
+
+
+def _combine(directory: str, data_file: Path) -> Path:
+    """Combine the parallel data files in ``directory`` into ``data_file`` (SQLite, on disk)."""
+    import coverage
+
+    coverage.Coverage(data_file=str(data_file)).combine(data_paths=[directory], keep=False)
+    return data_file
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+def format_report(report: ReachReport, *, methods: bool = True) -> str:
+    """The report as text: per class and method, the headline, then every unreached range.
+
+    Example:
+        >>> r = ReachReport("t", (MethodReach("p.py", "P.f", 4, 3),), (), ("p.py:P",), 4, 3)
+        >>> print(format_report(r).splitlines()[-1])
+        headline: 3/4 lines = 75.0% (p.py:P)
+    """
+    out: list[str] = []
+    by_class = report.by_class()
+    width = max((len(m.qualname) for m in report.methods), default=10) + 2
+    current: tuple[str, str] | None = None
+    for method in sorted(report.methods, key=lambda m: (m.file, m.qualname.split(".")[0])):
+        key = (method.file, method.qualname.split(".")[0])
+        if key != current:
+            current = key
+            lines, covered = by_class[key]
+            percent = 100.0 * covered / lines if lines else 100.0
+            out.append(f"{key[0]}  {key[1]}: {covered}/{lines} = {percent:.1f}%")
+        if methods:
+            out.append(
+                f"    {method.qualname:<{width}} {method.covered:>4}/{method.lines:<4} "
+                f"{method.percent:5.1f}%"
+            )
+    if report.gaps:
+        out.append("")
+        out.append("unreached ranges:")
+        for gap in report.gaps:
+            where = f"{gap.file}:{gap.start}" + (f"-{gap.end}" if gap.end != gap.start else "")
+            out.append(f"  {where} {gap.qualname} ({gap.lines} lines): {gap.reason}")
+            out.append(f"      {gap.first_line}")
+    out.append("")
+    for note in report.notes:
+        out.append(f"note: {note}")
+    if report.pytest_status not in (None, 0):
+        out.append(f"note: the suite's pytest exited {report.pytest_status}")
+    out.append(
+        f"unexplained ranges: {len(report.unexplained)} of {len(report.gaps)} "
+        f"({sum(g.lines for g in report.unexplained)} lines)"
+    )
+    out.append(
+        f"headline: {report.headline_covered}/{report.headline_lines} lines = "
+        f"{report.headline_percent:.1f}% ({', '.join(report.headline_names)})"
+    )
+    return "\n".join(out)
+
+
+def format_markdown(report: ReachReport) -> str:
+    """The report as the Markdown block ``docs/sglang-findings.md`` publishes.
+
+    Per class, then per method of the headline scopes, then the unreached ranges grouped
+    by reason (explained ones folded), unexplained ones listed first.
+
+    Example:
+        >>> r = ReachReport("t", (MethodReach("p.py", "P.f", 4, 3),), (), ("p.py:P",), 4, 3)
+        >>> print(format_markdown(r).splitlines()[0])
+        **Headline: 75.0 %** (3 of 4 executable lines of P).
+    """
+    headline_files = {name.split(":")[0] for name in report.headline_names}
+    out = [
+        f"**Headline: {report.headline_percent:.1f} %** ({report.headline_covered} of "
+        f"{report.headline_lines} executable lines of "
+        f"{', '.join(name.split(':')[-1] for name in report.headline_names)}).",
+        "",
+        "| file | class or function | lines | reached | % |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for (file, name), (lines, covered) in sorted(report.by_class().items()):
+        percent = 100.0 * covered / lines if lines else 100.0
+        out.append(f"| `{file}` | `{name}` | {lines} | {covered} | {percent:.1f} |")
+    out += ["", "<details><summary>Per method (headline scopes)</summary>", ""]
+    out += ["| method | lines | reached | % |", "|---|---:|---:|---:|"]
+    for method in report.methods:
+        if method.file in headline_files:
+            out.append(
+                f"| `{method.qualname}` | {method.lines} | {method.covered} | "
+                f"{method.percent:.1f} |"
+            )
+    out += ["", "</details>", ""]
+    unexplained = report.unexplained
+    out.append(
+        f"Unreached: {len(report.gaps)} ranges, {sum(g.lines for g in report.gaps)} lines; "
+        f"unexplained: {len(unexplained)} ranges, {sum(g.lines for g in unexplained)} lines."
+    )
+    out += ["", "Unexplained (reachable on CPU, not reached by the suite):", ""]
+    out += [
+        f"- `{_where(gap)}` `{gap.qualname}` ({gap.lines}): `{gap.first_line}`"
+        for gap in unexplained
+    ] or ["- none"]
+    by_reason: dict[str, list[Gap]] = {}
+    for gap in report.gaps:
+        if gap.explained:
+            by_reason.setdefault(gap.reason, []).append(gap)
+    out += ["", "| reason | ranges | lines |", "|---|---:|---:|"]
+    for reason, gaps in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+        out.append(f"| {reason} | {len(gaps)} | {sum(g.lines for g in gaps)} |")
+    out += ["", "<details><summary>Every explained range</summary>", ""]
+    for reason, gaps in sorted(by_reason.items()):
+        out += ["", f"*{reason}*:", ""]
+        out += [f"- `{_where(g)}` `{g.qualname}` ({g.lines}): `{g.first_line}`" for g in gaps]
+    out += ["", "</details>"]
+    return "\n".join(out)
+
+
+def _where(gap: Gap) -> str:
+    return f"{gap.file}:{gap.start}" + (f"-{gap.end}" if gap.end != gap.start else "")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m kvcheck.reach`` argument parser.
+
+    Example:
+        >>> build_parser().parse_args(["--min-percent", "85"]).min_percent
+        85.0
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m kvcheck.reach",
+        description="Line coverage of a target's pool code under kvcheck's shipped suite.",
+    )
+    parser.add_argument("--target", default="sglang", choices=sorted(REACH_TABLES))
+    parser.add_argument("--min-percent", type=float, default=0.0, metavar="P")
+    parser.add_argument("--strict", action="store_true", help="fail on unexplained ranges")
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument(
+        "--markdown", metavar="FILE", help="also write the Markdown block the docs publish"
+    )
+    parser.add_argument(
+        "-n",
+        "--workers",
+        type=int,
+        default=0,
+        help="pytest-xdist workers (default 0: one process; see measure() on xdist)",
+    )
+    parser.add_argument("--save-data", metavar="FILE", help="keep the coverage data file")
+    parser.add_argument(
+        "--from-data",
+        metavar="FILE",
+        help="analyze a data file saved by --save-data instead of running the suite",
+    )
+    parser.add_argument("--no-methods", action="store_true", help="per class only")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``python -m kvcheck.reach`` with ``argv``; return the exit status.
+
+    Example:
+        >>> main(["--target", "sglang", "--min-percent", "85"])  # doctest: +SKIP
+        0
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    pytest_args: list[str] = []
+    if "--" in arguments:
+        split = arguments.index("--")
+        arguments, pytest_args = arguments[:split], arguments[split + 1 :]
+    options = build_parser().parse_args(arguments)
+    if not 0.0 <= options.min_percent <= 100.0:
+        print(f"kvcheck.reach: min_percent={options.min_percent} not in [0, 100]")
+        return 2
+    if options.from_data:
+        report = analyze_data(options.target, options.from_data)
+    else:
+        report = measure(
+            options.target,
+            workers=options.workers,
+            pytest_args=pytest_args,
+            save_data=options.save_data,
+        )
+    print(format_report(report, methods=not options.no_methods))
+    if options.json:
+        Path(options.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    if options.markdown:
+        Path(options.markdown).write_text(format_markdown(report) + "\n")
+    undercount = any("undercounts" in note for note in report.notes)
+    if report.pytest_status not in (None, 0, 1) or report.headline_lines == 0 or undercount:
+        print("kvcheck.reach: the suite did not run; the figure is not a measurement")
+        return 2
+    status = 0
+    if report.headline_percent < options.min_percent:
+        print(
+            f"kvcheck.reach: headline {report.headline_percent:.1f}% is below "
+            f"min_percent={options.min_percent}"
+        )
+        status = 1
+    if options.strict and report.unexplained:
+        print(f"kvcheck.reach: {len(report.unexplained)} unreached ranges have no reason")
+        status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

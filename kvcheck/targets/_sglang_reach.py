@@ -1,0 +1,322 @@
+"""What ``python -m kvcheck.reach --target sglang`` measures, and why each gap stays a gap.
+
+:data:`SCOPES` names the parts of sglang 0.5.23 that the sglang target drives: the four pool
+classes with their ``KVCache`` base and the index-K cache (the headline), the pool
+configurator, the pool-family check and the ``--prefill-only-disable-kv-cache`` validation.
+:data:`REASONS` explains the lines the shipped suite leaves unreached, keyed by file,
+qualified method name (a glob) and, where only part of a method is explained, a regular
+expression over the unreached lines and the header of the block that holds them (see
+:class:`kvcheck.reach.Reason`). No entry names a line number, so the table survives sglang
+reformatting its code; a range no entry explains is reported as ``UNEXPLAINED``.
+
+Example:
+    >>> sorted({scope.file for scope in SCOPES if scope.headline})
+    ['srt/mem_cache/index_key_cache.py', 'srt/mem_cache/memory_pool.py']
+"""
+
+from __future__ import annotations
+
+from kvcheck.reach import Reason, Scope
+
+#: The package whose files the scopes name (paths below are relative to its directory).
+PACKAGE = "sglang"
+
+MEMORY_POOL = "srt/mem_cache/memory_pool.py"
+INDEX_KEY_CACHE = "srt/mem_cache/index_key_cache.py"
+POOL_CONFIGURATOR = "srt/model_executor/pool_configurator.py"
+KV_CACHE_CONFIGURATOR = "srt/mem_cache/kv_cache_configurator.py"
+KV_CACHE_HOOK = "srt/arg_groups/kv_cache_hook.py"
+
+POOL_CLASSES = (
+    "KVCache",
+    "MHATokenToKVPool",
+    "NoOpMHATokenToKVPool",
+    "MLATokenToKVPool",
+    "DSATokenToKVPool",
+)
+
+SCOPES: tuple[Scope, ...] = (
+    Scope(MEMORY_POOL, POOL_CLASSES, headline=True),
+    Scope(INDEX_KEY_CACHE, None, headline=True),
+    # What SGLangTarget.cell_size_bytes / max_total_num_tokens reach.
+    Scope(
+        POOL_CONFIGURATOR,
+        (
+            "MemoryPoolConfig",
+            "MemoryPoolConfigurator",
+            "DefaultPoolConfigurator",
+            "create_memory_pool_configurator",
+            "_dflash_draft_cell_size",
+            "_get_dsa_cache_layer_ids",
+        ),
+    ),
+    # What SGLangTarget.select_pool_family and skip_topk_layers reach.
+    Scope(
+        KV_CACHE_CONFIGURATOR,
+        (
+            "KVCacheConfigurator._validate_prefill_only_disable_kv_cache_pool_family",
+            "_should_elide_dsa_index_k",
+        ),
+    ),
+    # What SGLangTarget.validate_server_args reaches.
+    Scope(
+        KV_CACHE_HOOK,
+        ("validate_prefill_only_disable_kv_cache_args", "handle_prefill_only_disable_kv_cache"),
+    ),
+)
+
+# Reasons, one vocabulary (the issue's): where a line can only run, or why it never does.
+GPU_ONLY = "CUDA/HIP/XPU only: a GPU kernel (Triton, AITER, CUDA graph capture) or stream"
+VARIANT = (
+    "a pool variant kvcheck does not model (fp4/mxfp8/quantized KV, HND or vectorized_5d "
+    "layout, kpool compress, DCP, post-capture VMM backing, unified pools, zero-layer or "
+    "layer-sharded pools)"
+)
+SERVING_ONLY = (
+    "called only inside a launched server: layer-wise transfer waits, HiCache host-pool "
+    "assembly, PD-disaggregation custom memory pools"
+)
+ABSTRACT = "unreachable: the abstract base's body, overridden by every pool"
+DEAD = "unreachable: no caller anywhere in sglang 0.5.23"
+NOT_SELECTION = (
+    "configurator code outside what the target drives (KV sizing, pool building and "
+    "allocators of a launched server; kvcheck calls the pool-family check, the skip-layer "
+    "elision rule and DefaultPoolConfigurator's sizing)"
+)
+SPEC_DRAFT = (
+    "speculative decoding (EAGLE/standalone/DFLASH draft sizing) or HiSparse draft scaling: "
+    "the configurator kvcheck builds has no speculative algorithm"
+)
+OTHER_FAMILIES = (
+    "a model family kvcheck's configurator cases do not build (hybrid SWA, Mamba/linear "
+    "attention, DeepSeek V4, MiniMax sparse, QSA, NPU sparse offload, out-of-tree or Ascend "
+    "platforms)"
+)
+
+NPU_ONLY = "Ascend NPU only (`_is_npu` branches)"
+FP4_CPU = (
+    "CUDA only: sglang's is_float4_e2m1fn_x2 is `is_cuda() and ...`, False on a CPU host "
+    "(docs/sglang-findings.md, found by hand: FP4 MHA on CPU)"
+)
+CP_LAYER_SPLIT = "GLM DSA context-parallel layer split (shard_size > 1): one rank, one shard here"
+
+
+def _guarded_by(regex: str) -> str:
+    """A pattern found only in the header of the block holding a range, not its first line.
+
+    Patterns are matched against the header followed by the range's first line; requiring a
+    line break after the match keeps it off that last line. A method whose whole body went
+    unreached starts its range at the guarding ``if`` itself and so is not explained by it.
+
+    Example:
+        >>> import re
+        >>> bool(re.search(_guarded_by("use_hnd"), "if self.use_hnd:\\n    pages = loc"))
+        True
+        >>> bool(re.search(_guarded_by("use_hnd"), "if self.use_hnd:"))
+        False
+    """
+    return rf"(?:{regex})[^\n]*\n"
+
+
+_MP, _IKC, _PC, _KVC = MEMORY_POOL, INDEX_KEY_CACHE, POOL_CONFIGURATOR, KV_CACHE_CONFIGURATOR
+
+REASONS: tuple[Reason, ...] = (
+    # --- KVCache base ------------------------------------------------------------------------
+    Reason(_MP, "KVCache.*", ABSTRACT, pattern=r"raise NotImplementedError"),
+    Reason(_MP, "KVCache.host_pool_decls", SERVING_ONLY),
+    Reason(_MP, "KVCache.register_layer_transfer_counter", SERVING_ONLY),
+    Reason(_MP, "KVCache.maybe_get_custom_mem_pool", SERVING_ONLY),
+    Reason(
+        _MP, "KVCache._check_physical_write_loc", VARIANT, pattern=_guarded_by(r"requires_physical")
+    ),
+    Reason(_MP, "KVCache._finalize_allocation_log", VARIANT, pattern=r"post_capture_active"),
+    # --- MHATokenToKVPool ---------------------------------------------------------------------
+    Reason(
+        _MP,
+        "MHATokenToKVPool.__init__",
+        VARIANT,
+        pattern=_guarded_by(r"kv_cache_layout is not None"),
+    ),
+    Reason(_MP, "MHATokenToKVPool.__init__", GPU_ONLY, pattern=r"_init_kv_copy_and_warmup"),
+    Reason(_MP, "MHATokenToKVPool._init_kv_copy_and_warmup", GPU_ONLY),
+    Reason(_MP, "MHATokenToKVPool.get_device_pool_infos", SERVING_ONLY),
+    Reason(_MP, "MHATokenToKVPool._mha_buffers", SERVING_ONLY),
+    Reason(_MP, "MHATokenToKVPool._mha_scale_buffers", SERVING_ONLY),
+    Reason(_MP, "MHATokenToKVPool._mha_buffer_info", SERVING_ONLY),
+    Reason(_MP, "MHATokenToKVPool._create_quantized_buffers", VARIANT),
+    Reason(_MP, "MHATokenToKVPool._check_quantized_buffer_access_requirements", VARIANT),
+    Reason(_MP, "MHATokenToKVPool._assign_post_capture_tensors", VARIANT),
+    Reason(_MP, "MHATokenToKVPool._alloc_post_capture_buffers", VARIANT),
+    Reason(_MP, "MHATokenToKVPool._finalize_backing_tokens", VARIANT),
+    Reason(_MP, "MHATokenToKVPool.finalize_backing", VARIANT),
+    Reason(_MP, "MHATokenToKVPool.post_capture_backed_bytes", VARIANT),
+    Reason(_MP, "MHATokenToKVPool._build_kv_buffer_descs", VARIANT, pattern=r"_kv_buffer_shapes\("),
+    Reason(
+        _MP,
+        "MHATokenToKVPool._build_kv_buffer_descs",
+        "unreachable: guards subclasses whose buffers do not lead with token or page rows",
+        pattern=r"raise ValueError",
+    ),
+    Reason(_MP, "MHATokenToKVPool._clear_buffers", DEAD),
+    Reason(_MP, "MHATokenToKVPool._quantized_scales", VARIANT),
+    Reason(_MP, "MHATokenToKVPool._set_quantized_kv_buffer", VARIANT),
+    Reason(_MP, "MHATokenToKVPool.get_raw_kv_buffer", VARIANT),
+    Reason(_MP, "MHATokenToKVPool.get_dequant_workspace", VARIANT),
+    Reason(_MP, "MHATokenToKVPool.get_flashinfer_*dequant_workspace_kv_buffer", VARIANT),
+    Reason(_MP, "MHATokenToKVPool._to_cpu_int_list", VARIANT),
+    Reason(_MP, "MHATokenToKVPool._prepare_dequant_*_workspace", VARIANT),
+    Reason(_MP, "MHATokenToKVPool.set_kv_buffer", GPU_ONLY, pattern=r"masked_set_kv_buffer_kernel"),
+    # On CPU the method returns through set_kv_buffer before its CUDA/HIP tail.
+    Reason(
+        _MP,
+        "MHATokenToKVPool.set_kv_buffer_prefix_valid",
+        GPU_ONLY,
+        pattern=(
+            r"if self\.v_row_dim != self\.row_dim|fused_[kv]_scale = "
+            r"|cache_k\.dtype != self\.dtype\s*$"
+        ),
+    ),
+    Reason(
+        _MP, "MHATokenToKVPool._move_kv_cache_impl", GPU_ONLY, pattern=r"N = tgt_loc\.numel\(\)"
+    ),
+    Reason(_MP, "MHATokenToKVPool._move_native_fp4_scales", VARIANT, pattern=r"nvfp4"),
+    # --- MLATokenToKVPool ---------------------------------------------------------------------
+    Reason(_MP, "MLATokenToKVPool.get_device_pool_infos", SERVING_ONLY),
+    Reason(_MP, "MLATokenToKVPool._mla_buffer_info", SERVING_ONLY),
+    Reason(_MP, "MLATokenToKVPool._clear_buffers", DEAD),
+    Reason(_MP, "MLATokenToKVPool._scatter_mla_rows", GPU_ONLY),
+    Reason(
+        _MP, "MLATokenToKVPool.get_mla_kv_buffer", GPU_ONLY, pattern=r"get_mla_kv_buffer_triton"
+    ),
+    Reason(
+        _MP,
+        "MLATokenToKVPool._write_mla_kv_buffer",
+        VARIANT,
+        pattern=_guarded_by(r"dsa_kv_cache_store_fp8"),
+    ),
+    Reason(_MP, "MLATokenToKVPool.*", VARIANT, pattern=_guarded_by(r"shape\[0\] == 0")),
+    # --- DSATokenToKVPool ---------------------------------------------------------------------
+    Reason(_MP, "DSATokenToKVPool.host_pool_decls", SERVING_ONLY),
+    Reason(_MP, "DSATokenToKVPool._clear_buffers", DEAD),
+    Reason(_MP, "DSATokenToKVPool._should_allocate_index_layer", VARIANT),
+    Reason(_MP, "DSATokenToKVPool.get_compress_tail_buffers", VARIANT),
+    Reason(_MP, "DSATokenToKVPool.kpool_decode_update_index_cache", VARIANT),
+    Reason(_MP, "DSATokenToKVPool.set_compress_tail_for_request", VARIANT),
+    Reason(
+        _MP,
+        "DSATokenToKVPool.*",
+        VARIANT,
+        pattern=(
+            r"assert max_running_requests is not None|transfer_layer_ids = "
+            r"|tail_k_cpu = \[\]|for tail_k, tail_score"
+        ),
+    ),
+    Reason(
+        _MP,
+        "DSATokenToKVPool.get_cpu_copy",
+        VARIANT,
+        pattern=_guarded_by(r"compress_tail is not None"),
+    ),
+    # --- IndexKeyCache ------------------------------------------------------------------------
+    Reason(_IKC, "IndexKeyCache.*", GPU_ONLY, pattern=_guarded_by(r"_use_aiter_preshuffle")),
+    Reason(_IKC, "IndexKeyCache.*", SERVING_ONLY, pattern=_guarded_by(r"layer_transfer_counter")),
+    Reason(_IKC, "IndexKeyCache.clear", DEAD),
+    # --- pool configurator --------------------------------------------------------------------
+    Reason(_PC, "_dflash_draft_cell_size", SPEC_DRAFT),
+    Reason(
+        _PC,
+        "DefaultPoolConfigurator.__init__",
+        SPEC_DRAFT,
+        pattern=_guarded_by(
+            r"spec_algorithm|fused_full_entry|draft_num_layers|enable_hisparse|is_deepseek_dsa"
+        ),
+    ),
+    Reason(
+        _PC,
+        "DefaultPoolConfigurator._compute_cell_size",
+        OTHER_FAMILIES,
+        pattern=_guarded_by(r"minimax|SPARSE_KV_OFFLOAD|offload_cell_size"),
+    ),
+    Reason(
+        _PC,
+        "DefaultPoolConfigurator._compute_cell_size",
+        VARIANT,
+        pattern=_guarded_by(r"float4|mxfp8"),
+    ),
+    Reason(_PC, "DefaultPoolConfigurator._compute_qsa_cell_size", OTHER_FAMILIES),
+    Reason(
+        _PC,
+        "DefaultPoolConfigurator._compute_dsa_indexer_cell_size",
+        SPEC_DRAFT,
+        pattern=_guarded_by(r"allocate_all_layers|enable_hisparse"),
+    ),
+    Reason(
+        _PC,
+        "MemoryPoolConfig.__post_init__",
+        "budget below one page: kvcheck's budgets always fit a page (finding 'too small a budget')",
+    ),
+    Reason(
+        _PC,
+        "_get_dsa_cache_layer_ids",
+        SPEC_DRAFT,
+        pattern=_guarded_by(r"len\(layer_ids\) != num_layers"),
+    ),
+    Reason(_PC, "DefaultPoolConfigurator.*", NPU_ONLY, pattern=_guarded_by(r"_is_npu")),
+    Reason(
+        _PC,
+        "DefaultPoolConfigurator._compute_dsa_indexer_cell_size",
+        CP_LAYER_SPLIT,
+        pattern=_guarded_by(r"shard_size > 1"),
+    ),
+    Reason(_PC, "DefaultPoolConfigurator.calculate_pool_sizes_from_max_tokens", NOT_SELECTION),
+    Reason(_PC, "MemoryPoolConfigurator.*", ABSTRACT, pattern=r"raise NotImplementedError"),
+    Reason(_PC, "MemoryPoolConfigurator.finalize_with_max_running_requests", NOT_SELECTION),
+    Reason(_PC, "MemoryPoolConfigurator.validate_swa_pool_size", OTHER_FAMILIES),
+    Reason(
+        _PC,
+        "create_memory_pool_configurator",
+        OTHER_FAMILIES,
+        pattern=_guarded_by(r"is_deepseek_v4"),
+    ),
+    # --- pool-family check, skip-layer elision and the rest of KVCacheConfigurator ------------
+    # Only the families kvcheck's model strategies never draw; MLA, SWA, hybrid MLA-SWA and
+    # hybrid-linear models are drawn, so their lines stay UNEXPLAINED until reached.
+    Reason(
+        _KVC,
+        "KVCacheConfigurator._validate_prefill_only_disable_kv_cache_pool_family",
+        OTHER_FAMILIES,
+        pattern=r"DeepSeekV4TokenToKVPool|out-of-tree platform|NPU/Ascend KV pool",
+    ),
+    Reason(_KVC, "_should_elide_dsa_index_k", NPU_ONLY, pattern=_guarded_by(r"_is_npu")),
+    Reason(
+        _KVC,
+        "KVCacheConfigurator._validate_prefill_only_disable_kv_cache_pool_family",
+        FP4_CPU,
+        pattern=r"FP4 MHA KV pool",
+    ),
+    # --- layout, quantization and GPU branches shared by every pool (after the specific
+    # entries above, so that a method's own reason wins) ---------------------------------
+    # HND / vectorized_5d: only the branches they guard (`assert not self.use_hnd` opens
+    # methods every pool runs, so it must not explain them).
+    Reason(_MP, "*", VARIANT, pattern=_guarded_by(r"use_hnd|vectorized_5d")),
+    Reason(
+        _MP,
+        "*",
+        GPU_ONLY,
+        pattern=_guarded_by(r"_use_aiter|aiter_|\b_is_hip\b|\bis_xpu\(|\b_is_xpu\b"),
+    ),
+    Reason(_MP, "*", GPU_ONLY, pattern=_guarded_by(r"\b_is_cuda\b|get_is_capture_mode")),
+    Reason(_MP, "*", VARIANT, pattern=_guarded_by(r"post_capture")),
+    Reason(
+        _MP, "*", VARIANT, pattern=_guarded_by(r"is_quantized_kv_cache|quant_method\.|scale_buffer")
+    ),
+    Reason(_MP, "*", VARIANT, pattern=_guarded_by(r"\bdq_[kv]_buffer|native_[kv]_scale")),
+    Reason(
+        _MP,
+        "*",
+        VARIANT,
+        pattern=_guarded_by(r"dcp_kv_mask|dcp_replicated|write_loc_is_dcp_resolved"),
+    ),
+    Reason(_MP, "*", SERVING_ONLY, pattern=_guarded_by(r"layer_transfer_counter")),
+    Reason(_MP, "*", VARIANT, pattern=_guarded_by(r"layer_num == 0|layer_shard")),
+)
