@@ -524,3 +524,43 @@ def test_sglang_scripts_run_without_kvcheck(tmp_path: Path) -> None:
         "REPRODUCED: move_kv_cache(tgt_loc=[1, 1], src_loc=[2, 3]) returned, but should raise "
         "ValueError"
     )
+
+
+def test_verify_writes_a_script_that_reproduces_the_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end: `kvcheck verify` on a broken target writes repro_<test>.py from the state
+    machine's own reproduction; the script fails on the broken pool, its kvcheck twin passes."""
+    from kvcheck.cli import main
+
+    tests_dir = Path(__file__).parent
+    monkeypatch.chdir(tests_dir)
+    monkeypatch.setenv("KVCHECK_DB", str(tmp_path / "db"))
+    results = tmp_path / "results"
+    argv = [
+        "verify",
+        "--target",
+        "repro_targets:MOVE_IGNORES_V",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--results-dir",
+        str(results),
+        "-k",
+        "test_pool_machines and mha",
+    ]
+    assert main(argv) == 1
+    scripts = sorted((results / "repros").glob("repro_*.py"))
+    assert len(scripts) == 1, scripts
+    broken = subprocess.run(
+        [sys.executable, str(scripts[0])], env=_env(), capture_output=True, text=True, timeout=300
+    )
+    assert broken.returncode == 1 and "REPRODUCED" in broken.stdout + broken.stderr
+    stored = json.loads((results / "results.json").read_text())
+    (failure,) = [f for t in stored["tests"] for f in t["failures"] if f.get("reproduction_data")]
+    fixed = tmp_path / "fixed.py"
+    fixed.write_text(render_script(failure["reproduction_data"], target="kvcheck"))
+    passed = subprocess.run(
+        [sys.executable, str(fixed)], env=_env(), capture_output=True, text=True, timeout=300
+    )
+    assert passed.returncode == 0, passed.stdout + passed.stderr

@@ -88,7 +88,14 @@ def fail(
     return failure(message, signature=signature)
 
 
-def assert_equal(got: Any, expected: Any, *, call: str, detail: str = "") -> None:
+def assert_equal(
+    got: Any,
+    expected: Any,
+    *,
+    call: str,
+    detail: str = "",
+    signature: FailureSignature | None = None,
+) -> None:
     """Raise :class:`PropertyFailure` unless ``got == expected``.
 
     Example:
@@ -96,7 +103,7 @@ def assert_equal(got: Any, expected: Any, *, call: str, detail: str = "") -> Non
     """
     __tracebackhide__ = True
     if got != expected:
-        raise fail(got=got, expected=expected, call=call, detail=detail)
+        raise fail(got=got, expected=expected, call=call, detail=detail, signature=signature)
 
 
 def first_difference(got: np.ndarray, expected: np.ndarray) -> tuple[int, ...] | None:

@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from kvcheck.properties._assertions import assert_equal, fail
+from kvcheck.properties._assertions import FailureSignature, assert_equal, fail
 from kvcheck.reference import (
     FP4_KV_CACHE_DTYPES,
     PREFILL_ONLY_FLAG_DEFAULTS,
@@ -297,22 +297,41 @@ def check_pool_selection(
         else reference_pool_family(flags, model, is_draft_worker=is_draft)
     )
     call = f"target.select_pool_family({flags!r}, {model.name!r}, is_draft={is_draft})"
+    wanted = f"refusing the {unsupported}" if unsupported is not None else expected
+    worker = " for a draft worker" if is_draft else ""
+
+    def signature(got: str) -> FailureSignature:
+        # What was built instead of what, and for which worker, tells findings apart.
+        return FailureSignature(
+            check="selection", call="select_pool_family", kind=f"{got} instead of {wanted}{worker}"
+        )
+
     try:
         family = target.select_pool_family(dict(flags), model, is_draft=is_draft)
     except RuntimeError as error:
         if unsupported is None or not _names_flag(str(error), PREFILL_ONLY_FLAG):
             raise fail(
-                got=f"RuntimeError: {error}", expected=expected, call=call, detail=repr(model)
+                got=f"RuntimeError: {error}",
+                expected=expected,
+                call=call,
+                detail=repr(model),
+                signature=signature("RuntimeError"),
             ) from error
         return "refused"
     except ValueError as error:
         unbuilt = _families_without_builtin_pool(flags, model)
         if unsupported is not None or not unbuilt:
             raise fail(
-                got=f"ValueError: {error}", expected=expected, call=call, detail=repr(model)
+                got=f"ValueError: {error}",
+                expected=expected,
+                call=call,
+                detail=repr(model),
+                signature=signature("ValueError"),
             ) from error
         return "not built"
-    assert_equal(family, expected, call=call, detail=repr(model))
+    assert_equal(
+        family, expected, call=call, detail=repr(model), signature=signature(f"built {family}")
+    )
     return str(family)
 
 

@@ -37,7 +37,7 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "N1": "the no-op pool's load_cpu_copy is MHA's: no RuntimeError",
         "N3": "the no-op pool's get_cpu_copy indexes its one-page placeholders",
         "N4": "the no-op pool's get_contiguous_buf_infos raises AttributeError",
-        "S1": "set_kv_buffer divides the caller's tensor in place by k_scale / v_scale",
+        "W1": "set_kv_buffer divides the caller's tensor in place by k_scale / v_scale",
         "M1": "set_mla_kv_buffer drops every write to slot 0",
         "H1": "DSA host copies move index-K by whole pages: a partial last page's other "
         "tokens are overwritten, and a second request's pages can be missed",
@@ -73,14 +73,7 @@ _FAILING_TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "test_serving_validation.py::test_named_models_with_the_default_backend[glm-5.2-like]",
         ("V2",),
     ),
-    # --- pool selection
-    (
-        "test_serving_selection.py::test_pool_selection_refuses_exactly_the_unsupported_families",
-        ("P1", "P2"),
-    ),
-    ("test_serving_selection.py::test_draft_worker_keeps_its_normal_pool", ("P1",)),
-    ("test_serving_selection.py::test_named_models[qwen3-embedding-8b-flag-on-draft]", ("P1",)),
-    ("test_sglang_findings.py::test_p2_*", ("P2",)),
+    # --- pool selection: P1 and P2 are declared in POOL_FINDINGS (matched by their failure)
     # --- skip rule
     ("test_serving_skip_rule.py::test_skip_rule_matches_reference", ("K1",)),
     ("test_sglang_findings.py::test_k1_*", ("K1",)),
@@ -116,9 +109,10 @@ def _pinned(*patterns: str) -> tuple[str, ...]:
     return tuple(f"test_sglang_findings.py::{pattern}" for pattern in patterns)
 
 
-#: The pool-side findings, each matched by the failure it causes. The suite steers around
-#: them (``steer`` tags, :data:`kvcheck.machines.STEER_TAGS`) and keeps checking the rest;
-#: each is pinned by the tests named in ``pinned``, which must fail with exactly it.
+#: The pool-side and pool-selection findings, each matched by the failure it causes. The
+#: suite steers around them (``steer`` tags, :data:`kvcheck.machines.STEER_TAGS`, or by
+#: rejecting the example) and keeps checking the rest; each is pinned by the tests named
+#: in ``pinned``, which must fail with exactly it.
 POOL_FINDINGS: tuple[Finding, ...] = (
     Finding(
         "N1",
@@ -149,13 +143,13 @@ POOL_FINDINGS: tuple[Finding, ...] = (
         pinned=_pinned("test_n4_*"),
     ),
     Finding(
-        "S1",
-        FINDINGS["S1"],
+        "W1",
+        FINDINGS["W1"],
         check="caller_tensors",
         call="set_kv_buffer",
         kind="data changed",
         steer=frozenset({"cast_write:scales"}),
-        pinned=_pinned("test_s1_*"),
+        pinned=_pinned("test_w1_*"),
     ),
     Finding(
         "M1",
@@ -175,6 +169,22 @@ POOL_FINDINGS: tuple[Finding, ...] = (
         family="dsa",
         steer=frozenset({"dsa:host_copy:partial_pages"}),
         pinned=_pinned("test_h1_*"),
+    ),
+    Finding(
+        "P1",
+        FINDINGS["P1"],
+        check="selection",
+        call="select_pool_family",
+        kind="built noop instead of mha for a draft worker",
+        pinned=("test_serving_selection.py::test_named_models[qwen3-embedding-8b-flag-on-draft]",),
+    ),
+    Finding(
+        "P2",
+        FINDINGS["P2"],
+        check="selection",
+        call="select_pool_family",
+        kind="built noop instead of refusing the FP4 MHA KV pool",
+        pinned=_pinned("test_p2_*"),
     ),
     Finding(
         "I",

@@ -224,10 +224,10 @@ def _run_ops(target: Any, device: str, spec: PoolSpec, ops: tuple[Op, ...]) -> A
 
 
 @pytest.mark.kvcheck_needs("mha_pool", "cast_write")
-def test_s1_scaled_write_leaves_the_callers_tensor(
+def test_w1_scaled_write_leaves_the_callers_tensor(
     kvcheck_target: Any, kvcheck_device: str
 ) -> None:
-    """S1: a bf16 write into an fp8 pool with k_scale=2 stores the halved values and does
+    """W1: a bf16 write into an fp8 pool with k_scale=2 stores the halved values and does
     not change the caller's tensor (sglang divides it in place)."""
     spec = PoolSpec(
         family="mha", size=2, page_size=1, layer_num=1, dtype="float8_e4m3fn", head_dim=1
