@@ -255,6 +255,7 @@ def _expected_reads(
         ]
     latent = expected["kv_buffer"][local]
     rank_bytes = spec.kv_lora_rank * spec.itemsize
+    key, value = pool.get_kv_buffer(layer_id)
     reads = [
         (f"pool.get_key_buffer({layer_id})", pool.get_key_buffer(layer_id), latent),
         (
@@ -262,6 +263,8 @@ def _expected_reads(
             pool.get_value_buffer(layer_id),
             latent[:, :rank_bytes],
         ),
+        (f"pool.get_kv_buffer({layer_id})[0]", key, latent),
+        (f"pool.get_kv_buffer({layer_id})[1]", value, latent[:, :rank_bytes]),
     ]
     if spec.family == "dsa":
         reads.append(
@@ -289,7 +292,7 @@ def assert_read_api_matches_reference(
 ) -> None:
     """Every layer read back through the API attention uses equals the reference, byte for
     byte: ``get_key_buffer``, ``get_value_buffer`` and ``get_kv_buffer`` (global layer ids;
-    MLA/DSA value = the first ``kv_lora_rank`` channels of the latent row), DSA
+    MLA/DSA value = the first ``kv_lora_rank`` channels of the latent row, on every family), DSA
     ``get_index_k_with_scale_buffer``, and with ``mla_reads`` ``get_mla_kv_buffer`` of
     every slot. A pool that ignores ``start_layer``, reads another layer, or hands out a
     stale copy fails here even when its raw buffers are right.

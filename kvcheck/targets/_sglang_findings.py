@@ -37,6 +37,8 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "N1": "the no-op pool's load_cpu_copy is MHA's: no RuntimeError",
         "N3": "the no-op pool's get_cpu_copy indexes its one-page placeholders",
         "N4": "the no-op pool's get_contiguous_buf_infos raises AttributeError",
+        "N5": "the no-op pool inherits set_kv_buffer_prefix_valid: no RuntimeError when "
+        "nothing is committed (on CUDA its kernel would write through the placeholders)",
         "W1": "set_kv_buffer divides the caller's tensor in place by k_scale / v_scale",
         "M1": "set_mla_kv_buffer drops every write to slot 0",
         "H1": "DSA host copies move index-K by whole pages: a partial last page's other "
@@ -141,6 +143,15 @@ POOL_FINDINGS: tuple[Finding, ...] = (
         family="noop",
         steer=frozenset({"noop:contiguous_buf_infos"}),
         pinned=_pinned("test_n4_*"),
+    ),
+    Finding(
+        "N5",
+        FINDINGS["N5"],
+        check="raises",
+        call="set_kv_buffer_prefix_valid",
+        family="noop",
+        steer=frozenset({"noop:write_prefix_valid"}),
+        pinned=_pinned("test_n5_*"),
     ),
     Finding(
         "W1",

@@ -212,6 +212,22 @@ def test_n4_noop_describes_its_placeholders(kvcheck_target: Any, kvcheck_device:
     assert pool.size == NOOP_1.size
 
 
+@pytest.mark.kvcheck_needs("noop_pool", "prefix_valid_write")
+def test_n5_noop_prefix_valid_write_raises(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """N5: a prefix-valid write to the no-op pool raises, even one that commits nothing."""
+    pool = kvcheck_target.make_pool(NOOP_1, device=kvcheck_device)
+    grid = torch.tensor([[0]], device=kvcheck_device)
+    commits = torch.tensor([0], dtype=torch.int32, device=kvcheck_device)
+    rows = torch.zeros((1, 1, 1), dtype=torch.bfloat16, device=kvcheck_device)
+    assert_noop_write_raises(
+        pool,
+        "set_kv_buffer_prefix_valid",
+        (SimpleNamespace(layer_id=0), grid, commits, rows, rows),
+        {},
+    )
+    assert pool.size == NOOP_1.size
+
+
 def _run_ops(target: Any, device: str, spec: PoolSpec, ops: tuple[Op, ...]) -> Any:
     """Apply ``ops`` as the state machine does and check the state after each one."""
     pool = target.make_pool(spec, device=device)
