@@ -294,6 +294,79 @@ REASONS: tuple[Reason, ...] = (
         FP4_CPU,
         pattern=r"FP4 MHA KV pool",
     ),
+    # --- steered findings, hardening and arguments the suite does not draw --------------------
+    Reason(
+        _MP,
+        "MHATokenToKVPool.set_kv_buffer",
+        "steered around finding W1 (the in-place division of the caller's tensor); reached by "
+        "its pinned test tests/targets/test_sglang_findings.py::test_w1_*",
+        pattern=r"\.div_\(",
+    ),
+    Reason(
+        _MP,
+        "MHATokenToKVPool.set_kv_buffer_prefix_valid",
+        "hardening: sglang's own argument checks answer only malformed calls, which the suite "
+        "does not make on a target without input_validation",
+        pattern=r"raise ValueError",
+    ),
+    Reason(
+        _MP,
+        "MHATokenToKVPool.set_kv_buffer_prefix_valid",
+        "argument conversions: the suite passes int64 slots and int32 lengths on the pool's "
+        "device, so nothing is converted",
+        pattern=r"\.to\(",
+    ),
+    Reason(
+        _MP,
+        "MHATokenToKVPool.set_kv_buffer_prefix_valid",
+        "layer_id_override is not drawn: the suite passes a layer object",
+        pattern=r"layer_id = layer_id_override",
+    ),
+    Reason(
+        _MP,
+        "MLATokenToKVPool._write_mla_kv_buffer",
+        "set_mla_kv_buffer with a payload in another dtype is not drawn (writes of another "
+        "dtype go through set_kv_buffer)",
+        pattern=r"\.to\(self\.dtype\)",
+    ),
+    Reason(
+        _MP,
+        "MLATokenToKVPool.get_mla_kv_buffer",
+        "qk_rope_head_dim == 0: the suite draws rope widths of 1 to 4",
+        pattern=r"cache_k_rope = None",
+    ),
+    Reason(
+        _MP,
+        "KVCache.get_kv_buffer_shape",
+        "read only by a launched server's eager runner (CUDA graph buffers); the shapes are "
+        "those of get_kv_buffer(start_layer), which the read-API check compares",
+    ),
+    Reason(_MP, "KVCache.get_kv_cache_quant_method", VARIANT),
+    Reason(
+        _MP,
+        "MHATokenToKVPool.get_v_head_dim",
+        "read only by the Triton attention backend for mamba2 configs served by a plain MHA "
+        "pool, a model family kvcheck does not model",
+    ),
+    Reason(_MP, "DSATokenToKVPool.get_compress_tail_buf_infos", VARIANT),
+    Reason(
+        _MP,
+        "DSATokenToKVPool.get_index_k_scale_buffer",
+        "sglang's GetKAndS gathers keys and scales through a GPU kernel; not run on CPU",
+    ),
+    Reason(
+        _IKC,
+        "IndexKeyCache.get_buffer",
+        "only GetKAndS (a GPU kernel) reads index keys through it",
+    ),
+    Reason(
+        _IKC,
+        "IndexKeyCache.get_k_and_scale",
+        "sglang's GetKAndS gathers keys and scales through a GPU kernel; not run on CPU",
+    ),
+    Reason(_PC, "_get_dsa_cache_layer_ids", OTHER_FAMILIES, pattern=r"mambaish"),
+    Reason(_PC, "DefaultPoolConfigurator.__init__", OTHER_FAMILIES, pattern=r"mambaish"),
+    Reason(_PC, "create_memory_pool_configurator", OTHER_FAMILIES, pattern=r"is_hybrid_swa|DSV4"),
     # --- layout, quantization and GPU branches shared by every pool (after the specific
     # entries above, so that a method's own reason wins) ---------------------------------
     # HND / vectorized_5d: only the branches they guard (`assert not self.use_hnd` opens
