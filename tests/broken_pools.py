@@ -305,3 +305,49 @@ class SilentReloadNoOp(NoOpMHATokenToKVPool):
 
     def load_cpu_copy(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         return None
+
+
+# --- write paths that differ from set_kv_buffer -------------------------------------------
+
+
+class RopeDroppingMLA(MLATokenToKVPool):
+    """``set_mla_kv_buffer`` stores the nope part and leaves the rope part as it was."""
+
+    def set_mla_kv_buffer(
+        self, layer: Any, loc: Any, cache_k_nope: Any, cache_k_rope: Any, *args: Any
+    ) -> None:
+        local = layer.layer_id - self.start_layer
+        rank = self.kv_lora_rank
+        rows = cache_k_nope.reshape(cache_k_nope.shape[0], -1).view(self.store_dtype)
+        self.kv_buffer[local][loc.long(), 0, :rank] = rows
+
+
+class UncommittedWritingMHA(MHATokenToKVPool):
+    """``set_kv_buffer_prefix_valid`` writes every cell of the grid, committed or not."""
+
+    def set_kv_buffer_prefix_valid(
+        self, layer: Any, loc_2d: Any, commit_lens: Any, cache_k: Any, cache_v: Any, *args: Any
+    ) -> None:
+        self.set_kv_buffer(layer, loc_2d.reshape(-1), cache_k, cache_v)
+
+
+class ScaleDividingMHA(MHATokenToKVPool):
+    """Divides the caller's tensors by ``k_scale``/``v_scale`` in place before converting,
+    as SGLang 0.5.23 does (finding W1)."""
+
+    def set_kv_buffer(
+        self,
+        layer: Any,
+        loc: Any,
+        cache_k: Any,
+        cache_v: Any,
+        k_scale: Any = None,
+        v_scale: Any = None,
+        *args: Any,
+    ) -> None:
+        if isinstance(cache_k, torch.Tensor) and cache_k.dtype != self.dtype:
+            if k_scale is not None:
+                cache_k.div_(k_scale)
+            if v_scale is not None:
+                cache_v.div_(v_scale)
+        super().set_kv_buffer(layer, loc, cache_k, cache_v)

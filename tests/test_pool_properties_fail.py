@@ -28,6 +28,8 @@ from broken_pools import (
     MoveIgnoresV,
     PageGranularReloadMHA,
     PageRowMoveDSA,
+    RopeDroppingMLA,
+    ScaleDividingMHA,
     SequentialMoveMLA,
     ShiftedRowsReadDSA,
     SilentNoOp,
@@ -37,6 +39,7 @@ from broken_pools import (
     SkipDescribingDSA,
     StaleViewMLA,
     StartLayerBlindReadMHA,
+    UncommittedWritingMHA,
     ValidatingMoveNoOp,
 )
 from hypothesis import HealthCheck, Phase, find, settings
@@ -232,6 +235,31 @@ def test_machine_catches_a_reload_that_overwrites_unlisted_tokens() -> None:
 def test_machine_catches_a_write_that_changes_the_callers_tensor() -> None:
     """Sorting the caller's loc in place is caught on valid writes alone."""
     message, steps, layers = machine_failure("mha", LocSortingMHA, keep=frozenset())
+    assert "the caller's tensor" in message and "set_kv_buffer" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_machine_catches_an_mla_write_that_drops_the_rope_part() -> None:
+    """set_mla_kv_buffer that stores only nope fails where set_kv_buffer would not."""
+    message, steps, layers = machine_failure("mla", RopeDroppingMLA, keep=frozenset({"mla_write"}))
+    assert "set_mla_kv_buffer" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_machine_catches_a_prefix_valid_write_of_uncommitted_cells() -> None:
+    """A prefix-valid write that also writes the uncommitted cells is caught."""
+    message, steps, layers = machine_failure(
+        "mha", UncommittedWritingMHA, keep=frozenset({"prefix_valid_write"})
+    )
+    assert "set_kv_buffer_prefix_valid" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_machine_catches_a_scaled_write_that_divides_the_callers_tensor() -> None:
+    """SGLang's W1: dividing the caller's payload in place is caught on valid writes."""
+    message, steps, layers = machine_failure(
+        "mha", ScaleDividingMHA, keep=frozenset({"cast_write"})
+    )
     assert "the caller's tensor" in message and "set_kv_buffer" in message
     assert len(steps) <= 2 and layers <= 2, steps
 
