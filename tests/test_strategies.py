@@ -374,7 +374,11 @@ def test_op_sequences_reach_dsa_index_writes_and_page_reloads() -> None:
         if isinstance(op, HostCopy)
     }
     reloads = [op for op in sequence.ops if isinstance(op, HostReload)]
-    assert all(ops.copy_layout(spec, op.indices) == layouts[op.name] for op in reloads)
+    # A request's copy goes back to runs of the same lengths; arbitrary tokens to any slots.
+    assert all(
+        layouts[op.name] is None or ops.copy_layout(spec, op.indices) == layouts[op.name]
+        for op in reloads
+    )
     assert all(op.layer_id == 1 for op in sequence.ops if isinstance(op, WriteIndexK))
 
 
