@@ -338,14 +338,13 @@ def example_size(reproduction: str | None) -> tuple[int | None, int | None, int 
     if not reproduction:
         return None, None, None
     steps = len(re.findall(r"^\s*state\.step\(", reproduction, flags=re.MULTILINE)) or None
+    # A drawn value may span several lines: cut the example at each "Draw N (label):".
+    chunks = re.split(r"^\s*Draw \d+ \(([^)]*)\): ", reproduction, flags=re.MULTILINE)
     ops = 0
-    for line in reproduction.splitlines():
-        match = re.match(r"\s*Draw \d+ \((op|ops|call|bad call|setup ops|move)\): (.*)", line)
-        if match is None:
-            continue
-        if match.group(1) in ("ops", "setup ops"):
-            ops += len(re.findall(r"\b(?:WriteKV|WriteIndexK|Move|HostCopy|HostReload)\(", line))
-        else:
+    for label, value in zip(chunks[1::2], chunks[2::2], strict=True):
+        if label in ("ops", "setup ops"):
+            ops += len(re.findall(r"\b(?:WriteKV|WriteIndexK|Move|HostCopy|HostReload)\(", value))
+        elif label in ("op", "call", "bad call", "move"):
             ops += 1
     layers = re.search(r"\b(?:layer_num|num_hidden_layers)=(\d+)", reproduction)
     return steps, ops if steps or ops else None, int(layers.group(1)) if layers else None
@@ -412,13 +411,14 @@ def run_twin(twin: Twin, seed: int, args: argparse.Namespace) -> Run:
             )
         except subprocess.TimeoutExpired:
             marks = _load_marks(clock_path)
+            failed = [nodeid.split("::")[-1] for nodeid, mark in marks.items() if mark["failed"]]
             last = list(marks)[-1].split("::")[-1] if marks else "none"
             return Run(
                 twin.name,
                 seed,
                 "MISSED (timeout)",
                 total_s=time.time() - started,
-                note=f"{len(marks)} tests finished, the last {last}",
+                note=f"{len(marks)} tests finished, the last {last}; failed: {failed or 'none'}",
             )
         total = time.time() - started
         results = _load_json(results_path)

@@ -85,7 +85,11 @@ state.step(data=data(...))
     ("reproduction", "size"),
     [
         (MACHINE_EXAMPLE, (2, 2, 2)),
-        ("Draw 1 (ops): OpSequence(ops=(WriteKV(...), Move(...), HostCopy(...)))", (None, 3, None)),
+        (
+            "Draw 1 (ops): OpSequence(ops=(WriteKV(...),\n Move(...),\n HostCopy(...)))\n"
+            "Draw 2 (label): Move(...)",
+            (None, 3, None),
+        ),
         ("test(model=ModelConfig(num_hidden_layers=3))", (None, None, 3)),
         (None, (None, None, None)),
     ],
