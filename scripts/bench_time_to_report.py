@@ -388,7 +388,9 @@ def run_twin(twin: Twin, seed: int, args: argparse.Namespace) -> Run:
             str(results_path),
             *args.pytest_args,
         ]
-        python_path = [str(tmp), str(TESTS_DIR), str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]
+        # The kvcheck under test is whichever the caller's environment imports (PYTHONPATH
+        # or the installed one); only the twin's module and the broken classes are added.
+        python_path = [str(tmp), str(TESTS_DIR), os.environ.get("PYTHONPATH", "")]
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(p for p in python_path if p),
