@@ -9,9 +9,19 @@
 
 All keep ``deadline=None`` (device warm-up and shared CI cores make per-example timing
 meaningless), ``print_blob=True`` (every failure prints its ``@reproduce_failure``) and the
-example database named by ``KVCHECK_DB``. Hypothesis turns the database *off* in its own
-``ci`` profile, which it loads whenever ``CI`` is set; ``kvcheck-ci`` keeps it on so that a
-failure found by a runner can be replayed elsewhere.
+example database named by ``KVCHECK_DB``.
+
+Searching profiles leave out Hypothesis's explain phase, which re-runs the shrunk example
+hundreds of times only to add an "always run by failing" note: on a state machine it took
+three quarters of the time to a report (221 of 305 s for a move bug on two shared CPU
+cores). ``KVCHECK_EXPLAIN=1`` (or ``explain=True``) puts it back. ``kvcheck-dev`` and
+``kvcheck-ci`` also report one bug per property (``report_multiple_bugs=False``): the
+first failure is shrunk, allowed to slip to any smaller failure, and reported, instead of
+each distinct failure being shrunk in turn; ``kvcheck-thorough`` still reports them all.
+
+Hypothesis turns the database *off* in its own ``ci`` profile, which it loads whenever
+``CI`` is set; ``kvcheck-ci`` keeps it on so that a failure found by a runner can be
+replayed elsewhere.
 
 The profile in effect is ``--kvcheck-profile``, else ``KVCHECK_PROFILE``, else
 ``kvcheck-ci`` when ``CI`` is set and ``kvcheck-dev`` otherwise.
@@ -38,6 +48,7 @@ from kvcheck.db import DATABASE_ENV_VAR, RecordingDatabase, database_from_spec
 __all__ = [
     "CI",
     "DEV",
+    "EXPLAIN_ENV_VAR",
     "KNOWN_ENV_VARS",
     "PROFILE_ENV_VAR",
     "PROFILE_NAMES",
@@ -45,6 +56,7 @@ __all__ = [
     "THOROUGH",
     "choose_profile_to_load",
     "default_profile_name",
+    "explain_requested",
     "profile_options",
     "register_profiles",
     "unknown_env_warnings",
@@ -56,13 +68,17 @@ THOROUGH = "kvcheck-thorough"
 REPLAY = "kvcheck-replay"
 PROFILE_NAMES: tuple[str, ...] = (DEV, CI, THOROUGH, REPLAY)
 PROFILE_ENV_VAR = "KVCHECK_PROFILE"
+#: Set to 1/true/yes/on to run Hypothesis's explain phase in the searching profiles.
+EXPLAIN_ENV_VAR = "KVCHECK_EXPLAIN"
 #: Every ``KVCHECK_*`` variable kvcheck reads; any other one is most likely a typo.
 KNOWN_ENV_VARS: tuple[str, ...] = (
     "KVCHECK_TARGET",
     "KVCHECK_DEVICE",
     PROFILE_ENV_VAR,
     DATABASE_ENV_VAR,
+    EXPLAIN_ENV_VAR,
     "KVCHECK_TORCH_PIN",  # scripts/install_sglang.sh
+    "KVCHECK_CI_SCRATCH",  # .ci/run
 )
 
 #: Hypothesis's built-in profiles: loaded without anyone choosing them.
@@ -75,34 +91,64 @@ _COMMON: dict[str, Any] = {
     # says nothing about the strategies.
     "suppress_health_check": (HealthCheck.too_slow,),
 }
+#: Every phase but explain (see the module docstring); explain is opt-in.
+_SEARCH_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 _OPTIONS: dict[str, dict[str, Any]] = {
-    DEV: {"max_examples": 100, "stateful_step_count": 10},
+    DEV: {"max_examples": 100, "stateful_step_count": 10, "report_multiple_bugs": False},
     # Not derandomized: Hypothesis forbids a database with derandomize=True, and the
     # database is what lets a CI failure be replayed on another machine.
-    CI: {"max_examples": 100, "stateful_step_count": 10},
+    CI: {"max_examples": 100, "stateful_step_count": 10, "report_multiple_bugs": False},
     THOROUGH: {"max_examples": 2000, "stateful_step_count": 100},
     REPLAY: {"phases": (Phase.explicit, Phase.reuse)},
 }
+_TRUE = frozenset({"1", "true", "yes", "on"})
 
 
-def profile_options(name: str) -> dict[str, Any]:
+def explain_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``KVCHECK_EXPLAIN`` asks for Hypothesis's explain phase (1/true/yes/on).
+
+    Example:
+        >>> explain_requested({"KVCHECK_EXPLAIN": "1"}), explain_requested({})
+        (True, False)
+    """
+    env = os.environ if environ is None else environ
+    return env.get(EXPLAIN_ENV_VAR, "").strip().lower() in _TRUE
+
+
+def profile_options(name: str, *, explain: bool | None = None) -> dict[str, Any]:
     """The settings ``name`` sets, database excluded.
+
+    ``explain`` adds Hypothesis's explain phase to a searching profile; ``None`` means
+    :func:`explain_requested` (the ``KVCHECK_EXPLAIN`` variable).
 
     Example:
         >>> profile_options(CI)["deadline"] is None
         True
+        >>> Phase.explain in profile_options(CI, explain=False)["phases"]
+        False
+        >>> Phase.explain in profile_options(CI, explain=True)["phases"]
+        True
     """
     if name not in _OPTIONS:
         raise ValueError(f"name={name!r} is not a kvcheck profile; known: {PROFILE_NAMES}")
-    return {**_COMMON, **_OPTIONS[name]}
+    if explain not in (None, True, False):
+        raise ValueError(f"explain={explain!r} must be True, False or None")
+    options = {**_COMMON, **_OPTIONS[name]}
+    if "phases" not in options:
+        wanted = explain_requested() if explain is None else explain
+        options["phases"] = (*_SEARCH_PHASES, Phase.explain) if wanted else _SEARCH_PHASES
+    return options
 
 
-def register_profiles(database: ExampleDatabase | None = None) -> None:
+def register_profiles(
+    database: ExampleDatabase | None = None, *, explain: bool | None = None
+) -> None:
     """Register every kvcheck profile with ``database`` (re-registering replaces them).
 
     ``None`` builds the database ``KVCHECK_DB`` names, wrapped in a
     :class:`~kvcheck.db.RecordingDatabase`. Raises :class:`kvcheck.db.DatabaseSpecError`
-    (a ``ValueError``) when ``KVCHECK_DB`` is unusable.
+    (a ``ValueError``) when ``KVCHECK_DB`` is unusable. ``explain`` is passed to
+    :func:`profile_options`.
 
     Example:
         >>> from hypothesis.database import InMemoryExampleDatabase
@@ -113,7 +159,7 @@ def register_profiles(database: ExampleDatabase | None = None) -> None:
     elif not isinstance(database, ExampleDatabase):
         raise ValueError(f"database={database!r} is not a Hypothesis ExampleDatabase")
     for name in PROFILE_NAMES:
-        settings.register_profile(name, database=database, **profile_options(name))
+        settings.register_profile(name, database=database, **profile_options(name, explain=explain))
 
 
 def default_profile_name(environ: Mapping[str, str] | None = None) -> str:

@@ -5,8 +5,9 @@
    temporary directory, so stored failures do not add replays) and prints its wall time.
 2. Prints, per test, how many Hypothesis examples it ran (from the plugin's
    ``--kvcheck-results`` file) and flags properties under ``--min-examples``.
-3. Runs each pool family's state machine in this process with the profile's settings and
-   prints steps per second (rule executions, invariants included, over wall time).
+3. Runs each pool family's state machine in this process with the profile's settings
+   (derandomized, so runs compare) and prints steps per second (rule executions,
+   invariants included) over wall time and over the process's CPU time.
 
 Nothing here asserts on time: the figures are for the person reading them.
 
@@ -100,11 +101,12 @@ def print_suite(payload: dict[str, Any], *, min_examples: int) -> None:
     )
 
 
-MachineFigures = tuple[str, int, int, int, float]
+MachineFigures = tuple[str, int, int, int, float, float]
 
 
 def bench_machines(args: argparse.Namespace) -> tuple[int, list[MachineFigures]]:
-    """The profile's step count and (family, examples, steps, ops, seconds) per machine."""
+    """The profile's step count and (family, examples, steps, ops, seconds, CPU seconds) per
+    machine. The machines run derandomized, so every run of the script takes the same steps."""
     from hypothesis import settings
     from hypothesis.database import InMemoryExampleDatabase
     from hypothesis.stateful import run_state_machine_as_test
@@ -121,13 +123,16 @@ def bench_machines(args: argparse.Namespace) -> tuple[int, list[MachineFigures]]
     for family in MACHINE_FAMILIES:
         if f"{family}_pool" in target.unsupported:
             continue
-        chosen = settings(profile, database=None, max_examples=args.machine_examples)
+        chosen = settings(
+            profile, database=None, max_examples=args.machine_examples, derandomize=True
+        )
         machine = pool_machine(target, device=device, family=family, settings=chosen)
         counts = {"examples": 0, "steps": 0, "ops": 0}
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         run_state_machine_as_test(_counting(machine, counts), settings=chosen)
         seconds = time.perf_counter() - started
-        figures.append((family, counts["examples"], counts["steps"], counts["ops"], seconds))
+        cpu = time.process_time() - cpu_started
+        figures.append((family, counts["examples"], counts["steps"], counts["ops"], seconds, cpu))
     return profile.stateful_step_count, figures
 
 
@@ -153,13 +158,23 @@ def _counting(machine: type, counts: dict[str, int]) -> type:
 
 
 def print_machines(figures: list[MachineFigures], *, step_count: int) -> None:
-    print(f"\nstate machines (in-process, stateful_step_count={step_count}; every step ends")
-    print("with the invariant: all buffers byte for byte, accounting, check_valid):")
-    print("family  examples  steps    ops  seconds  steps/s  ops/s")
-    for family, examples, steps, ops, seconds in figures:
+    print(f"\nstate machines (in-process, derandomized, stateful_step_count={step_count}; every")
+    print("step ends with the invariant: all buffers byte for byte, accounting, check_valid).")
+    print("steps/s is over wall time; steps/cpu-s over this process's CPU time, which other")
+    print("work on shared cores disturbs far less: compare runs by it.")
+    print("family  examples  steps    ops  seconds  cpu-s  steps/s  steps/cpu-s  ops/s")
+    for family, examples, steps, ops, seconds, cpu in figures:
         print(
-            f"{family:<6}  {examples:>8}  {steps:>5}  {ops:>5}  {seconds:7.2f}"
-            f"  {steps / seconds:7.0f}  {ops / seconds:5.0f}"
+            f"{family:<6}  {examples:>8}  {steps:>5}  {ops:>5}  {seconds:7.2f}  {cpu:5.2f}"
+            f"  {steps / seconds:7.0f}  {steps / max(cpu, 1e-9):11.0f}  {ops / seconds:5.0f}"
+        )
+    steps = sum(figure[2] for figure in figures)
+    seconds = sum(figure[4] for figure in figures)
+    cpu = sum(figure[5] for figure in figures)
+    if figures:
+        print(
+            f"{'all':<6}  {'':>8}  {steps:>5}  {'':>5}  {seconds:7.2f}  {cpu:5.2f}"
+            f"  {steps / seconds:7.0f}  {steps / max(cpu, 1e-9):11.0f}"
         )
 
 
@@ -203,9 +218,11 @@ def main(argv: list[str] | None = None) -> int:
                 "steps": steps,
                 "ops": ops,
                 "seconds": seconds,
+                "cpu_seconds": cpu,
                 "steps_per_second": steps / seconds,
+                "steps_per_cpu_second": steps / max(cpu, 1e-9),
             }
-            for family, examples, steps, ops, seconds in figures
+            for family, examples, steps, ops, seconds, cpu in figures
         ]
     if args.json is not None:
         args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")

@@ -1,0 +1,126 @@
+"""The benchmark scripts' own logic: twin registry, example sizes, the summary table.
+
+Light by design: nothing here runs the suite or times anything.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import kvcheck.serving as serving
+from kvcheck.profiles import CI, DEV, REPLAY, THOROUGH, explain_requested, profile_options
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ttr() -> ModuleType:
+    return _load("bench_time_to_report")
+
+
+def test_rule_list_matches_the_serving_rules(ttr: ModuleType) -> None:
+    """The script's copy of the rule order is kvcheck's (it avoids importing torch)."""
+    assert ttr.RULES == serving.PREFILL_ONLY_RULE_ORDER
+
+
+@pytest.mark.parametrize("target", ["kvcheck", "sglang"])
+def test_every_twin_setup_compiles_and_names_are_unique(ttr: ModuleType, target: str) -> None:
+    """Each twin's generated module is valid Python binding ``target``; names are unique."""
+    twins = ttr.TWINS[target]
+    assert len({twin.name for twin in twins}) == len(twins)
+    for twin in twins:
+        code = compile(twin.setup, f"twin_{twin.name}", "exec")
+        assert "target" in code.co_names, twin.name
+
+
+def test_kvcheck_twins_build_their_targets(ttr: ModuleType) -> None:
+    """Every built-in twin's module runs and yields a target with a name."""
+    for twin in ttr.KVCHECK_TWINS:
+        namespace: dict[str, Any] = {}
+        exec(compile(twin.setup, twin.name, "exec"), namespace)
+        assert namespace["target"].name, twin.name
+
+
+def test_every_broken_pool_class_has_a_twin(ttr: ModuleType) -> None:
+    """No broken pool of tests/broken_pools.py is left out of the benchmark."""
+    import broken_pools
+
+    classes = {
+        name
+        for name, value in vars(broken_pools).items()
+        if isinstance(value, type) and value.__module__ == "broken_pools" and name != "BrokenTarget"
+    }
+    setups = "\n".join(twin.setup for twin in ttr.KVCHECK_TWINS)
+    assert {name for name in classes if name not in setups} == set()
+
+
+MACHINE_EXAMPLE = """\
+state = MHAPoolMachine()
+state.build_pool(spec=PoolSpec(family='mha', size=1, layer_num=2), data=data(...))
+Draw 2 (kind): 'write_kv'
+Draw 3 (op): WriteKV(layer_id=0, locs=(0,))
+state.step(data=data(...))
+Draw 4 (kind): 'move'
+Draw 5 (op): Move(tgt=(0,), src=(1,))
+state.step(data=data(...))
+"""
+
+
+@pytest.mark.parametrize(
+    ("reproduction", "size"),
+    [
+        (MACHINE_EXAMPLE, (2, 2, 2)),
+        (
+            "Draw 1 (ops): OpSequence(ops=(WriteKV(...),\n Move(...),\n HostCopy(...)))\n"
+            "Draw 2 (label): Move(...)",
+            (None, 3, None),
+        ),
+        ("test(model=ModelConfig(num_hidden_layers=3))", (None, None, 3)),
+        (None, (None, None, None)),
+    ],
+    ids=["machine", "sequence", "model", "none"],
+)
+def test_example_size(ttr: ModuleType, reproduction: str | None, size: tuple[Any, ...]) -> None:
+    """Steps, operations and layers are read off a falsifying example."""
+    assert ttr.example_size(reproduction) == size
+
+
+def test_summary_flags_a_missed_bug(ttr: ModuleType) -> None:
+    """A seed that did not find the bug marks the row MISSED; figures use the found seeds."""
+    runs = [
+        ttr.Run("b", 0, "found", failing_test="t", first_s=1.0, shrunk_s=2.0, total_s=3.0),
+        ttr.Run("b", 1, "found", failing_test="t", first_s=3.0, shrunk_s=4.0, total_s=9.0),
+        ttr.Run("b", 2, "MISSED (timeout)", total_s=300.0),
+    ]
+    (row,) = ttr.summarize(runs)
+    assert row["found"] == 2 and row["status"].startswith("MISSED")
+    assert row["total_s"] == {"median": "6.0", "max": "9.0"}
+
+
+def test_searching_profiles_leave_out_explain_unless_asked() -> None:
+    """Explain is opt-in; replay keeps its own phases; dev/ci report one bug per property."""
+    from hypothesis import Phase
+
+    for name in (DEV, CI, THOROUGH):
+        assert Phase.explain not in profile_options(name, explain=False)["phases"]
+        assert Phase.explain in profile_options(name, explain=True)["phases"]
+        assert Phase.shrink in profile_options(name)["phases"] or explain_requested()
+    assert profile_options(REPLAY, explain=True)["phases"] == (Phase.explicit, Phase.reuse)
+    assert profile_options(CI)["report_multiple_bugs"] is False
+    with pytest.raises(ValueError, match="explain='yes'"):
+        profile_options(CI, explain="yes")  # type: ignore[arg-type]
