@@ -23,10 +23,12 @@
 # Then, on a task that is lent a device, ONE device `run` call, with carry [".whl"] and
 # timeout_s 600 (the script keeps itself within 8 minutes):
 #
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
+#   set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit; PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
 #
 # It writes $OUT/gpu_check.json, $OUT/gpu_check.md and $OUT/gpu_check.log; copy the
-# figures into docs/gpu-report.md.
+# figures into docs/gpu-report.md. The run takes at most 8 minutes of the session's 15
+# (machine start included), so a rerun names only the stages to repeat, e.g.
+# `... scripts/gpu_check.py --device cuda --only suite-sglang --out "$OUT" ...`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -944,10 +944,13 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds for all stages together (default 450; each stage has its own share)",
     )
     parser.add_argument(
-        "--workers", type=int, default=4, help="xdist workers for the suites on the device"
+        "--workers", type=int, default=8, help="xdist workers for the suites on the device"
     )
     parser.add_argument(
-        "--only", action="append", default=None, help="run only this stage (repeatable)"
+        "--only",
+        action="append",
+        default=None,
+        help="run only this stage (repeatable): a rerun of what failed fits the device budget",
     )
     args = parser.parse_args(argv)
     if not args.budget > 0:
