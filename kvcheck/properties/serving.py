@@ -117,7 +117,10 @@ def check_validation_agrees(target: Any, flags: Mapping[str, Any]) -> str | None
     except ValueError as error:
         if expected is None:
             raise fail(
-                got=f"{type(error).__name__}: {error}", expected="accepted", call=call
+                got=f"{type(error).__name__}: {error}",
+                expected="accepted",
+                call=call,
+                signature=_validation_signature("rejected instead of accepted"),
             ) from error
         _check_rejection(error, expected, flags, call)
         return expected
@@ -126,8 +129,20 @@ def check_validation_agrees(target: Any, flags: Mapping[str, Any]) -> str | None
             got="accepted",
             expected=f"ValueError for rule {expected!r} naming {_expected_flag(expected, flags)}",
             call=call,
+            signature=_validation_signature(f"accepted instead of {_rule(expected, flags)}"),
         )
     return None
+
+
+def _validation_signature(kind: str) -> FailureSignature:
+    return FailureSignature(check="validation", call="validate_server_args", kind=kind)
+
+
+def _rule(rule_id: str, flags: Mapping[str, Any]) -> str:
+    """A rule as a failure's kind names it; the KV dtype rules also name the dtype."""
+    if rule_id in _KV_DTYPE_RULES:
+        return f"rule {rule_id} (kv_cache_dtype={flags.get('kv_cache_dtype')!r})"
+    return f"rule {rule_id}"
 
 
 def rules_named_by(message: str) -> tuple[str, ...]:
@@ -164,16 +179,24 @@ def _check_rejection(error: ValueError, expected: str, flags: Mapping[str, Any],
     message = str(error)
     expected_flag = _expected_flag(expected, flags)
     rule_id = getattr(error, "rule", None)
+    rule = _rule(expected, flags)
     if isinstance(rule_id, str):
         assert_equal(
             rule_id,
             expected,
             call=call,
             detail=f"the error's rule id; the first violated rule wins. Message: {message}",
+            signature=_validation_signature(f"rule {rule_id} instead of {rule}"),
         )
         flag = getattr(error, "flag", None)
         if isinstance(flag, str) and flag not in _spellings(expected_flag):
-            raise fail(got=flag, expected=expected_flag, call=call, detail="the error's .flag")
+            raise fail(
+                got=flag,
+                expected=expected_flag,
+                call=call,
+                detail="the error's .flag",
+                signature=_validation_signature(f"flag {flag} instead of {expected_flag}"),
+            )
     else:
         named = rules_named_by(message)
         if expected not in named:
@@ -182,6 +205,7 @@ def _check_rejection(error: ValueError, expected: str, flags: Mapping[str, Any],
                 expected=f"the error of rule {expected!r} (the first violated)",
                 call=call,
                 detail=f"message: {message}",
+                signature=_validation_signature(f"an error naming rules {named} instead of {rule}"),
             )
     for flag in (PREFILL_ONLY_FLAG, expected_flag):
         if not any(_names_flag(message, spelling) for spelling in _spellings(flag)):
@@ -191,6 +215,7 @@ def _check_rejection(error: ValueError, expected: str, flags: Mapping[str, Any],
                 call=call,
                 detail=f"rule {expected!r}: the message must name {PREFILL_ONLY_FLAG} and "
                 f"{expected_flag}",
+                signature=_validation_signature(f"{rule}'s message names no {flag}"),
             )
 
 

@@ -50,31 +50,7 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
 
 #: Suite test patterns and the findings that make them fail on sglang 0.5.23.
 _FAILING_TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # --- flag validation
-    ("test_serving_validation.py::test_validation_agrees_with_the_rules", ("V1", "V2")),
-    ("test_serving_validation.py::test_each_broken_rule_raises_its_error", ("V1", "V2")),
-    ("test_serving_validation.py::test_first_violated_rule_wins", ("V1", "V2")),
-    ("test_serving_validation.py::test_each_rule_alone_rejects[kv-fp4_e2m1]", ("V1",)),
-    ("test_serving_validation.py::test_each_rule_alone_rejects[backend-triton]", ("V2",)),
-    (
-        "test_serving_validation.py::test_each_rule_alone_rejects[prefill-backend-flashinfer]",
-        ("V2",),
-    ),
-    (
-        "test_serving_validation.py::test_each_rule_alone_rejects"
-        "[fa3-with-fp8_e5m2-becomes-triton]",
-        ("V2",),
-    ),
-    ("test_serving_validation.py::test_each_rule_alone_rejects[default-backend-sm100]", ("V2",)),
-    ("test_serving_validation.py::test_each_rule_alone_rejects[default-backend-cpu]", ("V2",)),
-    (
-        "test_serving_validation.py::test_named_models_with_the_default_backend[deepseek-v3.2]",
-        ("V2",),
-    ),
-    (
-        "test_serving_validation.py::test_named_models_with_the_default_backend[glm-5.2-like]",
-        ("V2",),
-    ),
+    # --- flag validation: V1 and V2 are declared in POOL_FINDINGS (matched by their failure)
     # --- pool selection: P1 and P2 are declared in POOL_FINDINGS (matched by their failure)
     # --- skip rule
     ("test_serving_skip_rule.py::test_skip_rule_matches_reference", ("K1",)),
@@ -180,6 +156,33 @@ POOL_FINDINGS: tuple[Finding, ...] = (
         family="dsa",
         steer=frozenset({"dsa:host_copy:partial_pages"}),
         pinned=_pinned("test_h1_*"),
+    ),
+    Finding(
+        "V1",
+        FINDINGS["V1"],
+        check="validation",
+        call="validate_server_args",
+        kind="*instead of rule fp4_kv_cache_dtype (kv_cache_dtype='fp4_e2m1')",
+        pinned=("test_serving_validation.py::test_each_rule_alone_rejects[kv-fp4_e2m1]",),
+    ),
+    Finding(
+        "V2",
+        FINDINGS["V2"],
+        check="validation",
+        call="validate_server_args",
+        kind="an error naming rules () instead of rule fa_prefill_backend",
+        pinned=tuple(
+            f"test_serving_validation.py::{case}"
+            for case in (
+                "test_each_rule_alone_rejects[backend-triton]",
+                "test_each_rule_alone_rejects[prefill-backend-flashinfer]",
+                "test_each_rule_alone_rejects[fa3-with-fp8_e5m2-becomes-triton]",
+                "test_each_rule_alone_rejects[default-backend-sm100]",
+                "test_each_rule_alone_rejects[default-backend-cpu]",
+                "test_named_models_with_the_default_backend[deepseek-v3.2]",
+                "test_named_models_with_the_default_backend[glm-5.2-like]",
+            )
+        ),
     ),
     Finding(
         "P1",
