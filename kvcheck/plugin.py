@@ -788,8 +788,9 @@ def _gpu_skip_reason(session: KVCheckSession) -> str | None:
 
 
 def _steering(item: pytest.Item, session: KVCheckSession | None) -> Any:
-    """Steer around the target's declared findings, except in a test that pins one."""
-    if session is None or _PINNED_FINDING in item.stash:
+    """Steer around the target's declared findings, except in a test that pins one or
+    that the target expects to fail as a whole (``expected_failures``)."""
+    if session is None or _PINNED_FINDING in item.stash or _EXPECTED_FAILURE in item.stash:
         return contextlib.nullcontext()
     from kvcheck.targets.findings import active_findings, declared_findings
 

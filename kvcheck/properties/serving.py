@@ -401,19 +401,32 @@ def check_skip_rule(target: Any, model: Any) -> tuple[bool, ...] | None:
     _check_dsa_model("model", model)
     name = getattr(model, "name", "model")
     expected = [_outcome(reference_skips_topk, model, layer) for layer in _layers(model)]
-    got = [_outcome(target.dsa_layer_skips_topk, model, layer) for layer in _layers(model)]
+    got = [_target_outcome(target.dsa_layer_skips_topk, model, layer) for layer in _layers(model)]
     for layer, (got_layer, expected_layer) in enumerate(zip(got, expected, strict=True)):
         assert_equal(
             got_layer,
             expected_layer,
             call=f"target.dsa_layer_skips_topk({name!r}, {layer})",
             detail=f"layer {layer} is the first of {len(got)} to differ; model: {model!r}",
+            signature=FailureSignature(
+                check="skip_rule",
+                call="dsa_layer_skips_topk",
+                kind=f"{got_layer} instead of {expected_layer}",
+            ),
         )
     invalid = ValueError.__name__ in expected
     call = f"target.skip_topk_layers({name!r})"
-    mask = _outcome(lambda: tuple(bool(skip) for skip in target.skip_topk_layers(model)))
+    mask = _target_outcome(lambda: tuple(bool(skip) for skip in target.skip_topk_layers(model)))
     if invalid:
-        assert_equal(mask, ValueError.__name__, call=call, detail=f"model: {model!r}")
+        assert_equal(
+            mask,
+            ValueError.__name__,
+            call=call,
+            detail=f"model: {model!r}",
+            signature=FailureSignature(
+                check="skip_rule", call="skip_topk_layers", kind=f"{mask} instead of ValueError"
+            ),
+        )
         return None
     reference_mask = reference_skip_mask(model)
     if mask != reference_mask and isinstance(mask, tuple) and len(mask) == len(reference_mask):
@@ -426,6 +439,15 @@ def check_skip_rule(target: Any, model: Any) -> tuple[bool, ...] | None:
         )
     assert_equal(mask, reference_mask, call=call, detail=f"model: {model!r}")
     return reference_mask
+
+
+def _target_outcome(function: Callable[..., Any], *args: Any) -> Any:
+    """:func:`_outcome` of a target's call, where any other exception is an answer too
+    (its type name): a wrong exception is a wrong answer, reported as one."""
+    try:
+        return _outcome(function, *args)
+    except Exception as error:  # compared with the reference's answer by the caller
+        return type(error).__name__
 
 
 def _outcome(function: Callable[..., Any], *args: Any) -> Any:
@@ -488,17 +510,45 @@ def check_cell_size(
     expected = reference_cell_size_bytes(
         model, itemsize=itemsize, is_draft_worker=is_draft, enable_hisparse=enable_hisparse
     )
-    got = target.cell_size_bytes(
-        model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
+    call = (
+        f"target.cell_size_bytes({model.name!r}, dtype={dtype!r}, is_draft={is_draft}, "
+        f"enable_hisparse={enable_hisparse})"
     )
+    context = _configuration(model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse)
+    try:
+        got = target.cell_size_bytes(
+            model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
+        )
+    except Exception as error:  # the formula has an answer for every valid model
+        raise fail(
+            got=f"{type(error).__name__}: {error}",
+            expected=expected,
+            call=call,
+            signature=_configurator_signature(
+                "cell_size", "cell_size_bytes", f"raised {type(error).__name__} {context}"
+            ),
+        ) from error
     assert_equal(
         got,
         expected,
-        call=f"target.cell_size_bytes({model.name!r}, dtype={dtype!r}, is_draft={is_draft}, "
-        f"enable_hisparse={enable_hisparse})",
+        call=call,
         detail=_indexer_detail(model, is_draft=is_draft, enable_hisparse=enable_hisparse),
+        signature=_configurator_signature("cell_size", "cell_size_bytes", f"differs {context}"),
     )
     return expected
+
+
+def _configuration(model: Any, *, dtype: str, is_draft: bool, enable_hisparse: bool) -> str:
+    """``(arch dtype[, draft][, hisparse])``: the part of a configurator failure's kind that
+    tells findings apart."""
+    extras = "".join(
+        f", {name}" for name, on in (("draft", is_draft), ("hisparse", enable_hisparse)) if on
+    )
+    return f"({getattr(model, 'attention_arch', '?')} {dtype}{extras})"
+
+
+def _configurator_signature(check: str, call: str, kind: str) -> FailureSignature:
+    return FailureSignature(check=check, call=call, kind=kind)
 
 
 def check_capacity_fits_budget(
@@ -555,6 +605,13 @@ def check_capacity_fits_budget(
         is_draft_worker=is_draft,
         enable_hisparse=enable_hisparse,
     )
+    context = _configuration(
+        model, dtype=dtype, **{"is_draft": is_draft, "enable_hisparse": enable_hisparse}
+    )
+
+    def signature(kind: str) -> FailureSignature:
+        return _configurator_signature("capacity", "max_total_num_tokens", f"{kind} {context}")
+
     try:
         got = target.max_total_num_tokens(
             model, budget_bytes=budget_bytes, dtype=dtype, page_size=page_size, **options
@@ -562,9 +619,21 @@ def check_capacity_fits_budget(
     except ValueError as error:
         if largest == 0:
             return CapacityCheck(0, 0, budget_bytes, 0, 0, "nothing fits")
-        raise fail(got=f"ValueError: {error}", expected=largest, call=call) from error
+        raise fail(
+            got=f"ValueError: {error}",
+            expected=largest,
+            call=call,
+            signature=signature("raised ValueError"),
+        ) from error
+    except Exception as error:  # any other exception is a wrong answer, reported as one
+        raise fail(
+            got=f"{type(error).__name__}: {error}",
+            expected=largest,
+            call=call,
+            signature=signature(f"raised {type(error).__name__}"),
+        ) from error
     if isinstance(got, bool) or not isinstance(got, int) or got < 0:
-        raise fail(got=got, expected="an int >= 0", call=call)
+        raise fail(got=got, expected="an int >= 0", call=call, signature=signature("not a count"))
     if largest == 0 and got == 0:
         return CapacityCheck(0, 0, budget_bytes, 0, 0, "nothing fits")
     if got % page_size:
@@ -573,17 +642,30 @@ def check_capacity_fits_budget(
             expected=f"a multiple of page_size={page_size}",
             call=call,
             detail=f"{got % page_size} tokens past the last whole page",
+            signature=signature("not whole pages"),
         )
     held, measured_by = _pool_bytes_for(
         target, model, num_tokens=got, dtype=dtype, page_size=page_size, device=device, **options
     )
     if held > budget_bytes:
+        # Over by less than the padding page and index rounding of one page of tokens is
+        # the classic off-by-a-page; by more is a different mistake.
+        page_bytes = reference_pool_bytes(
+            model,
+            num_tokens=page_size,
+            itemsize=itemsize,
+            page_size=page_size,
+            is_draft_worker=is_draft,
+            enable_hisparse=enable_hisparse,
+        )
+        by = "less" if held - budget_bytes <= page_bytes else "more"
         raise fail(
             got=f"pools of {held} bytes for {got} tokens",
             expected=f"at most budget_bytes={budget_bytes}",
             call=call,
             detail=f"{held - budget_bytes} bytes over the budget (measured by {measured_by}); "
             f"the largest count that fits is {largest}",
+            signature=signature(f"over the budget by {by} than a page"),
         )
     if got > largest:
         raise fail(
@@ -592,6 +674,7 @@ def check_capacity_fits_budget(
             call=call,
             detail=f"pools measured by {measured_by} hold {held} bytes, fewer than the "
             "reference formula gives",
+            signature=signature("more than fits"),
         )
     pages_short = (largest - got) // page_size
     if pages_short > 1:
@@ -600,6 +683,7 @@ def check_capacity_fits_budget(
             expected=f"{largest} (or one page fewer)",
             call=call,
             detail=f"{pages_short} pages short of the largest count that fits the budget",
+            signature=signature("pages short"),
         )
     return CapacityCheck(got, held, budget_bytes, largest, pages_short, measured_by)
 
@@ -665,6 +749,7 @@ def check_more_skips_never_lower_capacity(
             f"target.max_total_num_tokens({name}={getattr(model, 'name', name)!r}, "
             f"budget_bytes={budget_bytes}, dtype={dtype!r}, page_size={page_size})"
         )
+        context = _configuration(model, dtype=dtype, is_draft=False, enable_hisparse=False)
         try:
             capacities.append(
                 target.max_total_num_tokens(
@@ -676,11 +761,16 @@ def check_more_skips_never_lower_capacity(
                     enable_hisparse=False,
                 )
             )
-        except ValueError as error:
+        except Exception as error:  # a refusal of a budget that fits is a wrong answer
             raise fail(
-                got=f"ValueError: {error}",
+                got=f"{type(error).__name__}: {error}",
                 expected=f"a capacity (one page needs {one_page} bytes at most)",
                 call=call,
+                signature=_configurator_signature(
+                    "skip_capacity",
+                    "max_total_num_tokens",
+                    f"raised {type(error).__name__} {context}",
+                ),
             ) from error
     capacity_a, capacity_b = capacities
     if capacity_b < capacity_a:
@@ -690,6 +780,9 @@ def check_more_skips_never_lower_capacity(
             call=f"target.max_total_num_tokens(..., budget_bytes={budget_bytes}, "
             f"dtype={dtype!r}, page_size={page_size})",
             detail=f"model_b skips layers {_skipped(mask_b)}, model_a only {_skipped(mask_a)}",
+            signature=_configurator_signature(
+                "skip_capacity", "max_total_num_tokens", "more skips, fewer tokens"
+            ),
         )
     return capacity_a, capacity_b
 

@@ -1,16 +1,15 @@
 """The discrepancies between sglang 0.5.23 and kvcheck's contracts that the suite finds.
 
 :data:`FINDINGS` summarizes each one under the id its section has in
-``docs/sglang-findings.md``; :data:`EXPECTED_FAILURES` names the tests that fail because
-of them (node-id patterns, see :func:`kvcheck.targets.expected_failure_reason`). The
-plugin runs those tests as strict expected failures: if sglang changes so that one passes,
-the run fails (XPASS strict) until the entry is removed.
-
-Entries stay narrow. Every finding has a pinned test of its minimal reproduction, in the
+``docs/sglang-findings.md``; :data:`SGLANG_FINDINGS` declares each as a
+:class:`~kvcheck.targets.findings.Finding` matched by the failure it causes (the property,
+the method, the kind of difference), never by a test id. While the suite runs on sglang,
+a matching failure is steered around and the property keeps checking everything else;
+any other failure fails the run. Every finding is pinned by the tests it names, in the
 shipped suite where one exists (``test_each_rule_alone_rejects[kv-fp4_e2m1]``) and
-otherwise in the repository's ``tests/targets/test_sglang_findings.py``. A Hypothesis
-property is listed only where a finding makes the property itself fail, and its reason
-names every finding seen to fail it.
+otherwise in the repository's ``tests/targets/test_sglang_findings.py``: those run as
+strict expected failures that must fail with exactly that finding, so a fix shows as
+XPASS(strict) until the finding is removed.
 """
 
 from __future__ import annotations
@@ -48,38 +47,20 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
     }
 )
 
+
 #: Suite test patterns and the findings that make them fail on sglang 0.5.23.
-_FAILING_TESTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # --- flag validation: V1 and V2 are declared in POOL_FINDINGS (matched by their failure)
-    # --- pool selection: P1 and P2 are declared in POOL_FINDINGS (matched by their failure)
-    # --- skip rule
-    ("test_serving_skip_rule.py::test_skip_rule_matches_reference", ("K1",)),
-    ("test_sglang_findings.py::test_k1_*", ("K1",)),
-    # --- configurator
-    ("test_serving_configurator.py::test_cell_size_matches_formula", ("C1", "C2", "C4")),
-    ("test_serving_configurator.py::test_capacity_fits_its_budget", ("C1", "C2", "C3", "C4")),
-    ("test_serving_configurator.py::test_more_skip_layers_never_lower_capacity", ("C4",)),
-    ("test_serving_configurator.py::test_named_cell_sizes[deepseek-v3.2-fp8]", ("C1",)),
-    ("test_serving_configurator.py::test_named_capacities_fit[*-60gib-bf16]", ("C3",)),
-    ("test_serving_configurator.py::test_named_capacities_fit[glm-5.2-like-1gib-fp8]", ("C1",)),
-    ("test_sglang_findings.py::test_c1_*", ("C1",)),
-    ("test_sglang_findings.py::test_c2_*", ("C2",)),
-    ("test_sglang_findings.py::test_c3_*", ("C3",)),
-    ("test_sglang_findings.py::test_c4_*", ("C4",)),
-)
-# Pool-side findings are declared in POOL_FINDINGS below (matched by their failure, never by
-# test id), so the pool properties keep checking everything else on sglang.
-
-
-def _reason(finding_ids: tuple[str, ...]) -> str:
-    parts = [f"{fid}: {FINDINGS[fid]}" for fid in finding_ids]
-    anchors = ", ".join(f"{FINDINGS_DOC}#{fid.lower()}" for fid in finding_ids)
-    return f"sglang 0.5.23 {'; '.join(parts)} (see {anchors})"
-
-
-#: Suite node-id pattern -> why it fails on sglang 0.5.23.
+#: Tests the target expects to fail as a whole (node-id pattern -> reason). Only one is
+#: left: C3 shows in every example of the capacity property (every budget meets the
+#: missing padding page), so no example is left to steer to; the finding is pinned by
+#: its own tests like the rest. Every other test keeps checking on sglang.
 EXPECTED_FAILURES: Mapping[str, str] = MappingProxyType(
-    {pattern: _reason(finding_ids) for pattern, finding_ids in _FAILING_TESTS}
+    {
+        "test_serving_configurator.py::test_capacity_fits_its_budget": (
+            "sglang 0.5.23 C3: max_total_num_tokens ignores the padding page, so its pools "
+            "overshoot the budget in every example (also C1, C2, C4; see "
+            f"{FINDINGS_DOC}#c3)"
+        ),
+    }
 )
 
 
@@ -87,11 +68,11 @@ def _pinned(*patterns: str) -> tuple[str, ...]:
     return tuple(f"test_sglang_findings.py::{pattern}" for pattern in patterns)
 
 
-#: The pool-side and pool-selection findings, each matched by the failure it causes. The
+#: Every finding the suite makes on sglang 0.5.23, each matched by the failure it causes. The
 #: suite steers around them (``steer`` tags, :data:`kvcheck.machines.STEER_TAGS`, or by
 #: rejecting the example) and keeps checking the rest; each is pinned by the tests named
 #: in ``pinned``, which must fail with exactly it.
-POOL_FINDINGS: tuple[Finding, ...] = (
+SGLANG_FINDINGS: tuple[Finding, ...] = (
     Finding(
         "N1",
         FINDINGS["N1"],
@@ -199,6 +180,49 @@ POOL_FINDINGS: tuple[Finding, ...] = (
         call="select_pool_family",
         kind="built noop instead of refusing the FP4 MHA KV pool",
         pinned=_pinned("test_p2_*"),
+    ),
+    Finding(
+        "K1",
+        FINDINGS["K1"],
+        check="skip_rule",
+        call="dsa_layer_skips_topk",
+        kind="AssertionError instead of ValueError",
+        pinned=_pinned("test_k1_*"),
+    ),
+    Finding(
+        "C1",
+        FINDINGS["C1"],
+        check="cell_size",
+        kind="differs (dsa float8_e4m3fn*",
+        pinned=(
+            *_pinned("test_c1_*"),
+            "test_serving_configurator.py::test_named_cell_sizes[deepseek-v3.2-fp8]",
+        ),
+    ),
+    Finding(
+        "C1.capacity",
+        "C1 seen in capacity: " + FINDINGS["C1"],
+        check="capacity",
+        kind="pages short (dsa float8_e4m3fn*",
+        pinned=("test_serving_configurator.py::test_named_capacities_fit[glm-5.2-like-1gib-fp8]",),
+    ),
+    # HiSparse also lowers capacity; the suffix matches any check of a HiSparse configuration.
+    Finding("C2", FINDINGS["C2"], kind="*, hisparse)", pinned=_pinned("test_c2_*")),
+    Finding(
+        "C3",
+        FINDINGS["C3"],
+        check="capacity",
+        kind="over the budget by less than a page*",
+        pinned=(
+            *_pinned("test_c3_*"),
+            "test_serving_configurator.py::test_named_capacities_fit[*-60gib-bf16]",
+        ),
+    ),
+    Finding(
+        "C4",
+        FINDINGS["C4"],
+        kind="raised AssertionError (dsa float8_e4m3fn*",
+        pinned=_pinned("test_c4_*"),
     ),
     Finding(
         "I",

@@ -37,7 +37,7 @@ import torch
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
 from kvcheck.targets import _sglang_adapt as adapt
 from kvcheck.targets import _sglang_env as env
-from kvcheck.targets._sglang_findings import EXPECTED_FAILURES, POOL_FINDINGS
+from kvcheck.targets._sglang_findings import EXPECTED_FAILURES, SGLANG_FINDINGS
 
 #: The sglang release this adapter was written against.
 SGLANG_VERSION = "0.5.23"
@@ -172,8 +172,8 @@ class SGLangTarget:
         self.version: str = _installed_sglang_version()
         self.unsupported: Mapping[str, str] = UNSUPPORTED
         self.pool_spec_limits: Mapping[str, Mapping[str, tuple[int, ...]]] = POOL_SPEC_LIMITS
+        self.findings = SGLANG_FINDINGS
         self.expected_failures: Mapping[str, str] = EXPECTED_FAILURES
-        self.findings = POOL_FINDINGS
         self.cpu_notes: Mapping[str, str] = CPU_NOTES
         if self.version != SGLANG_VERSION:
             warnings.warn(
