@@ -110,6 +110,17 @@ KVCHECK_TWINS: tuple[Twin, ...] = (
     _pool_twin("validating-move-noop", "noop", "ValidatingMoveNoOp"),
     _pool_twin("loc-sorting-mha", "mha", "LocSortingMHA"),
     _pool_twin("half-applying-mha", "mha", "HalfApplyingMHA"),
+    _pool_twin("start-layer-blind-read-mha", "mha", "StartLayerBlindReadMHA"),
+    _pool_twin("stale-view-mla", "mla", "StaleViewMLA"),
+    _pool_twin("shifted-rows-read-dsa", "dsa", "ShiftedRowsReadDSA"),
+    _pool_twin("end-layer-from-zero-mla", "mla", "EndLayerFromZeroMLA"),
+    _pool_twin("page-granular-reload-mha", "mha", "PageGranularReloadMHA"),
+    _pool_twin("rope-dropping-mla", "mla", "RopeDroppingMLA"),
+    _pool_twin("uncommitted-writing-mha", "mha", "UncommittedWritingMHA"),
+    _pool_twin("scale-dividing-mha", "mha", "ScaleDividingMHA"),
+    # Two bugs, one declared as a finding by the twin test: here both are undeclared.
+    _pool_twin("silent-reload-moving-noop", "noop", "SilentReloadMovingNoOp"),
+    _pool_twin("silent-reload-noop", "noop", "SilentReloadNoOp"),
     *(
         _serving_twin(f"forgets-{rule}", f"forgets_rule({rule!r})", "forgets_rule")
         for rule in RULES
