@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -230,61 +231,61 @@ def _same_memory(view: torch.Tensor, raw: torch.Tensor) -> bool:
     )
 
 
-def _expected_reads(
-    reference: ReferencePool, pool: Any, layer_id: int
-) -> list[tuple[str, Any, np.ndarray]]:
-    """(read call, the pool's answer, the bytes it must hold) for one global layer."""
-    spec = reference.spec
+@dataclass(frozen=True)
+class _Read:
+    """One read-API answer for one layer, what it must hold, and the raw buffer it views."""
+
+    method: str
+    label: str
+    got: Any
+    expected: np.ndarray
+    raw: torch.Tensor | None
+
+
+def _reads(
+    pool: Any, spec: Any, expected: Mapping[str, Sequence[np.ndarray]], layer_id: int
+) -> list[_Read]:
+    """Every read-API answer for global layer ``layer_id``."""
     local = layer_id - spec.start_layer
-    expected = reference.expected_buffers()
-    if spec.family in ("mha", "noop"):
-        key, value = pool.get_kv_buffer(layer_id)
-        return [
-            (
-                f"pool.get_key_buffer({layer_id})",
-                pool.get_key_buffer(layer_id),
-                expected["k_buffer"][local],
-            ),
-            (
-                f"pool.get_value_buffer({layer_id})",
-                pool.get_value_buffer(layer_id),
-                expected["v_buffer"][local],
-            ),
-            (f"pool.get_kv_buffer({layer_id})[0]", key, expected["k_buffer"][local]),
-            (f"pool.get_kv_buffer({layer_id})[1]", value, expected["v_buffer"][local]),
-        ]
-    latent = expected["kv_buffer"][local]
-    rank_bytes = spec.kv_lora_rank * spec.itemsize
+    mha = spec.family in ("mha", "noop")
+    key_name, value_name = ("k_buffer", "v_buffer") if mha else ("kv_buffer", "kv_buffer")
+    key_bytes = expected[key_name][local]
+    value_bytes = (
+        expected[value_name][local] if mha else key_bytes[:, : spec.kv_lora_rank * spec.itemsize]
+    )
+    raw_key = getattr(pool, key_name)[local]
+    raw_value = getattr(pool, value_name)[local] if mha else None
     key, value = pool.get_kv_buffer(layer_id)
     reads = [
-        (f"pool.get_key_buffer({layer_id})", pool.get_key_buffer(layer_id), latent),
-        (
+        _Read(
+            "get_key_buffer",
+            f"pool.get_key_buffer({layer_id})",
+            pool.get_key_buffer(layer_id),
+            key_bytes,
+            raw_key,
+        ),
+        _Read(
+            "get_value_buffer",
             f"pool.get_value_buffer({layer_id})",
             pool.get_value_buffer(layer_id),
-            latent[:, :rank_bytes],
+            value_bytes,
+            raw_value,
         ),
-        (f"pool.get_kv_buffer({layer_id})[0]", key, latent),
-        (f"pool.get_kv_buffer({layer_id})[1]", value, latent[:, :rank_bytes]),
+        _Read("get_kv_buffer", f"pool.get_kv_buffer({layer_id})[0]", key, key_bytes, raw_key),
+        _Read("get_kv_buffer", f"pool.get_kv_buffer({layer_id})[1]", value, value_bytes, raw_value),
     ]
     if spec.family == "dsa":
+        name = "index_k_with_scale_buffer"
         reads.append(
-            (
+            _Read(
+                "get_index_k_with_scale_buffer",
                 f"pool.get_index_k_with_scale_buffer({layer_id})",
                 pool.get_index_k_with_scale_buffer(layer_id),
-                expected["index_k_with_scale_buffer"][local],
+                expected[name][local],
+                getattr(pool, name)[local],
             )
         )
     return reads
-
-
-def _raw_layer(pool: Any, reference: ReferencePool, read: str, local: int) -> torch.Tensor | None:
-    name = {
-        "get_key_buffer": "k_buffer" if reference.spec.family in ("mha", "noop") else "kv_buffer",
-        "get_value_buffer": "v_buffer" if reference.spec.family in ("mha", "noop") else None,
-        "get_index_k_with_scale_buffer": "index_k_with_scale_buffer",
-    }.get(read.split("(")[0].removeprefix("pool."))
-    buffers = getattr(pool, name, None) if name else None
-    return None if buffers is None else buffers[local]
 
 
 def assert_read_api_matches_reference(
@@ -307,41 +308,41 @@ def assert_read_api_matches_reference(
     """
     __tracebackhide__ = True
     spec = reference.spec
+    expected = reference.expected_buffers()
     for layer_id in spec.layer_ids:
-        local = layer_id - spec.start_layer
-        for read, got, expected in _expected_reads(reference, pool, layer_id):
-            raw = _raw_layer(pool, reference, read, local)
-            if isinstance(got, torch.Tensor) and raw is not None and _same_memory(got, raw):
+        for read in _reads(pool, spec, expected, layer_id):
+            got = read.got
+            if (
+                isinstance(got, torch.Tensor)
+                and read.raw is not None
+                and _same_memory(got, read.raw)
+            ):
                 continue  # the raw buffer was compared already
             signature = FailureSignature(
-                check="read_api",
-                call=read.split("(")[0].removeprefix("pool."),
-                kind="bytes differ",
-                family=spec.family,
+                check="read_api", call=read.method, kind="bytes differ", family=spec.family
             )
             if not isinstance(got, torch.Tensor):
                 raise fail(
                     got=type(got).__name__,
                     expected="a tensor",
-                    call=read,
+                    call=read.label,
                     detail=f"after {call}",
                     signature=signature,
                 )
             assert_bytes_equal(
                 read_buffer(got),
-                expected,
-                what=f"{read} after {call}",
-                call=read,
+                read.expected,
+                what=f"{read.label} after {call}",
+                call=read.label,
                 signature=signature,
             )
         if mla_reads:
-            _check_mla_reads(pool, reference, layer_id, call=call)
+            latent = expected["kv_buffer"][layer_id - spec.start_layer]
+            _check_mla_reads(pool, spec, latent, layer_id, call=call)
 
 
-def _check_mla_reads(pool: Any, reference: ReferencePool, layer_id: int, *, call: str) -> None:
+def _check_mla_reads(pool: Any, spec: Any, latent: np.ndarray, layer_id: int, *, call: str) -> None:
     __tracebackhide__ = True
-    spec = reference.spec
-    latent = reference.expected_buffers()["kv_buffer"][layer_id - spec.start_layer]
     rank_bytes = spec.kv_lora_rank * spec.itemsize
     loc = torch.arange(spec.num_slots, dtype=torch.int64, device=pool_device(pool))
     read = f"pool.get_mla_kv_buffer(layer_id={layer_id}, loc=all {spec.num_slots} slots)"
