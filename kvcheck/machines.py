@@ -3,11 +3,18 @@
 :func:`pool_machine` builds one :class:`~hypothesis.stateful.RuleBasedStateMachine` class
 per pool family. Each example draws a small pool spec, builds the target's pool and a
 :class:`~kvcheck.reference.ReferencePool` from it, then runs the same random operations
-on both: KV writes, DSA index-K writes, moves (sources repeated and overlapping targets),
-host copies and reloads to other slots, and invalid operations. After every step an
-invariant compares every buffer byte for byte, checks the byte accounting
-(:mod:`kvcheck.properties.accounting`) and calls the pool's own ``check_valid()`` where
-it has one. A pool must raise exactly when the reference says the contract demands it.
+on both, every one drawn from :mod:`kvcheck.strategies.ops`: KV writes in the pool's
+dtype and in the caller's (with ``k_scale``/``v_scale``), ``set_mla_kv_buffer`` and
+prefix-valid writes, DSA index-K writes, moves (sources repeated and overlapping targets),
+host copies and reloads of request-shaped index sets, and invalid operations. Every call
+must leave the caller's tensors unchanged. After every step an invariant compares every
+buffer byte for byte, raw and through the read API, checks the layer range, the byte
+accounting and transfer descriptors (:mod:`kvcheck.properties.accounting`) and calls the
+pool's own ``check_valid()`` where it has one. A pool must raise exactly when the
+reference says the contract demands it. A failure carries the spec and every operation
+so far (``PropertyFailure.reproduction``), from which ``kvcheck verify`` writes a
+standalone script; a failure matching one of the target's declared findings is steered
+around (:mod:`kvcheck.targets.findings`).
 
 Run a machine with :func:`hypothesis.stateful.run_state_machine_as_test` (settings are on
 ``Machine.TestCase.settings``) or as a unittest ``TestCase``.

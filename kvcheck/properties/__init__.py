@@ -9,7 +9,9 @@ tests with kvcheck's strategies.
 Pool side:
 
 - :mod:`~kvcheck.properties.ops`: specs operations as tensors, applied through a target;
-- :mod:`~kvcheck.properties.pool_state`: a pool's bytes against the reference model;
+- :mod:`~kvcheck.properties.pool_state`: a pool's bytes against the reference model, raw
+  and through the read API, and its layer range;
+- :mod:`~kvcheck.properties.caller_tensors`: no call changes a tensor it was given;
 - :mod:`~kvcheck.properties.skip_layers`: skip layers hold zero bytes (storage, CUDA
   allocator, meta at production scale);
 - :mod:`~kvcheck.properties.noop`: the no-op pool raises on writes, holds placeholders only;
@@ -34,9 +36,10 @@ Example::
 from __future__ import annotations
 
 from kvcheck.properties import serving as _serving
-from kvcheck.properties._assertions import PropertyFailure
+from kvcheck.properties._assertions import FailureSignature, PropertyFailure
 from kvcheck.properties.accounting import (
     assert_accounting,
+    assert_contiguous_buf_infos,
     assert_held_bytes,
     assert_kv_size_bytes,
     assert_mem_usage,
@@ -60,7 +63,9 @@ from kvcheck.properties.noop import (
 )
 from kvcheck.properties.ops import apply_op, apply_op_like_reference, describe_op, encode_op
 from kvcheck.properties.pool_state import (
+    assert_layer_range,
     assert_pool_matches_reference,
+    assert_read_api_matches_reference,
     assert_same_pool_bytes,
     read_pool_buffers,
 )
@@ -73,10 +78,12 @@ from kvcheck.properties.skip_layers import (
 
 __all__ = [
     "BadCall",
+    "FailureSignature",
     "PropertyFailure",
     "apply_op",
     "apply_op_like_reference",
     "assert_accounting",
+    "assert_contiguous_buf_infos",
     "assert_cuda_allocation_matches",
     "assert_held_bytes",
     "assert_kv_size_bytes",
@@ -85,7 +92,9 @@ __all__ = [
     "assert_noop_holds_only_placeholders",
     "assert_noop_move_changes_nothing",
     "assert_noop_write_raises",
+    "assert_layer_range",
     "assert_pool_matches_reference",
+    "assert_read_api_matches_reference",
     "assert_rejected_call_changes_nothing",
     "assert_same_pool_bytes",
     "assert_skip_layers_hold_no_storage",
