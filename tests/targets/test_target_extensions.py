@@ -342,3 +342,79 @@ def test_replay_profile_makes_expected_failures_lenient(inner_run: Any) -> None:
     result.assert_outcomes(passed=1, skipped=4, xfailed=1, xpassed=1)
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["*expected failures: 3 declared*not strict under*replay*"])
+
+
+# --- declared findings ---------------------------------------------------------------------
+
+_FINDINGS_TARGET = """
+    from kvcheck.targets.builtin import KVCheckTarget
+    from kvcheck.targets.findings import Finding
+
+    class FindingsTarget(KVCheckTarget):
+        name = "findings"
+        version = "1.0"
+        findings = (
+            Finding("F1", "odd numbers are refused", check="parity", kind="odd",
+                    pinned=("test_findings.py::test_pins_f1*",)),
+        )
+
+    target = FindingsTarget()
+"""
+
+_FINDINGS_TESTS = """
+    from hypothesis import given, strategies as st
+    from kvcheck.properties._assertions import FailureSignature, failure
+
+    def check(x, kind):
+        if kind and x % 2:
+            raise failure(f"got {x}", signature=FailureSignature(check="parity", kind=kind))
+
+    def test_pins_f1_with_its_failure(kvcheck_target):
+        check(1, "odd")
+
+    def test_pins_f1_but_fails_otherwise(kvcheck_target):
+        check(1, "negative")
+
+    def test_pins_f1_but_passes(kvcheck_target):
+        check(2, "odd")
+
+    @given(st.integers(0, 100))
+    def test_property_with_the_finding_only(kvcheck_target, x):
+        check(x, "odd")
+
+    @given(st.integers(0, 100))
+    def test_property_with_a_second_bug(kvcheck_target, x):
+        check(x, "odd")
+        assert x < 90, "second bug"
+"""
+
+
+def test_findings_are_matched_by_their_failure(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pinned test xfails only with its finding's failure (another failure, or a pass,
+    fails the run); a property steers around the finding yet still fails on a second bug."""
+    for name in list(os.environ):
+        if name.startswith(("KVCHECK_", "PYTEST_XDIST_")):
+            monkeypatch.delenv(name)
+    saved, current = dict(settings._profiles), settings.get_current_profile_name()
+    pytester.makepyfile(findings_target=_FINDINGS_TARGET, test_findings=_FINDINGS_TESTS)
+    pytester.syspathinsert()
+    monkeypatch.setenv("KVCHECK_TARGET", "findings_target:target")
+    monkeypatch.setenv("KVCHECK_DB", str(pytester.path / "db"))
+    try:
+        result = pytester.runpytest("-rsxXf", "-p", "no:randomly")
+    finally:
+        settings._profiles.clear()
+        settings._profiles.update(saved)
+        settings.load_profile(current)
+    result.assert_outcomes(passed=1, xfailed=1, failed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*XFAIL*test_pins_f1_with_its_failure*pins finding F1*",
+            "*FAILED*test_pins_f1_but_fails_otherwise*",
+            "*FAILED*test_pins_f1_but_passes*",
+            "*FAILED*test_property_with_a_second_bug*",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*pins a finding but failed otherwise*is not finding F1*"])
