@@ -527,9 +527,9 @@ def analyze_data(target: str, data_file: str | os.PathLike[str]) -> ReachReport:
     import coverage
 
     table = _reach_table(target)
-    files = _scope_files(table)
     if not Path(data_file).exists():
         raise ValueError(f"data_file={str(data_file)!r} does not exist")
+    files = _scope_files(table)
     cov = coverage.Coverage(data_file=str(data_file))
     cov.load()
     measured_files = {os.path.realpath(f) for f in cov.get_data().measured_files()}
