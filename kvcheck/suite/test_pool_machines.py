@@ -14,9 +14,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import find
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck.machines import pool_machine
+from kvcheck.properties.ops import apply_op_like_reference, describe_op, op_method
+from kvcheck.properties.pool_state import assert_pool_matches_reference
+from kvcheck.reference import ReferencePool
+from kvcheck.specs import Move, Op, PoolSpec
+from kvcheck.strategies.ops import write_kv_ops
+from kvcheck.targets.limits import fit_spec, pool_spec_limits_of
 
 FAMILIES = ("mha", "mla", "dsa", "noop")
 
@@ -35,3 +42,39 @@ def test_pool_matches_reference_after_every_step(
     machine = pool_machine(kvcheck_target, device=kvcheck_device, family=family)
     run_state_machine_as_test(machine, settings=machine.TestCase.settings)
     assert machine.__name__.lower().startswith(family)
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param(family, marks=pytest.mark.kvcheck_needs(f"{family}_pool", "move"), id=family)
+        for family in FAMILIES
+    ],
+)
+def test_empty_move_changes_nothing(kvcheck_target: Any, kvcheck_device: str, family: str) -> None:
+    """A move of no tokens (a batch with nothing to relocate) is accepted and changes no
+    byte, on a pool already holding data: the machines draw it only by chance."""
+    spec = fit_spec(
+        PoolSpec(family=family, size=4, page_size=2, layer_num=2, dtype="bfloat16", head_dim=2),  # type: ignore[arg-type]
+        **{
+            name: values[0]
+            for name, values in pool_spec_limits_of(kvcheck_target).get(family, {}).items()
+        },
+    )
+    pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
+    reference = ReferencePool(spec)
+    copies: dict[str, Any] = {}
+    ops: list[Op] = [Move(tgt=(), src=())]
+    if family != "noop":
+        ops.insert(0, draw_first_write(spec))
+    for op in ops:
+        apply_op_like_reference(
+            kvcheck_target, pool, reference, op, device=kvcheck_device, copies=copies
+        )
+        assert_pool_matches_reference(pool, reference, call=describe_op(op), method=op_method(op))
+    assert len(ops) in (1, 2)
+
+
+def draw_first_write(spec: PoolSpec) -> Op:
+    """The simplest valid write of ``spec``'s family (what the write strategy shrinks to)."""
+    return find(write_kv_ops(spec), lambda op: True)
