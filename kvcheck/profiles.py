@@ -79,6 +79,7 @@ KNOWN_ENV_VARS: tuple[str, ...] = (
     EXPLAIN_ENV_VAR,
     "KVCHECK_TORCH_PIN",  # scripts/install_sglang.sh
     "KVCHECK_CI_SCRATCH",  # .ci/run
+    "KVCHECK_GPU_CHECK_PROBE",  # scripts/gpu_check.py, to its own pytest runs
 )
 
 #: Hypothesis's built-in profiles: loaded without anyone choosing them.
