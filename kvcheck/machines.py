@@ -325,13 +325,18 @@ class PoolMachine(RuleBasedStateMachine):
     def _check_state(self) -> None:
         assert self.reference is not None and self.spec is not None
         call, spec, skipped = self.last_call, self.spec, self.skipped
-        assert_pool_matches_reference(self.pool, self.reference, call=call, method=self.last_method)
+        # Rendered once per step: both the raw and the read-API checks compare against it.
+        expected = self.reference.expected_buffers()
+        assert_pool_matches_reference(
+            self.pool, self.reference, call=call, method=self.last_method, expected=expected
+        )
         if "read_api" not in skipped:
             assert_read_api_matches_reference(
                 self.pool,
                 self.reference,
                 call=call,
                 mla_reads="mla_write" not in skipped and spec.family in ("mla", "dsa"),
+                expected=expected,
             )
         assert_layer_range(self.pool, spec, call=call)
         assert_accounting(

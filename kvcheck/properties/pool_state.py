@@ -141,12 +141,18 @@ def _compare_layers(
 
 
 def assert_pool_matches_reference(
-    pool: Any, reference: ReferencePool, *, call: str, method: str = ""
+    pool: Any,
+    reference: ReferencePool,
+    *,
+    call: str,
+    method: str = "",
+    expected: PoolBytes | None = None,
 ) -> None:
     """Every buffer of ``pool`` equals ``reference``'s rendering of it, byte for byte.
 
     ``call`` names the operation just performed (``method`` its pool method, for the
-    failure's signature). A failure names the first differing
+    failure's signature); ``expected`` is ``reference.expected_buffers()`` when the caller
+    rendered it already. A failure names the first differing
     buffer, layer, row and byte (for index-K pages also the token and key/scale part).
 
     Example:
@@ -162,7 +168,7 @@ def assert_pool_matches_reference(
         kv_buffer[0] (global layer 0) first differs at row=1, byte=2
     """
     __tracebackhide__ = True
-    expected = reference.expected_buffers()
+    expected = reference.expected_buffers() if expected is None else expected
     start_layer = reference.spec.start_layer
     for name, expected_layers in expected.items():
         tensors = getattr(pool, name, None)
@@ -289,7 +295,12 @@ def _reads(
 
 
 def assert_read_api_matches_reference(
-    pool: Any, reference: ReferencePool, *, call: str, mla_reads: bool = False
+    pool: Any,
+    reference: ReferencePool,
+    *,
+    call: str,
+    mla_reads: bool = False,
+    expected: PoolBytes | None = None,
 ) -> None:
     """Every layer read back through the API attention uses equals the reference, byte for
     byte: ``get_key_buffer``, ``get_value_buffer`` and ``get_kv_buffer`` (global layer ids;
@@ -308,7 +319,7 @@ def assert_read_api_matches_reference(
     """
     __tracebackhide__ = True
     spec = reference.spec
-    expected = reference.expected_buffers()
+    expected = reference.expected_buffers() if expected is None else expected
     for layer_id in spec.layer_ids:
         for read in _reads(pool, spec, expected, layer_id):
             got = read.got

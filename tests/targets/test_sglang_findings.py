@@ -2,10 +2,11 @@
 
 Each test runs kvcheck's own check on the minimal example Hypothesis gave for one finding,
 against the active target. On the kvcheck target they pass, which shows the check and the
-example are sound. The sglang target declares every one of them an expected failure
-(``kvcheck/targets/_sglang_findings.py``), so the plugin runs them as strict xfails: the
-day sglang changes, the matching test passes and the run fails with XPASS(strict) until
-the finding is updated. The finding ids (``V1``, ``C3``, ...) are the anchors in the doc.
+example are sound. The sglang target's findings (``kvcheck/targets/_sglang_findings.py``)
+name these tests as the ones that pin them, so the plugin runs them as strict xfails that
+must fail with exactly that finding's failure: the day sglang changes, the matching test
+passes (or fails differently) and the run fails until the finding is updated. The
+finding ids (``V1``, ``C3``, ...) are the anchors in the doc.
 
 Run against sglang with ``KVCHECK_TARGET=sglang python -m pytest tests/targets``.
 """
