@@ -39,8 +39,9 @@ from hypothesis import settings as Settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvcheck.properties._assertions import FailureSignature, PropertyFailure, failure
+from kvcheck.failures import FailureSignature, PropertyFailure, Reproduction
 from kvcheck.properties.accounting import assert_accounting, assert_contiguous_buf_infos
+from kvcheck.properties.assertions import failure
 from kvcheck.properties.ops import apply_op_like_reference, describe_op, op_method
 from kvcheck.properties.pool_state import (
     assert_layer_range,
@@ -365,7 +366,7 @@ class PoolMachine(RuleBasedStateMachine):
 
 def make_reproduction(spec: PoolSpec, ops: tuple[Op, ...], note: str, *, check: str = "") -> Any:
     """The reproduction a failure carries: the pool ``spec`` and the ``ops`` run so far
-    (a :class:`kvcheck.repro.Reproduction`), for a standalone script.
+    (a :class:`kvcheck.failures.Reproduction`), for a standalone script.
 
     Example:
         >>> from kvcheck.specs import PoolSpec
@@ -373,8 +374,6 @@ def make_reproduction(spec: PoolSpec, ops: tuple[Op, ...], note: str, *, check: 
         >>> make_reproduction(spec, (), "got 1 but should be 0 [poke]").ops
         ()
     """
-    from kvcheck.repro import Reproduction
-
     return Reproduction(spec=spec, ops=ops, note=note, check=check)
 
 

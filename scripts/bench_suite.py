@@ -35,7 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def run_suite(args: argparse.Namespace) -> dict[str, Any]:
     """Run the suite under xdist; return the results file's payload plus the wall time."""
-    from kvcheck.results import load_results
+    from kvcheck.runner.results import load_results
 
     with tempfile.TemporaryDirectory(prefix="kvcheck-bench-") as tmp:
         results_path = Path(tmp) / "results.json"
@@ -112,7 +112,7 @@ def bench_machines(args: argparse.Namespace) -> tuple[int, list[MachineFigures]]
     from hypothesis.stateful import run_state_machine_as_test
 
     from kvcheck.machines import MACHINE_FAMILIES, pool_machine
-    from kvcheck.profiles import register_profiles
+    from kvcheck.runner.profiles import register_profiles
     from kvcheck.targets import resolve_target
 
     register_profiles(InMemoryExampleDatabase())

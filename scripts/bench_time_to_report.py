@@ -13,7 +13,7 @@ single process, in a fresh temporary directory with an empty ``KVCHECK_DB``, onc
 The twin's target lives in a small module generated into that directory. A tiny pytest
 plugin (also generated there) notes when each test starts, when Hypothesis first sees a
 failing example and when it finishes shrinking; the failing test, its phases and its
-final example come from kvcheck's own results file (:mod:`kvcheck.results`).
+final example come from kvcheck's own results file (:mod:`kvcheck.runner.results`).
 
 Per bug it prints, as median and max over the seeds:
 

@@ -174,7 +174,7 @@ def describe_environment() -> dict[str, object]:
 
 def _plugin_registered() -> bool:
     return any(
-        ep.value.startswith("kvcheck.plugin")
+        ep.value.startswith("kvcheck.runner.plugin")
         for ep in importlib.metadata.entry_points(group="pytest11")
     )
 
@@ -187,7 +187,7 @@ def plugin_arguments(device: str) -> list[str]:
         >>> plugin_arguments("cpu")[-2:]
         ['--kvcheck-device', 'cpu']
     """
-    load = [] if _plugin_registered() else ["-p", "kvcheck.plugin"]
+    load = [] if _plugin_registered() else ["-p", "kvcheck.runner.plugin"]
     return [*load, "--kvcheck-device", device]
 
 
@@ -207,7 +207,7 @@ def run_suite(
     extra_path: tuple[Path, ...] = (),
 ) -> SuiteResult:
     """Run pytest with ``pytest_args`` in a subprocess and read kvcheck's results file."""
-    from kvcheck.results import load_results
+    from kvcheck.runner.results import load_results
 
     with tempfile.TemporaryDirectory() as scratch:
         results = Path(scratch) / "results.json"
@@ -366,7 +366,7 @@ def _torch_device(ctx: Context) -> Any:
 
 def stage_memory_report(ctx: Context, budget_s: float) -> StageResult:
     """GLM-5.2-like pools at 60 GiB, built on ``meta``: shape bytes equal the formula."""
-    from kvcheck.memory_report import memory_rows
+    from kvcheck.runner.memory_report import memory_rows
 
     rows = memory_rows(["GLM-5.2-like"], budget_bytes=60 * _GIB, dtype="bfloat16", page_size=64)
     figures = {
@@ -416,7 +416,7 @@ def stage_memory_cuda(ctx: Context, budget_s: float) -> StageResult:
         measure_cuda_allocation,
         storage_bytes,
     )
-    from kvcheck.memory_report import memory_rows
+    from kvcheck.runner.memory_report import memory_rows
     from kvcheck.specs import PoolSpec
     from kvcheck.targets import resolve_target
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import kvcheck.serving as serving
-from kvcheck.profiles import CI, DEV, REPLAY, THOROUGH, explain_requested, profile_options
+from kvcheck.runner.profiles import CI, DEV, REPLAY, THOROUGH, explain_requested, profile_options
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 

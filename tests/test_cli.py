@@ -1,4 +1,4 @@
-"""The kvcheck command (kvcheck.cli) and its summaries (kvcheck.summary).
+"""The kvcheck command (kvcheck.runner.cli) and its summaries (kvcheck.runner.summary).
 
 Settings errors are checked in-process (they stop before pytest starts); verify and replay
 run their pytest subprocess on small temporary suites.
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from kvcheck.cli import main, pytest_command
-from kvcheck.summary import (
+from kvcheck.runner.cli import main, pytest_command
+from kvcheck.runner.summary import (
     exit_code_for,
     render_replay,
     render_verify,
@@ -231,7 +231,7 @@ def test_pytest_command_names_plugins_without_autoload(
         results_path=tmp_path / "r.json",
     )
     loaded = [command[i + 1] for i, arg in enumerate(command) if arg == "-p"]
-    assert {"kvcheck.plugin", "_hypothesis_pytestplugin", "xdist.plugin"} <= set(loaded)
+    assert {"kvcheck.runner.plugin", "_hypothesis_pytestplugin", "xdist.plugin"} <= set(loaded)
 
 
 @pytest.mark.parametrize(("status", "code"), [(0, 0), (1, 1), (2, 2), (3, 2), (4, 2), (5, 2)])
@@ -414,13 +414,13 @@ def test_verify_json_write_error_is_one_line_and_exit_2(
     capfd: pytest.CaptureFixture[str],
 ) -> None:
     """A --json file that cannot be written after the run: one error line, exit 2."""
-    import kvcheck.cli
+    import kvcheck.runner.cli
 
     def refuse(path: Path, *args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied", str(path))
 
     _workdir(tmp_path, "run", monkeypatch)
-    monkeypatch.setattr(kvcheck.cli, "_write_json", refuse)
+    monkeypatch.setattr(kvcheck.runner.cli, "_write_json", refuse)
     argv = ["verify", "--suite", str(project), "--device", "cpu", "-k", "never_grows"]
     assert main([*argv, "--quiet", "--json", "out.json"]) == 2
     captured = capfd.readouterr()

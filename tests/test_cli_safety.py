@@ -1,6 +1,6 @@
 """The kvcheck command never passes silently: bad output paths, unusable databases, lost
 saves, Ctrl-C, misspelled variables, targets in the current directory, and the plumbing that
-turns a failure's reproduction data into a standalone script (with a fake ``kvcheck.repro``).
+turns a failure's reproduction data into a standalone script (with a fake ``kvcheck.runner.repro``).
 
 Checks that stop before pytest starts run in-process; the others run small pytest suites.
 """
@@ -21,10 +21,16 @@ from typing import Any
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from kvcheck import cli
-from kvcheck.properties._assertions import FailureSignature, PropertyFailure
-from kvcheck.results import failures_from_exception
-from kvcheck.summary import render_verify
+from kvcheck.failures import (
+    FailureSignature,
+    PropertyFailure,
+    Reproduction,
+    reproduction_from_json,
+)
+from kvcheck.runner import cli
+from kvcheck.runner.results import failures_from_exception
+from kvcheck.runner.summary import render_verify
+from kvcheck.specs import Move, PoolSpec
 
 _LEAKY_PREFIXES = ("KVCHECK_", "PYTEST_XDIST_")
 
@@ -42,18 +48,14 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 @pytest.fixture
 def fake_repro(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
-    """A stand-in for kvcheck.repro with the agreed API (Reproduction data -> script)."""
-    module = types.ModuleType("kvcheck.repro")
-
-    def reproduction_to_json(rep: Any) -> dict[str, Any]:
-        return {"calls": list(rep["calls"]), "family": rep["family"]}
+    """A stand-in for kvcheck.runner.repro with the agreed API (reproduction data -> script)."""
+    module = types.ModuleType("kvcheck.runner.repro")
 
     def render_script(data: dict[str, Any], *, target: str) -> str:
         return f"# {target}\nDATA = {data!r}\n"
 
-    module.reproduction_to_json = reproduction_to_json  # type: ignore[attr-defined]
     module.render_script = render_script  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kvcheck.repro", module)
+    monkeypatch.setitem(sys.modules, "kvcheck.runner.repro", module)
     return module
 
 
@@ -151,21 +153,21 @@ def test_family_becomes_a_keyword_and_is_validated(capsys: pytest.CaptureFixture
     assert "invalid choice: 'gqa'" in capsys.readouterr().err
 
 
-# --- reproduction scripts (plumbing, with a fake kvcheck.repro) ------------------------------
+# --- reproduction scripts (plumbing, with a fake kvcheck.runner.repro) ---------------------
 
 
-def test_failure_entry_carries_signature_and_reproduction_data(
-    fake_repro: types.ModuleType,
-) -> None:
+def test_failure_entry_carries_signature_and_reproduction_data() -> None:
     """A PropertyFailure's signature and reproduction reach its results entry."""
+    spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
+    reproduction = Reproduction(spec=spec, ops=(Move(tgt=(1,), src=(2,)),))
     error = PropertyFailure(
         "got 1 but should be 0 [move_kv_cache]\nk_buffer[layer 0] first differs at row=3, byte=5",
         signature=FailureSignature(check="bytes", call="move_kv_cache", kind="bytes differ"),
+        reproduction=reproduction,
     )
-    error.reproduction = {"calls": ["set", "move"], "family": "mha"}
     error.add_note("Failing test case: test_move(\n    family='mha',\n)")
     entry = failures_from_exception(error)[0]
-    assert entry["reproduction_data"] == {"calls": ["set", "move"], "family": "mha"}
+    assert reproduction_from_json(entry["reproduction_data"]) == reproduction
     assert entry["signature"] == {
         "check": "bytes",
         "call": "move_kv_cache",
@@ -173,13 +175,6 @@ def test_failure_entry_carries_signature_and_reproduction_data(
         "family": "",
     }
     assert entry["reproduction"].startswith("Minimal example: test_move(")
-
-
-def test_no_reproduction_means_no_import_of_the_renderer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """kvcheck.repro is imported only when a failure carries a reproduction."""
-    monkeypatch.setitem(sys.modules, "kvcheck.repro", None)  # importing it would fail
-    entry = failures_from_exception(AssertionError("plain"))[0]
-    assert "reproduction_data" not in entry and "reproduction_error" not in entry
 
 
 def _failing_results(**failure: Any) -> dict[str, Any]:
@@ -225,13 +220,13 @@ _CONFTEST = """
     import types
 
     # The standalone-script renderer, faked so the plumbing is tested on its own.
-    fake = types.ModuleType("kvcheck.repro")
+    fake = types.ModuleType("kvcheck.runner.repro")
     fake.reproduction_to_json = lambda rep: dict(rep)
     fake.render_script = lambda data, *, target: f"# {target}\\nDATA = {data!r}\\n"
-    sys.modules["kvcheck.repro"] = fake
+    sys.modules["kvcheck.runner.repro"] = fake
 
     if os.environ.get("REFUSE_SAVES"):
-        from kvcheck.db import StrictDirectoryDatabase
+        from kvcheck.runner.db import StrictDirectoryDatabase
 
         def refuse(self, key, value):
             raise PermissionError(13, "Permission denied (simulated)")
@@ -241,14 +236,17 @@ _CONFTEST = """
 _SUITE = """
     from hypothesis import given, strategies as st
 
-    from kvcheck.properties._assertions import PropertyFailure
+    from kvcheck.failures import PropertyFailure, Reproduction
+    from kvcheck.specs import Move, PoolSpec
+
+    SPEC = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
 
     @given(st.integers(0, 1000))
     def test_small(x):
         if x >= 7:
-            error = PropertyFailure(f"got {x} but should be below 7")
-            error.reproduction = {"x": x}
-            raise error
+            ops = (Move(tgt=(1,), src=(x % 4,)),)
+            raise PropertyFailure(f"got {x} but should be below 7",
+                                  reproduction=Reproduction(spec=SPEC, ops=ops))
 
     def test_fine():
         pass
@@ -280,14 +278,17 @@ def test_verify_writes_a_script_per_failure(
     )
     out = capfd.readouterr().out
     assert "standalone script: python .kvcheck/repros/repro_test_small.py" in out
-    assert Path(".kvcheck/repros/repro_test_small.py").read_text() == "# kvcheck\nDATA = {'x': 7}\n"
+    script = Path(".kvcheck/repros/repro_test_small.py").read_text()
+    assert script.startswith("# kvcheck\nDATA = ") and "'src': [3]" in script
     assert "DATABASE ERROR: the failing examples of 1 test could not be saved" in out
     assert "test_small.py::test_small: PermissionError" in out
     assert out.count("Permission denied (simulated)") == 1  # repeated reasons said once
     assert status == 2
     results = json.loads(Path(".kvcheck/results.json").read_text())
     failing = next(t for t in results["tests"] if t["outcome"] == "failed")
-    assert failing["failures"][0]["reproduction_data"] == {"x": 7}
+    assert failing["failures"][0]["reproduction_data"]["ops"] == [
+        {"op": "Move", "tgt": [1], "src": [3]}
+    ]
 
 
 _BLOCKING_SUITE = """
@@ -307,7 +308,7 @@ def test_ctrl_c_prints_the_partial_summary_and_exits_130(tmp_path: Path) -> None
     root = tmp_path / "blocking"
     root.mkdir()
     (root / "test_blocking.py").write_text(textwrap.dedent(_BLOCKING_SUITE))
-    command = [sys.executable, "-m", "kvcheck.cli", "verify", "--suite", str(root)]
+    command = [sys.executable, "-m", "kvcheck.runner.cli", "verify", "--suite", str(root)]
     command += ["--device", "cpu", "--", "-p", "no:randomly"]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, text=True, start_new_session=True, cwd=os.getcwd()

@@ -1,4 +1,4 @@
-"""The kvcheck pytest plugin (kvcheck.plugin) and its device rules (kvcheck.devices).
+"""The kvcheck pytest plugin (kvcheck.runner.plugin) and its device rules (kvcheck.runner.devices).
 
 Most checks run pytest in-process through ``pytester``; the xdist check runs a subprocess.
 """
@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-from kvcheck import devices
+from kvcheck.runner import devices
 
 pytest_plugins = ["pytester"]
 

@@ -46,8 +46,8 @@ from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvcheck.failures import PropertyFailure
 from kvcheck.machines import MACHINE_CAPABILITIES, pool_machine
-from kvcheck.properties._assertions import PropertyFailure
 from kvcheck.properties.accounting import (
     assert_accounting,
     assert_held_bytes,

@@ -1,4 +1,4 @@
-"""Hypothesis profiles (kvcheck.profiles) and the KVCHECK_DB example database (kvcheck.db)."""
+"""Hypothesis profiles (kvcheck.runner.profiles) and the KVCHECK_DB database (kvcheck.runner.db)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from hypothesis.database import (
     MultiplexedDatabase,
 )
 
-from kvcheck import profiles
-from kvcheck.db import (
+from kvcheck.runner import profiles
+from kvcheck.runner.db import (
     DatabaseSpecError,
     RecordingDatabase,
     StrictDirectoryDatabase,

@@ -1,4 +1,4 @@
-"""Tests of ``kvcheck.reach``: span finding, range grouping and reason matching.
+"""Tests of ``kvcheck.runner.reach``: span finding, range grouping and reason matching.
 
 All run on a small synthetic source file with hand-made coverage data: no sglang and no
 coverage.py run is needed. One test reads sglang's installed sources (without importing
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck import reach
-from kvcheck.reach import (
+from kvcheck.runner import reach
+from kvcheck.runner.reach import (
     UNEXPLAINED,
     Gap,
     MethodReach,
@@ -242,7 +242,7 @@ def test_suite_command_runs_the_shipped_suite_under_coverage():
 
 def test_sglang_reach_table_is_well_formed():
     """Every sglang reason names a scoped file and a valid pattern (no sglang needed)."""
-    from kvcheck.targets import _sglang_reach as table
+    from kvcheck.runner import _sglang_reach as table
 
     files = {scope.file for scope in table.SCOPES}
     for entry in table.REASONS:
@@ -259,7 +259,7 @@ def test_sglang_reach_table_names_existing_methods():
     """
     import fnmatch
 
-    from kvcheck.targets import _sglang_reach as table
+    from kvcheck.runner import _sglang_reach as table
 
     spec = importlib.util.find_spec("sglang")
     assert spec is not None and spec.submodule_search_locations

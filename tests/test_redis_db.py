@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 
-from kvcheck import profiles
-from kvcheck.db import (
+from kvcheck.runner import profiles
+from kvcheck.runner.db import (
     DatabaseSpecError,
     RecordingDatabase,
     database_from_spec,

@@ -1,4 +1,4 @@
-"""Standalone reproduction scripts (kvcheck.repro): JSON round trip, targets, and the twins.
+"""Standalone reproduction scripts (kvcheck.runner.repro): JSON round trip, targets, and the twins.
 
 For each pool-side failing twin that a short op sequence shows, a hand-picked minimal
 reproduction is rendered for a ``module:attr`` target serving the broken pool (it must
@@ -24,16 +24,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from kvcheck.repro import (
-    Reproduction,
-    _Flavour,
-    _ScriptWriter,
-    render_script,
-    reproduction_from_json,
-    reproduction_to_json,
-    script_name,
-    write_script,
-)
+from kvcheck.failures import Reproduction, reproduction_from_json, reproduction_to_json
+from kvcheck.runner.repro import _Flavour, _ScriptWriter, render_script, script_name, write_script
 from kvcheck.specs import (
     HostCopy,
     HostReload,
@@ -531,7 +523,7 @@ def test_verify_writes_a_script_that_reproduces_the_failure(
 ) -> None:
     """End to end: `kvcheck verify` on a broken target writes repro_<test>.py from the state
     machine's own reproduction; the script fails on the broken pool, its kvcheck twin passes."""
-    from kvcheck.cli import main
+    from kvcheck.runner.cli import main
 
     tests_dir = Path(__file__).parent
     monkeypatch.chdir(tests_dir)

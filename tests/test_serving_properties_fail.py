@@ -31,7 +31,7 @@ from broken_serving import (
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from kvcheck.properties._assertions import PropertyFailure
+from kvcheck.failures import PropertyFailure
 from kvcheck.properties.serving import (
     _rule_inputs,
     check_capacity_fits_budget,

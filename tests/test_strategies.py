@@ -31,9 +31,10 @@ from kvcheck.strategies import ops
 
 FAST = settings(max_examples=25, database=None, deadline=None)
 #: find() searches longer, stops at the first hit and skips shrinking (speed); no database so
-#: runs stay independent.
+#: runs stay independent, derandomized so that every run searches the same examples.
 SEARCH = settings(
     max_examples=400,
+    derandomize=True,
     database=None,
     deadline=None,
     phases=(Phase.generate,),
@@ -374,11 +375,19 @@ def test_op_sequences_reach_dsa_index_writes_and_page_reloads() -> None:
         if isinstance(op, HostCopy)
     }
     reloads = [op for op in sequence.ops if isinstance(op, HostReload)]
-    # A request's copy goes back to runs of the same lengths; arbitrary tokens to any slots.
-    assert all(
-        layouts[op.name] is None or ops.copy_layout(spec, op.indices) == layouts[op.name]
-        for op in reloads
-    )
+    # A request's copy goes back to page-aligned runs of the same lengths (two runs may
+    # happen to be adjacent); arbitrary tokens go to any slots.
+    for reload in reloads:
+        layout = layouts[reload.name]
+        if layout is None:
+            continue
+        start = 0
+        for length in layout:
+            run = reload.indices[start : start + length]
+            assert run[0] % spec.page_size == 0
+            assert list(run) == list(range(run[0], run[0] + length))
+            start += length
+        assert start == len(reload.indices)
     assert all(op.layer_id == 1 for op in sequence.ops if isinstance(op, WriteIndexK))
 
 

@@ -4,7 +4,7 @@ Each ``check_*`` function builds its tensors from a ``VarlenBatch`` (and a
 ``PagedLayout`` where pages are involved), runs the paths it compares and raises
 :class:`kvcheck.properties.PropertyFailure` (an ``AssertionError``) with a
 ``got ... but should be ... [context]`` message and a
-:class:`~kvcheck.properties._assertions.FailureSignature` (``check="attention"``) when
+:class:`~kvcheck.properties.assertions.FailureSignature` (``check="attention"``) when
 they disagree. The implementations under comparison are parameters, so kvcheck's own
 tests can hand in deliberately broken ones and see each check fail.
 
@@ -37,7 +37,7 @@ from kvcheck.attention.paged import (
 from kvcheck.attention.prefill import prefill_attention, uses_raw_kv
 from kvcheck.attention.tolerances import assert_outputs_close
 from kvcheck.attention.varlen import Backend, varlen_attention
-from kvcheck.properties._assertions import FailureSignature, PropertyFailure
+from kvcheck.failures import FailureSignature, PropertyFailure
 from kvcheck.specs import DTYPE_ITEMSIZE, PoolSpec
 
 AttentionFn = Callable[..., torch.Tensor]

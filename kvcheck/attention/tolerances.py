@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from kvcheck.properties._assertions import FailureSignature
+    from kvcheck.failures import FailureSignature
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,6 @@ def assert_outputs_close(
 def _failure(message: str, signature: FailureSignature | None) -> AssertionError:
     # Imported here: kvcheck.properties loads the pool-side modules, which the attention
     # code does not otherwise need.
-    from kvcheck.properties._assertions import PropertyFailure
+    from kvcheck.failures import PropertyFailure
 
     return PropertyFailure(message, signature=signature)

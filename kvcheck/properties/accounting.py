@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from kvcheck.failures import FailureSignature
 from kvcheck.memory import buffer_storages, storage_bytes
-from kvcheck.properties._assertions import FailureSignature, assert_equal, fail
+from kvcheck.properties.assertions import assert_equal, fail
 from kvcheck.reference import (
     expected_buffer_bytes,
     expected_kv_size_bytes,

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvcheck.properties._assertions import FailureSignature, assert_bytes_equal, fail
+from kvcheck.failures import FailureSignature
+from kvcheck.properties.assertions import assert_bytes_equal, fail
 
 __all__ = ["TensorSnapshot", "assert_tensors_unchanged", "collect_tensors", "snapshot_tensors"]
 

@@ -31,7 +31,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from kvcheck.properties._assertions import FailureSignature, fail
+from kvcheck.failures import FailureSignature
+from kvcheck.properties.assertions import fail
 from kvcheck.properties.caller_tensors import (
     TensorSnapshot,
     assert_tensors_unchanged,

@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from kvcheck.failures import FailureSignature
 from kvcheck.memory import storage_bytes
-from kvcheck.properties._assertions import FailureSignature, assert_equal, fail
+from kvcheck.properties.assertions import assert_equal, fail
 from kvcheck.properties.ops import loc_tensor, rows_tensor
 from kvcheck.properties.pool_state import assert_same_pool_bytes, read_pool_buffers
 from kvcheck.reference import expected_buffer_bytes

@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from kvcheck.failures import FailureSignature
 from kvcheck.memory import KV_BUFFER_ATTRIBUTES
-from kvcheck.properties._assertions import FailureSignature, assert_bytes_equal, fail
+from kvcheck.properties.assertions import assert_bytes_equal, fail
 from kvcheck.reference import ReferencePool, index_k_row_bytes, index_scale_row_bytes
 
 __all__ = [
@@ -164,7 +165,7 @@ def assert_pool_matches_reference(
         >>> assert_pool_matches_reference(pool, ReferencePool(spec), call="poke")
         Traceback (most recent call last):
         ...
-        kvcheck.properties._assertions.PropertyFailure: got 128 but should be 0 [poke]
+        kvcheck.properties.assertions.PropertyFailure: got 128 but should be 0 [poke]
         kv_buffer[0] (global layer 0) first differs at row=1, byte=2
     """
     __tracebackhide__ = True

@@ -2,7 +2,7 @@
 
 Each ``check_*`` function takes a target (:class:`kvcheck.targets.Target`) and one input,
 asks the target, compares its answer with the naive models in :mod:`kvcheck.reference`,
-and raises :class:`~kvcheck.properties._assertions.PropertyFailure` (an ``AssertionError``)
+and raises :class:`~kvcheck.properties.assertions.PropertyFailure` (an ``AssertionError``)
 in the ``got … but should be … [call]`` vocabulary when they disagree. Bad arguments to a
 check raise ``ValueError``. Exceptions the contract does not allow for (a ``TypeError``
 from the target, say) propagate unchanged, so they fail a test as themselves.
@@ -28,7 +28,8 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from kvcheck.properties._assertions import FailureSignature, assert_equal, fail
+from kvcheck.failures import FailureSignature
+from kvcheck.properties.assertions import assert_equal, fail
 from kvcheck.reference import (
     FP4_KV_CACHE_DTYPES,
     PREFILL_ONLY_FLAG_DEFAULTS,

@@ -32,7 +32,7 @@ from kvcheck.memory import (
     shape_bytes,
     storage_bytes,
 )
-from kvcheck.properties._assertions import fail
+from kvcheck.properties.assertions import fail
 from kvcheck.reference import expected_buffer_bytes
 from kvcheck.specs import PoolSpec
 

@@ -108,7 +108,7 @@ def pinned_failure_mismatch(finding: Any, error: BaseException) -> str | None:
     :class:`~kvcheck.properties.PropertyFailure` whose signature the finding matches.
 
     Example:
-        >>> from kvcheck.properties._assertions import FailureSignature, PropertyFailure
+        >>> from kvcheck.failures import FailureSignature, PropertyFailure
         >>> from kvcheck.targets.findings import Finding
         >>> n2 = Finding("N2", "no-op move signature", call="move_kv_cache")
         >>> pinned_failure_mismatch(n2, PropertyFailure("x", signature=FailureSignature(
@@ -117,7 +117,7 @@ def pinned_failure_mismatch(finding: Any, error: BaseException) -> str | None:
         >>> pinned_failure_mismatch(n2, TypeError("boom"))
         'TypeError: boom is not finding N2 (no-op move signature)'
     """
-    from kvcheck.properties._assertions import PropertyFailure
+    from kvcheck.failures import PropertyFailure
 
     leaves = list(_leaves(error))
     for leaf in leaves:

@@ -19,7 +19,7 @@ id, and the suite treats it in three ways:
   (``kvcheck: steered around finding N1``), visible in the statistics.
 
 Example:
-    >>> from kvcheck.properties._assertions import FailureSignature
+    >>> from kvcheck.failures import FailureSignature
     >>> n1 = Finding("N1", "no-op load_cpu_copy does not raise", check="raises",
     ...              call="load_cpu_copy", family="noop")
     >>> n1.matches(FailureSignature(check="raises", call="load_cpu_copy", family="noop",
@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvcheck.properties._assertions import FailureSignature, PropertyFailure
+from kvcheck.failures import FailureSignature, PropertyFailure
 
 __all__ = [
     "SIGNATURE_FIELDS",

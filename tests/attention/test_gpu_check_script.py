@@ -28,7 +28,7 @@ def gpu_check():
         del sys.modules[spec.name]
 
 
-#: What kvcheck's plugin writes with --kvcheck-results (kvcheck.results.ResultsCollector).
+#: What kvcheck's plugin writes with --kvcheck-results (kvcheck.runner.results.ResultsCollector).
 RESULTS = {
     "format": 1,
     "tests": [

@@ -19,8 +19,8 @@ import torch
 from hypothesis import HealthCheck, Phase, find, settings
 
 from kvcheck.attention import VarlenBatch, scrambled_layout
+from kvcheck.failures import PropertyFailure
 from kvcheck.pools import MHATokenToKVPool, NoOpMHATokenToKVPool
-from kvcheck.properties._assertions import PropertyFailure
 from kvcheck.specs import PoolSpec
 from kvcheck.suite.test_attention import (
     PAGED_CASES,

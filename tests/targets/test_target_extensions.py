@@ -363,7 +363,8 @@ _FINDINGS_TARGET = """
 
 _FINDINGS_TESTS = """
     from hypothesis import given, strategies as st
-    from kvcheck.properties._assertions import FailureSignature, failure
+    from kvcheck.failures import FailureSignature
+    from kvcheck.properties.assertions import failure
 
     def check(x, kind):
         if kind and x % 2:

@@ -25,7 +25,7 @@ def test_kvcheck_verify_passes_and_skips_unsupported_families(tmp_path: Path) ->
     command = [
         sys.executable,
         "-m",
-        "kvcheck.cli",
+        "kvcheck.runner.cli",
         "verify",
         "--target",
         "downstream_pool:target",

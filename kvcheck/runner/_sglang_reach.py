@@ -1,4 +1,4 @@
-"""What ``python -m kvcheck.reach --target sglang`` measures, and why each gap stays a gap.
+"""What ``python -m kvcheck.runner.reach --target sglang`` measures, and why each gap stays a gap.
 
 :data:`SCOPES` names the parts of sglang 0.5.23 that the sglang target drives: the four pool
 classes with their ``KVCache`` base and the index-K cache (the headline), the pool
@@ -6,7 +6,7 @@ configurator, the pool-family check and the ``--prefill-only-disable-kv-cache`` 
 :data:`REASONS` explains the lines the shipped suite leaves unreached, keyed by file,
 qualified method name (a glob) and, where only part of a method is explained, a regular
 expression over the unreached lines and the header of the block that holds them (see
-:class:`kvcheck.reach.Reason`). No entry names a line number, so the table survives sglang
+:class:`kvcheck.runner.reach.Reason`). No entry names a line number, so the table survives sglang
 reformatting its code; a range no entry explains is reported as ``UNEXPLAINED``.
 
 Example:
@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from kvcheck.reach import Reason, Scope
+from kvcheck.runner.reach import Reason, Scope
 
 #: The package whose files the scopes name (paths below are relative to its directory).
 PACKAGE = "sglang"

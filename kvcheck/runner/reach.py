@@ -1,6 +1,6 @@
 """Reach: line coverage of a target's pool code under kvcheck's shipped suite.
 
-``python -m kvcheck.reach --target sglang`` runs ``pytest --pyargs kvcheck.suite
+``python -m kvcheck.runner.reach --target sglang`` runs ``pytest --pyargs kvcheck.suite
 --kvcheck-target sglang`` under coverage.py (``coverage run``, one process by default; see
 :func:`measure` on xdist), restricted to the files the target declares, and
 prints per class and per method how many executable lines the suite ran; the headline figure
@@ -8,7 +8,7 @@ prints per class and per method how many executable lines the suite ran; the hea
 line range with the reason the target's reach table gives for it, or ``UNEXPLAINED``.
 
 What is measured and why a range may stay unreached are data, kept per target beside the
-adapter (``kvcheck/targets/_sglang_reach.py``): a list of :class:`Scope` and a list of
+adapter (``kvcheck/runner/_sglang_reach.py``): a list of :class:`Scope` and a list of
 :class:`Reason`. A reason is keyed by file and qualified method name (a glob) and optionally
 a regular expression over the range's source and the header of the block that encloses it,
 never by line number, so the table survives reformatting of the target's code.
@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 #: Target name -> module holding its reach table (``PACKAGE``, ``SCOPES``, ``REASONS``).
-REACH_TABLES: Mapping[str, str] = {"sglang": "kvcheck.targets._sglang_reach"}
+REACH_TABLES: Mapping[str, str] = {"sglang": "kvcheck.runner._sglang_reach"}
 
 UNEXPLAINED = "UNEXPLAINED"
 CLASS_BODY = "<class body>"
@@ -683,14 +683,14 @@ def _where(gap: Gap) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m kvcheck.reach`` argument parser.
+    """The ``python -m kvcheck.runner.reach`` argument parser.
 
     Example:
         >>> build_parser().parse_args(["--min-percent", "85"]).min_percent
         85.0
     """
     parser = argparse.ArgumentParser(
-        prog="python -m kvcheck.reach",
+        prog="python -m kvcheck.runner.reach",
         description="Line coverage of a target's pool code under kvcheck's shipped suite.",
     )
     parser.add_argument("--target", default="sglang", choices=sorted(REACH_TABLES))
@@ -718,7 +718,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``python -m kvcheck.reach`` with ``argv``; return the exit status.
+    """Run ``python -m kvcheck.runner.reach`` with ``argv``; return the exit status.
 
     Example:
         >>> main(["--target", "sglang", "--min-percent", "85"])  # doctest: +SKIP
@@ -731,7 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         arguments, pytest_args = arguments[:split], arguments[split + 1 :]
     options = build_parser().parse_args(arguments)
     if not 0.0 <= options.min_percent <= 100.0:
-        print(f"kvcheck.reach: min_percent={options.min_percent} not in [0, 100]")
+        print(f"kvcheck.runner.reach: min_percent={options.min_percent} not in [0, 100]")
         return 2
     if options.from_data:
         report = analyze_data(options.target, options.from_data)
@@ -749,17 +749,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(options.markdown).write_text(format_markdown(report) + "\n")
     undercount = any("undercounts" in note for note in report.notes)
     if report.pytest_status not in (None, 0, 1) or report.headline_lines == 0 or undercount:
-        print("kvcheck.reach: the suite did not run; the figure is not a measurement")
+        print("kvcheck.runner.reach: the suite did not run; the figure is not a measurement")
         return 2
     status = 0
     if report.headline_percent < options.min_percent:
         print(
-            f"kvcheck.reach: headline {report.headline_percent:.1f}% is below "
+            f"kvcheck.runner.reach: headline {report.headline_percent:.1f}% is below "
             f"min_percent={options.min_percent}"
         )
         status = 1
     if options.strict and report.unexplained:
-        print(f"kvcheck.reach: {len(report.unexplained)} unreached ranges have no reason")
+        print(f"kvcheck.runner.reach: {len(report.unexplained)} unreached ranges have no reason")
         status = 1
     return status
 

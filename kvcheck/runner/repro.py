@@ -1,18 +1,20 @@
 """Standalone reproduction scripts: a failure as a plain Python file a maintainer can run.
 
-A :class:`Reproduction` is a pool spec, the operations run on it (the failing one last) and
-what kvcheck reported. :func:`reproduction_to_json` stores it beside the results (bytes as
-hex) and :func:`render_script` turns that JSON into a script that imports only torch and
-the target's own package, builds the pool, makes the calls in order and compares every
-buffer with the bytes kvcheck's reference model expects. The script exits 1 with
-``REPRODUCED: ...`` naming the first discrepancy, or prints ``OK: no discrepancy`` and
-exits 0 when the pool behaves, so it can be pasted into an upstream issue as it is.
+A :class:`kvcheck.failures.Reproduction` is a pool spec, the operations run on it (the
+failing one last) and what kvcheck reported. :func:`kvcheck.failures.reproduction_to_json`
+stores it beside the results (bytes as hex) and :func:`render_script` turns that JSON into
+a script that imports only torch and the target's own package, builds the pool, makes the
+calls in order and compares every buffer with the bytes kvcheck's reference model expects.
+The script exits 1 with ``REPRODUCED: ...`` naming the first discrepancy, or prints ``OK: no
+discrepancy`` and exits 0 when the pool behaves, so it can be pasted into an upstream issue
+as it is.
 
 The expected behaviour (which calls must raise, what every buffer must hold) comes from
 :class:`kvcheck.reference.ReferencePool` when the script is rendered; the script itself
 does not need kvcheck (except ``module:attr`` targets, which take a ``PoolSpec``).
 
 Example:
+    >>> from kvcheck.failures import Reproduction, reproduction_to_json
     >>> from kvcheck.specs import Move, PoolSpec, WriteKV
     >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="float16",
     ...                 head_num=1, head_dim=1)
@@ -20,8 +22,6 @@ Example:
     ...     WriteKV(layer_id=0, locs=(3,), k_rows=(b"\\x00<",), v_rows=(b"\\x00@",)),
     ...     Move(tgt=(5,), src=(3,))), note="got 0 but should be 64")
     >>> data = reproduction_to_json(rep)
-    >>> reproduction_from_json(data) == rep
-    True
     >>> script = render_script(data, target="kvcheck")
     >>> "pool.move_kv_cache" in script and "from kvcheck import pools" in script
     True
@@ -32,8 +32,6 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import re
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcheck.failures import Reproduction, reproduction_from_json
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import (
     DSA_QUANT_BLOCK,
@@ -58,181 +57,10 @@ from kvcheck.specs import (
 )
 
 __all__ = [
-    "FORMAT_VERSION",
-    "Reproduction",
     "render_script",
-    "reproduction_from_json",
-    "reproduction_to_json",
     "script_name",
     "write_script",
 ]
-
-#: Version of the JSON form; bumped when a field changes meaning.
-FORMAT_VERSION = 1
-
-_OP_CLASSES: dict[str, type] = {
-    cls.__name__: cls
-    for cls in (WriteKV, WriteMLA, WritePrefixValid, WriteIndexK, Move, HostCopy, HostReload)
-}
-
-
-@dataclass(frozen=True)
-class Reproduction:
-    """A failure kvcheck found, as the pool and the calls that show it.
-
-    ``ops`` are every operation run on a fresh pool built from ``spec``, in order, the
-    failing one last (``failing_op`` names another index when the failure showed earlier).
-    ``note`` is what kvcheck reported, ``check`` the property that failed and ``test`` the
-    test id; all three only annotate the script.
-
-    Example:
-        >>> from kvcheck.specs import Move, PoolSpec
-        >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
-        >>> Reproduction(spec=spec, ops=(Move(tgt=(1,), src=(2,)),)).failing_index
-        0
-    """
-
-    spec: PoolSpec
-    ops: tuple[Op, ...]
-    note: str = ""
-    failing_op: int | None = None
-    check: str = ""
-    test: str = ""
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.spec, PoolSpec):
-            raise ValueError(f"spec={self.spec!r} is not a kvcheck.specs.PoolSpec")
-        # Callers may pass a list of the ops run so far; equality and hashing need a tuple.
-        object.__setattr__(self, "ops", tuple(self.ops))
-        for op in self.ops:
-            if type(op).__name__ not in _OP_CLASSES:
-                raise ValueError(f"op={op!r} is not an operation from kvcheck.specs")
-        if self.failing_op is not None and not 0 <= self.failing_op < len(self.ops):
-            raise ValueError(
-                f"failing_op={self.failing_op!r} not in [0, {len(self.ops)}) (len(ops))"
-            )
-
-    @property
-    def failing_index(self) -> int | None:
-        """Index of the op after which kvcheck saw the failure (the last one by default)."""
-        if self.failing_op is not None:
-            return self.failing_op
-        return len(self.ops) - 1 if self.ops else None
-
-
-# --- JSON -----------------------------------------------------------------------------------
-
-
-def _encode(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, tuple | list):
-        return [_encode(item) for item in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return value
-
-
-def _decode(value: Any, hint: Any, where: str) -> Any:
-    """Rebuild a value of type ``hint`` (as annotated in kvcheck.specs) from its JSON form."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if value is None:
-        return None
-    if origin in (typing.Union, types.UnionType):
-        options = [arg for arg in args if arg is not type(None)]
-        return _decode(value, options[0], where)
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise ValueError(f"{where}={value!r}: expected a list")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_decode(item, args[0], f"{where}[{i}]") for i, item in enumerate(value))
-        return tuple(_decode(item, arg, where) for item, arg in zip(value, args, strict=True))
-    if hint is bytes:
-        try:
-            return bytes.fromhex(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{where}={value!r}: expected a hex string") from None
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return _decode_dataclass(hint, value, where)
-    return value
-
-
-def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{where}={data!r}: expected an object for {cls.__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names - {"op"}
-    if unknown:
-        raise ValueError(f"{where}: unknown {cls.__name__} fields {sorted(unknown)}")
-    kwargs = {
-        name: _decode(data[name], hints[name], f"{where}.{name}") for name in names if name in data
-    }
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"{where}: cannot build {cls.__name__}: {exc}") from None
-
-
-def reproduction_to_json(rep: Reproduction) -> dict[str, Any]:
-    """``rep`` as JSON-serializable data; row bytes become hex strings.
-
-    Example:
-        >>> from kvcheck.specs import HostCopy, PoolSpec
-        >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
-        >>> reproduction_to_json(Reproduction(spec, (HostCopy("a", (2, 3)),)))["ops"]
-        [{'op': 'HostCopy', 'name': 'a', 'indices': [2, 3]}]
-    """
-    if not isinstance(rep, Reproduction):
-        raise ValueError(f"rep={rep!r} is not a Reproduction")
-    return {
-        "format": FORMAT_VERSION,
-        "spec": _encode(rep.spec),
-        "ops": [{"op": type(op).__name__, **_encode(op)} for op in rep.ops],
-        "note": rep.note,
-        "failing_op": rep.failing_op,
-        "check": rep.check,
-        "test": rep.test,
-    }
-
-
-def reproduction_from_json(data: Mapping[str, Any]) -> Reproduction:
-    """The :class:`Reproduction` that :func:`reproduction_to_json` wrote (an exact round trip).
-
-    Raises ``ValueError`` naming the offending field for data it cannot read.
-
-    Example:
-        >>> from kvcheck.specs import Move, PoolSpec
-        >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="float16")
-        >>> rep = Reproduction(spec, (Move((1,), (2,)),), note="x")
-        >>> reproduction_from_json(reproduction_to_json(rep)) == rep
-        True
-    """
-    if not isinstance(data, Mapping):
-        raise ValueError(f"data={data!r} is not a mapping")
-    version = data.get("format", FORMAT_VERSION)
-    if version != FORMAT_VERSION:
-        raise ValueError(f"format={version!r}: this kvcheck reads format {FORMAT_VERSION}")
-    if "spec" not in data or "ops" not in data:
-        raise ValueError(f"data has keys {sorted(data)}; 'spec' and 'ops' are required")
-    spec = _decode_dataclass(PoolSpec, data["spec"], "spec")
-    ops = []
-    for i, item in enumerate(data["ops"]):
-        name = item.get("op") if isinstance(item, Mapping) else None
-        if name not in _OP_CLASSES:
-            raise ValueError(f"ops[{i}].op={name!r} not in {sorted(_OP_CLASSES)}")
-        ops.append(_decode_dataclass(_OP_CLASSES[name], item, f"ops[{i}]"))
-    return Reproduction(
-        spec=spec,
-        ops=tuple(ops),
-        note=str(data.get("note", "")),
-        failing_op=data.get("failing_op"),
-        check=str(data.get("check", "")),
-        test=str(data.get("test", "")),
-    )
-
 
 # --- targets --------------------------------------------------------------------------------
 

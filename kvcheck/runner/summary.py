@@ -1,6 +1,6 @@
 """What ``kvcheck verify`` and ``kvcheck replay`` print once the suite has run.
 
-Both read the results file the pytest plugin wrote (:mod:`kvcheck.results`). By default the
+Both read the results file the pytest plugin wrote (:mod:`kvcheck.runner.results`). By default the
 verify summary is short: each failure once (the property, its error with the first differing
 byte, the minimal example, the ``@reproduce_failure`` line and the standalone script), then
 passes collapsed into one line and skips grouped by reason. ``verbosity=1`` adds a row per
@@ -149,7 +149,7 @@ def render_replay(
 ) -> str:
     """The replay summary: per test with stored examples, still failing or fixed.
 
-    ``scan`` (a :class:`kvcheck.db.DatabaseScan`) adds what the database held before the
+    ``scan`` (a :class:`kvcheck.runner.db.DatabaseScan`) adds what the database held before the
     run, and how many of its examples could not be decoded.
     """
     tests = list(results.get("tests", ()))

@@ -1,53 +1,19 @@
 """One failure vocabulary for every property: ``got … but should be … [call]``.
 
-Comparisons run in bulk first; only when they fail do we walk the data to name the first
-difference (layer, row, byte), so the happy path stays cheap.
+Public so that a downstream project's own properties fail the way kvcheck's do (with a
+:class:`kvcheck.failures.FailureSignature` a declared finding can match). Comparisons run in
+bulk first; only when they fail do we walk the data to name the first difference (layer,
+row, byte), so the happy path stays cheap.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class FailureSignature:
-    """What kind of failure this is, so a declared finding can match exactly its own.
-
-    ``check`` names the property that failed (``"bytes"``, ``"read_api"``,
-    ``"raises"``, ``"caller_tensors"``, ``"accounting"``, ...), ``call`` the method of
-    the pool or target whose result was wrong (``"load_cpu_copy"``), ``kind`` the kind of
-    difference (``"no exception"``, ``"wrong exception"``, ``"bytes differ"``, ...) and
-    ``family`` the pool family, when there is one. Empty strings mean "not known".
-    """
-
-    check: str = ""
-    call: str = ""
-    kind: str = ""
-    family: str = ""
-
-
-class PropertyFailure(AssertionError):
-    """A property did not hold. The message names what was compared and the call.
-
-    ``signature`` says which check failed on which call (see :class:`FailureSignature`);
-    ``reproduction`` optionally carries the minimal calls (a
-    :class:`kvcheck.specs.OpSequence` plus context) for a standalone script.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        signature: FailureSignature | None = None,
-        reproduction: Any = None,
-    ) -> None:
-        super().__init__(message)
-        self.signature = signature if signature is not None else FailureSignature()
-        self.reproduction = reproduction
+from kvcheck.failures import FailureSignature, PropertyFailure
 
 
 def failure(message: str, *, signature: FailureSignature | None = None) -> Exception:

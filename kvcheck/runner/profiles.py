@@ -43,7 +43,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import ExampleDatabase
 
-from kvcheck.db import DATABASE_ENV_VAR, RecordingDatabase, database_from_spec
+from kvcheck.runner.db import DATABASE_ENV_VAR, RecordingDatabase, database_from_spec
 
 __all__ = [
     "CI",
@@ -147,9 +147,9 @@ def register_profiles(
     """Register every kvcheck profile with ``database`` (re-registering replaces them).
 
     ``None`` builds the database ``KVCHECK_DB`` names, wrapped in a
-    :class:`~kvcheck.db.RecordingDatabase`. Raises :class:`kvcheck.db.DatabaseSpecError`
-    (a ``ValueError``) when ``KVCHECK_DB`` is unusable. ``explain`` is passed to
-    :func:`profile_options`.
+    :class:`~kvcheck.runner.db.RecordingDatabase`. Raises
+    :class:`kvcheck.runner.db.DatabaseSpecError` (a ``ValueError``) when ``KVCHECK_DB`` is
+    unusable. ``explain`` is passed to :func:`profile_options`.
 
     Example:
         >>> from hypothesis.database import InMemoryExampleDatabase

@@ -190,7 +190,7 @@ def pytest_command(
     command += ["-p", "no:cacheprovider", "-v", "--tb=short"]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         # Without entry-point plugins, name the ones the suite needs.
-        command += ["-p", "kvcheck.plugin", "-p", "_hypothesis_pytestplugin"]
+        command += ["-p", "kvcheck.runner.plugin", "-p", "_hypothesis_pytestplugin"]
         if workers is not None:
             command += ["-p", "xdist.plugin"]
     command += [f"--kvcheck-target={target}", f"--kvcheck-results={results_path}"]
@@ -285,7 +285,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _verify(options: argparse.Namespace, extra: Sequence[str]) -> int:
-    from kvcheck.profiles import PROFILE_NAMES, REPLAY
+    from kvcheck.runner.profiles import PROFILE_NAMES, REPLAY
 
     # Replaying only stored examples is the replay command's job (it reports fixed/failing).
     choices = tuple(name for name in PROFILE_NAMES if name != REPLAY)
@@ -298,7 +298,7 @@ def _verify(options: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def _replay(options: argparse.Namespace, extra: Sequence[str]) -> int:
-    from kvcheck.profiles import REPLAY
+    from kvcheck.runner.profiles import REPLAY
 
     return _run_suite(options, extra, command="replay", profile=REPLAY)
 
@@ -307,8 +307,8 @@ def _run_suite(
     options: argparse.Namespace, extra: Sequence[str], *, command: str, profile: str | None
 ) -> int:
     """Check the settings here (fast, clear errors), then run pytest and summarize."""
-    from kvcheck.results import load_results
-    from kvcheck.summary import EXIT_USAGE, exit_code_for, render_replay, render_verify
+    from kvcheck.runner.results import load_results
+    from kvcheck.runner.summary import EXIT_USAGE, exit_code_for, render_replay, render_verify
 
     for warning in _env_warnings():
         print(f"kvcheck: warning: {warning}", file=sys.stderr)
@@ -485,7 +485,7 @@ class _SuiteRun:
                 self._progress(str(event.get("nodeid", "")))
 
     def _progress(self, nodeid: str) -> None:
-        from kvcheck.summary import short_name
+        from kvcheck.runner.summary import short_name
 
         done = sum(self.counts.values())
         total = self.total or 0
@@ -508,7 +508,7 @@ class _SuiteRun:
 
 
 def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
-    from kvcheck.memory_report import memory_rows, render_memory_report
+    from kvcheck.runner.memory_report import memory_rows, render_memory_report
 
     if extra:
         raise UsageProblem(f"memory-report takes no pytest arguments, got {list(extra)}")
@@ -571,7 +571,7 @@ def _subprocess_env() -> dict[str, str]:
 
 
 def _env_warnings() -> list[str]:
-    from kvcheck.profiles import unknown_env_warnings
+    from kvcheck.runner.profiles import unknown_env_warnings
 
     return unknown_env_warnings()
 
@@ -600,7 +600,7 @@ def _keyword(keyword: str | None, families: Sequence[str] | None) -> str | None:
 
 
 def _checked_device(spec: str | None) -> str | None:
-    from kvcheck.devices import DEVICE_ENV_VAR, parse_device_spec
+    from kvcheck.runner.devices import DEVICE_ENV_VAR, parse_device_spec
 
     if spec is None and not os.environ.get(DEVICE_ENV_VAR, "").strip():
         return None
@@ -612,7 +612,12 @@ def _checked_device(spec: str | None) -> str | None:
 
 def _check_database(*, writable: bool) -> Any:
     """The database KVCHECK_DB names; with ``writable``, checked with a probe file."""
-    from kvcheck.db import DATABASE_ENV_VAR, DatabaseSpecError, check_writable, database_from_spec
+    from kvcheck.runner.db import (
+        DATABASE_ENV_VAR,
+        DatabaseSpecError,
+        check_writable,
+        database_from_spec,
+    )
 
     try:
         database = database_from_spec(os.environ.get(DATABASE_ENV_VAR))
@@ -625,7 +630,7 @@ def _check_database(*, writable: bool) -> Any:
 
 def _scan_for_replay(database: Any) -> Any:
     """What replay will find; nothing (missing, empty, all undecodable) is a usage error."""
-    from kvcheck.db import describe_database, scan_database
+    from kvcheck.runner.db import describe_database, scan_database
 
     scan = scan_database(database)
     where = describe_database(database)
@@ -700,7 +705,7 @@ def _script_name(nodeid: str, used: set[str]) -> str:
 def _write_repro_scripts(results: dict[str, Any], *, repro_dir: Path, target: str) -> str | None:
     """A standalone script per failure that carries reproduction data; its path goes on the
     failure as ``script``. Returns a note instead of the folder when none could be written."""
-    from kvcheck.summary import FAILING_OUTCOMES
+    from kvcheck.runner.summary import FAILING_OUTCOMES
 
     failures = [
         failure
@@ -712,9 +717,9 @@ def _write_repro_scripts(results: dict[str, Any], *, repro_dir: Path, target: st
     if not failures:
         return "none (no failure carried reproduction data)"
     try:
-        from kvcheck.repro import render_script
+        from kvcheck.runner.repro import render_script
     except ImportError as exc:
-        return f"not written: kvcheck.repro is not available ({exc})"
+        return f"not written: kvcheck.runner.repro is not available ({exc})"
     try:
         repro_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -742,7 +747,7 @@ def _check_workers(workers: str | None) -> None:
 
 
 def _write_json(path: Path, results: dict[str, Any], *, command: str, exit_code: int) -> None:
-    from kvcheck.summary import replay_verdicts
+    from kvcheck.runner.summary import replay_verdicts
 
     payload = {**results, "command": command, "exit_code": exit_code}
     if command == "replay":

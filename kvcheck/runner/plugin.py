@@ -16,7 +16,7 @@ Installing kvcheck is enough for any test suite to get:
   discrepancy that gets fixed fails the run as XPASS(strict) until its entry is removed;
 - the target's ``prepare()`` hook, run once per test process before any test (not in the
   xdist controller, which runs none);
-- kvcheck's Hypothesis profiles (:mod:`kvcheck.profiles`) with the ``KVCHECK_DB`` database,
+- kvcheck's Hypothesis profiles (:mod:`kvcheck.runner.profiles`) with the ``KVCHECK_DB`` database,
   applied to the tests that use kvcheck (below), or to every test when asked for;
 - report header lines with the target, device, profile, database and ``KVCHECK_*`` variables
   (with a did-you-mean for an unknown ``KVCHECK_*`` variable, repeated in the summary);
@@ -122,7 +122,7 @@ class KVCheckSession:
     def device(self) -> str:
         """The torch device string to run on, resolved once per process."""
         if self._device is None:
-            from kvcheck.devices import resolve_device
+            from kvcheck.runner.devices import resolve_device
 
             self._device = resolve_device(self.device_spec)
         return self._device
@@ -149,7 +149,7 @@ class _SessionReporter:
         self._send_total(len(ids))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from kvcheck.results import SAVE_ERRORS_PROPERTY
+        from kvcheck.runner.results import SAVE_ERRORS_PROPERTY
 
         if report.when == "call":
             for name, value in report.user_properties:
@@ -175,7 +175,7 @@ class _SessionReporter:
             self._send({"event": "test", "nodeid": report.nodeid, "outcome": outcome})
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        from kvcheck.profiles import unknown_env_warnings
+        from kvcheck.runner.profiles import unknown_env_warnings
 
         for warning in unknown_env_warnings():
             terminalreporter.write_line(f"kvcheck WARNING: {warning}", yellow=True, bold=True)
@@ -286,8 +286,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
         return None
     from hypothesis import settings
 
-    from kvcheck.db import describe_database
-    from kvcheck.profiles import PROFILE_NAMES, unknown_env_warnings
+    from kvcheck.runner.db import describe_database
+    from kvcheck.runner.profiles import PROFILE_NAMES, unknown_env_warnings
 
     current = _current_profile_name(settings)
     profile = current if session.profile_everywhere else session.profile
@@ -418,8 +418,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         with _fast_if_expected_to_fail(item), _steering(item, session):
             yield
         return
-    from kvcheck.db import recording_test, save_errors, stored_examples_fetched
-    from kvcheck.results import (
+    from kvcheck.runner.db import recording_test, save_errors, stored_examples_fetched
+    from kvcheck.runner.results import (
         DEVICE_PROPERTY,
         SAVE_ERRORS_PROPERTY,
         STATISTICS_PROPERTY,
@@ -459,7 +459,7 @@ def pytest_runtest_makereport(
     _hold_pinned_failure_to_its_finding(item, call, report)
     if session is None or not report.failed or not _is_tracked(item, session):
         return
-    from kvcheck.results import FAILURES_PROPERTY, failures_from_exception
+    from kvcheck.runner.results import FAILURES_PROPERTY, failures_from_exception
 
     failures = failures_from_exception(call.excinfo.value)
     report.user_properties.append((FAILURES_PROPERTY, json.dumps(failures, default=str)))
@@ -477,7 +477,7 @@ def _session(config: pytest.Config) -> KVCheckSession:
 
 def _start_session(config: pytest.Config) -> KVCheckSession:
     """Settle target, device, GPU share and profile; any bad setting stops the run."""
-    from kvcheck.devices import DEVICE_ENV_VAR, assign_worker_gpu, parse_device_spec
+    from kvcheck.runner.devices import DEVICE_ENV_VAR, assign_worker_gpu, parse_device_spec
     from kvcheck.targets import (
         TARGET_ENV_VAR,
         TargetError,
@@ -533,7 +533,7 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
             raise pytest.UsageError(f"kvcheck: {exc}") from exc
     results_path = config.getoption("kvcheck_results")
     if results_path and worker_id is None:
-        from kvcheck.results import ResultsCollector
+        from kvcheck.runner.results import ResultsCollector
 
         collector = ResultsCollector(Path(results_path), context=lambda: _results_context(session))
         config.pluginmanager.register(collector, "kvcheck-results")
@@ -555,14 +555,14 @@ def _load_profile(
     from hypothesis import settings
     from hypothesis.errors import InvalidArgument
 
-    from kvcheck.db import (
+    from kvcheck.runner.db import (
         DATABASE_ENV_VAR,
         DatabaseSpecError,
         RecordingDatabase,
         check_writable,
         database_from_spec,
     )
-    from kvcheck.profiles import (
+    from kvcheck.runner.profiles import (
         PROFILE_ENV_VAR,
         PROFILE_NAMES,
         choose_profile_to_load,
@@ -707,7 +707,7 @@ def _snapshot_profiles(settings: Any) -> Callable[[], None]:
     """
     from hypothesis.errors import InvalidArgument
 
-    from kvcheck.profiles import PROFILE_NAMES
+    from kvcheck.runner.profiles import PROFILE_NAMES
 
     current = _current_profile_name(settings)
     saved = {}
@@ -755,7 +755,7 @@ def _current_profile_name(settings: Any) -> str:
 
 
 def _describe_device(session: KVCheckSession) -> str:
-    from kvcheck.devices import count_gpus
+    from kvcheck.runner.devices import count_gpus
 
     if session.device_resolved is None and "torch" in sys.modules:
         with contextlib.suppress(ValueError):
@@ -859,7 +859,7 @@ def _is_tracked(item: pytest.Item, session: KVCheckSession) -> bool:
 def _results_context(session: KVCheckSession) -> dict[str, Any]:
     from hypothesis import settings
 
-    from kvcheck.db import describe_database
+    from kvcheck.runner.db import describe_database
 
     return {
         "target": {

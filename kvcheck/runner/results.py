@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvcheck.failures import reproduction_to_json
+
 __all__ = [
     "DEVICE_PROPERTY",
     "EXAMPLE_HEADING",
@@ -116,8 +118,9 @@ def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
     "Failing test case:"), so the heading is dropped and kvcheck's own put in its place:
     ``example`` is the bare call (or state-machine steps), ``reproduction`` is that under
     :data:`EXAMPLE_HEADING` followed by the draws. A leaf with a ``signature`` (a
-    :class:`~kvcheck.properties._assertions.PropertyFailure`) adds its fields; one with a
-    ``reproduction`` adds ``reproduction_data`` (:mod:`kvcheck.repro`, imported only then).
+    :class:`~kvcheck.properties.assertions.PropertyFailure`) adds its fields; one with a
+    ``reproduction`` adds ``reproduction_data``
+    (:func:`kvcheck.failures.reproduction_to_json`).
 
     Example:
         >>> err = AssertionError("boom")
@@ -166,8 +169,6 @@ def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
         reproduction = getattr(leaf, "reproduction", None)
         if reproduction is not None:
             try:
-                from kvcheck.repro import reproduction_to_json
-
                 entry["reproduction_data"] = reproduction_to_json(reproduction)
             except Exception as error:  # a broken renderer must not hide the failure itself
                 entry["reproduction_error"] = f"{type(error).__name__}: {error}"
