@@ -223,6 +223,33 @@ def test_argument_validation():
     assert reach.main(["--min-percent", "101"]) == 2
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--json", "no/such/dir/reach.json"], "--json='no/such/dir/reach.json'"),
+        (["--markdown", "."], "--markdown='.' is a directory"),
+        (["--from-data", "missing.coverage"], "--from-data='missing.coverage' does not exist"),
+    ],
+)
+def test_bad_paths_stop_the_run_before_it_measures(monkeypatch, capsys, tmp_path, args, named):
+    """Unwritable report paths and a missing data file exit 2 before minutes of measuring."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(reach, "measure", lambda *a, **k: pytest.fail("the suite ran"))
+    assert reach.main(args) == 2
+    assert named in capsys.readouterr().err
+
+
+def test_a_failed_measurement_is_an_error_not_a_traceback(monkeypatch, capsys):
+    """A ValueError from the measurement (a bad target table, say) exits 2 with its message."""
+
+    def refuse(*args, **kwargs):
+        raise ValueError("target='x' has no reach table")
+
+    monkeypatch.setattr(reach, "measure", refuse)
+    assert reach.main([]) == 2
+    assert "target='x' has no reach table" in capsys.readouterr().err
+
+
 def test_suite_command_runs_the_shipped_suite_under_coverage():
     """The measured command is the shipped suite against the target, with xdist if asked."""
     command = reach.suite_command("sglang", workers=2, pytest_args=["-x"], rcfile="rc")
@@ -286,8 +313,10 @@ def test_a_pattern_on_a_later_line_of_the_range_does_not_explain_it():
     assert never.reason == "x"
 
 
-def test_main_from_data_reanalyzes_without_running(monkeypatch, capsys):
+def test_main_from_data_reanalyzes_without_running(monkeypatch, capsys, tmp_path):
     """--from-data analyzes a saved data file with today's table; the suite does not run."""
+    monkeypatch.chdir(tmp_path)
+    Path("saved.coverage").write_text("")
     monkeypatch.setattr(reach, "measure", lambda *a, **k: pytest.fail("the suite ran"))
     monkeypatch.setattr(
         reach, "analyze_data", lambda target, path: _fake_report(90, unexplained=False)

@@ -122,8 +122,21 @@ def write_kv_by_page(
     The pool validates ``k``/``v`` against its own shapes and dtype.
 
     Example:
+        >>> import torch
+        >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
+        >>> from kvcheck.attention.properties import attention_pool_spec
+        >>> from kvcheck.targets.builtin import KVCheckTarget
+        >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
+        >>> layout = scrambled_layout(batch.seq_lens, page_size=2)
+        >>> spec = attention_pool_spec(batch, layout, dtype=torch.float32)
+        >>> pool = KVCheckTarget().make_pool(spec, device="cpu")
+        >>> q, k, v = batch.make_qkv(dtype=torch.float32, device="cpu")
+        >>> cu = batch.cu_seqlens_tensor(device="cpu")
+        >>> table = layout.page_table_tensor(device="cpu")
         >>> slots = write_kv_by_page(pool, layer_id=0, k=k, v=v, cu_seqlens=cu,
-        ...                          page_table=table)   # doctest: +SKIP
+        ...                          page_table=table)
+        >>> slots.tolist() == list(layout.token_slots(batch.seq_lens))
+        True
     """
     page_size = _check_pool(pool)
     # Bound pages by the pool's capacity, not its buffers: a no-op pool keeps one
@@ -150,8 +163,22 @@ def gather_kv_by_page(
     ``get_key_buffer`` and ``get_value_buffer``, ``"kv"`` calls ``get_kv_buffer``.
 
     Example:
-        >>> k, v = gather_kv_by_page(pool, layer_id=0, cu_seqlens=cu,
-        ...                          page_table=table, read="kv")   # doctest: +SKIP
+        >>> import torch
+        >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
+        >>> from kvcheck.attention.properties import attention_pool_spec
+        >>> from kvcheck.targets.builtin import KVCheckTarget
+        >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
+        >>> layout = scrambled_layout(batch.seq_lens, page_size=2)
+        >>> spec = attention_pool_spec(batch, layout, dtype=torch.float32)
+        >>> pool = KVCheckTarget().make_pool(spec, device="cpu")
+        >>> q, k, v = batch.make_qkv(dtype=torch.float32, device="cpu")
+        >>> cu = batch.cu_seqlens_tensor(device="cpu")
+        >>> table = layout.page_table_tensor(device="cpu")
+        >>> _ = write_kv_by_page(pool, layer_id=0, k=k, v=v, cu_seqlens=cu, page_table=table)
+        >>> got_k, got_v = gather_kv_by_page(pool, layer_id=0, cu_seqlens=cu,
+        ...                                  page_table=table, read="kv")
+        >>> torch.equal(got_k, k) and torch.equal(got_v, v)
+        True
     """
     if read not in READ_APIS:
         raise ValueError(f"read={read!r} must be one of {tuple(READ_APIS)}")
@@ -190,8 +217,22 @@ def paged_attention(
     ``read`` names (see :func:`gather_kv_by_page`).
 
     Example:
-        >>> out = paged_attention(q, pool, cu, max_seqlen, layer_id=0, page_table=table,
-        ...                       causal=True)   # doctest: +SKIP
+        >>> import torch
+        >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
+        >>> from kvcheck.attention.properties import attention_pool_spec
+        >>> from kvcheck.targets.builtin import KVCheckTarget
+        >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
+        >>> layout = scrambled_layout(batch.seq_lens, page_size=2)
+        >>> spec = attention_pool_spec(batch, layout, dtype=torch.float32)
+        >>> pool = KVCheckTarget().make_pool(spec, device="cpu")
+        >>> q, k, v = batch.make_qkv(dtype=torch.float32, device="cpu")
+        >>> cu = batch.cu_seqlens_tensor(device="cpu")
+        >>> table = layout.page_table_tensor(device="cpu")
+        >>> _ = write_kv_by_page(pool, layer_id=0, k=k, v=v, cu_seqlens=cu, page_table=table)
+        >>> out = paged_attention(q, pool, cu, batch.max_seqlen, layer_id=0, page_table=table,
+        ...                       causal=True)
+        >>> tuple(out.shape)
+        (5, 2, 4)
     """
     k, v = gather_kv_by_page(
         pool, layer_id=layer_id, cu_seqlens=cu_seqlens, page_table=page_table, read=read

@@ -60,9 +60,23 @@ def prefill_attention(
     ``RuntimeError``) and attends over the tokens read back through ``page_table``.
 
     Example:
-        >>> out = prefill_attention(q, k, v, cu, max_seqlen, pool=pool, layer_id=0,
-        ...                         page_table=table, skip_kv_cache=True,
-        ...                         causal=True)   # doctest: +SKIP
+        >>> import torch
+        >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
+        >>> from kvcheck.attention.properties import attention_pool_spec
+        >>> from kvcheck.targets.builtin import KVCheckTarget
+        >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
+        >>> layout = scrambled_layout(batch.seq_lens, page_size=2)
+        >>> spec = attention_pool_spec(batch, layout, dtype=torch.float32)
+        >>> pool = KVCheckTarget().make_pool(spec, device="cpu")
+        >>> q, k, v = batch.make_qkv(dtype=torch.float32, device="cpu")
+        >>> cu = batch.cu_seqlens_tensor(device="cpu")
+        >>> table = layout.page_table_tensor(device="cpu")
+        >>> raw = prefill_attention(q, k, v, cu, batch.max_seqlen, pool=pool, layer_id=0,
+        ...                         page_table=table, skip_kv_cache=True, causal=True)
+        >>> cached = prefill_attention(q, k, v, cu, batch.max_seqlen, pool=pool, layer_id=0,
+        ...                            page_table=table, skip_kv_cache=False, causal=True)
+        >>> torch.equal(raw, cached)
+        True
     """
     if not isinstance(skip_kv_cache, bool):
         raise ValueError(f"skip_kv_cache={skip_kv_cache!r} must be a bool")

@@ -4,7 +4,7 @@ Each ``check_*`` function builds its tensors from a ``VarlenBatch`` (and a
 ``PagedLayout`` where pages are involved), runs the paths it compares and raises
 :class:`kvcheck.properties.PropertyFailure` (an ``AssertionError``) with a
 ``got ... but should be ... [context]`` message and a
-:class:`~kvcheck.properties.assertions.FailureSignature` (``check="attention"``) when
+:class:`~kvcheck.failures.FailureSignature` (``check="attention"``) when
 they disagree. The implementations under comparison are parameters, so kvcheck's own
 tests can hand in deliberately broken ones and see each check fail.
 
@@ -510,8 +510,11 @@ def check_padding_segment_isolates_real_tokens(
     tokens' outputs equal the unpadded call's exactly.
 
     Example:
+        >>> import torch
+        >>> from kvcheck.attention.batch import VarlenBatch
+        >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
         >>> check_padding_segment_isolates_real_tokens(batch, pad_tokens=5,
-        ...     dtype=torch.float32, device="cpu")   # doctest: +SKIP
+        ...     dtype=torch.float32, device="cpu")
     """
     q, k, v = batch.make_qkv(dtype=dtype, device=device)
     cu = batch.cu_seqlens_tensor(device=device)
@@ -544,8 +547,15 @@ def check_flash_matches_reference(
     Within ``TOLERANCES["flash_vs_torch", ...]``. ``flash_fn`` defaults to
     ``varlen_attention(backend="flash")``.
 
-    Example:
-        >>> check_flash_matches_reference(batch, dtype=torch.bfloat16)   # doctest: +SKIP
+    Example (on CPU, with the torch reference standing in for flash-attn):
+        >>> import torch
+        >>> from kvcheck.attention.batch import VarlenBatch
+        >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
+        >>> from kvcheck.attention.varlen import varlen_attention
+        >>> def torch_fn(*args, **kwargs):
+        ...     return varlen_attention(*args, backend="torch", **kwargs)
+        >>> check_flash_matches_reference(batch, dtype=torch.bfloat16, device="cpu",
+        ...                               flash_fn=torch_fn)
     """
     q, k, v = batch.make_qkv(dtype=dtype, device=device)
     cu = batch.cu_seqlens_tensor(device=device)
@@ -580,8 +590,11 @@ def check_causal_suffix_matches_full(
     A top-left-aligned mask fails this.
 
     Example:
+        >>> import torch
+        >>> from kvcheck.attention.batch import VarlenBatch
+        >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
         >>> check_causal_suffix_matches_full(batch, (1, 2), dtype=torch.float32,
-        ...                                  device="cpu")   # doctest: +SKIP
+        ...                                  device="cpu")
     """
     if len(query_lens) != len(batch.seq_lens):
         raise ValueError(

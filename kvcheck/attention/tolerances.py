@@ -44,6 +44,8 @@ _FLASH = {
     torch.bfloat16: Tolerance(rtol=2e-2, atol=3e-2),
 }
 
+#: What the table compares: paged read-back against raw K/V, padded against unpadded,
+#: flash against the torch reference, a query suffix against full attention.
 COMPARISONS: tuple[str, ...] = ("paged_vs_raw", "padding", "flash_vs_torch", "suffix_vs_full")
 
 TOLERANCES: dict[tuple[str, str, torch.dtype], Tolerance] = {
@@ -73,6 +75,8 @@ def tolerance(comparison: str, *, dtype: torch.dtype, device: torch.device | str
         >>> tolerance("paged_vs_raw", dtype=torch.float32, device="cpu")
         Tolerance(rtol=0.0, atol=0.0)
     """
+    if comparison not in COMPARISONS:
+        raise ValueError(f"comparison={comparison!r} not in {COMPARISONS}")
     device_type = torch.device(device).type
     key = (comparison, device_type, dtype)
     if key not in TOLERANCES:

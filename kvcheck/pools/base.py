@@ -245,21 +245,6 @@ class KVCache(abc.ABC):
         check_same_length(("tgt_loc", "src_loc"), (tgt, src), where=where)
         return tgt, src
 
-    def _payload(
-        self, name: str, value: object, shape: tuple[int, ...], *, where: str
-    ) -> torch.Tensor:
-        """Validate a native cache payload (pool dtype, or ``uint8`` for fp8) and view it as
-        storage (for writes that take no other dtype)."""
-        tensor = check_payload(
-            name,
-            value,
-            shape=shape,
-            dtypes=payload_dtypes(self.dtype),
-            device=self._torch_device,
-            where=where,
-        )
-        return as_storage(tensor, self.store_dtype)
-
     def _cache_payload(
         self, name: str, value: object, shape: tuple[int, ...], *, where: str
     ) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Reusable properties: the checks behind kvcheck's suite, for downstream suites too.
 
 Each property is a function that raises
-:class:`~kvcheck.properties.assertions.PropertyFailure` (an ``AssertionError``) with a
+:class:`~kvcheck.failures.PropertyFailure` (an ``AssertionError``) with a
 ``got … but should be … [call]`` message when it does not hold. They take a target or a
 pool plus the input to check, so a downstream project calls them from its own Hypothesis
 tests with kvcheck's strategies.

@@ -362,7 +362,7 @@ def apply_op_like_reference(
     The reference decides (:meth:`ReferencePool.expected_error`): a pool must raise that
     exception type (or a subclass) exactly when the reference does. An accepted op is then
     applied to the reference too. Returns whether the op was accepted. Raises
-    :class:`~kvcheck.properties.assertions.PropertyFailure` naming the call otherwise.
+    :class:`~kvcheck.failures.PropertyFailure` naming the call otherwise.
 
     Example:
         >>> from kvcheck.targets import resolve_target

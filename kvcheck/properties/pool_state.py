@@ -165,7 +165,7 @@ def assert_pool_matches_reference(
         >>> assert_pool_matches_reference(pool, ReferencePool(spec), call="poke")
         Traceback (most recent call last):
         ...
-        kvcheck.properties.assertions.PropertyFailure: got 128 but should be 0 [poke]
+        kvcheck.failures.PropertyFailure: got 128 but should be 0 [poke]
         kv_buffer[0] (global layer 0) first differs at row=1, byte=2
     """
     __tracebackhide__ = True

@@ -2,7 +2,7 @@
 
 Each ``check_*`` function takes a target (:class:`kvcheck.targets.Target`) and one input,
 asks the target, compares its answer with the naive models in :mod:`kvcheck.reference`,
-and raises :class:`~kvcheck.properties.assertions.PropertyFailure` (an ``AssertionError``)
+and raises :class:`~kvcheck.failures.PropertyFailure` (an ``AssertionError``)
 in the ``got … but should be … [call]`` vocabulary when they disagree. Bad arguments to a
 check raise ``ValueError``. Exceptions the contract does not allow for (a ``TypeError``
 from the target, say) propagate unchanged, so they fail a test as themselves.

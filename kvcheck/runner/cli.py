@@ -23,9 +23,8 @@ the database is missing, empty, holds examples that cannot be decoded, or none o
 belongs to the selected tests); 130 interrupted by Ctrl-C (pytest stops, and the summary of
 what ran is printed first). Arguments after ``--`` go to pytest unchanged.
 
-Example:
-    >>> main(["verify", "--target", "no_such_target"])  # doctest: +SKIP
-    kvcheck: error: unknown target 'no_such_target'; valid targets: ...
+Example (the error goes to stderr):
+    >>> main(["verify", "--target", "no_such_target"])
     2
 """
 
@@ -75,8 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``kvcheck`` command with ``argv`` (default ``sys.argv[1:]``); return the status.
 
     Example:
-        >>> main(["--version"])  # doctest: +SKIP
-        kvcheck 0.1.0
+        >>> main(["--version"])  # doctest: +ELLIPSIS
+        kvcheck ...
         0
     """
     arguments = list(sys.argv[1:] if argv is None else argv)

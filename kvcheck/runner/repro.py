@@ -677,6 +677,7 @@ def render_script(data: Mapping[str, Any], *, target: str) -> str:
     Raises ``ValueError`` for any other form.
 
     Example:
+        >>> from kvcheck.failures import Reproduction, reproduction_to_json
         >>> from kvcheck.specs import Move, PoolSpec
         >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
         >>> data = reproduction_to_json(Reproduction(spec, (Move((1,), (2,)),)))
@@ -728,6 +729,7 @@ def write_script(
 
     Example:
         >>> import tempfile
+        >>> from kvcheck.failures import Reproduction, reproduction_to_json
         >>> from kvcheck.specs import Move, PoolSpec
         >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
         >>> data = reproduction_to_json(Reproduction(spec, (Move((1,), (2,)),), test="t::x"))

@@ -118,7 +118,7 @@ def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
     "Failing test case:"), so the heading is dropped and kvcheck's own put in its place:
     ``example`` is the bare call (or state-machine steps), ``reproduction`` is that under
     :data:`EXAMPLE_HEADING` followed by the draws. A leaf with a ``signature`` (a
-    :class:`~kvcheck.properties.assertions.PropertyFailure`) adds its fields; one with a
+    :class:`~kvcheck.failures.PropertyFailure`) adds its fields; one with a
     ``reproduction`` adds ``reproduction_data``
     (:func:`kvcheck.failures.reproduction_to_json`).
 

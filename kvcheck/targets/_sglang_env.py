@@ -8,9 +8,10 @@ a library sglang loads from crashing the interpreter at shutdown
 (:func:`guard_swig_exit_warning`). Nothing in this module imports sglang at module import
 time; each helper imports what it needs when it runs.
 
-Example:
-    >>> with torchvision_stand_in():                      # doctest: +SKIP
-    ...     import sglang.srt.mem_cache.memory_pool
+Example, where sglang is installed::
+
+    with torchvision_stand_in():
+        import sglang.srt.mem_cache.memory_pool
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ reason, and the suite turns each such capability into a skip that quotes the rea
 Example:
     >>> from kvcheck.targets import resolve_target
     >>> target = resolve_target("kvcheck")
-    >>> pool = target.make_pool(spec, device="cpu")      # doctest: +SKIP
+    >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="bfloat16")
+    >>> pool = target.make_pool(spec, device="cpu")
+    >>> type(pool).__name__
+    'MLATokenToKVPool'
 """
 
 from __future__ import annotations

@@ -11,13 +11,17 @@ it is used.
 Importing this module does not import sglang (7-15 s); the first method that
 needs it does, once per process. Install sglang with ``scripts/install_sglang.sh``.
 
-Example:
-    >>> target = SGLangTarget()                              # doctest: +SKIP
-    >>> from kvcheck.specs import PoolSpec
-    >>> pool = target.make_pool(PoolSpec(family="mha", size=8, page_size=4, layer_num=2,
-    ...                                  dtype="bfloat16"), device="cpu")  # doctest: +SKIP
-    >>> type(pool).__module__                                # doctest: +SKIP
-    'sglang.srt.mem_cache.memory_pool'
+Example, where sglang is installed::
+
+    target = SGLangTarget()
+    pool = target.make_pool(PoolSpec(family="mha", size=8, page_size=4, layer_num=2,
+                                     dtype="bfloat16"), device="cpu")
+    type(pool).__module__  # 'sglang.srt.mem_cache.memory_pool'
+
+What sglang 0.5.23 cannot serve is known without importing it:
+
+    >>> dict(POOL_SPEC_LIMITS["dsa"])
+    {'page_size': (64,), 'index_head_dim': (128,)}
 """
 
 from __future__ import annotations

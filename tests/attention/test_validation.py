@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from kvcheck.attention import flash_varlen_attention, varlen_attention
+from kvcheck.attention.tolerances import COMPARISONS, TOLERANCES, tolerance
 
 
 def _call(**overrides):
@@ -116,3 +117,10 @@ def test_mismatched_key_segments_are_refused():
             cu_seqlens_k=torch.tensor([0, 4], dtype=torch.int32),
             max_seqlen_k=4,
         )
+
+
+def test_an_unknown_comparison_names_the_known_ones():
+    """tolerance() refuses a comparison the table does not define, listing the ones it does."""
+    with pytest.raises(ValueError, match=r"comparison='paged' not in \('paged_vs_raw'"):
+        tolerance("paged", dtype=torch.float32, device="cpu")
+    assert {comparison for comparison, _, _ in TOLERANCES} == set(COMPARISONS)
