@@ -12,13 +12,13 @@
    a laptop. :func:`production_dsa_spec` builds such specs from a model config.
 
 Example:
-    >>> from kvcheck.reference import expected_buffer_bytes
+    >>> from kvcheck.geometry import buffer_bytes
     >>> from kvcheck.specs import PoolSpec
     >>> from kvcheck.targets import resolve_target
     >>> spec = PoolSpec(family="dsa", size=8, page_size=4, layer_num=2, dtype="bfloat16",
     ...                 skip_topk_layers=(False, True))
     >>> pool = resolve_target("kvcheck").make_pool(spec, device="cpu")
-    >>> storage_bytes(pool), shape_bytes(pool), expected_buffer_bytes(spec)
+    >>> storage_bytes(pool), shape_bytes(pool), buffer_bytes(spec)
     (2736, 2736, 2736)
     >>> cuda_block_bytes(0), cuda_block_bytes(1), cuda_block_bytes(513)
     (0, 512, 1024)
@@ -34,25 +34,18 @@ from typing import Any, TypeVar
 
 import torch
 
-from kvcheck.reference import (
-    expected_buffer_bytes,
-    expected_num_index_pages,
-    index_k_row_bytes,
-    index_scale_row_bytes,
-    reference_skip_mask,
-)
+from kvcheck.geometry import KV_BUFFER_ATTRIBUTES, tensor_nbytes
+from kvcheck.reference import reference_skip_mask
 from kvcheck.specs import PoolSpec
 
 __all__ = [
     "CUDA_BLOCK_BYTES",
     "CUDA_SMALL_REQUEST_BYTES",
-    "KV_BUFFER_ATTRIBUTES",
     "BufferStorage",
     "buffer_storages",
     "cuda_allocator_config_problem",
     "cuda_block_bytes",
     "expected_cuda_allocation_bytes",
-    "expected_tensor_nbytes",
     "measure_cuda_allocation",
     "production_dsa_spec",
     "shape_bytes",
@@ -65,14 +58,6 @@ CUDA_BLOCK_BYTES = 512
 #: at the rounded size, so the allocated bytes are exactly the rounded request. Larger
 #: requests may be given a whole unsplit block (up to 1 MiB more), which no formula predicts.
 CUDA_SMALL_REQUEST_BYTES = 1 << 20
-
-#: Pool attributes that hold the KV cache, one tensor per local layer.
-KV_BUFFER_ATTRIBUTES: tuple[str, ...] = (
-    "k_buffer",
-    "v_buffer",
-    "kv_buffer",
-    "index_k_with_scale_buffer",
-)
 
 _T = TypeVar("_T")
 
@@ -159,49 +144,6 @@ def shape_bytes(pool: Any) -> int:
     return sum(tensor.numel() * tensor.element_size() for _, _, tensor in _iter_buffers(pool))
 
 
-def expected_tensor_nbytes(spec: PoolSpec) -> dict[str, list[int]]:
-    """Bytes each KV buffer of a pool built from ``spec`` must have, per local layer.
-
-    The per-tensor view of :func:`kvcheck.reference.expected_buffer_bytes` (their sum is
-    checked against it): MHA/NoOp ``k_buffer``/``v_buffer``, MLA/DSA ``kv_buffer``, DSA
-    ``index_k_with_scale_buffer`` (0 for skip layers).
-
-    Example:
-        >>> expected_tensor_nbytes(PoolSpec(family="dsa", size=2, page_size=2, layer_num=2,
-        ...                                 dtype="bfloat16", kv_lora_rank=4,
-        ...                                 qk_rope_head_dim=2, skip_topk_layers=(True, False)))
-        {'kv_buffer': [48, 48], 'index_k_with_scale_buffer': [0, 528]}
-    """
-    if not isinstance(spec, PoolSpec):
-        raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
-    layers = spec.layer_num
-    if spec.family in ("mha", "noop"):
-        rows = spec.page_size if spec.family == "noop" else spec.num_slots
-        k = rows * spec.head_num * spec.head_dim * spec.itemsize
-        v = rows * spec.head_num * spec.effective_v_head_dim * spec.itemsize
-        result = {"k_buffer": [k] * layers, "v_buffer": [v] * layers}
-    else:
-        latent = spec.num_slots * (spec.kv_lora_rank + spec.qk_rope_head_dim) * spec.itemsize
-        result = {"kv_buffer": [latent] * layers}
-        if spec.family == "dsa":
-            if len(spec.skip_mask) != layers:
-                raise ValueError(
-                    f"spec.skip_topk_layers has {len(spec.skip_mask)} entries, layer_num={layers}"
-                )
-            page_row = spec.page_size * (
-                index_k_row_bytes(spec.index_head_dim) + index_scale_row_bytes(spec.index_head_dim)
-            )
-            full = expected_num_index_pages(spec) * page_row
-            result["index_k_with_scale_buffer"] = [0 if skip else full for skip in spec.skip_mask]
-    total = sum(sum(sizes) for sizes in result.values())
-    if total != expected_buffer_bytes(spec):
-        raise AssertionError(
-            f"per-tensor bytes sum to {total} but kvcheck.reference.expected_buffer_bytes "
-            f"says {expected_buffer_bytes(spec)} for {spec!r}"
-        )
-    return result
-
-
 def cuda_block_bytes(nbytes: int) -> int:
     """Bytes ``torch.cuda.memory_allocated`` grows by for one tensor of ``nbytes`` bytes.
 
@@ -238,9 +180,7 @@ def expected_cuda_allocation_bytes(spec: PoolSpec) -> int:
         2048
     """
     return sum(
-        cuda_block_bytes(nbytes)
-        for sizes in expected_tensor_nbytes(spec).values()
-        for nbytes in sizes
+        cuda_block_bytes(nbytes) for sizes in tensor_nbytes(spec).values() for nbytes in sizes
     )
 
 

@@ -409,8 +409,8 @@ def stage_memory_cuda(ctx: Context, budget_s: float) -> StageResult:
 
     import torch
 
+    from kvcheck.geometry import KV_BUFFER_ATTRIBUTES
     from kvcheck.memory import (
-        KV_BUFFER_ATTRIBUTES,
         cuda_allocator_config_problem,
         expected_cuda_allocation_bytes,
         measure_cuda_allocation,

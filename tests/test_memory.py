@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
+from kvcheck.geometry import tensor_nbytes
 from kvcheck.memory import (
     CUDA_BLOCK_BYTES,
     CUDA_SMALL_REQUEST_BYTES,
@@ -15,7 +16,6 @@ from kvcheck.memory import (
     cuda_allocator_config_problem,
     cuda_block_bytes,
     expected_cuda_allocation_bytes,
-    expected_tensor_nbytes,
     measure_cuda_allocation,
     production_dsa_spec,
     shape_bytes,
@@ -61,10 +61,11 @@ def test_cuda_block_bytes_refuses_what_it_cannot_predict(nbytes: object) -> None
 
 @settings(max_examples=50)
 @given(spec=pool_specs())
-def test_expected_tensor_nbytes_match_a_built_pool(spec: PoolSpec) -> None:
-    """Per-tensor expectations equal the built pool's tensors and sum to the reference total."""
+def test_geometry_matches_a_built_pool_and_the_reference(spec: PoolSpec) -> None:
+    """kvcheck.geometry's per-tensor bytes equal the built pool's tensors, and their sum
+    equals the reference model's own formula (written independently on purpose)."""
     pool = resolve_target("kvcheck").make_pool(spec, device="cpu")
-    expected = expected_tensor_nbytes(spec)
+    expected = tensor_nbytes(spec)
     for name, sizes in expected.items():
         assert [t.numel() * t.element_size() for t in getattr(pool, name)] == sizes, name
     assert sum(map(sum, expected.values())) == expected_buffer_bytes(spec) == storage_bytes(pool)

@@ -300,13 +300,9 @@ def embedding_flags(*, prefill_only_disable_kv_cache: bool) -> dict[str, Any]:
         >>> embedding_flags(prefill_only_disable_kv_cache=True)["chunked_prefill_size"]
         -1
     """
-    return {
-        "is_embedding": True,
-        "prefill_only_disable_kv_cache": prefill_only_disable_kv_cache,
-        "chunked_prefill_size": -1,
-        "disable_radix_cache": True,
-        "attention_backend": "fa3",
-    }
+    from kvcheck.serving import MINIMAL_VALID_FLAGS
+
+    return {**MINIMAL_VALID_FLAGS, "prefill_only_disable_kv_cache": prefill_only_disable_kv_cache}
 
 
 def embedding_server_args(*, prefill_only_disable_kv_cache: bool, device: str) -> Any:

@@ -29,12 +29,11 @@ import numpy as np
 import torch
 
 from kvcheck.failures import FailureSignature
-from kvcheck.memory import KV_BUFFER_ATTRIBUTES
+from kvcheck.geometry import KV_BUFFER_ATTRIBUTES, index_k_row_bytes, index_scale_row_bytes
 from kvcheck.properties.assertions import assert_bytes_equal, fail
-from kvcheck.reference import ReferencePool, index_k_row_bytes, index_scale_row_bytes
+from kvcheck.reference import ReferencePool
 
 __all__ = [
-    "BUFFER_ATTRIBUTES",
     "PoolBytes",
     "assert_layer_range",
     "assert_pool_matches_reference",
@@ -43,9 +42,6 @@ __all__ = [
     "read_buffer",
     "read_pool_buffers",
 ]
-
-#: Pool attributes that hold per-layer buffers, in the order failures are reported.
-BUFFER_ATTRIBUTES: tuple[str, ...] = KV_BUFFER_ATTRIBUTES
 
 #: Buffer name -> one ``[rows, row_bytes]`` uint8 array per local layer.
 PoolBytes = dict[str, list[np.ndarray]]
@@ -87,7 +83,7 @@ def read_pool_buffers(pool: Any, names: Iterable[str] | None = None) -> PoolByte
         >>> sorted(read_pool_buffers(pool))
         ['k_buffer', 'v_buffer']
     """
-    chosen = BUFFER_ATTRIBUTES if names is None else tuple(names)
+    chosen = KV_BUFFER_ATTRIBUTES if names is None else tuple(names)
     return {
         name: [read_buffer(layer) for layer in getattr(pool, name)]
         for name in chosen
@@ -396,11 +392,11 @@ def pool_device(pool: Any) -> torch.device:
         ...                              device="cpu"))
         device(type='cpu')
     """
-    for name in BUFFER_ATTRIBUTES:
+    for name in KV_BUFFER_ATTRIBUTES:
         buffers = getattr(pool, name, None)
         if buffers:
             return buffers[0].device
-    raise ValueError(f"pool={pool!r} has none of the KV buffers {BUFFER_ATTRIBUTES}")
+    raise ValueError(f"pool={pool!r} has none of the KV buffers {KV_BUFFER_ATTRIBUTES}")
 
 
 def assert_layer_range(pool: Any, spec: Any, *, call: str = "pool construction") -> None:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from kvcheck.failures import FailureSignature
+from kvcheck.geometry import FAMILY_BUFFERS
 from kvcheck.properties.assertions import assert_equal, fail
 from kvcheck.reference import (
     FP4_KV_CACHE_DTYPES,
@@ -76,14 +77,6 @@ _MACHINE_DEFAULTS: Mapping[str, Any] = {
     "model_path": "dummy",
     "decode_attention_backend": None,
 }
-
-#: Buffers whose tensors hold a pool's bytes, by family (SGLang's attribute names).
-_POOL_BUFFERS: Mapping[str, tuple[str, ...]] = {
-    "mha": ("k_buffer", "v_buffer"),
-    "mla": ("kv_buffer",),
-    "dsa": ("kv_buffer", "index_k_with_scale_buffer"),
-}
-
 
 # --- validation ---------------------------------------------------------------------------
 
@@ -845,9 +838,10 @@ def _pool_bytes_for(
         skip_topk_layers=mask,
     )
     pool = target.make_pool(spec, device=device)
+    # Only the family's own buffers: a pool may keep views of them under other names.
     held = sum(
         tensor.numel() * tensor.element_size()
-        for buffer in _POOL_BUFFERS[family]
+        for buffer in FAMILY_BUFFERS[family]
         for tensor in getattr(pool, buffer)
     )
     return held, f"{device} pool"

@@ -24,16 +24,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcheck.geometry import INDEX_BUFFER, buffer_bytes, tensor_nbytes
 from kvcheck.memory import (
     buffer_storages,
     expected_cuda_allocation_bytes,
-    expected_tensor_nbytes,
     measure_cuda_allocation,
     shape_bytes,
     storage_bytes,
 )
 from kvcheck.properties.assertions import fail
-from kvcheck.reference import expected_buffer_bytes
 from kvcheck.specs import PoolSpec
 
 __all__ = [
@@ -41,8 +40,6 @@ __all__ = [
     "assert_meta_pool_bytes",
     "assert_skip_layers_hold_no_storage",
 ]
-
-_INDEX_BUFFER = "index_k_with_scale_buffer"
 
 
 def _require_dsa(spec: Any) -> PoolSpec:
@@ -63,18 +60,18 @@ def assert_skip_layers_hold_no_storage(pool: Any, spec: PoolSpec) -> None:
     """
     __tracebackhide__ = True
     _require_dsa(spec)
-    storages = [item for item in buffer_storages(pool) if item.name == _INDEX_BUFFER]
+    storages = [item for item in buffer_storages(pool) if item.name == INDEX_BUFFER]
     if len(storages) != spec.layer_num:
         raise fail(
             got=len(storages),
             expected=spec.layer_num,
             call="pool construction",
-            detail=f"{_INDEX_BUFFER} must keep one entry per layer, skip layers included",
+            detail=f"{INDEX_BUFFER} must keep one entry per layer, skip layers included",
         )
     for item, skip in zip(storages, spec.skip_mask, strict=True):
         if not skip:
             continue
-        where = f"{_INDEX_BUFFER}[{item.layer}] (global layer {spec.start_layer + item.layer})"
+        where = f"{INDEX_BUFFER}[{item.layer}] (global layer {spec.start_layer + item.layer})"
         if item.nbytes:
             raise fail(
                 got=item.nbytes,
@@ -90,10 +87,10 @@ def assert_skip_layers_hold_no_storage(pool: Any, spec: PoolSpec) -> None:
                 detail=f"{where} is a skip layer but its empty tensor pins a storage of bytes",
             )
     held = storage_bytes(pool)
-    if held != expected_buffer_bytes(spec):
+    if held != buffer_bytes(spec):
         raise fail(
             got=held,
-            expected=expected_buffer_bytes(spec),
+            expected=buffer_bytes(spec),
             call="pool construction",
             detail="bytes held by the distinct storages behind the KV buffers",
         )
@@ -114,7 +111,7 @@ def assert_cuda_allocation_matches(target: Any, spec: PoolSpec, *, device: str) 
     )
     expected = expected_cuda_allocation_bytes(spec)
     if delta != expected:
-        per_tensor = {name: sizes for name, sizes in expected_tensor_nbytes(spec).items() if sizes}
+        per_tensor = {name: sizes for name, sizes in tensor_nbytes(spec).items() if sizes}
         raise fail(
             got=delta,
             expected=expected,
@@ -141,7 +138,7 @@ def assert_meta_pool_bytes(target: Any, spec: PoolSpec) -> Any:
     """
     __tracebackhide__ = True
     pool = target.make_pool(spec, device="meta")
-    expected_sizes = expected_tensor_nbytes(spec)
+    expected_sizes = tensor_nbytes(spec)
     for name, sizes in expected_sizes.items():
         tensors = getattr(pool, name)
         got_sizes = [tensor.numel() * tensor.element_size() for tensor in tensors]
@@ -154,7 +151,7 @@ def assert_meta_pool_bytes(target: Any, spec: PoolSpec) -> Any:
                 ),
                 min(len(got_sizes), len(sizes)),
             )
-            skip = spec.skip_mask[first] if name == _INDEX_BUFFER and first < len(sizes) else None
+            skip = spec.skip_mask[first] if name == INDEX_BUFFER and first < len(sizes) else None
             raise fail(
                 got=got_sizes[first] if first < len(got_sizes) else "missing",
                 expected=sizes[first] if first < len(sizes) else "no such layer",
@@ -163,10 +160,10 @@ def assert_meta_pool_bytes(target: Any, spec: PoolSpec) -> Any:
                 + ("" if skip is None else f" (skip layer: {skip})"),
             )
     for measured, how in ((shape_bytes(pool), "shapes"), (storage_bytes(pool), "storages")):
-        if measured != expected_buffer_bytes(spec):
+        if measured != buffer_bytes(spec):
             raise fail(
                 got=measured,
-                expected=expected_buffer_bytes(spec),
+                expected=buffer_bytes(spec),
                 call="target.make_pool(spec, device='meta')",
                 detail=f"total bytes of the KV buffers by {how}",
             )

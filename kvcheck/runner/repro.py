@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from kvcheck.failures import Reproduction, reproduction_from_json
+from kvcheck.geometry import latent_width
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import (
     DSA_QUANT_BLOCK,
@@ -555,8 +556,7 @@ class _ScriptWriter:
         dtype = spec.dtype if payload is None else payload.dtype
         k_rows = op.k_rows if payload is None else payload.k_rows
         v_rows = op.v_rows if payload is None else payload.v_rows
-        latent_width = spec.kv_lora_rank + spec.qk_rope_head_dim
-        k_inner = (1, latent_width) if latent else (spec.head_num, spec.head_dim)
+        k_inner = (1, latent_width(spec)) if latent else (spec.head_num, spec.head_dim)
         prep = [f"loc = {_locs(op.locs)}", f"cache_k = {_rows_expr(dtype, k_inner, k_rows, '')}"]
         if latent:
             prep.append("cache_v = None  # the latent row holds both")

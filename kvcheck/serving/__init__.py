@@ -41,6 +41,7 @@ from kvcheck.serving.pool_selection import (
     unsupported_pool_family,
 )
 from kvcheck.serving.server_args import (
+    MINIMAL_VALID_FLAGS,
     PREFILL_ONLY_RULE_ORDER,
     PrefillOnlyFlagError,
     ServerArgs,
@@ -51,6 +52,7 @@ from kvcheck.serving.server_args import (
 __all__ = [
     "DEEPSEEK_V3_2",
     "GLM_5_2_LIKE",
+    "MINIMAL_VALID_FLAGS",
     "MODELS",
     "PREFILL_ONLY_RULE_ORDER",
     "QWEN3_EMBEDDING_8B",

@@ -82,9 +82,10 @@ from __future__ import annotations
 import argparse
 import contextvars
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from kvcheck.serving.model_config import ATTENTION_ARCHS, ModelConfig
@@ -124,6 +125,19 @@ ATTENTION_BACKEND_CHOICES: tuple[str, ...] = (
 FA_PREFILL_BACKENDS: tuple[str, ...] = ("fa3", "fa4")
 DEVICE_CHOICES: tuple[str, ...] = ("cuda", "cpu")
 GPU_ARCH_CHOICES: tuple[str, ...] = ("sm80", "sm90", "sm100", "sm120")
+
+#: The fewest flags with which ``--prefill-only-disable-kv-cache`` is accepted: embedding
+#: mode, unchunked prefill, no radix cache and a prefill backend that never reads the paged
+#: cache. Everything else keeps its default.
+MINIMAL_VALID_FLAGS: Mapping[str, Any] = MappingProxyType(
+    {
+        "prefill_only_disable_kv_cache": True,
+        "is_embedding": True,
+        "chunked_prefill_size": -1,
+        "disable_radix_cache": True,
+        "attention_backend": "fa3",
+    }
+)
 
 PREFILL_ONLY_RULE_ORDER: tuple[str, ...] = (
     "is_embedding",

@@ -48,7 +48,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvcheck.reference import index_k_row_bytes, index_scale_row_bytes
+from kvcheck.geometry import index_k_row_bytes, index_scale_row_bytes, row_bytes, row_elements
 from kvcheck.specs import (
     HostCopy,
     HostReload,
@@ -173,16 +173,6 @@ def payload_rows(dtype: str, count: int, row_bytes: int) -> st.SearchStrategy[tu
     return _payload_rows(dtype, count, row_bytes)
 
 
-def row_bytes(spec: PoolSpec) -> tuple[int, int]:
-    """(K or latent row bytes, V row bytes or 0) of one token in one layer."""
-    if spec.family in ("mha", "noop"):
-        return (
-            spec.head_num * spec.head_dim * spec.itemsize,
-            spec.head_num * spec.effective_v_head_dim * spec.itemsize,
-        )
-    return (spec.kv_lora_rank + spec.qk_rope_head_dim) * spec.itemsize, 0
-
-
 def indexed_layers(spec: PoolSpec, *, skip: bool) -> tuple[int, ...]:
     """Global DSA layers that have (``skip=False``) or lack (``skip=True``) index-K."""
     if spec.family != "dsa":
@@ -220,13 +210,6 @@ def value_bytes(value: float, dtype: str) -> bytes:
 
 def _exact_row(start: int, step: int, count: int) -> tuple[float, ...]:
     return tuple(EXACT_VALUES[(start + step * i) % len(EXACT_VALUES)] for i in range(count))
-
-
-def row_elements(spec: PoolSpec) -> tuple[int, int]:
-    """(K or latent values, V values or 0) of one token in one layer."""
-    if spec.family in ("mha", "noop"):
-        return spec.head_num * spec.head_dim, spec.head_num * spec.effective_v_head_dim
-    return spec.kv_lora_rank + spec.qk_rope_head_dim, 0
 
 
 #: Operation kinds :func:`op_sequences` draws, in shrink order.

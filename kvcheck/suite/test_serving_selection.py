@@ -14,7 +14,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from kvcheck.properties.serving import check_pool_selection
-from kvcheck.serving import DEEPSEEK_V3_2, GLM_5_2_LIKE, QWEN3_EMBEDDING_8B
+from kvcheck.serving import DEEPSEEK_V3_2, GLM_5_2_LIKE, MINIMAL_VALID_FLAGS, QWEN3_EMBEDDING_8B
 from kvcheck.strategies import model_configs, server_flags
 
 pytestmark = pytest.mark.kvcheck_needs("pool_selection")
@@ -43,13 +43,7 @@ def test_draft_worker_keeps_its_normal_pool(
     assert outcome not in ("noop", "refused"), f"draft worker for {model!r} got {outcome!r}"
 
 
-FLAG_ON = {
-    "prefill_only_disable_kv_cache": True,
-    "is_embedding": True,
-    "chunked_prefill_size": -1,
-    "disable_radix_cache": True,
-    "attention_backend": "fa3",
-}
+FLAG_ON = dict(MINIMAL_VALID_FLAGS)
 FLAG_OFF: dict[str, Any] = {}
 
 NAMED_CASES: dict[str, tuple[Any, dict[str, Any], bool, str]] = {

@@ -14,18 +14,13 @@ from hypothesis import event, given
 
 from kvcheck.properties.serving import check_validation_agrees
 from kvcheck.reference import PREFILL_ONLY_RULES
+from kvcheck.serving import MINIMAL_VALID_FLAGS
 from kvcheck.strategies import server_flags
 
 pytestmark = pytest.mark.kvcheck_needs("server_args")
 
 #: The combination the flag accepts with the fewest settings.
-VALID = {
-    "prefill_only_disable_kv_cache": True,
-    "is_embedding": True,
-    "chunked_prefill_size": -1,
-    "disable_radix_cache": True,
-    "attention_backend": "fa3",
-}
+VALID = dict(MINIMAL_VALID_FLAGS)
 
 
 @given(flags=server_flags())

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvcheck.geometry import tensor_nbytes
 from kvcheck.memory import (
     cuda_allocator_config_problem,
     cuda_block_bytes,
     expected_cuda_allocation_bytes,
-    expected_tensor_nbytes,
     measure_cuda_allocation,
     production_dsa_spec,
 )
@@ -88,9 +88,9 @@ def test_skip_layers_save_exactly_their_index_bytes_at_scale(
     everything = production_dsa_spec(model, num_tokens=num_tokens, honour_skip_layers=False)
     assert_meta_pool_bytes(kvcheck_target, honoured)
     assert_meta_pool_bytes(kvcheck_target, everything)
-    per_layer = expected_tensor_nbytes(everything)["index_k_with_scale_buffer"][0]
-    saved = sum(expected_tensor_nbytes(everything)["index_k_with_scale_buffer"]) - sum(
-        expected_tensor_nbytes(honoured)["index_k_with_scale_buffer"]
+    per_layer = tensor_nbytes(everything)["index_k_with_scale_buffer"][0]
+    saved = sum(tensor_nbytes(everything)["index_k_with_scale_buffer"]) - sum(
+        tensor_nbytes(honoured)["index_k_with_scale_buffer"]
     )
     assert saved == sum(honoured.skip_mask) * per_layer
 
@@ -138,5 +138,5 @@ def test_cuda_skip_layers_add_zero_bytes(kvcheck_target: Any, kvcheck_device: st
         build = functools.partial(kvcheck_target.make_pool, spec, device=kvcheck_device)
         _, deltas[name] = measure_cuda_allocation(build, device=kvcheck_device)
         assert deltas[name] == expected_cuda_allocation_bytes(spec), name
-    index_bytes = expected_tensor_nbytes(specs["allocating"])["index_k_with_scale_buffer"][0]
+    index_bytes = tensor_nbytes(specs["allocating"])["index_k_with_scale_buffer"][0]
     assert deltas["allocating"] - deltas["skipping"] == sum(mask) * cuda_block_bytes(index_bytes)

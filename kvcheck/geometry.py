@@ -1,0 +1,203 @@
+"""Byte geometry of the pools kvcheck models: one home for row, page and buffer sizes.
+
+Strategies size the rows they draw with it, properties lay out and name bytes with it, and
+:mod:`kvcheck.memory` predicts the tensors a pool must allocate with it. The reference
+model (:mod:`kvcheck.reference`) keeps formulas of its own on purpose: the tests hold the
+two against each other, so a mistake in either shows as a disagreement instead of being
+shared by the pool check and its expectation.
+
+Per token and layer a pool stores:
+
+- MHA (and the no-op pool's placeholders): a K row of ``head_num * head_dim`` values and a
+  V row of ``head_num * v_head_dim`` values;
+- MLA and DSA: one latent row of ``kv_lora_rank + qk_rope_head_dim`` values;
+- DSA, on layers that are not skip layers: ``index_head_dim`` fp8 key bytes and one fp32
+  scale per block of 128 channels, stored by page (keys of the page first, then scales).
+
+Example:
+    >>> from kvcheck.specs import PoolSpec
+    >>> spec = PoolSpec(family="dsa", size=8, page_size=4, layer_num=2, dtype="bfloat16",
+    ...                 skip_topk_layers=(False, True))
+    >>> row_bytes(spec), index_token_bytes(spec.index_head_dim), num_index_pages(spec)
+    ((48, 0), 132, 3)
+    >>> tensor_nbytes(spec)["index_k_with_scale_buffer"]
+    [1584, 0]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from kvcheck.specs import DSA_QUANT_BLOCK, PoolSpec
+
+__all__ = [
+    "FAMILY_BUFFERS",
+    "INDEX_BUFFER",
+    "KV_BUFFER_ATTRIBUTES",
+    "buffer_bytes",
+    "index_k_row_bytes",
+    "index_scale_row_bytes",
+    "index_token_bytes",
+    "latent_width",
+    "num_index_pages",
+    "row_bytes",
+    "row_elements",
+    "tensor_nbytes",
+]
+
+#: The DSA pool's paged index-K buffer (keys and scales of a page in one row).
+INDEX_BUFFER = "index_k_with_scale_buffer"
+
+#: Pool attributes that hold the KV cache, one tensor per local layer (SGLang's names), in
+#: the order failures and reports name them.
+KV_BUFFER_ATTRIBUTES: tuple[str, ...] = ("k_buffer", "v_buffer", "kv_buffer", INDEX_BUFFER)
+
+#: The buffers each pool family holds.
+FAMILY_BUFFERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "mha": ("k_buffer", "v_buffer"),
+        "noop": ("k_buffer", "v_buffer"),
+        "mla": ("kv_buffer",),
+        "dsa": ("kv_buffer", INDEX_BUFFER),
+    }
+)
+
+_FP32_BYTES = 4
+
+
+def _checked(spec: object) -> PoolSpec:
+    if not isinstance(spec, PoolSpec):
+        raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
+    return spec
+
+
+def latent_width(spec: PoolSpec) -> int:
+    """Values in one MLA/DSA latent row: ``kv_lora_rank + qk_rope_head_dim``.
+
+    Example:
+        >>> latent_width(PoolSpec(family="mla", size=2, page_size=1, layer_num=1,
+        ...                       dtype="bfloat16", kv_lora_rank=512, qk_rope_head_dim=64))
+        576
+    """
+    spec = _checked(spec)
+    return spec.kv_lora_rank + spec.qk_rope_head_dim
+
+
+def row_elements(spec: PoolSpec) -> tuple[int, int]:
+    """(K or latent values, V values or 0) one token stores in one layer.
+
+    Example:
+        >>> row_elements(PoolSpec(family="mha", size=2, page_size=1, layer_num=1,
+        ...                       dtype="bfloat16", head_num=2, head_dim=4, v_head_dim=3))
+        (8, 6)
+    """
+    spec = _checked(spec)
+    if spec.family in ("mha", "noop"):
+        return spec.head_num * spec.head_dim, spec.head_num * spec.effective_v_head_dim
+    return latent_width(spec), 0
+
+
+def row_bytes(spec: PoolSpec) -> tuple[int, int]:
+    """(K or latent bytes, V bytes or 0) one token stores in one layer.
+
+    Example:
+        >>> row_bytes(PoolSpec(family="mha", size=2, page_size=1, layer_num=1,
+        ...                    dtype="bfloat16", head_num=2, head_dim=4, v_head_dim=3))
+        (16, 12)
+    """
+    key, value = row_elements(spec)
+    return key * spec.itemsize, value * spec.itemsize
+
+
+def index_k_row_bytes(index_head_dim: int) -> int:
+    """fp8 key bytes one token takes in a DSA index-K page: one byte per channel.
+
+    Example:
+        >>> index_k_row_bytes(128)
+        128
+    """
+    if isinstance(index_head_dim, bool) or not isinstance(index_head_dim, int):
+        raise ValueError(f"index_head_dim={index_head_dim!r} must be an int")
+    if index_head_dim < DSA_QUANT_BLOCK or index_head_dim % DSA_QUANT_BLOCK:
+        raise ValueError(
+            f"index_head_dim={index_head_dim} must be a positive multiple of {DSA_QUANT_BLOCK}"
+        )
+    return index_head_dim
+
+
+def index_scale_row_bytes(index_head_dim: int) -> int:
+    """fp32 scale bytes one token takes: one float per block of 128 channels.
+
+    Example:
+        >>> index_scale_row_bytes(256)
+        8
+    """
+    return index_k_row_bytes(index_head_dim) // DSA_QUANT_BLOCK * _FP32_BYTES
+
+
+def index_token_bytes(index_head_dim: int) -> int:
+    """Key plus scale bytes one token takes in a DSA index-K page.
+
+    Example:
+        >>> index_token_bytes(128)
+        132
+    """
+    return index_k_row_bytes(index_head_dim) + index_scale_row_bytes(index_head_dim)
+
+
+def num_index_pages(spec: PoolSpec) -> int:
+    """Pages (rows) of each non-skip DSA index-K buffer: every page the index buffer's
+    tokens can reach, plus the padding page (``(index_buf_size + page_size + 1) //
+    page_size``, as SGLang sizes it).
+
+    Example:
+        >>> num_index_pages(PoolSpec(family="dsa", size=8, page_size=2, layer_num=1,
+        ...                          dtype="bfloat16"))
+        5
+    """
+    spec = _checked(spec)
+    return (spec.effective_index_buf_size + spec.page_size + 1) // spec.page_size
+
+
+def tensor_nbytes(spec: PoolSpec) -> dict[str, list[int]]:
+    """Bytes each KV buffer of a pool built from ``spec`` must have, per local layer.
+
+    MHA ``k_buffer``/``v_buffer`` hold ``size + page_size`` rows (the padding page), the
+    no-op pool one placeholder page; MLA/DSA ``kv_buffer`` ``size + page_size`` latent rows;
+    DSA ``index_k_with_scale_buffer`` :func:`num_index_pages` pages on non-skip layers and
+    nothing on skip layers.
+
+    Example:
+        >>> tensor_nbytes(PoolSpec(family="dsa", size=2, page_size=2, layer_num=2,
+        ...                        dtype="bfloat16", kv_lora_rank=4, qk_rope_head_dim=2,
+        ...                        skip_topk_layers=(True, False)))
+        {'kv_buffer': [48, 48], 'index_k_with_scale_buffer': [0, 528]}
+    """
+    spec = _checked(spec)
+    layers = spec.layer_num
+    key, value = row_bytes(spec)
+    if spec.family in ("mha", "noop"):
+        rows = spec.page_size if spec.family == "noop" else spec.num_slots
+        return {"k_buffer": [rows * key] * layers, "v_buffer": [rows * value] * layers}
+    result = {"kv_buffer": [spec.num_slots * key] * layers}
+    if spec.family == "dsa":
+        if len(spec.skip_mask) != layers:
+            raise ValueError(
+                f"spec.skip_topk_layers has {len(spec.skip_mask)} entries, layer_num={layers}"
+            )
+        page = spec.page_size * index_token_bytes(spec.index_head_dim)
+        full = num_index_pages(spec) * page
+        result[INDEX_BUFFER] = [0 if skip else full for skip in spec.skip_mask]
+    return result
+
+
+def buffer_bytes(spec: PoolSpec) -> int:
+    """All KV buffer bytes of a pool built from ``spec`` (the sum of :func:`tensor_nbytes`).
+
+    Example:
+        >>> buffer_bytes(PoolSpec(family="mla", size=2, page_size=2, layer_num=3,
+        ...                       dtype="float16", kv_lora_rank=4, qk_rope_head_dim=2))
+        144
+    """
+    return sum(sum(sizes) for sizes in tensor_nbytes(spec).values())
