@@ -35,7 +35,9 @@ __all__ = [
     "FAMILY_BUFFERS",
     "INDEX_BUFFER",
     "KV_BUFFER_ATTRIBUTES",
+    "allocated_bytes",
     "buffer_bytes",
+    "fused_kv",
     "index_k_row_bytes",
     "index_scale_row_bytes",
     "index_token_bytes",
@@ -190,6 +192,38 @@ def tensor_nbytes(spec: PoolSpec) -> dict[str, list[int]]:
         full = num_index_pages(spec) * page
         result[INDEX_BUFFER] = [0 if skip else full for skip in spec.skip_mask]
     return result
+
+
+def fused_kv(spec: PoolSpec) -> bool:
+    """Whether each layer's K and V buffers are the two halves of one allocation: MHA (and
+    the no-op pool) when ``v_head_dim`` equals ``head_dim``, as SGLang allocates them.
+
+    Example:
+        >>> fused_kv(PoolSpec(family="mha", size=2, page_size=1, layer_num=1,
+        ...                   dtype="bfloat16", head_dim=4, v_head_dim=2))
+        False
+    """
+    spec = _checked(spec)
+    return spec.family in ("mha", "noop") and spec.head_dim == spec.effective_v_head_dim
+
+
+def allocated_bytes(spec: PoolSpec) -> int:
+    """Bytes the storages behind a pool's KV buffers hold: :func:`buffer_bytes` plus, for
+    fused K/V, each half's padding to whole pages (a size that is not whole pages leaves
+    up to ``page_size - 1`` rows of every half unused).
+
+    Example:
+        >>> spec = PoolSpec(family="mha", size=3, page_size=2, layer_num=1,
+        ...                 dtype="bfloat16", head_num=1, head_dim=4)
+        >>> buffer_bytes(spec), allocated_bytes(spec)
+        (80, 96)
+    """
+    if not fused_kv(spec):
+        return buffer_bytes(spec)
+    key, _ = row_bytes(spec)
+    rows = spec.page_size if spec.family == "noop" else spec.num_slots
+    pages = -(-rows // spec.page_size)
+    return spec.layer_num * 2 * pages * spec.page_size * key
 
 
 def buffer_bytes(spec: PoolSpec) -> int:

@@ -97,6 +97,16 @@ def _v_row_bytes(spec: PoolSpec) -> int:
     return spec.head_num * spec.effective_v_head_dim * spec.itemsize
 
 
+def _mha_allocated_rows(spec: PoolSpec) -> int:
+    # When K and V rows have the same shape, SGLang allocates them as the two halves of one
+    # tensor per layer and pads each half to a whole number of pages.
+    rows = spec.size + spec.page_size
+    if spec.head_dim != spec.effective_v_head_dim:
+        return rows
+    pages = rows // spec.page_size + (1 if rows % spec.page_size else 0)
+    return pages * spec.page_size
+
+
 def _latent_row_bytes(spec: PoolSpec) -> int:
     return (spec.kv_lora_rank + spec.qk_rope_head_dim) * spec.itemsize
 
@@ -128,7 +138,9 @@ def _index_bytes_per_layer(spec: PoolSpec) -> list[int]:
 def expected_kv_size_bytes(spec: PoolSpec) -> tuple[int, int] | int:
     """What ``get_kv_size_bytes()`` must return for a pool built from ``spec``.
 
-    MHA: ``(k_bytes, v_bytes)`` over all layers; NoOp: ``(0, 0)`` (its placeholders are not
+    MHA: ``(k_bytes, v_bytes)`` allocated over all layers (when ``v_head_dim`` is
+    ``head_dim`` K and V share one allocation per layer, each half padded to whole pages,
+    and the padding is allocated too); NoOp: ``(0, 0)`` (its placeholders are not
     counted); MLA: the latent bytes as one int; DSA: latent bytes plus the index-K bytes of
     every non-skip layer, as one int (SGLang 0.5.23 returns a single int for both).
 
@@ -136,11 +148,14 @@ def expected_kv_size_bytes(spec: PoolSpec) -> tuple[int, int] | int:
         >>> expected_kv_size_bytes(PoolSpec(family="mha", size=2, page_size=2, layer_num=3,
         ...                                 dtype="bfloat16", head_num=1, head_dim=4))
         (96, 96)
+        >>> expected_kv_size_bytes(PoolSpec(family="mha", size=3, page_size=2, layer_num=1,
+        ...                                 dtype="bfloat16", head_num=1, head_dim=4))
+        (48, 48)
     """
     if spec.family == "noop":
         return (0, 0)
     if spec.family == "mha":
-        rows = spec.layer_num * spec.num_slots
+        rows = spec.layer_num * _mha_allocated_rows(spec)
         return (rows * _k_row_bytes(spec), rows * _v_row_bytes(spec))
     latent = spec.layer_num * spec.num_slots * _latent_row_bytes(spec)
     if spec.family == "mla":

@@ -20,6 +20,8 @@ from kvcheck.pools import (
     MLATokenToKVPool,
     NoOpMHATokenToKVPool,
 )
+from kvcheck.pools._checks import check_payload
+from kvcheck.pools._dtypes import as_storage, payload_dtypes
 from kvcheck.pools._host_copy import KVHostCopy
 from kvcheck.pools._rows import move_rows, scatter_rows
 from kvcheck.specs import PoolSpec
@@ -168,10 +170,30 @@ class HalfApplyingMHA(MHATokenToKVPool):
         local = self._layer_of(layer, where=where)
         idx = self._locations("loc", loc, distinct=True, where=where)
         n = idx.numel()
-        k = self._payload("cache_k", cache_k, (n, self.head_num, self.head_dim), where=where)
+        k = self._native("cache_k", cache_k, (n, self.head_num, self.head_dim), where=where)
         scatter_rows(self.k_buffer[local], idx, k)
-        v = self._payload("cache_v", cache_v, (n, self.head_num, self.v_head_dim), where=where)
+        v = self._native("cache_v", cache_v, (n, self.head_num, self.v_head_dim), where=where)
         scatter_rows(self.v_buffer[local], idx, v)
+
+    def _native(self, name: str, value: Any, shape: tuple[int, ...], *, where: str) -> Any:
+        """``value`` checked as a payload in the pool's own dtype, viewed as storage."""
+        tensor = check_payload(
+            name,
+            value,
+            shape=shape,
+            dtypes=payload_dtypes(self.dtype),
+            device=self._torch_device,
+            where=where,
+        )
+        return as_storage(tensor, self.store_dtype)
+
+
+class UnpaddedReportMHA(MHATokenToKVPool):
+    """Reports the bytes of its K/V views, leaving out the page padding its fused
+    allocation holds (as sglang 0.5.23 does, finding A1)."""
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        return sum(b.nbytes for b in self.k_buffer), sum(b.nbytes for b in self.v_buffer)
 
 
 # --- serving them --------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from broken_pools import (
     StaleViewMLA,
     StartLayerBlindReadMHA,
     UncommittedWritingMHA,
+    UnpaddedReportMHA,
     ValidatingMoveNoOp,
 )
 from hypothesis import HealthCheck, Phase, find, settings
@@ -418,6 +419,23 @@ def test_held_bytes_property_catches_hidden_skip_allocations() -> None:
     target = BrokenTarget("dsa", AllocatingSkipDSA)
     spec = shrunk(DSA_POOLS, lambda s: assert_held_bytes(target.make_pool(s, device=CPU), s))
     assert spec.layer_num == 1 and spec.skip_mask == (True,)
+
+
+def test_accounting_property_catches_unreported_fused_padding() -> None:
+    """Reporting a fused K/V pool's views instead of its allocation fails on one layer of a
+    size that is not whole pages."""
+    target = BrokenTarget("mha", UnpaddedReportMHA)
+    specs = st.builds(
+        PoolSpec,
+        family=st.just("mha"),
+        size=st.integers(1, 9),
+        page_size=st.sampled_from((1, 2, 4)),
+        layer_num=st.integers(1, 3),
+        dtype=st.just("bfloat16"),
+        head_dim=st.integers(1, 4),
+    )
+    spec = shrunk(specs, lambda s: assert_accounting(target.make_pool(s, device=CPU), s))
+    assert spec.layer_num == 1 and spec.size % spec.page_size
 
 
 # --- inputs ----------------------------------------------------------------------------------

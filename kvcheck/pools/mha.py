@@ -15,8 +15,11 @@ from kvcheck.pools.base import KVCache
 class MHATokenToKVPool(KVCache):
     """K and V buffers per local layer: ``[size + page_size, head_num, head_dim]``.
 
-    V may have its own head dim (``v_head_dim``, default ``head_dim``). fp8 dtypes are
-    stored as ``uint8``; ``get_key_buffer``/``get_value_buffer`` return fp8 views.
+    V may have its own head dim (``v_head_dim``, default ``head_dim``); when it has not,
+    each layer's K and V are the halves of one ``[2, rows, head_num, head_dim]``
+    allocation whose rows are padded to whole pages (``size`` need not be whole pages).
+    fp8 dtypes are stored as ``uint8``; ``get_key_buffer``/``get_value_buffer`` return fp8
+    views.
     Layer ids are global; ``start_layer`` maps them to local buffers.
 
     Writes (``set_kv_buffer``, ``set_kv_buffer_prefix_valid``) store a payload in the
@@ -78,8 +81,24 @@ class MHATokenToKVPool(KVCache):
         """Rows of each per-layer buffer (the NoOp pool keeps only one page)."""
         return self.num_slots
 
+    @property
+    def fused_kv(self) -> bool:
+        """Whether each layer's K and V are the two halves of one allocation (they are
+        when their shapes match, as in SGLang)."""
+        return self.v_head_dim == self.head_dim
+
+    def _allocated_rows(self) -> int:
+        """Rows each K and V buffer's allocation holds: a fused layer pads its halves to
+        whole pages (a paged kernel reaches V from K's base by whole-page offsets)."""
+        rows = self._buffer_rows()
+        return -(-rows // self.page_size) * self.page_size if self.fused_kv else rows
+
     def _create_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         rows = self._buffer_rows()
+        if self.fused_kv:
+            shape = (2, self._allocated_rows(), self.head_num, self.head_dim)
+            fused = [self._zeros(shape) for _ in range(self.layer_num)]
+            return [layer[0, :rows] for layer in fused], [layer[1, :rows] for layer in fused]
         k = [self._zeros((rows, self.head_num, self.head_dim)) for _ in range(self.layer_num)]
         v = [self._zeros((rows, self.head_num, self.v_head_dim)) for _ in range(self.layer_num)]
         return k, v
@@ -273,10 +292,12 @@ class MHATokenToKVPool(KVCache):
     # --- accounting ----------------------------------------------------------------------
 
     def get_kv_size_bytes(self) -> tuple[int, int]:
-        """``(k_bytes, v_bytes)``: bytes of all K buffers and of all V buffers."""
+        """``(k_bytes, v_bytes)``: bytes allocated for all K buffers and all V buffers,
+        a fused layer's page padding included (what the pool holds, not its views)."""
+        rows = self._allocated_rows()
         return (
-            sum(b.nbytes for b in self.k_buffer),
-            sum(b.nbytes for b in self.v_buffer),
+            sum(rows * math.prod(b.shape[1:]) * b.element_size() for b in self.k_buffer),
+            sum(rows * math.prod(b.shape[1:]) * b.element_size() for b in self.v_buffer),
         )
 
     def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:

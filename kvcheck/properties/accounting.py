@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 from kvcheck.failures import FailureSignature
+from kvcheck.geometry import allocated_bytes, buffer_bytes
 from kvcheck.memory import buffer_storages, storage_bytes
 from kvcheck.properties.assertions import assert_equal, fail
 from kvcheck.reference import (
@@ -42,6 +43,8 @@ __all__ = [
     "assert_state_buf_infos",
     "reported_total_bytes",
 ]
+
+_GIB = 1 << 30
 
 
 def reported_total_bytes(reported: Any) -> int:
@@ -79,8 +82,22 @@ def assert_held_bytes(pool: Any, spec: PoolSpec, *, call: str = "pool constructi
         raise fail(got=held, expected=expected_buffer_bytes(spec), call=call, detail=detail)
 
 
+def _reported_kind(reported_total: float, spec: PoolSpec) -> str:
+    """How a wrong report differs: leaving out fused K/V padding is a kind of its own."""
+    if spec.family != "noop" and reported_total == buffer_bytes(spec) != allocated_bytes(spec):
+        return "fused K/V page padding unreported"
+    return "reported bytes differ"
+
+
+def _signature(call: str, reported_total: float, spec: PoolSpec) -> FailureSignature:
+    return FailureSignature(
+        check="accounting", call=call, kind=_reported_kind(reported_total, spec), family=spec.family
+    )
+
+
 def assert_kv_size_bytes(pool: Any, spec: PoolSpec, *, call: str = "pool construction") -> None:
-    """``get_kv_size_bytes()`` equals the formula and, except for NoOp, the bytes held.
+    """``get_kv_size_bytes()`` equals the formula and, except for NoOp, the bytes held
+    (the allocations behind the buffers, fused K/V padding included).
 
     Example:
         >>> from kvcheck.targets import resolve_target
@@ -91,13 +108,15 @@ def assert_kv_size_bytes(pool: Any, spec: PoolSpec, *, call: str = "pool constru
     __tracebackhide__ = True
     reported = _normalized(pool.get_kv_size_bytes())
     where = f"pool.get_kv_size_bytes() after {call}"
-    assert_equal(reported, expected_kv_size_bytes(spec), call=where)
+    signature = _signature("get_kv_size_bytes", reported_total_bytes(reported), spec)
+    assert_equal(reported, expected_kv_size_bytes(spec), call=where, signature=signature)
     if spec.family != "noop":
         assert_equal(
             reported_total_bytes(reported),
             storage_bytes(pool),
             call=where,
             detail="the reported total must equal the bytes the buffers' storages hold",
+            signature=signature,
         )
 
 
@@ -113,7 +132,12 @@ def assert_mem_usage(pool: Any, spec: PoolSpec, *, call: str = "pool constructio
     got = float(pool.mem_usage)
     expected = expected_mem_usage(spec)
     if not math.isclose(got, expected, rel_tol=1e-12, abs_tol=0.0):
-        raise fail(got=got, expected=expected, call=f"pool.mem_usage after {call}")
+        raise fail(
+            got=got,
+            expected=expected,
+            call=f"pool.mem_usage after {call}",
+            signature=_signature("mem_usage", round(got * _GIB), spec),
+        )
 
 
 def assert_state_buf_infos(pool: Any, spec: PoolSpec, *, call: str = "pool construction") -> None:

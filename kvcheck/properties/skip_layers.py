@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcheck.geometry import INDEX_BUFFER, buffer_bytes, tensor_nbytes
+from kvcheck.geometry import INDEX_BUFFER, allocated_bytes, buffer_bytes, tensor_nbytes
 from kvcheck.memory import (
     buffer_storages,
     expected_cuda_allocation_bytes,
@@ -87,10 +87,10 @@ def assert_skip_layers_hold_no_storage(pool: Any, spec: PoolSpec) -> None:
                 detail=f"{where} is a skip layer but its empty tensor pins a storage of bytes",
             )
     held = storage_bytes(pool)
-    if held != buffer_bytes(spec):
+    if held != allocated_bytes(spec):
         raise fail(
             got=held,
-            expected=buffer_bytes(spec),
+            expected=allocated_bytes(spec),
             call="pool construction",
             detail="bytes held by the distinct storages behind the KV buffers",
         )
@@ -159,11 +159,14 @@ def assert_meta_pool_bytes(target: Any, spec: PoolSpec) -> Any:
                 detail=f"bytes of {name}[{first}]"
                 + ("" if skip is None else f" (skip layer: {skip})"),
             )
-    for measured, how in ((shape_bytes(pool), "shapes"), (storage_bytes(pool), "storages")):
-        if measured != buffer_bytes(spec):
+    for measured, expected, how in (
+        (shape_bytes(pool), buffer_bytes(spec), "shapes"),
+        (storage_bytes(pool), allocated_bytes(spec), "storages"),
+    ):
+        if measured != expected:
             raise fail(
                 got=measured,
-                expected=buffer_bytes(spec),
+                expected=expected,
                 call="target.make_pool(spec, device='meta')",
                 detail=f"total bytes of the KV buffers by {how}",
             )

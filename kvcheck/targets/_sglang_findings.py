@@ -33,6 +33,8 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "C2": "HiSparse multiplies the indexer bytes by its host-to-device ratio",
         "C3": "max_total_num_tokens ignores the padding page, so its pools overshoot the budget",
         "C4": "fp8 DSA sizing asserts kv_lora_rank % 128 == 0",
+        "A1": "MHA get_kv_size_bytes and mem_usage leave out the page padding of the fused "
+        "K/V allocation (a size that is not whole pages)",
         "N1": "the no-op pool's load_cpu_copy is MHA's: no RuntimeError",
         "N3": "the no-op pool's get_cpu_copy indexes its one-page placeholders",
         "N4": "the no-op pool's get_contiguous_buf_infos raises AttributeError",
@@ -188,6 +190,14 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="dsa_layer_skips_topk",
         kind="AssertionError instead of ValueError",
         pinned=_pinned("test_k1_*"),
+    ),
+    Finding(
+        "A1",
+        FINDINGS["A1"],
+        check="accounting",
+        kind="fused K/V page padding unreported",
+        family="mha",
+        pinned=_pinned("test_a1_*"),
     ),
     Finding(
         "C1",

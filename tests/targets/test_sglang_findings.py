@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from kvcheck.properties.accounting import assert_contiguous_buf_infos
+from kvcheck.properties.accounting import assert_accounting, assert_contiguous_buf_infos
 from kvcheck.properties.inputs import BadCall, assert_rejected_call_changes_nothing
 from kvcheck.properties.noop import assert_noop_write_raises
 from kvcheck.properties.ops import PoolCall, apply_op_like_reference, describe_op, op_method
@@ -203,6 +203,16 @@ def test_n3_noop_host_copy_of_any_slot_succeeds(kvcheck_target: Any, kvcheck_dev
         copies={},
     )
     assert accepted
+
+
+@pytest.mark.kvcheck_needs("mha_pool")
+def test_a1_reported_bytes_include_the_fused_padding(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """A1: an MHA pool of 3 tokens in 2-token pages (K and V heads alike, so fused) holds 3
+    pages per K and V half; get_kv_size_bytes and mem_usage must report all of them."""
+    spec = PoolSpec(family="mha", size=3, page_size=2, layer_num=1, dtype="bfloat16", head_dim=4)
+    assert_accounting(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
 
 
 @pytest.mark.kvcheck_needs("noop_pool", "contiguous_buf_infos")
