@@ -27,7 +27,7 @@ from kvcheck.specs import (
     WriteIndexK,
     WriteKV,
 )
-from kvcheck.strategies import ops
+from kvcheck.strategies import attention, calls, ops, pools, sequences, serving
 
 FAST = settings(max_examples=25, database=None, deadline=None)
 #: find() searches longer, stops at the first hit and skips shrinking (speed); no database so
@@ -42,8 +42,19 @@ SEARCH = settings(
 )
 
 SMALL_SPEC = PoolSpec(family="mha", size=8, page_size=2, layer_num=2, dtype="bfloat16")
+NOOP_SPEC = PoolSpec(family="noop", size=8, page_size=2, layer_num=2, dtype="float16")
 #: Positional "what" argument of the strategies that take one.
-WHAT: dict[str, Any] = {"token_locations": SMALL_SPEC, "op_sequences": SMALL_SPEC}
+WHAT: dict[str, Any] = {
+    "token_locations": SMALL_SPEC,
+    "op_sequences": SMALL_SPEC,
+    "bad_calls": SMALL_SPEC,
+    "noop_write_calls": NOOP_SPEC,
+    "noop_move_arguments": NOOP_SPEC,
+    "page_layouts": (3, 1),
+    "query_lengths": (3, 1),
+}
+#: The modules of the package that hold strategies.
+MODULES = (pools, sequences, serving, calls, attention)
 
 
 def build(name: str, **kwargs: Any) -> st.SearchStrategy[Any]:
@@ -55,22 +66,22 @@ def build(name: str, **kwargs: Any) -> st.SearchStrategy[Any]:
 
 
 def test_registry_lists_every_public_strategy() -> None:
-    """__all__ names exactly the module's public functions."""
+    """The package's __all__ names exactly the public functions of its strategy modules."""
     public = {
         name
-        for name, value in vars(strategies).items()
-        if inspect.isfunction(value)
-        and not name.startswith("_")
-        and value.__module__ == strategies.__name__
+        for module in MODULES
+        for name in module.__all__
+        if inspect.isfunction(getattr(module, name))
+        and getattr(module, name).__module__ == module.__name__
     }
     assert set(strategies.__all__) == public
 
 
 @pytest.mark.parametrize("name", strategies.__all__)
 def test_docstring_has_example_and_shrink_target(name: str) -> None:
-    """Each strategy documents an example and what its examples shrink towards."""
+    """Each strategy documents a runnable example and what its examples shrink towards."""
     doc = inspect.getdoc(getattr(strategies, name)) or ""
-    assert "Example::" in doc
+    assert ">>> " in doc
     assert "Shrinks towards" in doc
 
 

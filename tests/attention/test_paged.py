@@ -18,7 +18,7 @@ from kvcheck.attention import (
     write_kv_by_page,
 )
 from kvcheck.attention.properties import attention_pool_spec, check_paged_matches_raw
-from kvcheck.attention.strategies import page_layouts, varlen_batches
+from kvcheck.strategies.attention import page_layouts, varlen_batches
 from kvcheck.targets.builtin import KVCheckTarget
 
 TABLE = torch.tensor([[3, 1], [2, 0]], dtype=torch.int32)
