@@ -62,6 +62,7 @@ from kvcheck.specs import (
     WriteMLA,
     WritePrefixValid,
 )
+from kvcheck.validation import check_type
 
 #: Tokens one operation touches at most: enough for overlaps, small enough to read.
 MAX_TOKENS_PER_OP = 4
@@ -688,6 +689,4 @@ def _cached_invalid_ops(
 
 
 def _checked(spec: Any) -> PoolSpec:
-    if not isinstance(spec, PoolSpec):
-        raise InvalidArgument(f"spec={spec!r} must be a kvcheck.specs.PoolSpec")
-    return spec
+    return check_type(PoolSpec, spec, "spec", what="a kvcheck.specs.PoolSpec")

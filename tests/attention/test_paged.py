@@ -140,7 +140,7 @@ def test_unknown_read_api_is_refused():
 
 BAD_SPEC_ARGUMENTS = {
     "family": ({"family": "mla"}, r"family='mla' must be 'mha' or 'noop'"),
-    "start-layer": ({"start_layer": -1}, r"start_layer=-1 must be an int >= 0"),
+    "start-layer": ({"start_layer": -1}, r"start_layer=-1 must be >= 0"),
     "dtype": ({"dtype": torch.int8}, r"dtype=torch.int8 must be one of"),
 }
 
