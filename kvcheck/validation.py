@@ -65,7 +65,7 @@ def check_type(
     if not isinstance(value, typ):
         if what is None:
             names = typ if isinstance(typ, tuple) else (typ,)
-            what = "a " + " or ".join(t.__name__ for t in names)
+            what = "an instance of " + " or ".join(t.__name__ for t in names)
         raise error(f"{name}={value!r} must be {what}")
     return value  # type: ignore[return-value]
 

@@ -155,6 +155,16 @@ BAD_ARGUMENTS = [
     ("server_flags", {"prefill_only_disable_kv_cache": "on"}, "prefill_only_disable_kv_cache="),
     ("server_flags", {"min_violations": 4, "max_violations": 1}, "max_violations=1"),
     ("server_flags", {"max_violations": 9}, "max_violations=9"),
+    (
+        "pool_specs",
+        {"target": SimpleNamespace(name="bad", pool_spec_limits={"dsa": {"page": (64,)}})},
+        "target 'bad'",
+    ),
+    ("bad_calls", {"device": 0}, "device=0"),
+    ("noop_write_calls", {"methods": ("move_kv_cache",)}, "methods=('move_kv_cache',)"),
+    ("noop_write_calls", {"methods": ()}, "methods=()"),
+    ("page_layouts", {"max_spare_pages": -1}, "max_spare_pages=-1"),
+    ("varlen_batches", {"min_seq_len": 3, "max_seq_len": 2}, "max_seq_len=2 < min_seq_len=3"),
 ]
 
 
