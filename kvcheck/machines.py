@@ -52,9 +52,9 @@ from kvcheck.reference import ReferencePool
 from kvcheck.specs import POOL_FAMILIES, HostCopy, Op, PoolSpec
 from kvcheck.strategies import ops as draws
 from kvcheck.strategies import pool_specs
+from kvcheck.strategies.limits import within_target_limits
 from kvcheck.targets import supports
 from kvcheck.targets.findings import steered_tags
-from kvcheck.targets.limits import within_target_limits
 
 __all__ = [
     "MACHINE_CAPABILITIES",
@@ -410,7 +410,7 @@ def pool_machine(
 
     ``specs`` draws the pool of each example (default :func:`default_machine_specs`); every
     spec must be of ``family``, and is moved inside the target's ``pool_spec_limits``
-    (:func:`kvcheck.targets.limits.within_target_limits`). ``skip`` names capabilities (of
+    (:func:`kvcheck.strategies.limits.within_target_limits`). ``skip`` names capabilities (of
     :data:`MACHINE_CAPABILITIES`) whose rules or checks do not run; ``None`` means those
     the target declares unsupported, so a target without host copies is still checked on
     writes and moves. ``settings``

@@ -118,6 +118,7 @@ KVCHECK_TWINS: tuple[Twin, ...] = (
     _pool_twin("rope-dropping-mla", "mla", "RopeDroppingMLA"),
     _pool_twin("uncommitted-writing-mha", "mha", "UncommittedWritingMHA"),
     _pool_twin("scale-dividing-mha", "mha", "ScaleDividingMHA"),
+    _pool_twin("unpadded-report-mha", "mha", "UnpaddedReportMHA"),
     # Two bugs, one declared as a finding by the twin test: here both are undeclared.
     _pool_twin("silent-reload-moving-noop", "noop", "SilentReloadMovingNoOp"),
     _pool_twin("silent-reload-noop", "noop", "SilentReloadNoOp"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from kvcheck.geometry import tensor_nbytes
+from kvcheck.geometry import allocated_bytes, buffer_bytes, tensor_nbytes
 from kvcheck.memory import (
     CUDA_BLOCK_BYTES,
     CUDA_SMALL_REQUEST_BYTES,
@@ -68,7 +68,8 @@ def test_geometry_matches_a_built_pool_and_the_reference(spec: PoolSpec) -> None
     expected = tensor_nbytes(spec)
     for name, sizes in expected.items():
         assert [t.numel() * t.element_size() for t in getattr(pool, name)] == sizes, name
-    assert sum(map(sum, expected.values())) == expected_buffer_bytes(spec) == storage_bytes(pool)
+    assert sum(map(sum, expected.values())) == buffer_bytes(spec) == shape_bytes(pool)
+    assert allocated_bytes(spec) == expected_buffer_bytes(spec) == storage_bytes(pool)
 
 
 def test_expected_cuda_allocation_counts_blocks_not_bytes() -> None:

@@ -393,7 +393,9 @@ def test_unknown_kvcheck_variable_warns_without_failing(
     """A misspelled KVCHECK_* variable is a warning with a did-you-mean, even under -W error."""
     monkeypatch.setenv("KVCHECK_TARGE", "sglang")
     pytester.makepyfile("def test_nothing():\n    assert True\n")
-    result = pytester.runpytest("-W", "error")
+    # A fresh process: in-process, pytest may warn that kvcheck (imported by this run) cannot
+    # be rewritten, and -W error would turn pytest's own warning into the failure.
+    result = pytester.runpytest_subprocess("-W", "error")
     assert result.ret == 0
     result.stdout.fnmatch_lines(
         [

@@ -56,17 +56,11 @@ from kvcheck.properties.accounting import (
     assert_mem_usage,
     assert_state_buf_infos,
 )
-from kvcheck.properties.inputs import (
-    assert_rejected_call_changes_nothing,
-    bad_calls,
-    check_sequence_inputs,
-)
+from kvcheck.properties.inputs import assert_rejected_call_changes_nothing, check_sequence_inputs
 from kvcheck.properties.noop import (
     assert_noop_holds_only_placeholders,
     assert_noop_move_changes_nothing,
     assert_noop_write_raises,
-    noop_move_arguments,
-    noop_write_calls,
 )
 from kvcheck.properties.ops import apply_op
 from kvcheck.properties.pool_state import assert_pool_matches_reference
@@ -77,8 +71,14 @@ from kvcheck.properties.skip_layers import (
 )
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import OpSequence, PoolSpec, WriteIndexK
-from kvcheck.strategies import op_sequences, pool_specs
-from kvcheck.suite.test_skip_layers import DSA_SPECS, PRODUCTION_SPECS
+from kvcheck.strategies import (
+    bad_calls,
+    noop_move_arguments,
+    noop_write_calls,
+    op_sequences,
+    pool_specs,
+)
+from kvcheck.suite.test_skip_layers import PRODUCTION_SPECS, dsa_specs
 from kvcheck.targets import resolve_target
 from kvcheck.targets.findings import Finding, active_findings
 
@@ -308,7 +308,7 @@ def test_storage_property_catches_skip_layers_that_allocate_anyway() -> None:
     """A zero-row view of a full buffer is caught by storage, shrunk to one skip layer."""
     target = BrokenTarget("dsa", AllocatingSkipDSA)
     spec = shrunk(
-        DSA_SPECS,
+        dsa_specs(None),
         lambda s: assert_skip_layers_hold_no_storage(target.make_pool(s, device=CPU), s),
     )
     assert spec.layer_num == 1 and spec.skip_mask == (True,)
@@ -326,7 +326,7 @@ def test_cuda_property_catches_skip_layers_that_allocate_anyway(kvcheck_device: 
     """On CUDA the allocator's delta exceeds the expected blocks by the hidden buffers."""
     target = BrokenTarget("dsa", AllocatingSkipDSA)
     spec = shrunk(
-        DSA_SPECS, lambda s: assert_cuda_allocation_matches(target, s, device=kvcheck_device)
+        dsa_specs(None), lambda s: assert_cuda_allocation_matches(target, s, device=kvcheck_device)
     )
     assert spec.layer_num == 1 and spec.skip_mask == (True,)
 

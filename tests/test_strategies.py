@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
+from hypothesis.errors import InvalidArgument, NoSuchExample
 
 from kvcheck import strategies
 from kvcheck.reference import ReferencePool, reference_skips_topk, reference_violations
@@ -27,7 +27,7 @@ from kvcheck.specs import (
     WriteIndexK,
     WriteKV,
 )
-from kvcheck.strategies import ops
+from kvcheck.strategies import attention, calls, ops, pools, sequences, serving
 
 FAST = settings(max_examples=25, database=None, deadline=None)
 #: find() searches longer, stops at the first hit and skips shrinking (speed); no database so
@@ -42,8 +42,19 @@ SEARCH = settings(
 )
 
 SMALL_SPEC = PoolSpec(family="mha", size=8, page_size=2, layer_num=2, dtype="bfloat16")
+NOOP_SPEC = PoolSpec(family="noop", size=8, page_size=2, layer_num=2, dtype="float16")
 #: Positional "what" argument of the strategies that take one.
-WHAT: dict[str, Any] = {"token_locations": SMALL_SPEC, "op_sequences": SMALL_SPEC}
+WHAT: dict[str, Any] = {
+    "token_locations": SMALL_SPEC,
+    "op_sequences": SMALL_SPEC,
+    "bad_calls": SMALL_SPEC,
+    "noop_write_calls": NOOP_SPEC,
+    "noop_move_arguments": NOOP_SPEC,
+    "page_layouts": (3, 1),
+    "query_lengths": (3, 1),
+}
+#: The modules of the package that hold strategies.
+MODULES = (pools, sequences, serving, calls, attention)
 
 
 def build(name: str, **kwargs: Any) -> st.SearchStrategy[Any]:
@@ -55,22 +66,22 @@ def build(name: str, **kwargs: Any) -> st.SearchStrategy[Any]:
 
 
 def test_registry_lists_every_public_strategy() -> None:
-    """__all__ names exactly the module's public functions."""
+    """The package's __all__ names exactly the public functions of its strategy modules."""
     public = {
         name
-        for name, value in vars(strategies).items()
-        if inspect.isfunction(value)
-        and not name.startswith("_")
-        and value.__module__ == strategies.__name__
+        for module in MODULES
+        for name in module.__all__
+        if inspect.isfunction(getattr(module, name))
+        and getattr(module, name).__module__ == module.__name__
     }
     assert set(strategies.__all__) == public
 
 
 @pytest.mark.parametrize("name", strategies.__all__)
 def test_docstring_has_example_and_shrink_target(name: str) -> None:
-    """Each strategy documents an example and what its examples shrink towards."""
+    """Each strategy documents a runnable example and what its examples shrink towards."""
     doc = inspect.getdoc(getattr(strategies, name)) or ""
-    assert "Example::" in doc
+    assert ">>> " in doc
     assert "Shrinks towards" in doc
 
 
@@ -144,6 +155,16 @@ BAD_ARGUMENTS = [
     ("server_flags", {"prefill_only_disable_kv_cache": "on"}, "prefill_only_disable_kv_cache="),
     ("server_flags", {"min_violations": 4, "max_violations": 1}, "max_violations=1"),
     ("server_flags", {"max_violations": 9}, "max_violations=9"),
+    (
+        "pool_specs",
+        {"target": SimpleNamespace(name="bad", pool_spec_limits={"dsa": {"page": (64,)}})},
+        "target 'bad'",
+    ),
+    ("bad_calls", {"device": 0}, "device=0"),
+    ("noop_write_calls", {"methods": ("move_kv_cache",)}, "methods=('move_kv_cache',)"),
+    ("noop_write_calls", {"methods": ()}, "methods=()"),
+    ("page_layouts", {"max_spare_pages": -1}, "max_spare_pages=-1"),
+    ("varlen_batches", {"min_seq_len": 3, "max_seq_len": 2}, "max_seq_len=2 < min_seq_len=3"),
 ]
 
 
@@ -207,13 +228,24 @@ def test_layer_masks_have_the_requested_length(data: st.DataObject) -> None:
 @FAST
 @given(strategies.pool_specs(max_layers=3, max_size=16, max_page_size=4))
 def test_pool_specs_are_usable(spec: PoolSpec) -> None:
-    """Specs are whole pages within the bounds, DSA masks fit, and the reference accepts them."""
+    """Specs lie within the bounds (DSA in whole pages), DSA masks fit, and the reference
+    accepts them."""
     assert 1 <= spec.layer_num <= 3
-    assert spec.size % spec.page_size == 0 and spec.size <= 16 and spec.page_size <= 4
+    assert 1 <= spec.size <= 16 and spec.page_size <= 4
     if spec.family == "dsa":
+        assert spec.size % spec.page_size == 0
         assert len(spec.skip_mask) == spec.layer_num and spec.index_head_dim == 128
         assert spec.effective_index_buf_size >= spec.size
     ReferencePool(spec)
+
+
+def test_pool_specs_reach_capacities_short_of_whole_pages() -> None:
+    """MHA, no-op and MLA specs sometimes end in a partial page; DSA specs never do."""
+    for family in ("mha", "noop", "mla"):
+        spec = _find(strategies.pool_specs(families=(family,)), lambda s: s.size % s.page_size != 0)
+        assert spec.size % spec.page_size
+    with pytest.raises(NoSuchExample):
+        _find(strategies.pool_specs(families=("dsa",)), lambda s: s.size % s.page_size != 0)
 
 
 @FAST

@@ -15,7 +15,7 @@ both paths and the checks that compare them:
 * ``kvcheck.attention.properties``: the reusable checks, which take their pools from a
   target (``make_pool``, ``select_pool_family``) and raise ``PropertyFailure``; the
   shipped suite runs them on any target (``kvcheck/suite/test_attention.py``);
-  ``kvcheck.attention.strategies``: Hypothesis strategies for varlen batches.
+  ``kvcheck.strategies.attention``: Hypothesis strategies for varlen batches.
 
 Example:
     >>> import torch

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvcheck.validation import check_bool, check_valid_integer
+
 #: dtypes the attention paths accept for q, k and v (fp8 caches are not attended directly).
 ATTENTION_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -37,14 +39,6 @@ def _check_rank3(name: str, tensor: object, layout: str) -> torch.Tensor:
     if tensor.dim() != 3:
         raise ValueError(f"{name}.shape={tuple(tensor.shape)} must have 3 dimensions {layout}")
     return tensor
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r} must be an int")
-    if value < minimum:
-        raise ValueError(f"{name}={value!r} must be >= {minimum}")
-    return value
 
 
 def segment_bounds(
@@ -100,9 +94,9 @@ def segment_bounds(
 def _check_max_seqlen(
     name: str, value: object, bounds: tuple[tuple[int, int], ...], cu_name: str
 ) -> None:
-    _check_int(name, value, minimum=0)
+    limit = check_valid_integer(value, name, min_value=0, error=ValueError)
     longest = max((end - start for start, end in bounds), default=0)
-    if longest > value:  # type: ignore[operator]
+    if longest > limit:
         raise ValueError(
             f"{name}={value} < {longest}, the longest segment in {cu_name}; "
             "flash-attn would skip the rows beyond max_seqlen"
@@ -210,8 +204,7 @@ def check_varlen_call(
             "cu_seqlens_k",
         )
 
-    if not isinstance(causal, bool):
-        raise ValueError(f"causal={causal!r} must be a bool")
+    is_causal = check_bool(causal, "causal", error=ValueError)
     if softmax_scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
     else:
@@ -231,6 +224,6 @@ def check_varlen_call(
         softmax_scale=scale,
         window=check_window(window),
         softcap=float(softcap),
-        causal=causal,
+        causal=is_causal,
         group_size=num_heads // num_kv_heads,
     )

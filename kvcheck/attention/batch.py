@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from kvcheck.attention._checks import check_window
+from kvcheck.validation import check_bool, check_valid_integer
 
 
 def _positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}={value!r} must be an int >= 1")
+    check_valid_integer(value, name, min_value=1, error=ValueError)
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,7 @@ class VarlenBatch:
         if not isinstance(self.seq_lens, tuple) or not self.seq_lens:
             raise ValueError(f"seq_lens={self.seq_lens!r} must be a non-empty tuple")
         for i, n in enumerate(self.seq_lens):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ValueError(f"seq_lens[{i}]={n!r} must be an int >= 0")
+            check_valid_integer(n, f"seq_lens[{i}]", min_value=0, error=ValueError)
         for name in ("num_heads", "num_kv_heads", "head_dim"):
             _positive(name, getattr(self, name))
         if self.v_head_dim is not None:
@@ -62,8 +61,7 @@ class VarlenBatch:
                 f"num_heads={self.num_heads} is not divisible by num_kv_heads={self.num_kv_heads}"
             )
         check_window(self.window)
-        if not isinstance(self.causal, bool):
-            raise ValueError(f"causal={self.causal!r} must be a bool")
+        check_bool(self.causal, "causal", error=ValueError)
         if not math.isfinite(self.softcap) or self.softcap < 0:
             raise ValueError(f"softcap={self.softcap!r} must be finite and >= 0")
 
@@ -201,8 +199,7 @@ def scrambled_layout(
         ((4, 3), (2,))
     """
     _positive("page_size", page_size)
-    if isinstance(spare_pages, bool) or not isinstance(spare_pages, int) or spare_pages < 0:
-        raise ValueError(f"spare_pages={spare_pages!r} must be an int >= 0")
+    check_valid_integer(spare_pages, "spare_pages", min_value=0, error=ValueError)
     needed = [-(-n // page_size) for n in seq_lens]
     num_pages = sum(needed) + spare_pages
     order = iter(range(num_pages, 0, -1))

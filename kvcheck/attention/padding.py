@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from kvcheck.attention._checks import segment_bounds
+from kvcheck.validation import check_valid_integer
 
 
 def append_padding_segment(
@@ -36,10 +37,8 @@ def append_padding_segment(
         num_tokens=int(cu_seqlens[-1]) if isinstance(cu_seqlens, torch.Tensor) else 0,
         tokens_name="cu_seqlens[-1]",
     )
-    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 0:
-        raise ValueError(f"max_seqlen={max_seqlen!r} must be an int >= 0")
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int):
-        raise ValueError(f"num_tokens={num_tokens!r} must be an int")
+    check_valid_integer(max_seqlen, "max_seqlen", min_value=0, error=ValueError)
+    check_valid_integer(num_tokens, "num_tokens", error=ValueError)
     num_real = bounds[-1][1] if bounds else 0
     if num_tokens < num_real:
         raise ValueError(

@@ -19,6 +19,7 @@ import torch
 
 from kvcheck.attention._checks import segment_bounds
 from kvcheck.attention.varlen import Backend, varlen_attention
+from kvcheck.validation import check_valid_integer
 
 ReadApi = Literal["split", "kv"]
 #: How K/V are read back: ``"split"`` with ``get_key_buffer`` and ``get_value_buffer``,
@@ -55,8 +56,7 @@ def token_slots(
         >>> token_slots(table, cu, page_size=2).tolist()
         [6, 7, 2, 4]
     """
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"page_size={page_size!r} must be an int >= 1")
+    check_valid_integer(page_size, "page_size", min_value=1, error=ValueError)
     if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32:
         got = page_table.dtype if isinstance(page_table, torch.Tensor) else type(page_table)
         raise ValueError(f"page_table must be an int32 tensor, got {got}")

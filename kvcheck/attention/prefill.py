@@ -14,6 +14,7 @@ import torch
 
 from kvcheck.attention.paged import paged_attention, write_kv_by_page
 from kvcheck.attention.varlen import Backend, varlen_attention
+from kvcheck.validation import check_bool
 
 
 def uses_raw_kv(server_args: Any, model: Any) -> bool:
@@ -78,8 +79,7 @@ def prefill_attention(
         >>> torch.equal(raw, cached)
         True
     """
-    if not isinstance(skip_kv_cache, bool):
-        raise ValueError(f"skip_kv_cache={skip_kv_cache!r} must be a bool")
+    check_bool(skip_kv_cache, "skip_kv_cache", error=ValueError)
     if skip_kv_cache:
         return varlen_attention(
             q,

@@ -39,6 +39,7 @@ from kvcheck.attention.tolerances import assert_outputs_close
 from kvcheck.attention.varlen import Backend, varlen_attention
 from kvcheck.failures import FailureSignature, PropertyFailure
 from kvcheck.specs import DTYPE_ITEMSIZE, PoolSpec
+from kvcheck.validation import check_valid_integer
 
 AttentionFn = Callable[..., torch.Tensor]
 #: Builds the pool a ``PoolSpec`` describes (``lambda spec: target.make_pool(spec, device=d)``).
@@ -69,9 +70,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def _check_start_layer(start_layer: object) -> int:
-    if isinstance(start_layer, bool) or not isinstance(start_layer, int) or start_layer < 0:
-        raise ValueError(f"start_layer={start_layer!r} must be an int >= 0")
-    return start_layer
+    return check_valid_integer(start_layer, "start_layer", min_value=0, error=ValueError)
 
 
 def attention_pool_spec(

@@ -47,10 +47,8 @@ from kvcheck.properties.accounting import (
     reported_total_bytes,
 )
 from kvcheck.properties.inputs import (
-    BadCall,
     assert_rejected_call_changes_nothing,
     assert_tensors_unchanged,
-    bad_calls,
     check_sequence_inputs,
     run_checked_call,
 )
@@ -58,8 +56,6 @@ from kvcheck.properties.noop import (
     assert_noop_holds_only_placeholders,
     assert_noop_move_changes_nothing,
     assert_noop_write_raises,
-    noop_move_arguments,
-    noop_write_calls,
 )
 from kvcheck.properties.ops import apply_op, apply_op_like_reference, describe_op, encode_op
 from kvcheck.properties.pool_state import (
@@ -77,7 +73,6 @@ from kvcheck.properties.skip_layers import (
 )
 
 __all__ = [
-    "BadCall",
     "FailureSignature",
     "PropertyFailure",
     "apply_op",
@@ -100,12 +95,9 @@ __all__ = [
     "assert_skip_layers_hold_no_storage",
     "assert_state_buf_infos",
     "assert_tensors_unchanged",
-    "bad_calls",
     "check_sequence_inputs",
     "describe_op",
     "encode_op",
-    "noop_move_arguments",
-    "noop_write_calls",
     "read_pool_buffers",
     "reported_total_bytes",
     "run_checked_call",

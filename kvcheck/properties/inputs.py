@@ -8,9 +8,10 @@
   have written its K first.
 
 :func:`check_sequence_inputs` runs a :mod:`kvcheck.specs` operation sequence (valid and
-invalid operations, the reference deciding which must raise). :func:`bad_calls` draws
-malformed calls that the spec vocabulary cannot express (float or 2-D locations, wrong
-dtypes, a valid K with a malformed V, ...), for :func:`assert_rejected_call_changes_nothing`.
+invalid operations, the reference deciding which must raise).
+:func:`kvcheck.strategies.bad_calls` draws malformed calls that the spec vocabulary cannot
+express (float or 2-D locations, wrong dtypes, a valid K with a malformed V, ...), for
+:func:`assert_rejected_call_changes_nothing`.
 
 Example:
     >>> from kvcheck.specs import Move, OpSequence, PoolSpec, WriteKV
@@ -24,12 +25,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any
-
-import torch
-from hypothesis import strategies as st
+from typing import TYPE_CHECKING, Any
 
 from kvcheck.failures import FailureSignature
 from kvcheck.properties.assertions import fail
@@ -39,26 +35,18 @@ from kvcheck.properties.caller_tensors import (
     collect_tensors,
     snapshot_tensors,
 )
-from kvcheck.properties.ops import (
-    PoolCall,
-    describe_op,
-    encode_op,
-    loc_tensor,
-    rows_tensor,
-    run_call,
-)
+from kvcheck.properties.ops import PoolCall, describe_op, encode_op, run_call
 from kvcheck.properties.pool_state import assert_same_pool_bytes, read_pool_buffers
-from kvcheck.reference import ReferencePool, index_k_row_bytes, index_scale_row_bytes
-from kvcheck.specs import DSA_QUANT_BLOCK, HostCopy, OpSequence, PoolSpec
-from kvcheck.strategies import ops as draws
+from kvcheck.reference import ReferencePool
+from kvcheck.specs import HostCopy, OpSequence
+
+if TYPE_CHECKING:  # kvcheck.strategies draws the calls and imports this package
+    from kvcheck.strategies.calls import BadCall
 
 __all__ = [
-    "BAD_CALL_KINDS",
-    "BadCall",
     "TensorSnapshot",
     "assert_rejected_call_changes_nothing",
     "assert_tensors_unchanged",
-    "bad_calls",
     "check_sequence_inputs",
     "collect_tensors",
     "run_checked_call",
@@ -80,6 +68,8 @@ def run_checked_call(
     buffer byte-identical; without, it must not raise. Returns the call's result.
 
     Example:
+        >>> import torch
+        >>> from kvcheck.specs import PoolSpec
         >>> from kvcheck.targets import resolve_target
         >>> spec = PoolSpec(family="mla", size=2, page_size=1, layer_num=1, dtype="float16")
         >>> target = resolve_target("kvcheck")
@@ -135,7 +125,7 @@ def check_sequence_inputs(target: Any, sequence: OpSequence, *, device: str) -> 
     the reference rejects raises and leaves the pool byte-identical, every other one passes.
 
     Example:
-        >>> from kvcheck.specs import HostReload
+        >>> from kvcheck.specs import HostReload, PoolSpec
         >>> from kvcheck.targets import resolve_target
         >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="float16")
         >>> ops = (HostCopy(name="a", indices=(1, 2)), HostReload(name="a", indices=(3, 4)))
@@ -163,191 +153,13 @@ def check_sequence_inputs(target: Any, sequence: OpSequence, *, device: str) -> 
                 copies[op.name] = result
 
 
-# --- malformed calls -------------------------------------------------------------------------
-
-#: Kinds of malformed call :func:`bad_calls` draws, by family group.
-BAD_CALL_KINDS: dict[str, tuple[str, ...]] = {
-    "common": (
-        "loc_float",
-        "loc_2d",
-        "loc_int16",
-        "loc_negative",
-        "cache_k_wrong_dtype",
-        "cache_k_extra_row",
-        "layer_without_id",
-        "move_tgt_float",
-        "move_src_2d",
-        "move_src_out_of_range",
-        "copy_indices_float",
-        "reload_not_a_copy",
-    ),
-    "mha": ("cache_v_wrong_shape", "cache_v_wrong_dtype"),
-    "dsa": (
-        "index_k_wrong_dtype",
-        "index_scale_wrong_shape",
-        "index_loc_out_of_range",
-        "index_loc_repeated",
-    ),
-}
-
-
-@dataclass(frozen=True)
-class BadCall:
-    """A malformed call the pool must reject with ``ValueError``, named by its ``kind``."""
-
-    kind: str
-    call: PoolCall
-
-    def __repr__(self) -> str:
-        args = ", ".join(_short(arg) for arg in self.call.args)
-        return f"BadCall({self.kind!r}: {self.call.method}({args}))"
-
-
-def _short(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        if value.numel() <= 8:
-            return f"tensor({value.tolist()}, dtype={value.dtype})"
-        return f"tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
-    return repr(value)
-
-
-def _kinds(spec: PoolSpec) -> tuple[str, ...]:
-    kinds = BAD_CALL_KINDS["common"]
-    if spec.family == "mha":
-        kinds += BAD_CALL_KINDS["mha"]
-    if spec.family == "dsa" and draws.indexed_layers(spec, skip=False):
-        kinds += BAD_CALL_KINDS["dsa"]
-    return kinds
-
-
-@st.composite
-def _bad_calls(draw: st.DrawFn, spec: PoolSpec, device: str) -> BadCall:
-    kind = draw(st.sampled_from(_kinds(spec)), label="kind")
-    op = draw(draws.write_kv_ops(spec), label="valid write")
-    layer = SimpleNamespace(layer_id=op.layer_id)
-    loc = loc_tensor(op.locs, device=device)
-    dtype = getattr(torch, spec.dtype)
-    latent = spec.family in ("mla", "dsa")
-    heads, k_dim = (
-        (1, spec.kv_lora_rank + spec.qk_rope_head_dim)
-        if latent
-        else (
-            spec.head_num,
-            spec.head_dim,
-        )
-    )
-    k = rows_tensor(op.k_rows, dtype=dtype, inner=(heads, k_dim), device=device)
-    v = None
-    if not latent:
-        v = rows_tensor(
-            op.v_rows, dtype=dtype, inner=(heads, spec.effective_v_head_dim), device=device
-        )
-    n = len(op.locs)
-
-    def write(
-        loc_arg: Any = loc, k_arg: Any = k, v_arg: Any = v, layer_arg: Any = layer
-    ) -> PoolCall:
-        return PoolCall("set_kv_buffer", (layer_arg, loc_arg, k_arg, v_arg))
-
-    if kind == "loc_float":
-        return BadCall(kind, write(loc_arg=loc.to(torch.float32)))
-    if kind == "loc_2d":
-        return BadCall(kind, write(loc_arg=loc.view(n, 1)))
-    if kind == "loc_int16":
-        return BadCall(kind, write(loc_arg=loc.to(torch.int16)))
-    if kind == "loc_negative":
-        bad = loc.clone()
-        bad[draw(st.integers(0, n - 1), label="negative position")] = -1
-        return BadCall(kind, write(loc_arg=bad))
-    if kind == "cache_k_wrong_dtype":
-        return BadCall(kind, write(k_arg=torch.zeros(k.shape, dtype=torch.float64, device=device)))
-    if kind == "cache_k_extra_row":
-        return BadCall(kind, write(k_arg=torch.cat([k, k[:1]])))
-    if kind == "layer_without_id":
-        return BadCall(kind, write(layer_arg=SimpleNamespace(id=op.layer_id)))
-    if kind == "cache_v_wrong_shape":
-        assert v is not None
-        return BadCall(kind, write(v_arg=v[:, :, :-1] if v.shape[2] > 1 else torch.cat([v, v], 2)))
-    if kind == "cache_v_wrong_dtype":
-        assert v is not None
-        return BadCall(kind, write(v_arg=v.to(torch.float64)))
-    if kind.startswith("move_"):
-        src = loc_tensor(op.locs[::-1], device=device)
-        if kind == "move_tgt_float":
-            return BadCall(kind, PoolCall("move_kv_cache", (loc.to(torch.float32), src)))
-        if kind == "move_src_2d":
-            return BadCall(kind, PoolCall("move_kv_cache", (loc, src.view(n, 1))))
-        bad_src = src.clone()
-        bad_src[-1] = spec.num_slots
-        return BadCall(kind, PoolCall("move_kv_cache", (loc, bad_src)))
-    if kind == "copy_indices_float":
-        return BadCall(kind, PoolCall("get_cpu_copy", (loc.to(torch.float32),)))
-    if kind == "reload_not_a_copy":
-        return BadCall(kind, PoolCall("load_cpu_copy", ({"k": k}, loc)))
-    return _bad_index_call(draw, spec, kind, loc, device)
-
-
-def _bad_index_call(
-    draw: st.DrawFn, spec: PoolSpec, kind: str, loc: torch.Tensor, device: str
-) -> BadCall:
-    layers = draws.indexed_layers(spec, skip=False)
-    layer_id = draw(st.sampled_from(layers), label="index layer")
-    n = loc.numel()
-    dim = spec.index_head_dim
-    keys = draw(draws.payload_rows("float8_e4m3fn", n, index_k_row_bytes(dim)), label="keys")
-    scales = draw(draws.payload_rows("float32", n, index_scale_row_bytes(dim)), label="scales")
-    key = rows_tensor(keys, dtype=torch.float8_e4m3fn, inner=(dim,), device=device)
-    scale = rows_tensor(scales, dtype=torch.float32, inner=(dim // DSA_QUANT_BLOCK,), device=device)
-
-    def index_write(loc_arg: Any = loc, key_arg: Any = key, scale_arg: Any = scale) -> PoolCall:
-        return PoolCall("write_index_k", (layer_id, loc_arg, key_arg, scale_arg), via_target=True)
-
-    if kind == "index_k_wrong_dtype":
-        return BadCall(kind, index_write(key_arg=key.view(torch.uint8).to(torch.float16)))
-    if kind == "index_scale_wrong_shape":
-        return BadCall(kind, index_write(scale_arg=torch.cat([scale, scale[:1]])))
-    if kind == "index_loc_out_of_range":
-        bad = loc.clone()
-        bad[-1] = spec.num_slots
-        return BadCall(kind, index_write(loc_arg=bad))
-    if n < 2:
-        repeated = torch.cat([loc, loc])
-        return BadCall(
-            kind,
-            index_write(
-                loc_arg=repeated, key_arg=torch.cat([key, key]), scale_arg=torch.cat([scale, scale])
-            ),
-        )
-    repeated = loc.clone()
-    repeated[1] = repeated[0]
-    return BadCall(kind, index_write(loc_arg=repeated))
-
-
-def bad_calls(spec: PoolSpec, *, device: str) -> st.SearchStrategy[BadCall]:
-    """Malformed calls on a pool of ``spec`` (MHA, MLA or DSA) that must raise ``ValueError``.
-
-    Each starts from a valid write of non-zero-able payloads and breaks one thing (see
-    :data:`BAD_CALL_KINDS`): location dtype, rank or value; a payload's dtype or row count;
-    the layer object; for MHA a malformed V beside a valid K; moves with a float target,
-    a 2-D or out-of-range source; host copies with float indices or a non-copy; for DSA
-    index-K writes with a wrong key dtype, a scale of the wrong shape beside valid keys,
-    an out-of-range or repeated location. Shrinks towards the first kind, one token.
-
-    Example::
-
-        @given(bad=bad_calls(spec, device="cpu"))
-        def test_rejected(bad):
-            assert_rejected_call_changes_nothing(target, pool, bad)
-    """
-    if not isinstance(spec, PoolSpec) or spec.family not in ("mha", "mla", "dsa"):
-        raise ValueError(f"spec={spec!r} must be a PoolSpec of family 'mha', 'mla' or 'dsa'")
-    return _bad_calls(spec, device)
-
-
 def assert_rejected_call_changes_nothing(target: Any, pool: Any, bad: BadCall) -> None:
     """``bad`` raises ``ValueError``, changes no pool byte and none of its own tensors.
 
     Example:
+        >>> import torch
+        >>> from kvcheck.specs import PoolSpec
+        >>> from kvcheck.strategies.calls import BadCall
         >>> from kvcheck.targets import resolve_target
         >>> spec = PoolSpec(family="mha", size=2, page_size=1, layer_num=1, dtype="float32")
         >>> target = resolve_target("kvcheck")

@@ -8,7 +8,8 @@
   ``get_kv_size_bytes()`` is ``(0, 0)`` and ``mem_usage`` ``0.0``.
 - ``move_kv_cache`` of valid locations changes nothing.
 
-:func:`noop_write_calls` and :func:`noop_move_arguments` draw the arguments.
+:func:`kvcheck.strategies.noop_write_calls` and :func:`kvcheck.strategies.noop_move_arguments`
+draw the arguments.
 
 Example:
     >>> from kvcheck.specs import PoolSpec
@@ -25,16 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
-
-import torch
-from hypothesis import strategies as st
 
 from kvcheck.failures import FailureSignature
 from kvcheck.memory import storage_bytes
 from kvcheck.properties.assertions import assert_equal, fail
-from kvcheck.properties.ops import loc_tensor, rows_tensor
 from kvcheck.properties.pool_state import assert_same_pool_bytes, read_pool_buffers
 from kvcheck.reference import expected_buffer_bytes
 from kvcheck.specs import PoolSpec
@@ -47,8 +43,6 @@ __all__ = [
     "assert_noop_holds_only_placeholders",
     "assert_noop_move_changes_nothing",
     "assert_noop_write_raises",
-    "noop_move_arguments",
-    "noop_write_calls",
 ]
 
 NOOP_CLASS_NAME = "NoOpMHATokenToKVPool"
@@ -183,6 +177,7 @@ def assert_noop_move_changes_nothing(
     changes no byte.
 
     Example:
+        >>> import torch
         >>> from kvcheck.targets import resolve_target
         >>> spec = PoolSpec(family="noop", size=8, page_size=2, layer_num=1, dtype="float16")
         >>> pool = resolve_target("kvcheck").make_pool(spec, device="cpu")
@@ -206,131 +201,3 @@ def assert_noop_move_changes_nothing(
             ),
         ) from exc
     assert_same_pool_bytes(read_pool_buffers(pool), before, start_layer=pool.start_layer, call=call)
-
-
-# --- arguments ---------------------------------------------------------------------------
-
-
-def _garbage(device: str) -> st.SearchStrategy[Any]:
-    """Values no pool would accept as an argument, and a few it would."""
-    dtypes = st.sampled_from((torch.int64, torch.int32, torch.float32, torch.uint8))
-    tensors = st.builds(
-        lambda shape, dtype: torch.zeros(shape, dtype=dtype, device=device),
-        st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple),
-        dtypes,
-    )
-    return st.one_of(
-        st.none(),
-        st.integers(-3, 10),
-        st.text(max_size=3),
-        tensors,
-        st.builds(SimpleNamespace, layer_id=st.integers(-1, 8)),
-    )
-
-
-@st.composite
-def _valid_write(draw: st.DrawFn, spec: PoolSpec, device: str) -> NoOpCall:
-    """A ``set_kv_buffer`` any MHA pool of ``spec`` would accept."""
-    layer_id = draw(st.sampled_from(spec.layer_ids), label="layer_id")
-    count = draw(st.integers(0, min(4, spec.num_slots)), label="count")
-    locs = draw(
-        st.lists(st.integers(0, spec.num_slots - 1), min_size=count, max_size=count, unique=True),
-        label="locs",
-    )
-    dtype = getattr(torch, spec.dtype)
-    k_bytes = spec.head_num * spec.head_dim * spec.itemsize
-    v_bytes = spec.head_num * spec.effective_v_head_dim * spec.itemsize
-    fill = draw(st.integers(0, 255), label="fill byte")
-    k = rows_tensor(
-        (bytes([fill]) * k_bytes,) * count,
-        dtype=dtype,
-        inner=(spec.head_num, spec.head_dim),
-        device=device,
-    )
-    v = rows_tensor(
-        (bytes([fill]) * v_bytes,) * count,
-        dtype=dtype,
-        inner=(spec.head_num, spec.effective_v_head_dim),
-        device=device,
-    )
-    args = (SimpleNamespace(layer_id=layer_id), loc_tensor(locs, device=device), k, v)
-    return NoOpCall("set_kv_buffer", args, {})
-
-
-def noop_write_calls(
-    spec: PoolSpec, *, device: str, methods: tuple[str, ...] = NOOP_WRITE_METHODS
-) -> st.SearchStrategy[NoOpCall]:
-    """Write calls on a no-op pool of ``spec``: valid ``set_kv_buffer`` calls, valid-looking
-    ``load_cpu_copy`` calls, and either method with arbitrary positional and keyword
-    arguments, for the write ``methods`` given (of :data:`NOOP_WRITE_METHODS`). Tensors are
-    built on ``device``. Shrinks towards a valid one-layer write of no tokens.
-
-    Example::
-
-        @given(call=noop_write_calls(spec, device="cpu"))
-        def test_writes_raise(call):
-            assert_noop_write_raises(pool, call.method, call.args, call.kwargs)
-    """
-    if not isinstance(spec, PoolSpec) or spec.family != "noop":
-        raise ValueError(f"spec={spec!r} must be a PoolSpec with family='noop'")
-    unknown = sorted(set(methods) - set(NOOP_WRITE_METHODS))
-    if not methods or unknown:
-        raise ValueError(f"methods={methods!r} must be a non-empty subset of {NOOP_WRITE_METHODS}")
-    garbage = _garbage(device)
-    arbitrary = st.builds(
-        NoOpCall,
-        st.sampled_from(methods),
-        st.lists(garbage, max_size=5).map(tuple),
-        st.dictionaries(
-            st.sampled_from(
-                ("layer", "loc", "cache_k", "cache_v", "k_scale", "indices", "kv_cache_cpu")
-            ),
-            garbage,
-            max_size=3,
-        ),
-    )
-    reload = st.lists(st.integers(0, spec.num_slots - 1), max_size=4, unique=True).map(
-        lambda locs: NoOpCall("load_cpu_copy", (None, loc_tensor(locs, device=device)), {})
-    )
-    choices = [arbitrary]
-    if "set_kv_buffer" in methods:
-        choices.insert(0, _valid_write(spec, device))
-    if "load_cpu_copy" in methods:
-        choices.insert(1, reload)
-    return st.one_of(*choices)
-
-
-@st.composite
-def _move_arguments(
-    draw: st.DrawFn, spec: PoolSpec, device: str
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    form = draw(st.sampled_from(("positional", "keywords")), label="form")
-    count = draw(st.integers(0, min(4, spec.num_slots)), label="count")
-    slots = st.integers(0, spec.num_slots - 1)
-    tgt_slots = draw(st.lists(slots, min_size=count, max_size=count, unique=True), label="tgt")
-    src_slots = draw(st.lists(slots, min_size=count, max_size=count), label="src")
-    tgt = loc_tensor(tgt_slots, device=device)
-    src = loc_tensor(src_slots, device=device)
-    if form == "positional":
-        return (tgt, src), {}
-    return (), {"tgt_loc": tgt, "src_loc": src}
-
-
-def noop_move_arguments(
-    spec: PoolSpec, *, device: str
-) -> st.SearchStrategy[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """``(args, kwargs)`` for a valid ``move_kv_cache(tgt_loc, src_loc)`` on a no-op pool:
-    the two location tensors SGLang's callers pass (distinct targets, sources that may
-    repeat, anywhere in ``[0, size + page_size)``), by position or by keyword. (Malformed
-    moves are hardening: the no-op pool refuses them with ValueError like any pool.)
-    Shrinks towards an empty positional move.
-
-    Example::
-
-        @given(arguments=noop_move_arguments(spec, device="cpu"))
-        def test_moves(arguments):
-            assert_noop_move_changes_nothing(pool, *arguments)
-    """
-    if not isinstance(spec, PoolSpec) or spec.family != "noop":
-        raise ValueError(f"spec={spec!r} must be a PoolSpec with family='noop'")
-    return _move_arguments(spec, device)

@@ -45,6 +45,7 @@ from kvcheck.reference import (
     reference_unsupported_family,
 )
 from kvcheck.specs import DTYPE_ITEMSIZE, PoolSpec
+from kvcheck.validation import check_bool, check_one_of, check_valid_integer
 
 __all__ = [
     "CapacityCheck",
@@ -308,7 +309,7 @@ def check_pool_selection(
     _require_methods(target, "select_pool_family")
     flags = _checked_flags(flags)
     _check_model(model)
-    _check_bool("is_draft", is_draft)
+    check_bool(is_draft, "is_draft", error=ValueError)
     unsupported = reference_unsupported_family(flags, model, is_draft_worker=is_draft)
     expected = (
         f"RuntimeError naming {PREFILL_ONLY_FLAG} ({unsupported})"
@@ -499,8 +500,8 @@ def check_cell_size(
     _require_methods(target, "cell_size_bytes")
     _check_model(model)
     itemsize = _itemsize(dtype)
-    _check_bool("is_draft", is_draft)
-    _check_bool("enable_hisparse", enable_hisparse)
+    check_bool(is_draft, "is_draft", error=ValueError)
+    check_bool(enable_hisparse, "enable_hisparse", error=ValueError)
     expected = reference_cell_size_bytes(
         model, itemsize=itemsize, is_draft_worker=is_draft, enable_hisparse=enable_hisparse
     )
@@ -578,11 +579,11 @@ def check_capacity_fits_budget(
     """
     _require_methods(target, "max_total_num_tokens")
     _check_model(model)
-    _check_int("budget_bytes", budget_bytes, minimum=0)
+    check_valid_integer(budget_bytes, "budget_bytes", min_value=0, error=ValueError)
     itemsize = _itemsize(dtype)
-    _check_int("page_size", page_size, minimum=1)
-    _check_bool("is_draft", is_draft)
-    _check_bool("enable_hisparse", enable_hisparse)
+    check_valid_integer(page_size, "page_size", min_value=1, error=ValueError)
+    check_bool(is_draft, "is_draft", error=ValueError)
+    check_bool(enable_hisparse, "enable_hisparse", error=ValueError)
     if not isinstance(device, str) or not device:
         raise ValueError(f"device={device!r} must be a torch device string such as 'meta'")
     options = {"is_draft": is_draft, "enable_hisparse": enable_hisparse}
@@ -712,8 +713,8 @@ def check_more_skips_never_lower_capacity(
     """
     _require_methods(target, "max_total_num_tokens")
     itemsize = _itemsize(dtype)
-    _check_int("page_size", page_size, minimum=1)
-    _check_int("budget_bytes", budget_bytes, minimum=0)
+    check_valid_integer(page_size, "page_size", min_value=1, error=ValueError)
+    check_valid_integer(budget_bytes, "budget_bytes", min_value=0, error=ValueError)
     for name, model in (("model_a", model_a), ("model_b", model_b)):
         _check_dsa_model(name, model)
     for field in ("num_hidden_layers", "kv_lora_rank", "qk_rope_head_dim", "index_head_dim"):
@@ -793,8 +794,8 @@ def _pool_bytes_for(
     device: str,
 ) -> tuple[int, str]:
     """Bytes of the pools for ``num_tokens``, and how they were measured."""
+    from kvcheck.strategies.limits import pool_spec_limits_of
     from kvcheck.targets import supports
-    from kvcheck.targets.limits import pool_spec_limits_of
 
     family = model.attention_arch
     limits = pool_spec_limits_of(target).get(family, {})
@@ -894,7 +895,8 @@ def _check_dsa_model(name: str, model: Any) -> None:
     arch = getattr(model, "attention_arch", None)
     if arch != "dsa":
         raise ValueError(f"{name}={model!r} has attention_arch={arch!r}; a DSA config is needed")
-    _check_int(f"{name}.num_hidden_layers", getattr(model, "num_hidden_layers", None), minimum=1)
+    layers = getattr(model, "num_hidden_layers", None)
+    check_valid_integer(layers, f"{name}.num_hidden_layers", min_value=1, error=ValueError)
 
 
 def _layers(model: Any) -> range:
@@ -902,16 +904,5 @@ def _layers(model: Any) -> range:
 
 
 def _itemsize(dtype: Any) -> int:
-    if dtype not in DTYPE_ITEMSIZE:
-        raise ValueError(f"dtype={dtype!r} not in {sorted(DTYPE_ITEMSIZE)}")
+    check_one_of(dtype, "dtype", sorted(DTYPE_ITEMSIZE), error=ValueError)
     return DTYPE_ITEMSIZE[dtype]
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} must be an int >= {minimum}")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be a bool")

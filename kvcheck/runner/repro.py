@@ -663,7 +663,7 @@ def _pool_arguments(spec: PoolSpec, *, sglang: bool) -> list[tuple[str, str]]:
             ("skip_topk_layers", repr(list(spec.skip_mask) if sglang or mask else None)),
         ]
         if sglang:
-            args.append(("kv_cache_dim", str(spec.kv_lora_rank + spec.qk_rope_head_dim)))
+            args.append(("kv_cache_dim", str(latent_width(spec))))
     return args
 
 

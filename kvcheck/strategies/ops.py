@@ -3,7 +3,7 @@
 Every operation kvcheck draws comes from here: :func:`kvcheck.strategies.op_sequences`
 composes these strategies into whole sequences, the differential state machines
 (:mod:`kvcheck.machines`) draw one per step, and the input properties
-(:mod:`kvcheck.properties.inputs`) start their malformed calls from them. Each builds
+(:mod:`kvcheck.strategies.calls`) start their malformed calls from them. Each builds
 :mod:`kvcheck.specs` operations whose payload bytes encode finite values of the dtype
 they are written in.
 
@@ -31,11 +31,12 @@ shrinks towards one token at slot 0 of the lowest layer. Strategies are cached p
 (frozen, hashable) spec.
 
 Example:
+    >>> from hypothesis import find
     >>> from kvcheck.specs import PoolSpec
-    >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="bfloat16")
-    >>> op = write_kv_ops(spec).example()      # doctest: +SKIP
-    >>> type(op).__name__                      # doctest: +SKIP
-    'WriteKV'
+    >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="bfloat16",
+    ...                 head_dim=1)
+    >>> find(write_kv_ops(spec), lambda op: True)
+    WriteKV(layer_id=0, locs=(0,), k_rows=(b'\\x01\\x01',), v_rows=(b'\\x01\\x01',), payload=None)
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from kvcheck.specs import (
     WriteMLA,
     WritePrefixValid,
 )
+from kvcheck.validation import check_type
 
 #: Tokens one operation touches at most: enough for overlaps, small enough to read.
 MAX_TOKENS_PER_OP = 4
@@ -670,6 +672,4 @@ def _cached_invalid_ops(
 
 
 def _checked(spec: Any) -> PoolSpec:
-    if not isinstance(spec, PoolSpec):
-        raise InvalidArgument(f"spec={spec!r} must be a kvcheck.specs.PoolSpec")
-    return spec
+    return check_type(PoolSpec, spec, "spec", what="a kvcheck.specs.PoolSpec")

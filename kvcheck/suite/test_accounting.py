@@ -20,19 +20,22 @@ from kvcheck.properties.accounting import (
     assert_mem_usage,
     assert_state_buf_infos,
 )
+from kvcheck.specs import PoolSpec
 from kvcheck.strategies import pool_specs
-from kvcheck.targets.limits import within_target_limits
 
 FAMILIES = ("mha", "mla", "dsa", "noop")
-#: Small pools of one family each, on the test device.
-SPECS = {family: pool_specs(families=(family,)) for family in FAMILIES}
-#: Large pools of one family each, on meta (nothing is allocated).
-META_SPECS = {
-    family: pool_specs(
-        families=(family,), max_layers=96, max_size=1 << 22, max_page_size=64, max_start_layer=8
+
+
+def meta_specs(family: str, target: Any) -> st.SearchStrategy[PoolSpec]:
+    """Large pools of one family that ``target`` takes, for meta (nothing is allocated)."""
+    return pool_specs(
+        families=(family,),
+        max_layers=96,
+        max_size=1 << 22,
+        max_page_size=64,
+        max_start_layer=8,
+        target=target,
     )
-    for family in FAMILIES
-}
 
 
 def _per_family(*capabilities: str) -> list[Any]:
@@ -52,7 +55,7 @@ def test_reported_bytes_equal_bytes_held(
     kvcheck_target: Any, kvcheck_device: str, family: str, data: st.DataObject
 ) -> None:
     """get_kv_size_bytes and mem_usage equal the formulas and the storages held."""
-    spec = data.draw(within_target_limits(kvcheck_target, SPECS[family]), label="spec")
+    spec = data.draw(pool_specs(families=(family,), target=kvcheck_target), label="spec")
     pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
     assert_held_bytes(pool, spec)
     assert_kv_size_bytes(pool, spec)
@@ -65,7 +68,7 @@ def test_state_buf_infos_describe_the_index_buffers(
     kvcheck_target: Any, kvcheck_device: str, data: st.DataObject
 ) -> None:
     """One entry per layer: the real pointer and bytes, (0, 0, 0) for skip layers."""
-    spec = data.draw(within_target_limits(kvcheck_target, SPECS["dsa"]), label="spec")
+    spec = data.draw(pool_specs(families=("dsa",), target=kvcheck_target), label="spec")
     pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
     assert_state_buf_infos(pool, spec)
 
@@ -74,7 +77,7 @@ def test_state_buf_infos_describe_the_index_buffers(
 @given(data=st.data())
 def test_accounting_on_meta_at_scale(kvcheck_target: Any, family: str, data: st.DataObject) -> None:
     """On meta, large pools report exactly the bytes their shapes span (DSA descriptors too)."""
-    spec = data.draw(within_target_limits(kvcheck_target, META_SPECS[family]), label="spec")
+    spec = data.draw(meta_specs(family, kvcheck_target), label="spec")
     pool = kvcheck_target.make_pool(spec, device="meta")
     assert_held_bytes(pool, spec)
     assert_kv_size_bytes(pool, spec)

@@ -4,7 +4,7 @@ This is the premise that lets ``--prefill-only-disable-kv-cache`` give embedding
 prefill the no-op pool: the FA backend then attends over the forward's raw K/V
 instead of writing them to the cache and reading them back by page. Both properties
 draw small varlen batches (GQA, sliding windows, softcap, causal or not) and page
-layouts whose pages are scattered and out of order (:mod:`kvcheck.attention.strategies`),
+layouts whose pages are scattered and out of order (:mod:`kvcheck.strategies.attention`),
 a ``start_layer`` and a dtype, and compare outputs exactly for fp32 on the CPU and within
 ``kvcheck.attention.tolerances`` otherwise:
 
@@ -35,7 +35,7 @@ from kvcheck.attention.properties import (
     check_paged_matches_raw,
     target_pool_factory,
 )
-from kvcheck.attention.strategies import page_layouts, varlen_batches
+from kvcheck.strategies import page_layouts, varlen_batches
 
 #: dtypes drawn; fp32 first, so examples shrink to the exact comparison.
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")

@@ -18,17 +18,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcheck.machines import supported_op_kinds
-from kvcheck.properties.inputs import (
-    assert_rejected_call_changes_nothing,
-    bad_calls,
-    check_sequence_inputs,
-)
+from kvcheck.properties.inputs import assert_rejected_call_changes_nothing, check_sequence_inputs
 from kvcheck.properties.ops import apply_op
-from kvcheck.strategies import op_sequences, pool_specs
-from kvcheck.targets.limits import within_target_limits
+from kvcheck.strategies import bad_calls, op_sequences, pool_specs
 
 _CAPABILITIES = ("move", "host_copy", "input_validation")
-SPECS = {family: pool_specs(families=(family,)) for family in ("mha", "mla", "dsa", "noop")}
 
 
 def _per_family(families: tuple[str, ...]) -> list[Any]:
@@ -50,7 +44,7 @@ def test_calls_leave_caller_tensors_unchanged(
     kvcheck_target: Any, kvcheck_device: str, family: str, data: st.DataObject
 ) -> None:
     """Every call, accepted or rejected, leaves the caller's tensors byte-identical."""
-    specs = within_target_limits(kvcheck_target, SPECS[family])
+    specs = pool_specs(families=(family,), target=kvcheck_target)
     kinds = supported_op_kinds(kvcheck_target, family)
     sequence = data.draw(
         op_sequences(specs, max_ops=6, include_invalid=True, kinds=kinds), label="ops"
@@ -65,7 +59,7 @@ def test_rejected_calls_leave_pool_unchanged(
     kvcheck_target: Any, kvcheck_device: str, family: str, data: st.DataObject
 ) -> None:
     """A malformed call raises ValueError and leaves every buffer of a filled pool unchanged."""
-    spec = data.draw(within_target_limits(kvcheck_target, SPECS[family]), label="spec")
+    spec = data.draw(pool_specs(families=(family,), target=kvcheck_target), label="spec")
     setup = data.draw(
         op_sequences(spec, max_ops=3, kinds=supported_op_kinds(kvcheck_target, family)),
         label="setup ops",

@@ -19,17 +19,17 @@ from kvcheck.properties.noop import (
     assert_noop_holds_only_placeholders,
     assert_noop_move_changes_nothing,
     assert_noop_write_raises,
-    noop_move_arguments,
-    noop_write_calls,
 )
 from kvcheck.properties.ops import PoolCall, loc_tensor
-from kvcheck.specs import Move
-from kvcheck.strategies import pool_specs
+from kvcheck.specs import Move, PoolSpec
+from kvcheck.strategies import noop_move_arguments, noop_write_calls, pool_specs
 from kvcheck.targets.findings import steered_tags
-from kvcheck.targets.limits import within_target_limits
 
-#: No-op pools of every shape, large capacities included (they allocate one page only).
-NOOP_SPECS = pool_specs(families=("noop",), max_size=1 << 16, max_page_size=64)
+
+def noop_specs(target: Any) -> st.SearchStrategy[PoolSpec]:
+    """No-op pools of every shape ``target`` takes, large capacities included (they
+    allocate one page only)."""
+    return pool_specs(families=("noop",), max_size=1 << 16, max_page_size=64, target=target)
 
 
 #: The write methods, with the machine step each stands for (a finding that makes the
@@ -43,7 +43,7 @@ def test_noop_write_raises_whatever_the_arguments(
     kvcheck_target: Any, kvcheck_device: str, data: st.DataObject
 ) -> None:
     """Every write raises RuntimeError naming the pool and the flags; placeholders stay zero."""
-    spec = data.draw(within_target_limits(kvcheck_target, NOOP_SPECS), label="spec")
+    spec = data.draw(noop_specs(kvcheck_target), label="spec")
     pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
     steered = steered_tags(kvcheck_target)
     methods = tuple(method for method, step in _WRITE_STEPS.items() if step not in steered)
@@ -61,7 +61,7 @@ def test_noop_holds_only_placeholders(
     kvcheck_target: Any, kvcheck_device: str, data: st.DataObject
 ) -> None:
     """Only one-page placeholders are held and read back; reported bytes and GiB are zero."""
-    spec = data.draw(within_target_limits(kvcheck_target, NOOP_SPECS), label="spec")
+    spec = data.draw(noop_specs(kvcheck_target), label="spec")
     pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
     assert_noop_holds_only_placeholders(pool, spec)
     assert pool.size == spec.size
@@ -86,7 +86,7 @@ def test_noop_refuses_malformed_moves(
 ) -> None:
     """Hardening: a move of locations outside the pool, repeated targets or different
     lengths raises ValueError and changes no byte, as on any pool."""
-    spec = data.draw(within_target_limits(kvcheck_target, NOOP_SPECS), label="spec")
+    spec = data.draw(noop_specs(kvcheck_target), label="spec")
     pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
     bad = data.draw(_bad_moves(spec), label="move")
     call = PoolCall(
@@ -103,7 +103,7 @@ def test_noop_move_changes_nothing(
     kvcheck_target: Any, kvcheck_device: str, data: st.DataObject
 ) -> None:
     """A valid move_kv_cache (by position or keyword) is accepted and changes no byte."""
-    spec = data.draw(within_target_limits(kvcheck_target, NOOP_SPECS), label="spec")
+    spec = data.draw(noop_specs(kvcheck_target), label="spec")
     pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
     args, kwargs = data.draw(noop_move_arguments(spec, device=kvcheck_device), label="move")
     assert_noop_move_changes_nothing(pool, args, kwargs)

@@ -22,8 +22,8 @@ from kvcheck.properties.ops import apply_op_like_reference, describe_op, op_meth
 from kvcheck.properties.pool_state import assert_pool_matches_reference
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import Move, Op, PoolSpec, WriteKV
+from kvcheck.strategies.limits import fit_spec, pool_spec_limits_of
 from kvcheck.strategies.ops import pattern_row
-from kvcheck.targets.limits import fit_spec, pool_spec_limits_of
 
 FAMILIES = ("mha", "mla", "dsa", "noop")
 

@@ -33,10 +33,14 @@ from kvcheck.properties.skip_layers import (
 from kvcheck.serving import DEEPSEEK_V3_2, GLM_5_2_LIKE
 from kvcheck.specs import PoolSpec
 from kvcheck.strategies import pool_specs
-from kvcheck.targets.limits import within_target_limits
+from kvcheck.strategies.limits import within_target_limits
 
-#: Small DSA pools of every skip-mask shape (kept under 1 MiB per tensor for CUDA).
-DSA_SPECS = pool_specs(families=("dsa",), max_layers=6, max_size=64, max_page_size=16)
+
+def dsa_specs(target: Any) -> st.SearchStrategy[PoolSpec]:
+    """Small DSA pools of every skip-mask shape ``target`` takes (under 1 MiB per tensor,
+    for CUDA)."""
+    return pool_specs(families=("dsa",), max_layers=6, max_size=64, max_page_size=16, target=target)
+
 
 #: Production-scale DSA pools (meta only): real model geometry, millions of tokens.
 PRODUCTION_SPECS = st.builds(
@@ -55,7 +59,7 @@ def test_skip_layers_hold_no_storage(
     kvcheck_target: Any, kvcheck_device: str, data: st.DataObject
 ) -> None:
     """Skip layers' index buffers own no storage; all storages total the expected bytes."""
-    spec = data.draw(within_target_limits(kvcheck_target, DSA_SPECS), label="spec")
+    spec = data.draw(dsa_specs(kvcheck_target), label="spec")
     pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
     assert_skip_layers_hold_no_storage(pool, spec)
     assert len(pool.index_k_with_scale_buffer) == spec.layer_num
@@ -109,7 +113,7 @@ def test_cuda_allocation_is_exactly_the_expected_blocks(
 ) -> None:
     """Building a DSA pool raises memory_allocated by exactly its rounded blocks; skips add 0."""
     _skip_if_allocator_unpredictable()
-    spec = data.draw(within_target_limits(kvcheck_target, DSA_SPECS), label="spec")
+    spec = data.draw(dsa_specs(kvcheck_target), label="spec")
     pool = assert_cuda_allocation_matches(kvcheck_target, spec, device=kvcheck_device)
     assert pool.layer_num == spec.layer_num
 

@@ -9,7 +9,7 @@ Besides resolving, this module answers what the suite asks of a target's declara
 (:data:`kvcheck.targets.base.OPTIONAL_MEMBERS`): which capabilities it lacks, per pool
 family where it says so (:func:`capability_skip_reason`, :func:`supports`), which tests it
 expects to fail (:func:`expected_failure_reason`), and its one-time setup
-(:func:`prepare_target`). Spec limits are drawn by :mod:`kvcheck.targets.limits`.
+(:func:`prepare_target`). Spec limits are drawn by :mod:`kvcheck.strategies.limits`.
 
 Example:
     >>> target = resolve_target("kvcheck")
@@ -322,7 +322,7 @@ def _optional_member_problems(target: object) -> list[str]:
         problems.extend(finding_problems(findings))
     limits = getattr(target, "pool_spec_limits", None)
     if limits is not None:
-        from kvcheck.targets.limits import pool_spec_limit_problems
+        from kvcheck.strategies.limits import pool_spec_limit_problems
 
         problems.extend(pool_spec_limit_problems(limits))
     return problems

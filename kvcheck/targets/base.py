@@ -89,7 +89,7 @@ FAMILY_SEPARATOR = ":"
 #:     Pool family -> PoolSpec field -> the only values the target accepts for it, for
 #:     implementations that assert a layout (sglang's DSA pool: ``{"dsa": {"page_size":
 #:     (64,), "index_head_dim": (128,)}}``). The suite draws specs inside these limits
-#:     (:func:`kvcheck.targets.limits.target_pool_specs`) rather than filtering.
+#:     (``pool_specs(target=...)``, :mod:`kvcheck.strategies.limits`) rather than filtering.
 #: ``expected_failures: Mapping[str, str]``
 #:     pytest node-id pattern -> reason. Tests of the suite that match (see
 #:     :func:`kvcheck.targets.expected_failure_reason`) run as strict expected failures:

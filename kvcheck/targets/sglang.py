@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from kvcheck.geometry import latent_width
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
 from kvcheck.targets import _sglang_adapt as adapt
 from kvcheck.targets import _sglang_env as env
@@ -236,7 +237,7 @@ class SGLangTarget:
                     **common,
                     **latent,
                     index_head_dim=spec.index_head_dim,
-                    kv_cache_dim=spec.kv_lora_rank + spec.qk_rope_head_dim,
+                    kv_cache_dim=latent_width(spec),
                     index_buf_size=spec.index_buf_size,
                     skip_topk_layers=list(spec.skip_mask),
                 )

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcheck.attention.properties import check_causal_suffix_matches_full
-from kvcheck.attention.strategies import query_lengths, varlen_batches
+from kvcheck.strategies.attention import query_lengths, varlen_batches
 
 
 @settings(max_examples=50, deadline=None)

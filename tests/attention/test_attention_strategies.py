@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvcheck.attention import strategies as attention_strategies
-from kvcheck.attention.strategies import page_layouts, query_lengths, varlen_batches
+from kvcheck.strategies import attention as attention_strategies
+from kvcheck.strategies.attention import page_layouts, query_lengths, varlen_batches
 
 #: strategies whose first argument is the "what" they describe (positional)
 POSITIONAL_WHAT = {"page_layouts": "seq_lens", "query_lengths": "seq_lens"}

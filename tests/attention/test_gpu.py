@@ -15,7 +15,7 @@ from kvcheck.attention.properties import (
     check_padding_segment_isolates_real_tokens,
     check_paged_matches_raw,
 )
-from kvcheck.attention.strategies import page_layouts, query_lengths, varlen_batches
+from kvcheck.strategies.attention import page_layouts, query_lengths, varlen_batches
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_FLASH = HAS_CUDA and flash_attn_available()

@@ -12,7 +12,7 @@ from kvcheck.attention.properties import (
     check_padding_segment_isolates_real_tokens,
     padded_batch_tensors,
 )
-from kvcheck.attention.strategies import varlen_batches
+from kvcheck.strategies.attention import varlen_batches
 
 CU = torch.tensor([0, 3, 5], dtype=torch.int32)
 

@@ -18,7 +18,7 @@ from kvcheck.attention import (
     write_kv_by_page,
 )
 from kvcheck.attention.properties import attention_pool_spec, check_paged_matches_raw
-from kvcheck.attention.strategies import page_layouts, varlen_batches
+from kvcheck.strategies.attention import page_layouts, varlen_batches
 from kvcheck.targets.builtin import KVCheckTarget
 
 TABLE = torch.tensor([[3, 1], [2, 0]], dtype=torch.int32)
@@ -140,7 +140,7 @@ def test_unknown_read_api_is_refused():
 
 BAD_SPEC_ARGUMENTS = {
     "family": ({"family": "mla"}, r"family='mla' must be 'mha' or 'noop'"),
-    "start-layer": ({"start_layer": -1}, r"start_layer=-1 must be an int >= 0"),
+    "start-layer": ({"start_layer": -1}, r"start_layer=-1 must be >= 0"),
     "dtype": ({"dtype": torch.int8}, r"dtype=torch.int8 must be one of"),
 }
 

@@ -21,7 +21,7 @@ from kvcheck.attention.properties import (
     check_paged_matches_raw,
 )
 from kvcheck.attention.reference import reference_varlen_attention
-from kvcheck.attention.strategies import page_layouts, query_lengths, varlen_batches
+from kvcheck.strategies.attention import page_layouts, query_lengths, varlen_batches
 
 # Derandomized so the shrunk example is the same on every run; no explain phase:
 # find() returns the shrunk example, which is all these tests inspect.

@@ -15,7 +15,7 @@ from kvcheck.attention.properties import (
     embedding_server_args,
     serving_model_config,
 )
-from kvcheck.attention.strategies import page_layouts, varlen_batches
+from kvcheck.strategies.attention import page_layouts, varlen_batches
 
 
 @settings(max_examples=40, deadline=None)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from kvcheck.properties.accounting import assert_accounting, assert_contiguous_buf_infos
-from kvcheck.properties.inputs import BadCall, assert_rejected_call_changes_nothing
+from kvcheck.properties.inputs import assert_rejected_call_changes_nothing
 from kvcheck.properties.noop import assert_noop_write_raises
 from kvcheck.properties.ops import PoolCall, apply_op_like_reference, describe_op, op_method
 from kvcheck.properties.pool_state import assert_pool_matches_reference
@@ -44,8 +44,9 @@ from kvcheck.specs import (
     WriteKV,
     WriteMLA,
 )
+from kvcheck.strategies.calls import BadCall
+from kvcheck.strategies.limits import fit_spec, pool_spec_limits_of
 from kvcheck.strategies.ops import value_bytes
-from kvcheck.targets.limits import fit_spec, pool_spec_limits_of
 
 #: Flags validation accepts with --prefill-only-disable-kv-cache on (Hypothesis's minimum).
 FLAG_ON = {

@@ -14,9 +14,16 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from kvcheck.specs import PoolSpec
 from kvcheck.strategies import pool_specs
+from kvcheck.strategies.limits import (
+    fit_spec,
+    pool_spec_limit_problems,
+    spec_limit_violations,
+    within_target_limits,
+)
 from kvcheck.targets import (
     TargetError,
     capability_skip_reason,
@@ -26,13 +33,6 @@ from kvcheck.targets import (
     supports,
 )
 from kvcheck.targets.builtin import KVCheckTarget
-from kvcheck.targets.limits import (
-    fit_spec,
-    pool_spec_limit_problems,
-    spec_limit_violations,
-    target_pool_specs,
-    within_target_limits,
-)
 
 pytest_plugins = ["pytester"]
 
@@ -204,10 +204,11 @@ def test_spec_limit_violations_name_field_and_values() -> None:
 @given(data=st.data())
 def test_drawn_specs_stay_inside_the_limits(data: st.DataObject) -> None:
     """Every drawn DSA spec has 64-token pages and whole pages; other families are untouched."""
-    spec = data.draw(target_pool_specs(LimitedTarget(), families=("dsa", "mha"), max_size=16))
+    spec = data.draw(pool_specs(families=("dsa", "mha"), max_size=16, target=LimitedTarget()))
     assert spec_limit_violations(LimitedTarget(), spec) == []
-    assert spec.size % spec.page_size == 0
-    if spec.family == "mha":
+    if spec.family == "dsa":
+        assert spec.size % spec.page_size == 0
+    else:
         assert spec.page_size <= 8
 
 
@@ -218,11 +219,11 @@ def test_without_limits_the_strategy_is_unchanged() -> None:
 
 
 def test_limit_problems_are_reported_before_drawing() -> None:
-    """Malformed limits are a ValueError naming the target."""
+    """Malformed limits are an InvalidArgument naming the target, raised at once."""
     target = SimpleNamespace(name="bad", pool_spec_limits={"dsa": {"page_size": []}})
     assert pool_spec_limit_problems(target.pool_spec_limits)
-    with pytest.raises(ValueError, match="target 'bad'"):
-        target_pool_specs(target, families=("dsa",))
+    with pytest.raises(InvalidArgument, match="target 'bad'"):
+        pool_specs(families=("dsa",), target=target)
 
 
 # --- the plugin -------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Hypothesis strategies for varlen attention batches and their page layouts.
 
 Every strategy takes keyword-only arguments (the "what" argument, where there is one,
-is positional), validates them first and raises ``InvalidArgument`` naming the bad
-value, and says in its docstring what its examples shrink towards.
+is positional), validates them first with :mod:`kvcheck.validation` (``InvalidArgument``
+naming the bad value), and says in its docstring what its examples shrink towards. The
+batches and layouts are :mod:`kvcheck.attention`'s values.
 """
 
 from __future__ import annotations
@@ -11,40 +12,19 @@ import math
 from collections.abc import Sequence
 
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
 
 from kvcheck.attention.batch import PagedLayout, VarlenBatch
+from kvcheck.validation import (
+    check_bool,
+    check_int_sequence,
+    check_valid_integer,
+    check_valid_interval,
+)
 
 __all__ = ["page_layouts", "query_lengths", "varlen_batches"]
 
 #: softcap values drawn when softcaps are enabled (Gemma 2 uses 50, Grok 30).
 SOFTCAP_VALUES: tuple[float, ...] = (1.0, 5.0, 30.0, 50.0)
-
-
-def _check_int(name: str, value: object, *, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"{name}={value!r} must be an int")
-    if value < minimum:
-        raise InvalidArgument(f"{name}={value!r} must be >= {minimum}")
-    return value
-
-
-def _check_range(low_name: str, low: int, high_name: str, high: int) -> None:
-    if low > high:
-        raise InvalidArgument(f"Cannot have {high_name}={high!r} < {low_name}={low!r}")
-
-
-def _check_choices(name: str, values: object, *, minimum: int) -> tuple[int, ...]:
-    if isinstance(values, str) or not isinstance(values, Sequence) or not values:
-        raise InvalidArgument(f"{name}={values!r} must be a non-empty sequence of ints")
-    for value in values:
-        _check_int(f"{name} entry", value, minimum=minimum)
-    return tuple(values)
-
-
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise InvalidArgument(f"{name}={value!r} must be a bool")
 
 
 def varlen_batches(
@@ -80,20 +60,22 @@ def varlen_batches(
         >>> batch.seq_lens, batch.num_heads, batch.head_dim, batch.causal, batch.window
         ((2,), 1, 32, False, (-1, -1))
     """
-    _check_int("min_num_seqs", min_num_seqs, minimum=1)
-    _check_int("max_num_seqs", max_num_seqs, minimum=1)
-    _check_range("min_num_seqs", min_num_seqs, "max_num_seqs", max_num_seqs)
-    _check_int("min_seq_len", min_seq_len, minimum=0)
-    _check_int("max_seq_len", max_seq_len, minimum=1)
-    _check_range("min_seq_len", min_seq_len, "max_seq_len", max_seq_len)
-    _check_int("max_kv_heads", max_kv_heads, minimum=1)
-    _check_int("max_group_size", max_group_size, minimum=1)
-    dims = _check_choices("head_dims", head_dims, minimum=1)
-    v_dims = None if v_head_dims is None else _check_choices("v_head_dims", v_head_dims, minimum=1)
+    check_valid_integer(min_num_seqs, "min_num_seqs", min_value=1)
+    check_valid_integer(max_num_seqs, "max_num_seqs", min_value=1)
+    check_valid_interval(min_num_seqs, max_num_seqs, "min_num_seqs", "max_num_seqs")
+    check_valid_integer(min_seq_len, "min_seq_len", min_value=0)
+    check_valid_integer(max_seq_len, "max_seq_len", min_value=1)
+    check_valid_interval(min_seq_len, max_seq_len, "min_seq_len", "max_seq_len")
+    check_valid_integer(max_kv_heads, "max_kv_heads", min_value=1)
+    check_valid_integer(max_group_size, "max_group_size", min_value=1)
+    dims = check_int_sequence(head_dims, "head_dims", min_value=1)
+    v_dims = (
+        None if v_head_dims is None else check_int_sequence(v_head_dims, "v_head_dims", min_value=1)
+    )
     if causal is not None:
-        _check_bool("causal", causal)
-    _check_bool("windows", windows)
-    _check_bool("softcaps", softcaps)
+        check_bool(causal, "causal")
+    check_bool(windows, "windows")
+    check_bool(softcaps, "softcaps")
 
     window_sides = st.just(-1)
     if windows:
@@ -162,13 +144,10 @@ def page_layouts(
         ...      lambda layout: layout.page_tables[0][0] > 1).page_tables
         ((2, 1), (3,))
     """
-    if isinstance(seq_lens, str) or not isinstance(seq_lens, Sequence) or not seq_lens:
-        raise InvalidArgument(f"seq_lens={seq_lens!r} must be a non-empty sequence of ints")
-    for value in seq_lens:
-        _check_int("seq_lens entry", value, minimum=0)
-    sizes = _check_choices("page_sizes", page_sizes, minimum=1)
-    _check_int("max_spare_pages", max_spare_pages, minimum=0)
-    return _layouts(tuple(seq_lens), sizes, max_spare_pages)
+    lens = check_int_sequence(seq_lens, "seq_lens", min_value=0)
+    sizes = check_int_sequence(page_sizes, "page_sizes", min_value=1)
+    check_valid_integer(max_spare_pages, "max_spare_pages", min_value=0)
+    return _layouts(lens, sizes, max_spare_pages)
 
 
 @st.composite
@@ -198,8 +177,5 @@ def query_lengths(seq_lens: Sequence[int]) -> st.SearchStrategy[tuple[int, ...]]
         >>> find(query_lengths((3, 1)), lambda lens: True)
         (1, 1)
     """
-    if isinstance(seq_lens, str) or not isinstance(seq_lens, Sequence) or not seq_lens:
-        raise InvalidArgument(f"seq_lens={seq_lens!r} must be a non-empty sequence of ints")
-    for value in seq_lens:
-        _check_int("seq_lens entry", value, minimum=0)
-    return st.tuples(*(st.integers(min(1, n), n) for n in seq_lens))
+    lens = check_int_sequence(seq_lens, "seq_lens", min_value=0)
+    return st.tuples(*(st.integers(min(1, n), n) for n in lens))

@@ -3,18 +3,19 @@
 Some implementations assert a layout: sglang 0.5.23's DSA pool takes only 64-token pages
 and 128-byte index keys. Such a target declares ``pool_spec_limits`` (pool family ->
 :class:`~kvcheck.specs.PoolSpec` field -> the values it accepts), and the suite draws its
-specs with :func:`target_pool_specs`, which moves each drawn spec into the limits instead
-of rejecting the ones outside them (a filter would discard nearly every DSA spec).
+specs with ``pool_specs(..., target=kvcheck_target)`` (:func:`kvcheck.strategies.pool_specs`),
+which moves each drawn spec into the limits with :func:`within_target_limits` instead of
+rejecting the ones outside them (a filter would discard nearly every DSA spec). Targets
+check their declaration with :func:`pool_spec_limit_problems`.
 
-Example::
-
-    from hypothesis import given, strategies as st
-    from kvcheck.targets.limits import target_pool_specs
-
-    @given(data=st.data())
-    def test_builds(kvcheck_target, kvcheck_device, data):
-        spec = data.draw(target_pool_specs(kvcheck_target, families=("dsa",)), label="spec")
-        kvcheck_target.make_pool(spec, device=kvcheck_device)
+Example:
+    >>> from types import SimpleNamespace
+    >>> from hypothesis import find
+    >>> from kvcheck.strategies import pool_specs
+    >>> target = SimpleNamespace(name="t", pool_spec_limits={"dsa": {"page_size": (64,)}})
+    >>> spec = find(pool_specs(families=("dsa",), target=target), lambda s: s.size > 64)
+    >>> spec.page_size, spec.size
+    (64, 128)
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.validation import check_type
 
 __all__ = [
     "PoolSpecLimits",
@@ -33,7 +36,6 @@ __all__ = [
     "pool_spec_limit_problems",
     "pool_spec_limits_of",
     "spec_limit_violations",
-    "target_pool_specs",
     "within_target_limits",
 ]
 
@@ -90,8 +92,7 @@ def spec_limit_violations(target: object, spec: PoolSpec) -> list[str]:
         >>> spec_limit_violations(target, spec)
         ['page_size=4 not in (64,)']
     """
-    if not isinstance(spec, PoolSpec):
-        raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
+    check_type(PoolSpec, spec, "spec", what="a kvcheck.specs.PoolSpec", error=ValueError)
     fields = pool_spec_limits_of(target).get(spec.family, {})
     return [
         f"{name}={getattr(spec, name)!r} not in {values!r}"
@@ -113,8 +114,7 @@ def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
         >>> fitted.size, fitted.index_buf_size
         (128, 192)
     """
-    if not isinstance(spec, PoolSpec):
-        raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
+    check_type(PoolSpec, spec, "spec", what="a kvcheck.specs.PoolSpec", error=ValueError)
     unknown = sorted(set(values) - _SPEC_FIELDS)
     if unknown:
         raise ValueError(f"values: {unknown} are not PoolSpec fields")
@@ -156,38 +156,24 @@ def within_target_limits(
     so capacities stay whole pages and keep their number of pages). Nothing is filtered,
     and a target without limits gets ``specs`` itself.
 
-    Example::
-
-        @given(data=st.data())
-        def test_builds(kvcheck_target, kvcheck_device, data):
-            specs = within_target_limits(kvcheck_target, pool_specs(families=("dsa",)))
-            spec = data.draw(specs, label="spec")
-            kvcheck_target.make_pool(spec, device=kvcheck_device)
-    """
-    if not isinstance(specs, st.SearchStrategy):
-        raise ValueError(f"specs={specs!r} must be a Hypothesis strategy of PoolSpec")
-    limits = pool_spec_limits_of(target)
-    problems = pool_spec_limit_problems(limits)
-    if problems:
-        raise ValueError(f"target {getattr(target, 'name', target)!r}: {'; '.join(problems)}")
-    if not limits:
-        return specs
-    return _fitted(specs, limits)
-
-
-def target_pool_specs(target: object, **pool_specs_options: Any) -> st.SearchStrategy[PoolSpec]:
-    """:func:`kvcheck.strategies.pool_specs` inside the target's ``pool_spec_limits``.
-
-    ``pool_specs_options`` go to ``pool_specs`` unchanged; see :func:`within_target_limits`
-    for how limits apply (they win over ``max_size`` and ``max_page_size``).
+    Malformed limits raise ``InvalidArgument`` naming the target. Shrinks as ``specs``
+    does, with each redrawn field towards its first accepted value.
 
     Example:
         >>> from types import SimpleNamespace
-        >>> target = SimpleNamespace(name="t", pool_spec_limits={"dsa": {"page_size": (64,)}})
-        >>> spec = target_pool_specs(target, families=("dsa",)).example()  # doctest: +SKIP
-        >>> spec.page_size, spec.size % 64                                  # doctest: +SKIP
-        (64, 0)
+        >>> from hypothesis import find
+        >>> target = SimpleNamespace(name="t", pool_spec_limits={"mha": {"head_num": (4, 8)}})
+        >>> specs = st.builds(PoolSpec, family=st.just("mha"), size=st.just(2),
+        ...                   page_size=st.just(1), layer_num=st.just(1), dtype=st.just("float16"))
+        >>> find(within_target_limits(target, specs), lambda spec: True).head_num
+        4
     """
-    from kvcheck.strategies import pool_specs
-
-    return within_target_limits(target, pool_specs(**pool_specs_options))
+    check_type(st.SearchStrategy, specs, "specs", what="a Hypothesis strategy of PoolSpec")
+    limits = pool_spec_limits_of(target)
+    problems = pool_spec_limit_problems(limits)
+    if problems:
+        name = getattr(target, "name", target)
+        raise InvalidArgument(f"target {name!r}: {'; '.join(problems)}")
+    if not limits:
+        return specs
+    return _fitted(specs, limits)

@@ -1,0 +1,299 @@
+"""Pool shapes: dtypes, page sizes, DSA skip masks, whole pool specs and token slots.
+
+Every strategy takes keyword-only arguments (the spec it draws for, where there is one,
+is positional), validates them with :mod:`kvcheck.validation` and says what its examples
+shrink towards. :func:`pool_specs` draws inside a target's ``pool_spec_limits`` when
+given ``target=`` (:mod:`kvcheck.strategies.limits`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from kvcheck.specs import DTYPE_ITEMSIZE, FP8_DTYPES, POOL_FAMILIES, PoolSpec
+from kvcheck.strategies.limits import within_target_limits
+from kvcheck.validation import (
+    check_bool,
+    check_choices,
+    check_one_of,
+    check_type,
+    check_valid_integer,
+    check_valid_interval,
+)
+
+__all__ = ["dtypes", "layer_masks", "page_sizes", "pool_specs", "token_locations"]
+
+#: dtype names in shrink order: the most common serving dtype first.
+_DTYPE_ORDER: tuple[str, ...] = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2")
+#: Which dtypes each family's pool accepts (today every family accepts all of them).
+_FAMILY_DTYPES: dict[str, frozenset[str]] = {
+    family: frozenset(_DTYPE_ORDER) for family in POOL_FAMILIES
+}
+#: DSA index keys are 128 channels wide everywhere SGLang runs them.
+INDEX_HEAD_DIM = 128
+
+# --- dtypes, page sizes, layer masks ---------------------------------------------------------
+
+
+def dtypes(
+    *, families: Sequence[str] | None = None, include_fp8: bool = True
+) -> st.SearchStrategy[str]:
+    """torch dtype names (``"bfloat16"``, ``"float8_e4m3fn"``, ...) that all ``families`` accept.
+
+    ``families=None`` means all of :data:`kvcheck.specs.POOL_FAMILIES`. fp8 names are stored
+    as uint8 by the pools; ``include_fp8=False`` leaves them out. Shrinks towards
+    ``"bfloat16"``, then ``"float16"``, ``"float32"`` and the fp8 names.
+
+    Example:
+        >>> from hypothesis import find
+        >>> find(dtypes(include_fp8=False), lambda name: True)
+        'bfloat16'
+        >>> find(dtypes(families=("dsa",)), lambda name: name.startswith("float8"))
+        'float8_e4m3fn'
+    """
+    chosen = (
+        POOL_FAMILIES if families is None else check_choices(families, "families", POOL_FAMILIES)
+    )
+    check_bool(include_fp8, "include_fp8")
+    accepted = frozenset.intersection(*(_FAMILY_DTYPES[family] for family in chosen))
+    names = [
+        name
+        for name in _DTYPE_ORDER
+        if name in accepted and (include_fp8 or name not in FP8_DTYPES)
+    ]
+    if not names:
+        raise InvalidArgument(
+            f"No dtype fits families={families!r} with include_fp8={include_fp8!r}"
+        )
+    return st.sampled_from(names)
+
+
+def _powers_of_two(low: int, high: int) -> list[int]:
+    return [1 << bit for bit in range(high.bit_length()) if low <= 1 << bit <= high]
+
+
+def page_sizes(
+    *, family: str | None = None, min_page_size: int = 1, max_page_size: int = 16
+) -> st.SearchStrategy[int]:
+    """Page sizes (tokens per page) in ``[min_page_size, max_page_size]``.
+
+    ``family="dsa"`` keeps to powers of two, as the DSA index-K kernels need (pass
+    ``max_page_size=64`` to reach SGLang's CUDA page size); other families, or
+    ``family=None``, take any integer in range. Shrinks towards the smallest allowed size.
+
+    Example:
+        >>> from hypothesis import find
+        >>> find(page_sizes(family="dsa", min_page_size=3, max_page_size=64), lambda size: True)
+        4
+        >>> find(page_sizes(family="dsa", max_page_size=64), lambda size: size > 16)
+        32
+    """
+    if family is not None:
+        check_one_of(family, "family", POOL_FAMILIES)
+    check_valid_integer(min_page_size, "min_page_size", min_value=1)
+    check_valid_integer(max_page_size, "max_page_size", min_value=1)
+    check_valid_interval(min_page_size, max_page_size, "min_page_size", "max_page_size")
+    if family != "dsa":
+        return st.integers(min_page_size, max_page_size)
+    sizes = _powers_of_two(min_page_size, max_page_size)
+    if not sizes:
+        raise InvalidArgument(
+            f"No power of two in [min_page_size={min_page_size!r}, "
+            f"max_page_size={max_page_size!r}] for family='dsa'"
+        )
+    return st.sampled_from(sizes)
+
+
+_MASK_SHAPES = ("none_skip", "all_skip", "first_skips", "mixed")
+
+
+@st.composite
+def _layer_masks(draw: Callable[..., Any], min_layers: int, max_layers: int) -> tuple[bool, ...]:
+    count = draw(st.integers(min_layers, max_layers))
+    # The corner cases are drawn by name so each shows up about a quarter of the time,
+    # instead of waiting for random booleans to line up.
+    shape = draw(st.sampled_from(_MASK_SHAPES))
+    if shape == "none_skip":
+        return (False,) * count
+    if shape == "all_skip":
+        return (True,) * count
+    rest = draw(st.lists(st.booleans(), min_size=count - 1, max_size=count - 1))
+    first = True if shape == "first_skips" else draw(st.booleans())
+    return (first, *rest)
+
+
+def layer_masks(
+    *, min_layers: int | None = None, max_layers: int | None = None, layers: int | None = None
+) -> st.SearchStrategy[tuple[bool, ...]]:
+    """Per-layer skip masks (True = the layer skips its DSA index-K buffer).
+
+    ``layers`` fixes the length; otherwise it lies in ``[min_layers, max_layers]``, which
+    default (when None) to 1 and 8. All-skip, none-skip and first-layer-skips masks each
+    come up about a quarter of the time; the rest are mixed. Shrinks towards a single
+    layer that does not skip.
+
+    Example:
+        >>> from hypothesis import find
+        >>> find(layer_masks(layers=4), lambda mask: True)
+        (False, False, False, False)
+        >>> find(layer_masks(min_layers=2), lambda mask: any(mask))
+        (True, True)
+    """
+    if layers is not None:
+        check_valid_integer(layers, "layers", min_value=1)
+        if min_layers is not None or max_layers is not None:
+            raise InvalidArgument(
+                f"Cannot pass layers={layers!r} together with min_layers={min_layers!r} "
+                f"or max_layers={max_layers!r}"
+            )
+        return _layer_masks(layers, layers)
+    low = 1 if min_layers is None else min_layers
+    high = 8 if max_layers is None else max_layers
+    check_valid_integer(low, "min_layers", min_value=1)
+    check_valid_integer(high, "max_layers", min_value=1)
+    check_valid_interval(low, high, "min_layers", "max_layers")
+    return _layer_masks(low, high)
+
+
+# --- pool specs and token locations ------------------------------------------------------------
+
+
+@st.composite
+def _pool_specs(
+    draw: Callable[..., Any],
+    families: tuple[str, ...],
+    dtype_names: tuple[str, ...],
+    max_layers: int,
+    max_size: int,
+    max_page_size: int,
+    max_start_layer: int,
+) -> PoolSpec:
+    family = draw(st.sampled_from(families))
+    dtype = draw(st.sampled_from(dtype_names))
+    layer_num = draw(st.integers(1, max_layers))
+    page_size = draw(page_sizes(family=family, max_page_size=min(max_page_size, max_size)))
+    # Capacities are whole pages, as a scheduler hands them out; that also keeps every
+    # token's DSA index page inside the index buffer. The other pools take any capacity
+    # (a fused MHA allocation pads it to whole pages), so they sometimes get one.
+    size = page_size * draw(st.integers(1, max_size // page_size))
+    if family != "dsa" and page_size > 1:
+        size -= draw(st.integers(0, page_size - 1), label="tokens short of whole pages")
+    start_layer = draw(st.integers(0, max_start_layer))
+    common: dict[str, Any] = {
+        "family": family,
+        "size": size,
+        "page_size": page_size,
+        "layer_num": layer_num,
+        "dtype": dtype,
+        "start_layer": start_layer,
+    }
+    if family in ("mha", "noop"):
+        return PoolSpec(
+            **common,
+            head_num=draw(st.integers(1, 2)),
+            head_dim=draw(st.integers(1, 8)),
+            v_head_dim=draw(st.none() | st.integers(1, 8)),
+        )
+    latent = {
+        "kv_lora_rank": draw(st.integers(1, 8)),
+        "qk_rope_head_dim": draw(st.integers(1, 4)),
+    }
+    if family == "mla":
+        return PoolSpec(**common, **latent)
+    extra_pages = draw(st.none() | st.integers(0, 2))
+    return PoolSpec(
+        **common,
+        **latent,
+        index_head_dim=INDEX_HEAD_DIM,
+        skip_topk_layers=draw(layer_masks(layers=layer_num)),
+        index_buf_size=None if extra_pages is None else size + extra_pages * page_size,
+    )
+
+
+def pool_specs(
+    *,
+    families: Sequence[str] = POOL_FAMILIES,
+    dtype_names: Sequence[str] | None = None,
+    max_layers: int = 4,
+    max_size: int = 64,
+    max_page_size: int = 8,
+    max_start_layer: int = 3,
+    target: object | None = None,
+) -> st.SearchStrategy[PoolSpec]:
+    """Small :class:`~kvcheck.specs.PoolSpec` values for any of ``families``.
+
+    ``dtype_names=None`` means every dtype the chosen families accept. ``size`` is up to
+    ``max_size`` tokens: whole pages for DSA, sometimes a partial last page for the other
+    families (shrinking to whole pages); ``page_size`` is at most
+    ``min(max_page_size, max_size)`` (powers of two for DSA). MHA/NoOp specs may carry a
+    V head dim of their own; any family may start at a global layer above 0; DSA specs carry
+    a skip mask from :func:`layer_masks`, ``index_head_dim=128`` and sometimes an
+    ``index_buf_size`` a page or two larger than ``size``. Shapes stay tiny so tests run
+    fast. Shrinks towards the first family, bfloat16, one layer, page_size=1, one page,
+    start_layer=0, one head of dim 1, no separate V head dim and a mask without skips.
+
+    ``target`` (a :class:`kvcheck.targets.Target`, e.g. the suite's ``kvcheck_target``)
+    moves every spec inside the target's ``pool_spec_limits``, which win over
+    ``max_size`` and ``max_page_size``; see
+    :func:`kvcheck.strategies.limits.within_target_limits`. None (or a target without
+    limits) draws the specs unchanged.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from hypothesis import find
+        >>> spec = find(pool_specs(families=("mha",), max_layers=2), lambda s: s.layer_num == 2)
+        >>> spec.layer_num, spec.size % spec.page_size
+        (2, 0)
+        >>> target = SimpleNamespace(name="t", pool_spec_limits={"dsa": {"page_size": (64,)}})
+        >>> spec = find(pool_specs(families=("dsa",), target=target), lambda s: True)
+        >>> spec.page_size, spec.size
+        (64, 64)
+    """
+    chosen = check_choices(families, "families", POOL_FAMILIES)
+    if dtype_names is None:
+        accepted = frozenset.intersection(*(_FAMILY_DTYPES[family] for family in chosen))
+        names = tuple(name for name in _DTYPE_ORDER if name in accepted)
+    else:
+        names = check_choices(dtype_names, "dtype_names", tuple(DTYPE_ITEMSIZE))
+    check_valid_integer(max_layers, "max_layers", min_value=1)
+    check_valid_integer(max_size, "max_size", min_value=1)
+    check_valid_integer(max_page_size, "max_page_size", min_value=1)
+    check_valid_integer(max_start_layer, "max_start_layer", min_value=0)
+    specs = _pool_specs(chosen, names, max_layers, max_size, max_page_size, max_start_layer)
+    return specs if target is None else within_target_limits(target, specs)
+
+
+def token_locations(
+    spec: PoolSpec, *, min_size: int = 0, max_size: int | None = None, unique: bool = True
+) -> st.SearchStrategy[tuple[int, ...]]:
+    """Token slots inside ``spec``'s buffers, ``[0, size + page_size)`` (padding page included).
+
+    ``max_size=None`` means ``spec.num_slots``. With ``unique=True`` (as writes and move
+    targets need) no slot repeats, so ``min_size`` may not exceed ``spec.num_slots``.
+    Shrinks towards ``min_size`` copies of the lowest slots.
+
+    Example:
+        >>> from hypothesis import find
+        >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="bfloat16")
+        >>> find(token_locations(spec, min_size=2), lambda locs: True)
+        (0, 1)
+        >>> find(token_locations(spec, unique=False), lambda locs: max(locs, default=0) == 5)
+        (5,)
+    """
+    check_type(PoolSpec, spec, "spec", what="a kvcheck.specs.PoolSpec")
+    check_valid_integer(min_size, "min_size", min_value=0)
+    check_bool(unique, "unique")
+    high = spec.num_slots if max_size is None else max_size
+    check_valid_integer(high, "max_size", min_value=0)
+    check_valid_interval(min_size, high, "min_size", "max_size")
+    if unique and min_size > spec.num_slots:
+        raise InvalidArgument(
+            f"Cannot draw min_size={min_size!r} unique locations from "
+            f"spec.num_slots={spec.num_slots!r} slots"
+        )
+    slots = st.integers(0, spec.num_slots - 1)
+    return st.lists(slots, min_size=min_size, max_size=high, unique=unique).map(tuple)
