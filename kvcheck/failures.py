@@ -27,17 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvcheck.specs import (
-    HostCopy,
-    HostReload,
-    Move,
-    Op,
-    PoolSpec,
-    WriteIndexK,
-    WriteKV,
-    WriteMLA,
-    WritePrefixValid,
-)
+from kvcheck.specs import Op, PoolSpec
 
 __all__ = [
     "FORMAT_VERSION",
@@ -89,10 +79,7 @@ class PropertyFailure(AssertionError):
 #: Version of the JSON form; bumped when a field changes meaning.
 FORMAT_VERSION = 1
 
-_OP_CLASSES: dict[str, type] = {
-    cls.__name__: cls
-    for cls in (WriteKV, WriteMLA, WritePrefixValid, WriteIndexK, Move, HostCopy, HostReload)
-}
+_OP_CLASSES: dict[str, type] = {cls.__name__: cls for cls in typing.get_args(Op)}
 
 
 @dataclass(frozen=True)

@@ -122,20 +122,14 @@ def write_kv_by_page(
     The pool validates ``k``/``v`` against its own shapes and dtype.
 
     Example:
-        >>> import torch
         >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
-        >>> from kvcheck.attention.properties import attention_pool_spec
-        >>> from kvcheck.targets.builtin import KVCheckTarget
+        >>> from kvcheck.attention.properties import paged_case
         >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
-        >>> layout = scrambled_layout(batch.seq_lens, page_size=2)
-        >>> spec = attention_pool_spec(batch, layout, dtype=torch.float32)
-        >>> pool = KVCheckTarget().make_pool(spec, device="cpu")
-        >>> q, k, v = batch.make_qkv(dtype=torch.float32, device="cpu")
-        >>> cu = batch.cu_seqlens_tensor(device="cpu")
-        >>> table = layout.page_table_tensor(device="cpu")
-        >>> slots = write_kv_by_page(pool, layer_id=0, k=k, v=v, cu_seqlens=cu,
-        ...                          page_table=table)
-        >>> slots.tolist() == list(layout.token_slots(batch.seq_lens))
+        >>> case = paged_case(batch, scrambled_layout((3, 2), page_size=2),
+        ...                   dtype=torch.float32, device="cpu")
+        >>> slots = write_kv_by_page(case.pool, layer_id=0, k=case.k, v=case.v,
+        ...                          cu_seqlens=case.cu_seqlens, page_table=case.page_table)
+        >>> slots.tolist() == list(scrambled_layout((3, 2), page_size=2).token_slots((3, 2)))
         True
     """
     page_size = _check_pool(pool)
@@ -163,21 +157,15 @@ def gather_kv_by_page(
     ``get_key_buffer`` and ``get_value_buffer``, ``"kv"`` calls ``get_kv_buffer``.
 
     Example:
-        >>> import torch
         >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
-        >>> from kvcheck.attention.properties import attention_pool_spec
-        >>> from kvcheck.targets.builtin import KVCheckTarget
-        >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
-        >>> layout = scrambled_layout(batch.seq_lens, page_size=2)
-        >>> spec = attention_pool_spec(batch, layout, dtype=torch.float32)
-        >>> pool = KVCheckTarget().make_pool(spec, device="cpu")
-        >>> q, k, v = batch.make_qkv(dtype=torch.float32, device="cpu")
-        >>> cu = batch.cu_seqlens_tensor(device="cpu")
-        >>> table = layout.page_table_tensor(device="cpu")
-        >>> _ = write_kv_by_page(pool, layer_id=0, k=k, v=v, cu_seqlens=cu, page_table=table)
-        >>> got_k, got_v = gather_kv_by_page(pool, layer_id=0, cu_seqlens=cu,
-        ...                                  page_table=table, read="kv")
-        >>> torch.equal(got_k, k) and torch.equal(got_v, v)
+        >>> from kvcheck.attention.properties import paged_case
+        >>> batch = VarlenBatch(seq_lens=(1, 4), num_heads=1, num_kv_heads=1, head_dim=2)
+        >>> case = paged_case(batch, scrambled_layout((1, 4), page_size=4, spare_pages=2),
+        ...                   dtype=torch.bfloat16, device="cpu")
+        >>> pages = {"cu_seqlens": case.cu_seqlens, "page_table": case.page_table}
+        >>> _ = write_kv_by_page(case.pool, layer_id=0, k=case.k, v=case.v, **pages)
+        >>> got_k, got_v = gather_kv_by_page(case.pool, layer_id=0, read="kv", **pages)
+        >>> torch.equal(got_k, case.k) and torch.equal(got_v, case.v)
         True
     """
     if read not in READ_APIS:
@@ -217,22 +205,18 @@ def paged_attention(
     ``read`` names (see :func:`gather_kv_by_page`).
 
     Example:
-        >>> import torch
         >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
-        >>> from kvcheck.attention.properties import attention_pool_spec
-        >>> from kvcheck.targets.builtin import KVCheckTarget
-        >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
-        >>> layout = scrambled_layout(batch.seq_lens, page_size=2)
-        >>> spec = attention_pool_spec(batch, layout, dtype=torch.float32)
-        >>> pool = KVCheckTarget().make_pool(spec, device="cpu")
-        >>> q, k, v = batch.make_qkv(dtype=torch.float32, device="cpu")
-        >>> cu = batch.cu_seqlens_tensor(device="cpu")
-        >>> table = layout.page_table_tensor(device="cpu")
-        >>> _ = write_kv_by_page(pool, layer_id=0, k=k, v=v, cu_seqlens=cu, page_table=table)
-        >>> out = paged_attention(q, pool, cu, batch.max_seqlen, layer_id=0, page_table=table,
-        ...                       causal=True)
+        >>> from kvcheck.attention.properties import paged_case
+        >>> batch = VarlenBatch(seq_lens=(2,), num_heads=4, num_kv_heads=2, head_dim=8)
+        >>> case = paged_case(batch, scrambled_layout((2,), page_size=1),
+        ...                   dtype=torch.float32, device="cpu")
+        >>> table = case.page_table
+        >>> _ = write_kv_by_page(case.pool, layer_id=1, k=case.k, v=case.v,
+        ...                      cu_seqlens=case.cu_seqlens, page_table=table)
+        >>> out = paged_attention(case.q, case.pool, case.cu_seqlens, 2, layer_id=1,
+        ...                       page_table=table, causal=True)
         >>> tuple(out.shape)
-        (5, 2, 4)
+        (2, 4, 8)
     """
     k, v = gather_kv_by_page(
         pool, layer_id=layer_id, cu_seqlens=cu_seqlens, page_table=page_table, read=read

@@ -61,21 +61,15 @@ def prefill_attention(
     ``RuntimeError``) and attends over the tokens read back through ``page_table``.
 
     Example:
-        >>> import torch
         >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
-        >>> from kvcheck.attention.properties import attention_pool_spec
-        >>> from kvcheck.targets.builtin import KVCheckTarget
+        >>> from kvcheck.attention.properties import paged_case
         >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
-        >>> layout = scrambled_layout(batch.seq_lens, page_size=2)
-        >>> spec = attention_pool_spec(batch, layout, dtype=torch.float32)
-        >>> pool = KVCheckTarget().make_pool(spec, device="cpu")
-        >>> q, k, v = batch.make_qkv(dtype=torch.float32, device="cpu")
-        >>> cu = batch.cu_seqlens_tensor(device="cpu")
-        >>> table = layout.page_table_tensor(device="cpu")
-        >>> raw = prefill_attention(q, k, v, cu, batch.max_seqlen, pool=pool, layer_id=0,
-        ...                         page_table=table, skip_kv_cache=True, causal=True)
-        >>> cached = prefill_attention(q, k, v, cu, batch.max_seqlen, pool=pool, layer_id=0,
-        ...                            page_table=table, skip_kv_cache=False, causal=True)
+        >>> case = paged_case(batch, scrambled_layout((3, 2), page_size=2),
+        ...                   dtype=torch.float32, device="cpu")
+        >>> args = (case.q, case.k, case.v, case.cu_seqlens, batch.max_seqlen)
+        >>> options = {"pool": case.pool, "layer_id": 0, "page_table": case.page_table}
+        >>> raw = prefill_attention(*args, **options, skip_kv_cache=True, causal=True)
+        >>> cached = prefill_attention(*args, **options, skip_kv_cache=False, causal=True)
         >>> torch.equal(raw, cached)
         True
     """

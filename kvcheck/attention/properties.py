@@ -20,6 +20,7 @@ one attended over, so a read of the wrong layer changes the output.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -123,6 +124,56 @@ def target_pool_factory(target: Any, *, device: torch.device | str) -> PoolFacto
     return lambda spec: target.make_pool(spec, device=device_name)
 
 
+@dataclass(frozen=True)
+class PagedCase:
+    """A pool laid out for a batch and its pages, and the batch's tensors on its device."""
+
+    pool: Any
+    spec: PoolSpec
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    cu_seqlens: torch.Tensor
+    page_table: torch.Tensor
+
+
+def paged_case(
+    batch: VarlenBatch,
+    layout: PagedLayout,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    make_pool: PoolFactory | None = None,
+    start_layer: int = 0,
+) -> PagedCase:
+    """The pool ``make_pool(attention_pool_spec(...))`` (kvcheck's own when None) for
+    ``batch`` laid out by ``layout``, with the batch's q, k, v, ``cu_seqlens`` and page
+    table. Raises ``ValueError`` when the layout does not fit the batch.
+
+    Example:
+        >>> from kvcheck.attention.batch import scrambled_layout
+        >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
+        >>> case = paged_case(batch, scrambled_layout((3, 2), page_size=2),
+        ...                   dtype=torch.float32, device="cpu")
+        >>> type(case.pool).__name__, tuple(case.page_table.shape), tuple(case.k.shape)
+        ('MHATokenToKVPool', (2, 2), (5, 1, 4))
+    """
+    layout.check_fits(batch.seq_lens)
+    spec = attention_pool_spec(batch, layout, dtype=dtype, start_layer=start_layer)
+    if make_pool is None:
+        make_pool = target_pool_factory(_builtin_target(), device=device)
+    q, k, v = batch.make_qkv(dtype=dtype, device=device)
+    return PagedCase(
+        pool=make_pool(spec),
+        spec=spec,
+        q=q,
+        k=k,
+        v=v,
+        cu_seqlens=batch.cu_seqlens_tensor(device=device),
+        page_table=layout.page_table_tensor(device=device),
+    )
+
+
 def _builtin_target() -> Any:
     from kvcheck.targets.builtin import KVCheckTarget
 
@@ -210,20 +261,17 @@ def check_paged_matches_raw(
         ...                         scrambled_layout((3,), page_size=2),
         ...                         dtype=torch.float32, device="cpu", start_layer=1)
     """
-    layout.check_fits(batch.seq_lens)
-    spec = attention_pool_spec(batch, layout, dtype=dtype, start_layer=start_layer)
-    if make_pool is None:
-        make_pool = target_pool_factory(_builtin_target(), device=device)
-    q, k, v = batch.make_qkv(dtype=dtype, device=device)
-    cu = batch.cu_seqlens_tensor(device=device)
-    table = layout.page_table_tensor(device=device)
+    case = paged_case(
+        batch, layout, dtype=dtype, device=device, make_pool=make_pool, start_layer=start_layer
+    )
+    pool, spec, q, k, v = case.pool, case.spec, case.q, case.k, case.v
+    cu, table = case.cu_seqlens, case.page_table
     options = batch.attention_options
     raw = varlen_attention(q, k, v, cu, batch.max_seqlen, backend=backend, **options)
 
     context = _context(
         batch=batch, layout=layout, dtype=dtype, start_layer=start_layer, backend=backend
     )
-    pool = make_pool(spec)
     _fill_decoy_layers(pool, batch, layout, spec, dtype=dtype, device=device, context=context)
     layer_id = start_layer + CHECKED_LAYER
     _pool_call(
