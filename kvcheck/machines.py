@@ -39,10 +39,11 @@ from hypothesis import settings as Settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from kvcheck.calls import describe_op, op_method
 from kvcheck.failures import FailureSignature, PropertyFailure, Reproduction
 from kvcheck.properties.accounting import assert_accounting, assert_contiguous_buf_infos
 from kvcheck.properties.assertions import failure
-from kvcheck.properties.ops import apply_op_like_reference, describe_op, op_method
+from kvcheck.properties.ops import apply_op_like_reference
 from kvcheck.properties.pool_state import (
     assert_layer_range,
     assert_pool_matches_reference,

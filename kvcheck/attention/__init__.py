@@ -12,7 +12,7 @@ both paths and the checks that compare them:
   (``get_key_buffer``/``get_value_buffer`` or ``get_kv_buffer``, see ``READ_APIS``);
 * ``prefill_attention``: one layer's prefill as SGLang's FA backend runs it;
 * ``append_padding_segment``: the CUDA-graph padding fix;
-* ``kvcheck.attention.properties``: the reusable checks, which take their pools from a
+* ``kvcheck.properties.attention``: the reusable checks, which take their pools from a
   target (``make_pool``, ``select_pool_family``) and raise ``PropertyFailure``; the
   shipped suite runs them on any target (``kvcheck/suite/test_attention.py``);
   ``kvcheck.strategies.attention``: Hypothesis strategies for varlen batches.

@@ -123,7 +123,7 @@ def write_kv_by_page(
 
     Example:
         >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
-        >>> from kvcheck.attention.properties import paged_case
+        >>> from kvcheck.properties.attention import paged_case
         >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
         >>> case = paged_case(batch, scrambled_layout((3, 2), page_size=2),
         ...                   dtype=torch.float32, device="cpu")
@@ -158,7 +158,7 @@ def gather_kv_by_page(
 
     Example:
         >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
-        >>> from kvcheck.attention.properties import paged_case
+        >>> from kvcheck.properties.attention import paged_case
         >>> batch = VarlenBatch(seq_lens=(1, 4), num_heads=1, num_kv_heads=1, head_dim=2)
         >>> case = paged_case(batch, scrambled_layout((1, 4), page_size=4, spare_pages=2),
         ...                   dtype=torch.bfloat16, device="cpu")
@@ -206,7 +206,7 @@ def paged_attention(
 
     Example:
         >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
-        >>> from kvcheck.attention.properties import paged_case
+        >>> from kvcheck.properties.attention import paged_case
         >>> batch = VarlenBatch(seq_lens=(2,), num_heads=4, num_kv_heads=2, head_dim=8)
         >>> case = paged_case(batch, scrambled_layout((2,), page_size=1),
         ...                   dtype=torch.float32, device="cpu")

@@ -62,7 +62,7 @@ def prefill_attention(
 
     Example:
         >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
-        >>> from kvcheck.attention.properties import paged_case
+        >>> from kvcheck.properties.attention import paged_case
         >>> batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
         >>> case = paged_case(batch, scrambled_layout((3, 2), page_size=2),
         ...                   dtype=torch.float32, device="cpu")

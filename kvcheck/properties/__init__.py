@@ -8,7 +8,8 @@ tests with kvcheck's strategies.
 
 Pool side:
 
-- :mod:`~kvcheck.properties.ops`: specs operations as tensors, applied through a target;
+- :mod:`~kvcheck.properties.ops`: operations applied through a target, checked against the
+  reference (the calls themselves are :mod:`kvcheck.calls`);
 - :mod:`~kvcheck.properties.pool_state`: a pool's bytes against the reference model, raw
   and through the read API, and its layer range;
 - :mod:`~kvcheck.properties.caller_tensors`: no call changes a tensor it was given;
@@ -16,6 +17,8 @@ Pool side:
   allocator, meta at production scale);
 - :mod:`~kvcheck.properties.noop`: the no-op pool raises on writes, holds placeholders only;
 - :mod:`~kvcheck.properties.accounting`: reported bytes agree with bytes held;
+- :mod:`~kvcheck.properties.attention`: attention read back through a pool equals attention on
+  raw K/V (the premise of the no-op pool);
 - :mod:`~kvcheck.properties.inputs`: callers' tensors untouched, rejected calls change nothing;
 - :mod:`kvcheck.machines`: differential state machines built from all of the above.
 
@@ -57,7 +60,7 @@ from kvcheck.properties.noop import (
     assert_noop_move_changes_nothing,
     assert_noop_write_raises,
 )
-from kvcheck.properties.ops import apply_op, apply_op_like_reference, describe_op, encode_op
+from kvcheck.properties.ops import apply_op, apply_op_like_reference
 from kvcheck.properties.pool_state import (
     assert_layer_range,
     assert_pool_matches_reference,
@@ -96,8 +99,6 @@ __all__ = [
     "assert_state_buf_infos",
     "assert_tensors_unchanged",
     "check_sequence_inputs",
-    "describe_op",
-    "encode_op",
     "read_pool_buffers",
     "reported_total_bytes",
     "run_checked_call",

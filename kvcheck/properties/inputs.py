@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kvcheck.calls import PoolCall, describe_op, encode_op, run_call
 from kvcheck.failures import FailureSignature
 from kvcheck.properties.assertions import fail
 from kvcheck.properties.caller_tensors import (
@@ -35,7 +36,6 @@ from kvcheck.properties.caller_tensors import (
     collect_tensors,
     snapshot_tensors,
 )
-from kvcheck.properties.ops import PoolCall, describe_op, encode_op, run_call
 from kvcheck.properties.pool_state import assert_same_pool_bytes, read_pool_buffers
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import HostCopy, OpSequence

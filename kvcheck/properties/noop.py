@@ -25,9 +25,9 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from kvcheck.calls import NoOpCall
 from kvcheck.failures import FailureSignature
 from kvcheck.memory import storage_bytes
 from kvcheck.properties.assertions import assert_equal, fail
@@ -38,32 +38,14 @@ from kvcheck.specs import PoolSpec
 __all__ = [
     "NOOP_CLASS_NAME",
     "NOOP_CONFIGURATION_FLAGS",
-    "NOOP_WRITE_METHODS",
-    "NoOpCall",
     "assert_noop_holds_only_placeholders",
     "assert_noop_move_changes_nothing",
     "assert_noop_write_raises",
 ]
 
 NOOP_CLASS_NAME = "NoOpMHATokenToKVPool"
-#: Pool methods that write: each must raise on the no-op pool.
-NOOP_WRITE_METHODS: tuple[str, ...] = ("set_kv_buffer", "load_cpu_copy")
 #: The error must name at least one of these, so the reader learns what to configure.
 NOOP_CONFIGURATION_FLAGS: tuple[str, ...] = ("--prefill-only-disable-kv-cache", "--is-embedding")
-
-
-@dataclass(frozen=True)
-class NoOpCall:
-    """One call on the no-op pool: ``method`` with ``args`` and ``kwargs``."""
-
-    method: str
-    args: tuple[Any, ...]
-    kwargs: Mapping[str, Any]
-
-    def __repr__(self) -> str:
-        parts = [repr(arg) for arg in self.args]
-        parts += [f"{name}={value!r}" for name, value in self.kwargs.items()]
-        return f"pool.{self.method}({', '.join(parts)})"
 
 
 def _placeholder_shapes(spec: PoolSpec) -> dict[str, tuple[int, ...]]:

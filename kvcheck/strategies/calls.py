@@ -24,9 +24,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
+from kvcheck.calls import NOOP_WRITE_METHODS, NoOpCall, PoolCall, loc_tensor, rows_tensor
 from kvcheck.geometry import index_k_row_bytes, index_scale_row_bytes, latent_width
-from kvcheck.properties.noop import NOOP_WRITE_METHODS, NoOpCall
-from kvcheck.properties.ops import PoolCall, loc_tensor, rows_tensor
 from kvcheck.specs import DSA_QUANT_BLOCK, PoolSpec, WriteKV
 from kvcheck.strategies import ops as draws
 from kvcheck.validation import check_choices, check_one_of, check_type

@@ -11,11 +11,11 @@ a ``start_layer`` and a dtype, and compare outputs exactly for fp32 on the CPU a
 - through an MHA pool from ``target.make_pool``, written with ``set_kv_buffer`` and read
   back only through ``get_key_buffer``/``get_value_buffer`` and ``get_kv_buffer``, with
   decoy K/V in the layers on either side
-  (:func:`~kvcheck.attention.properties.check_paged_matches_raw`);
+  (:func:`~kvcheck.properties.attention.check_paged_matches_raw`);
 - through the serving configuration: ``target.select_pool_family`` must give a worker the
   no-op pool under the flag (and the MHA pool without it), the no-op pool from
   ``target.make_pool`` must refuse the write, and the raw-K/V outputs must equal the full
-  pool's (:func:`~kvcheck.attention.properties.check_noop_pool_matches_full_pool`).
+  pool's (:func:`~kvcheck.properties.attention.check_noop_pool_matches_full_pool`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcheck.attention.batch import PagedLayout, VarlenBatch
-from kvcheck.attention.properties import (
+from kvcheck.properties.attention import (
     check_noop_pool_matches_full_pool,
     check_paged_matches_raw,
     target_pool_factory,

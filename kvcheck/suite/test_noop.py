@@ -13,14 +13,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvcheck.calls import NOOP_WRITE_METHODS, PoolCall, loc_tensor
 from kvcheck.properties.inputs import run_checked_call
 from kvcheck.properties.noop import (
-    NOOP_WRITE_METHODS,
     assert_noop_holds_only_placeholders,
     assert_noop_move_changes_nothing,
     assert_noop_write_raises,
 )
-from kvcheck.properties.ops import PoolCall, loc_tensor
 from kvcheck.specs import Move, PoolSpec
 from kvcheck.strategies import noop_move_arguments, noop_write_calls, pool_specs
 from kvcheck.targets.findings import steered_tags

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
+from kvcheck.calls import describe_op, op_method
 from kvcheck.geometry import row_bytes
 from kvcheck.machines import pool_machine
-from kvcheck.properties.ops import apply_op_like_reference, describe_op, op_method
+from kvcheck.properties.ops import apply_op_like_reference
 from kvcheck.properties.pool_state import assert_pool_matches_reference
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import Move, Op, PoolSpec, WriteKV

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcheck.attention.properties import check_causal_suffix_matches_full
+from kvcheck.properties.attention import check_causal_suffix_matches_full
 from kvcheck.strategies.attention import query_lengths, varlen_batches
 
 

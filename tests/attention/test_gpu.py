@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcheck.attention import flash_attn_available, flash_attn_version
-from kvcheck.attention.properties import (
+from kvcheck.properties.attention import (
     check_causal_suffix_matches_full,
     check_flash_matches_reference,
     check_noop_pool_matches_full_pool,

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcheck.attention import VarlenBatch, append_padding_segment, varlen_attention
-from kvcheck.attention.properties import (
+from kvcheck.properties.attention import (
     check_padding_segment_isolates_real_tokens,
     padded_batch_tensors,
 )

@@ -17,7 +17,7 @@ from kvcheck.attention import (
     token_slots,
     write_kv_by_page,
 )
-from kvcheck.attention.properties import attention_pool_spec, check_paged_matches_raw
+from kvcheck.properties.attention import attention_pool_spec, check_paged_matches_raw
 from kvcheck.strategies.attention import page_layouts, varlen_batches
 from kvcheck.targets.builtin import KVCheckTarget
 

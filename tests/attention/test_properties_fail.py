@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 
 from kvcheck.attention import paged_attention, prefill_attention
 from kvcheck.attention import reference as reference_module
-from kvcheck.attention.properties import (
+from kvcheck.attention.reference import reference_varlen_attention
+from kvcheck.properties.attention import (
     check_causal_suffix_matches_full,
     check_flash_matches_reference,
     check_noop_pool_matches_full_pool,
     check_padding_segment_isolates_real_tokens,
     check_paged_matches_raw,
 )
-from kvcheck.attention.reference import reference_varlen_attention
 from kvcheck.strategies.attention import page_layouts, query_lengths, varlen_batches
 
 # Derandomized so the shrunk example is the same on every run; no explain phase:

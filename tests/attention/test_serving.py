@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kvcheck.attention import VarlenBatch, scrambled_layout, uses_raw_kv
 from kvcheck.attention.prefill import prefill_attention
-from kvcheck.attention.properties import (
+from kvcheck.properties.attention import (
     CHECKED_LAYER,
     check_noop_pool_matches_full_pool,
     embedding_server_args,

@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 import torch
 
+from kvcheck.calls import PoolCall, describe_op, op_method
 from kvcheck.properties.accounting import assert_accounting, assert_contiguous_buf_infos
 from kvcheck.properties.inputs import assert_rejected_call_changes_nothing
 from kvcheck.properties.noop import assert_noop_write_raises
-from kvcheck.properties.ops import PoolCall, apply_op_like_reference, describe_op, op_method
+from kvcheck.properties.ops import apply_op_like_reference
 from kvcheck.properties.pool_state import assert_pool_matches_reference
 from kvcheck.properties.serving import (
     check_capacity_fits_budget,

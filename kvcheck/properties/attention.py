@@ -39,7 +39,9 @@ from kvcheck.attention.prefill import prefill_attention, uses_raw_kv
 from kvcheck.attention.tolerances import assert_outputs_close
 from kvcheck.attention.varlen import Backend, varlen_attention
 from kvcheck.failures import FailureSignature, PropertyFailure
+from kvcheck.serving import MINIMAL_VALID_FLAGS, ModelConfig, ServerArgs
 from kvcheck.specs import DTYPE_ITEMSIZE, PoolSpec
+from kvcheck.targets.builtin import KVCheckTarget
 from kvcheck.validation import check_valid_integer
 
 AttentionFn = Callable[..., torch.Tensor]
@@ -175,8 +177,6 @@ def paged_case(
 
 
 def _builtin_target() -> Any:
-    from kvcheck.targets.builtin import KVCheckTarget
-
     return KVCheckTarget()
 
 
@@ -323,8 +323,6 @@ def serving_model_config(batch: VarlenBatch, *, num_hidden_layers: int = POOL_LA
         >>> serving_model_config(batch).num_key_value_heads
         2
     """
-    from kvcheck.serving import ModelConfig
-
     return ModelConfig(
         name="varlen-mha",
         attention_arch="mha",
@@ -347,8 +345,6 @@ def embedding_flags(*, prefill_only_disable_kv_cache: bool) -> dict[str, Any]:
         >>> embedding_flags(prefill_only_disable_kv_cache=True)["chunked_prefill_size"]
         -1
     """
-    from kvcheck.serving import MINIMAL_VALID_FLAGS
-
     return {**MINIMAL_VALID_FLAGS, "prefill_only_disable_kv_cache": prefill_only_disable_kv_cache}
 
 
@@ -360,8 +356,6 @@ def embedding_server_args(*, prefill_only_disable_kv_cache: bool, device: str) -
         ...                       device="cpu").disable_radix_cache
         True
     """
-    from kvcheck.serving import ServerArgs
-
     flags = embedding_flags(prefill_only_disable_kv_cache=prefill_only_disable_kv_cache)
     return ServerArgs(**flags, device=device)
 
