@@ -50,7 +50,7 @@ from kvcheck.properties.pool_state import (
     assert_read_api_matches_reference,
 )
 from kvcheck.reference import ReferencePool
-from kvcheck.specs import POOL_FAMILIES, HostCopy, Op, PoolSpec
+from kvcheck.specs import POOL_FAMILIES, POOL_VARIANTS, HostCopy, Op, PoolSpec
 from kvcheck.strategies import ops as draws
 from kvcheck.strategies import pool_specs
 from kvcheck.strategies.limits import within_target_limits
@@ -99,10 +99,11 @@ _STEP_KINDS: tuple[tuple[str, str | None], ...] = (
 #: Generation tags a declared finding may ask the machines to steer around
 #: (:attr:`kvcheck.targets.findings.Finding.steer`):
 #:
-#: ``FAMILY:KIND``
-#:     never draw step ``KIND`` for pools of ``FAMILY`` (``noop:host_copy``);
-#: ``FAMILY:contiguous_buf_infos``
-#:     the invariant does not ask ``FAMILY``'s pools for transfer descriptors;
+#: ``VARIANT:KIND``
+#:     never draw step ``KIND`` for pools of ``VARIANT`` (a family, or a family with its
+#:     layout: ``noop:host_copy``, ``mha:hnd:host_copy``; :data:`kvcheck.specs.POOL_VARIANTS`);
+#: ``VARIANT:contiguous_buf_infos``
+#:     the invariant does not ask ``VARIANT``'s pools for transfer descriptors;
 #: ``cast_write:scales``
 #:     writes of another dtype carry no ``k_scale``/``v_scale``;
 #: ``write_mla:slot0``
@@ -110,8 +111,8 @@ _STEP_KINDS: tuple[tuple[str, str | None], ...] = (
 #: ``FAMILY:host_copy:partial_pages``
 #:     host copies and reloads of ``FAMILY`` take whole pages only.
 STEER_TAGS: tuple[str, ...] = (
-    *(f"{family}:{kind}" for family in POOL_FAMILIES for kind, _ in _STEP_KINDS[1:]),
-    *(f"{family}:contiguous_buf_infos" for family in POOL_FAMILIES),
+    *(f"{variant}:{kind}" for variant in POOL_VARIANTS for kind, _ in _STEP_KINDS[1:]),
+    *(f"{variant}:contiguous_buf_infos" for variant in POOL_VARIANTS),
     "cast_write:scales",
     "write_mla:slot0",
     *(f"{family}:host_copy:partial_pages" for family in POOL_FAMILIES),
@@ -263,6 +264,7 @@ class PoolMachine(RuleBasedStateMachine):
             if needs not in self.skipped
             and applies.get(kind, True)
             and f"{self.family}:{kind}" not in self.steer
+            and f"{self.spec.variant}:{kind}" not in self.steer
         )
 
     # -- the one rule --------------------------------------------------------------------
@@ -348,7 +350,7 @@ class PoolMachine(RuleBasedStateMachine):
         )
         if (
             "contiguous_buf_infos" not in skipped
-            and f"{spec.family}:contiguous_buf_infos" not in self.steer
+            and f"{spec.variant}:contiguous_buf_infos" not in self.steer
         ):
             assert_contiguous_buf_infos(self.pool, spec, call=call)
         check_valid = getattr(self.pool, "check_valid", None)
@@ -362,7 +364,7 @@ class PoolMachine(RuleBasedStateMachine):
                         check="check_valid",
                         call="check_valid",
                         kind="invariant broken",
-                        family=spec.family,
+                        family=spec.variant,
                     ),
                 ) from exc
 

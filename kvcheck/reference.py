@@ -259,6 +259,15 @@ class ReferencePool:
                 f"spec.skip_topk_layers has {len(spec.skip_mask)} entries "
                 f"but layer_num={spec.layer_num}"
             )
+        if spec.kv_layout != "nhd" and not (spec.kv_layout == "hnd" and spec.family == "mha"):
+            raise ValueError(
+                f"spec.kv_layout={spec.kv_layout!r}: 'nhd' for every family, 'hnd' for 'mha' only"
+            )
+        if spec.kv_layout == "hnd" and spec.size % spec.page_size:
+            raise ValueError(
+                f"spec.kv_layout='hnd' needs whole pages: size={spec.size} is not a multiple "
+                f"of page_size={spec.page_size}"
+            )
         self.spec = spec
         self._layers = [_LayerState() for _ in range(spec.layer_num)]
         self._host_copies: dict[str, tuple[_TokenSnapshot, ...]] = {}

@@ -31,6 +31,10 @@ FP8_DTYPES: frozenset[str] = frozenset({"float8_e4m3fn", "float8_e5m2"})
 
 #: DSA index keys are fp8 with one fp32 scale per block of this many channels.
 DSA_QUANT_BLOCK = 128
+#: MHA buffer layouts: token-major (``nhd``) and head-major by page (``hnd``).
+KV_LAYOUTS: tuple[str, ...] = ("nhd", "hnd")
+#: What :attr:`PoolSpec.variant` can be: a family, or a family with a layout of its own.
+POOL_VARIANTS: tuple[str, ...] = ("mha", "mha:hnd", "noop", "mla", "dsa")
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,9 @@ class PoolSpec:
     head_num: int = 1
     head_dim: int = 8
     v_head_dim: int | None = None
+    # MHA: "nhd" (a buffer row per token slot) or "hnd" (a row per page, heads before the
+    # page's tokens: ``[pages, head_num, page_size, head_dim]``; whole pages only).
+    kv_layout: str = "nhd"
     # MLA / DSA
     kv_lora_rank: int = 16
     qk_rope_head_dim: int = 8
@@ -70,6 +77,12 @@ class PoolSpec:
     def layer_ids(self) -> range:
         """Global ids of the layers this pool serves."""
         return range(self.start_layer, self.start_layer + self.layer_num)
+
+    @property
+    def variant(self) -> str:
+        """The family, with the buffer layout when it is not the default (``"mha:hnd"``):
+        what a failure's signature names, so a finding can be about one layout only."""
+        return self.family if self.kv_layout == "nhd" else f"{self.family}:{self.kv_layout}"
 
     @property
     def effective_v_head_dim(self) -> int:

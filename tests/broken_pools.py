@@ -188,6 +188,16 @@ class HalfApplyingMHA(MHATokenToKVPool):
         return as_storage(tensor, self.store_dtype)
 
 
+class TokenMajorMoveMHA(MHATokenToKVPool):
+    """Moves buffer rows as if every layout were token-major: in the HND layout a row is a
+    whole page, so a move copies the wrong bytes (or none)."""
+
+    def move_kv_cache(self, tgt_loc: Any, src_loc: Any) -> None:
+        tgt, src = self._move_locations(tgt_loc, src_loc)
+        keep = (tgt < self.k_buffer[0].shape[0]) & (src < self.k_buffer[0].shape[0])
+        move_rows(self.k_buffer + self.v_buffer, tgt=tgt[keep], src=src[keep])
+
+
 class UnpaddedReportMHA(MHATokenToKVPool):
     """Reports the bytes of its K/V views, leaving out the page padding its fused
     allocation holds (as sglang 0.5.23 does, finding A1)."""
@@ -210,8 +220,10 @@ def pool_kwargs(spec: PoolSpec, *, device: str) -> dict[str, Any]:
         "start_layer": spec.start_layer,
     }
     if spec.family in ("mha", "noop"):
+        layout = {"kv_layout": spec.kv_layout} if spec.kv_layout != "nhd" else {}
         return {
             **common,
+            **layout,
             "head_num": spec.head_num,
             "head_dim": spec.head_dim,
             "v_head_dim": spec.v_head_dim,

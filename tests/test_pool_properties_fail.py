@@ -39,6 +39,7 @@ from broken_pools import (
     SkipDescribingDSA,
     StaleViewMLA,
     StartLayerBlindReadMHA,
+    TokenMajorMoveMHA,
     UncommittedWritingMHA,
     UnpaddedReportMHA,
     ValidatingMoveNoOp,
@@ -195,6 +196,13 @@ def test_noop_machine_catches_a_write_that_returns_silently() -> None:
 # --- the read path, layer ranges, token-granular host copies, caller tensors ----------------
 
 READS = frozenset({"read_api", "index_k_write"})
+
+
+def test_machine_catches_a_move_that_ignores_the_head_major_layout() -> None:
+    """Moving page rows as token rows fails on a head-major (HND) pool within two ops."""
+    message, steps, _ = machine_failure("mha", TokenMajorMoveMHA)
+    assert "move_kv_cache" in message
+    assert len(steps) <= 2, steps
 
 
 def test_machine_catches_a_read_that_ignores_start_layer() -> None:

@@ -239,6 +239,19 @@ def test_pool_specs_are_usable(spec: PoolSpec) -> None:
     ReferencePool(spec)
 
 
+def test_pool_specs_reach_the_head_major_layout_on_whole_pages_only() -> None:
+    """MHA specs sometimes take kv_layout='hnd', always with whole pages; others never do."""
+    spec = _find(strategies.pool_specs(families=("mha",)), lambda s: s.kv_layout == "hnd")
+    assert spec.size % spec.page_size == 0
+    with pytest.raises(NoSuchExample):
+        _find(strategies.pool_specs(), lambda s: s.kv_layout == "hnd" and s.family != "mha")
+    with pytest.raises(NoSuchExample):
+        _find(
+            strategies.pool_specs(families=("mha",)),
+            lambda s: s.kv_layout == "hnd" and s.size % s.page_size != 0,
+        )
+
+
 def test_pool_specs_reach_capacities_short_of_whole_pages() -> None:
     """MHA, no-op and MLA specs sometimes end in a partial page; DSA specs never do."""
     for family in ("mha", "noop", "mla"):

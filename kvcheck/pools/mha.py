@@ -57,6 +57,7 @@ class MHATokenToKVPool(KVCache):
         v_head_dim: int | None = None,
         start_layer: int | None = None,
         end_layer: int | None = None,
+        kv_layout: str = "nhd",
     ) -> None:
         super().__init__(
             size,
@@ -75,6 +76,16 @@ class MHATokenToKVPool(KVCache):
             if v_head_dim is None
             else require_int("v_head_dim", v_head_dim, minimum=1)
         )
+        if kv_layout not in ("nhd", "hnd"):
+            raise ValueError(f"kv_layout={kv_layout!r} not in ('nhd', 'hnd')")
+        if kv_layout == "hnd" and self.size % self.page_size:
+            raise ValueError(
+                f"kv_layout='hnd' needs whole pages: size={self.size} is not a multiple of "
+                f"page_size={self.page_size}"
+            )
+        self.kv_layout = kv_layout
+        # Slot arithmetic for the row helpers: None for token rows, the page size for HND.
+        self._slot_pages = self.page_size if kv_layout == "hnd" else None
         self.k_buffer, self.v_buffer = self._create_buffers()
 
     def _buffer_rows(self) -> int:
@@ -93,14 +104,26 @@ class MHATokenToKVPool(KVCache):
         rows = self._buffer_rows()
         return -(-rows // self.page_size) * self.page_size if self.fused_kv else rows
 
+    def _gather(self, buffer: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return gather_rows(buffer, idx, page_size=self._slot_pages)
+
+    def _buffer_shape(self, dim: int, rows: int | None = None) -> tuple[int, ...]:
+        """One K or V buffer's shape: ``[rows, head_num, dim]``, or for HND
+        ``[rows // page_size, head_num, page_size, dim]``."""
+        rows = self._buffer_rows() if rows is None else rows
+        if self.kv_layout == "hnd":
+            return (rows // self.page_size, self.head_num, self.page_size, dim)
+        return (rows, self.head_num, dim)
+
     def _create_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        rows = self._buffer_rows()
         if self.fused_kv:
-            shape = (2, self._allocated_rows(), self.head_num, self.head_dim)
-            fused = [self._zeros(shape) for _ in range(self.layer_num)]
-            return [layer[0, :rows] for layer in fused], [layer[1, :rows] for layer in fused]
-        k = [self._zeros((rows, self.head_num, self.head_dim)) for _ in range(self.layer_num)]
-        v = [self._zeros((rows, self.head_num, self.v_head_dim)) for _ in range(self.layer_num)]
+            shape = self._buffer_shape(self.head_dim, self._allocated_rows())
+            fused = [self._zeros((2, *shape)) for _ in range(self.layer_num)]
+            leading = self._buffer_shape(self.head_dim)[0]
+            return [f[0, :leading] for f in fused], [f[1, :leading] for f in fused]
+        k_shape, v_shape = self._buffer_shape(self.head_dim), self._buffer_shape(self.v_head_dim)
+        k = [self._zeros(k_shape) for _ in range(self.layer_num)]
+        v = [self._zeros(v_shape) for _ in range(self.layer_num)]
         return k, v
 
     # --- reads ---------------------------------------------------------------------------
@@ -184,8 +207,8 @@ class MHATokenToKVPool(KVCache):
     def _write_rows(
         self, local: int, loc: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor
     ) -> None:
-        scatter_rows(self.k_buffer[local], loc, k_rows)
-        scatter_rows(self.v_buffer[local], loc, v_rows)
+        scatter_rows(self.k_buffer[local], loc, k_rows, page_size=self._slot_pages)
+        scatter_rows(self.v_buffer[local], loc, v_rows, page_size=self._slot_pages)
 
     def set_kv_buffer_prefix_valid(
         self,
@@ -244,7 +267,7 @@ class MHATokenToKVPool(KVCache):
         tgt, src = self._move_locations(tgt_loc, src_loc)
         if self.is_meta or tgt.numel() == 0:
             return
-        move_rows(self.k_buffer + self.v_buffer, tgt=tgt, src=src)
+        move_rows(self.k_buffer + self.v_buffer, tgt=tgt, src=src, page_size=self._slot_pages)
 
     # --- host copies ---------------------------------------------------------------------
 
@@ -264,8 +287,8 @@ class MHATokenToKVPool(KVCache):
             source=type(self).__name__,
             num_tokens=idx.numel(),
             parts={
-                "k": tuple(self._to_host(gather_rows(b, idx)) for b in self.k_buffer),
-                "v": tuple(self._to_host(gather_rows(b, idx)) for b in self.v_buffer),
+                "k": tuple(self._to_host(self._gather(b, idx)) for b in self.k_buffer),
+                "v": tuple(self._to_host(self._gather(b, idx)) for b in self.v_buffer),
             },
         )
 
@@ -285,19 +308,19 @@ class MHATokenToKVPool(KVCache):
         if self.is_meta:
             return
         for buffer, rows in zip(self.k_buffer, copy.parts["k"], strict=True):
-            scatter_rows(buffer, idx, rows.to(self._torch_device))
+            scatter_rows(buffer, idx, rows.to(self._torch_device), page_size=self._slot_pages)
         for buffer, rows in zip(self.v_buffer, copy.parts["v"], strict=True):
-            scatter_rows(buffer, idx, rows.to(self._torch_device))
+            scatter_rows(buffer, idx, rows.to(self._torch_device), page_size=self._slot_pages)
 
     # --- accounting ----------------------------------------------------------------------
 
     def get_kv_size_bytes(self) -> tuple[int, int]:
         """``(k_bytes, v_bytes)``: bytes allocated for all K buffers and all V buffers,
         a fused layer's page padding included (what the pool holds, not its views)."""
-        rows = self._allocated_rows()
+        rows, itemsize = self._allocated_rows(), self.store_dtype.itemsize
         return (
-            sum(rows * math.prod(b.shape[1:]) * b.element_size() for b in self.k_buffer),
-            sum(rows * math.prod(b.shape[1:]) * b.element_size() for b in self.v_buffer),
+            self.layer_num * rows * self.head_num * self.head_dim * itemsize,
+            self.layer_num * rows * self.head_num * self.v_head_dim * itemsize,
         )
 
     def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
@@ -317,11 +340,12 @@ class MHATokenToKVPool(KVCache):
             ([0, 0, 0, 0], [192, 192, 96, 96], [64, 64, 32, 32])
         """
         ptrs, lens, item_lens = [], [], []
+        tokens_per_row = 1 if self._slot_pages is None else self.page_size
         for buffer in self.k_buffer + self.v_buffer:
             row = math.prod(buffer.shape[1:]) * buffer.element_size()
             ptrs.append(0 if self.is_meta else buffer.data_ptr())
             lens.append(buffer.shape[0] * row)
-            item_lens.append(self.page_size * row)
+            item_lens.append(self.page_size // tokens_per_row * row)
         return ptrs, lens, item_lens
 
     def check_valid(self) -> None:
@@ -333,7 +357,7 @@ class MHATokenToKVPool(KVCache):
             ("v_buffer", self.v_buffer, self.v_head_dim),
         ):
             for i, buffer in enumerate(layers):
-                expected = (rows, self.head_num, dim)
+                expected = self._buffer_shape(dim, rows)
                 self._invariant(
                     tuple(buffer.shape) == expected and buffer.dtype == self.store_dtype,
                     f"{name}[{i}] is {tuple(buffer.shape)} {buffer.dtype},"

@@ -91,7 +91,10 @@ def _reported_kind(reported_total: float, spec: PoolSpec) -> str:
 
 def _signature(call: str, reported_total: float, spec: PoolSpec) -> FailureSignature:
     return FailureSignature(
-        check="accounting", call=call, kind=_reported_kind(reported_total, spec), family=spec.family
+        check="accounting",
+        call=call,
+        kind=_reported_kind(reported_total, spec),
+        family=spec.variant,
     )
 
 
@@ -200,7 +203,7 @@ def assert_contiguous_buf_infos(
             check="contiguous_buf_infos",
             call="get_contiguous_buf_infos",
             kind=kind,
-            family=spec.family,
+            family=spec.variant,
         )
 
     try:
@@ -216,7 +219,11 @@ def assert_contiguous_buf_infos(
     expected = (
         [buffer.data_ptr() for buffer in buffers],
         [int(buffer.nbytes) for buffer in buffers],
-        [_row_bytes(buffer) * spec.page_size for buffer in buffers],
+        # A row is a token slot, or a whole page in the HND layout.
+        [
+            _row_bytes(buffer) * (1 if spec.kv_layout == "hnd" else spec.page_size)
+            for buffer in buffers
+        ],
     )
     for what, got, wanted in zip(
         ("ptrs", "lens", "item_lens"), (ptrs, lens, item_lens), expected, strict=True

@@ -311,7 +311,7 @@ def check_paged_matches_raw(
             raw,
             comparison="paged_vs_raw",
             context=f"{context} [read through {call}]",
-            signature=_signature(READ_APIS[read], "outputs differ", spec.family),
+            signature=_signature(READ_APIS[read], "outputs differ", spec.variant),
         )
 
 

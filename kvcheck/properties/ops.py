@@ -101,7 +101,7 @@ def apply_op_like_reference(
     __tracebackhide__ = True
     expected = reference.expected_error(op)
     call = describe_op(op)
-    method, family = op_method(op), reference.spec.family
+    method, family = op_method(op), reference.spec.variant
     tensors: dict[str, torch.Tensor] = {}
     before: dict[str, TensorSnapshot] = {}
     try:

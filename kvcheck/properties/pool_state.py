@@ -32,6 +32,7 @@ from kvcheck.failures import FailureSignature
 from kvcheck.geometry import KV_BUFFER_ATTRIBUTES, index_k_row_bytes, index_scale_row_bytes
 from kvcheck.properties.assertions import assert_bytes_equal, fail
 from kvcheck.reference import ReferencePool
+from kvcheck.specs import PoolSpec
 
 __all__ = [
     "PoolBytes",
@@ -41,6 +42,7 @@ __all__ = [
     "assert_same_pool_bytes",
     "read_buffer",
     "read_pool_buffers",
+    "read_slot_rows",
 ]
 
 #: Buffer name -> one ``[rows, row_bytes]`` uint8 array per local layer.
@@ -64,6 +66,24 @@ def read_buffer(tensor: torch.Tensor) -> np.ndarray:
     row_bytes = tensor[0].numel() * tensor.element_size() if rows else _row_bytes(tensor)
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     return flat.cpu().numpy().reshape(rows, row_bytes).copy()
+
+
+def read_slot_rows(tensor: torch.Tensor, spec: PoolSpec) -> np.ndarray:
+    """:func:`read_buffer` with one row per token slot, whatever the pool's ``kv_layout``:
+    an HND buffer ``[pages, heads, page_size, dim]`` becomes ``[pages * page_size,
+    heads * dim]`` bytes, the reference model's layout.
+
+    Example:
+        >>> spec = PoolSpec(family="mha", size=2, page_size=2, layer_num=1, dtype="float32",
+        ...                 kv_layout="hnd")
+        >>> hnd = torch.arange(8, dtype=torch.int8).view(2, 1, 2, 2)
+        >>> read_slot_rows(hnd, spec).tolist()
+        [[0, 1], [2, 3], [4, 5], [6, 7]]
+    """
+    if spec.kv_layout == "hnd" and isinstance(tensor, torch.Tensor) and tensor.dim() == 4:
+        heads, dim = tensor.shape[1], tensor.shape[3]
+        tensor = tensor.permute(0, 2, 1, 3).reshape(-1, heads, dim)
+    return read_buffer(tensor)
 
 
 def _row_bytes(tensor: torch.Tensor) -> int:
@@ -176,7 +196,7 @@ def assert_pool_matches_reference(
                 call=call,
                 detail=f"pool attribute {name}",
             )
-        got_layers = [read_buffer(layer) for layer in tensors]
+        got_layers = [read_slot_rows(layer, reference.spec) for layer in tensors]
         describe = None
         if name == "index_k_with_scale_buffer":
 
@@ -191,7 +211,7 @@ def assert_pool_matches_reference(
             call=call,
             describe_cell=describe,
             signature=FailureSignature(
-                check="bytes", call=method, kind=f"{name} differs", family=reference.spec.family
+                check="bytes", call=method, kind=f"{name} differs", family=reference.spec.variant
             ),
         )
 
@@ -327,7 +347,7 @@ def assert_read_api_matches_reference(
             ):
                 continue  # the raw buffer was compared already
             signature = FailureSignature(
-                check="read_api", call=read.method, kind="bytes differ", family=spec.family
+                check="read_api", call=read.method, kind="bytes differ", family=spec.variant
             )
             if not isinstance(got, torch.Tensor):
                 raise fail(
@@ -338,7 +358,7 @@ def assert_read_api_matches_reference(
                     signature=signature,
                 )
             assert_bytes_equal(
-                read_buffer(got),
+                read_slot_rows(got, spec),
                 read.expected,
                 what=f"{read.label} after {call}",
                 call=read.label,
@@ -355,7 +375,7 @@ def _check_mla_reads(pool: Any, spec: Any, latent: np.ndarray, layer_id: int, *,
     loc = torch.arange(spec.num_slots, dtype=torch.int64, device=pool_device(pool))
     read = f"pool.get_mla_kv_buffer(layer_id={layer_id}, loc=all {spec.num_slots} slots)"
     signature = FailureSignature(
-        check="read_api", call="get_mla_kv_buffer", kind="bytes differ", family=spec.family
+        check="read_api", call="get_mla_kv_buffer", kind="bytes differ", family=spec.variant
     )
     nope, rope = pool.get_mla_kv_buffer(_Layer(layer_id), loc)
     assert_bytes_equal(
@@ -423,6 +443,6 @@ def assert_layer_range(pool: Any, spec: Any, *, call: str = "pool construction")
                 expected=allowed[0] if len(allowed) == 1 else f"one of {allowed}",
                 call=f"pool.{name} after {call}",
                 signature=FailureSignature(
-                    check="layer_range", call=name, kind="wrong value", family=spec.family
+                    check="layer_range", call=name, kind="wrong value", family=spec.variant
                 ),
             )

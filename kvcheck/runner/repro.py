@@ -197,8 +197,12 @@ def rows(dtype, inner, *hex_rows):
 
 
 def as_bytes(tensor):
-    """A tensor's bytes as [rows, bytes per row] uint8, whatever its dtype."""
-    tensor = tensor.detach().cpu().contiguous()
+    """A tensor's bytes as [rows, bytes per row] uint8, whatever its dtype. A head-major
+    K/V buffer [pages, heads, page_size, dim] (the HND layout) reads as one row per slot."""
+    tensor = tensor.detach().cpu()
+    if tensor.dim() == 4:
+        tensor = tensor.permute(0, 2, 1, 3).reshape(-1, tensor.shape[1], tensor.shape[3])
+    tensor = tensor.contiguous()
     num_rows = tensor.shape[0] if tensor.dim() else 1
     width = math.prod(tensor.shape[1:]) * tensor.element_size()
     return tensor.reshape(-1).view(torch.uint8).reshape(num_rows, width)
@@ -461,6 +465,13 @@ class _ScriptWriter:
             "dsa": "DSATokenToKVPool",
         }[spec.family]
         body = "".join(f"\n    {name}={value}," for name, value in args)
+        if kind == "sglang" and spec.kv_layout == "hnd":
+            # sglang picks the HND layout from this variable, read in the constructor.
+            return [
+                'os.environ["SGLANG_USE_HND_KVCACHE"] = "1"',
+                f"pool = {owner}.{cls}({body}\n)",
+                'del os.environ["SGLANG_USE_HND_KVCACHE"]',
+            ]
         return [f"pool = {owner}.{cls}({body}\n)"]
 
     # -- operations -------------------------------------------------------------------------
@@ -649,6 +660,8 @@ def _pool_arguments(spec: PoolSpec, *, sglang: bool) -> list[tuple[str, str]]:
         ]
         if sglang:
             args.append(("enable_kv_cache_copy", "False"))
+        elif spec.kv_layout != "nhd":
+            args.append(("kv_layout", repr(spec.kv_layout)))
         return args
     args += [
         ("kv_lora_rank", str(spec.kv_lora_rank)),

@@ -528,16 +528,23 @@ def host_copy_ops(
 
 
 def copy_layout(spec: PoolSpec, indices: tuple[int, ...]) -> CopyLayout:
-    """The :data:`CopyLayout` of a host copy's ``indices``: page-aligned runs, else None.
+    """The :data:`CopyLayout` of a host copy's ``indices``: page-aligned runs on whole
+    pages, else None (a capacity that is not whole pages leaves a partial last page, which
+    no request is given).
 
     Example:
         >>> spec = PoolSpec(family="dsa", size=8, page_size=2, layer_num=1, dtype="bfloat16")
         >>> copy_layout(spec, (4, 5, 6, 0)), copy_layout(spec, (1, 2))
         ((3, 1), None)
+        >>> copy_layout(PoolSpec(family="mla", size=2, page_size=3, layer_num=1,
+        ...                      dtype="bfloat16"), (0, 3))
     """
+    whole_pages_end = spec.num_slots // spec.page_size * spec.page_size
     runs: list[int] = []
     previous = None
     for slot in indices:
+        if slot >= whole_pages_end:
+            return None
         if previous is not None and slot == previous + 1:
             runs[-1] += 1
         elif slot % spec.page_size == 0:

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvcheck.specs import DTYPE_ITEMSIZE, FP8_DTYPES, POOL_FAMILIES, PoolSpec
+from kvcheck.specs import DTYPE_ITEMSIZE, FP8_DTYPES, KV_LAYOUTS, POOL_FAMILIES, PoolSpec
 from kvcheck.strategies.limits import within_target_limits
 from kvcheck.validation import (
     check_bool,
@@ -192,12 +192,14 @@ def _pool_specs(
         "start_layer": start_layer,
     }
     if family in ("mha", "noop"):
-        return PoolSpec(
-            **common,
-            head_num=draw(st.integers(1, 2)),
-            head_dim=draw(st.integers(1, 8)),
-            v_head_dim=draw(st.none() | st.integers(1, 8)),
-        )
+        heads = {
+            "head_num": draw(st.integers(1, 2)),
+            "head_dim": draw(st.integers(1, 8)),
+            "v_head_dim": draw(st.none() | st.integers(1, 8)),
+        }
+        # The head-major layout takes whole pages only (and MHA pools only).
+        layouts = KV_LAYOUTS if family == "mha" and size % page_size == 0 else ("nhd",)
+        return PoolSpec(**common, **heads, kv_layout=draw(st.sampled_from(layouts)))
     latent = {
         "kv_lora_rank": draw(st.integers(1, 8)),
         "qk_rope_head_dim": draw(st.integers(1, 4)),
@@ -228,7 +230,8 @@ def pool_specs(
 
     ``dtype_names=None`` means every dtype the chosen families accept. ``size`` is up to
     ``max_size`` tokens: whole pages for DSA, sometimes a partial last page for the other
-    families (shrinking to whole pages); ``page_size`` is at most
+    families (shrinking to whole pages); MHA specs of whole pages may take the head-major
+    ``kv_layout="hnd"`` (shrinking to ``"nhd"``); ``page_size`` is at most
     ``min(max_page_size, max_size)`` (powers of two for DSA). MHA/NoOp specs may carry a
     V head dim of their own; any family may start at a global layer above 0; DSA specs carry
     a skip mask from :func:`layer_masks`, ``index_head_dim=128`` and sometimes an

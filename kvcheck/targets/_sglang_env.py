@@ -37,6 +37,7 @@ TORCHVISION = "torchvision"
 #: Environment variable that makes sglang's MHA pool move K/V with plain tensor
 #: indexing instead of its Triton copy kernel (read once, in the pool constructor).
 NATIVE_MOVE_ENV = "SGLANG_NATIVE_MOVE_KV_CACHE"
+HND_LAYOUT_ENV = "SGLANG_USE_HND_KVCACHE"
 
 #: Parallel widths for one process serving every attention head: what sglang's
 #: launcher publishes for a single-GPU server without decode context parallelism.
@@ -208,6 +209,14 @@ def native_kv_move() -> Iterator[None]:
     in its constructor, so the variable is set only while pools are constructed.
     """
     with scoped_environ(**{NATIVE_MOVE_ENV: "1"}):
+        yield
+
+
+@contextmanager
+def hnd_kv_layout() -> Iterator[None]:
+    """Build MHA pools in the head-major HND layout (``[pages, heads, page_size, dim]``),
+    which sglang selects from ``SGLANG_USE_HND_KVCACHE`` in the pool's constructor."""
+    with scoped_environ(**{HND_LAYOUT_ENV: "1"}):
         yield
 
 

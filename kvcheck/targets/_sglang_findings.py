@@ -35,6 +35,9 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "C4": "fp8 DSA sizing asserts kv_lora_rank % 128 == 0",
         "A1": "MHA get_kv_size_bytes and mem_usage leave out the page padding of the fused "
         "K/V allocation (a size that is not whole pages)",
+        "L1": "HND MHA pools (SGLANG_USE_HND_KVCACHE) refuse get_cpu_copy and load_cpu_copy "
+        "with AssertionError",
+        "L2": "HND MHA pools refuse get_contiguous_buf_infos with AssertionError",
         "N1": "the no-op pool's load_cpu_copy is MHA's: no RuntimeError",
         "N3": "the no-op pool's get_cpu_copy indexes its one-page placeholders",
         "N4": "the no-op pool's get_contiguous_buf_infos raises AttributeError",
@@ -92,6 +95,26 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         family="noop",
         steer=frozenset({"noop:host_copy"}),
         pinned=_pinned("test_n3_*"),
+    ),
+    Finding(
+        "L1",
+        FINDINGS["L1"],
+        check="raises",
+        call="*_cpu_copy",
+        kind="AssertionError*",
+        family="mha:hnd",
+        steer=frozenset({"mha:hnd:host_copy", "mha:hnd:host_reload"}),
+        pinned=_pinned("test_l1_*"),
+    ),
+    Finding(
+        "L2",
+        FINDINGS["L2"],
+        check="contiguous_buf_infos",
+        call="get_contiguous_buf_infos",
+        kind="raises AssertionError",
+        family="mha:hnd",
+        steer=frozenset({"mha:hnd:contiguous_buf_infos"}),
+        pinned=_pinned("test_l2_*"),
     ),
     Finding(
         "N4",

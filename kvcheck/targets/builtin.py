@@ -77,10 +77,14 @@ class KVCheckTarget:
             pool_class = (
                 pools.MHATokenToKVPool if spec.family == "mha" else pools.NoOpMHATokenToKVPool
             )
+            layout: dict[str, Any] = (
+                {"kv_layout": spec.kv_layout} if spec.kv_layout != "nhd" else {}
+            )
             return pool_class(
                 head_num=spec.head_num,
                 head_dim=spec.head_dim,
                 v_head_dim=spec.v_head_dim,
+                **layout,
                 **common,
             )
         if spec.family == "mla":

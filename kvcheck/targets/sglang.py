@@ -259,7 +259,9 @@ class SGLangTarget:
         # On CUDA: the Triton move sglang uses with speculative decoding. Elsewhere:
         # sglang's own tensor-indexing move, selected by the variable it reads here.
         build_scope = nullcontext() if on_cuda else env.native_kv_move()
-        with build_scope:
+        # sglang takes the HND layout only from a variable its constructor reads.
+        layout_scope = env.hnd_kv_layout() if spec.kv_layout == "hnd" else nullcontext()
+        with build_scope, layout_scope:
             return pool_class(
                 **common,
                 head_num=spec.head_num,

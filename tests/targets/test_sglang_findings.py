@@ -217,6 +217,39 @@ def test_a1_reported_bytes_include_the_fused_padding(
     assert_accounting(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
 
 
+HND = PoolSpec(
+    family="mha",
+    size=4,
+    page_size=2,
+    layer_num=1,
+    dtype="bfloat16",
+    head_num=2,
+    head_dim=1,
+    kv_layout="hnd",
+)
+
+
+@pytest.mark.kvcheck_needs("mha_pool", "host_copy")
+def test_l1_hnd_host_copy_round_trips(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """L1: a head-major pool copies one written slot to the host and reloads it elsewhere."""
+    rows = (bytes([1, 2, 3, 4]),)
+    ops: tuple[Op, ...] = (
+        WriteKV(layer_id=0, locs=(3,), k_rows=rows, v_rows=rows),
+        HostCopy(name="request", indices=(3,)),
+        HostReload(name="request", indices=(4,)),
+    )
+    pool = _run_ops(kvcheck_target, kvcheck_device, HND, ops)
+    assert pool.size == HND.size
+
+
+@pytest.mark.kvcheck_needs("mha_pool", "contiguous_buf_infos")
+def test_l2_hnd_describes_its_pages(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """L2: a head-major pool's transfer descriptors describe its page rows."""
+    pool = kvcheck_target.make_pool(HND, device=kvcheck_device)
+    assert_contiguous_buf_infos(pool, HND)
+    assert pool.size == HND.size
+
+
 @pytest.mark.kvcheck_needs("noop_pool", "contiguous_buf_infos")
 def test_n4_noop_describes_its_placeholders(kvcheck_target: Any, kvcheck_device: str) -> None:
     """N4: the no-op pool's transfer descriptors describe the placeholders it holds."""
