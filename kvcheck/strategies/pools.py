@@ -249,8 +249,8 @@ def pool_specs(
         >>> from types import SimpleNamespace
         >>> from hypothesis import find
         >>> spec = find(pool_specs(families=("mha",), max_layers=2), lambda s: s.layer_num == 2)
-        >>> spec.layer_num, spec.size % spec.page_size
-        (2, 0)
+        >>> spec.family, spec.layer_num, 1 <= spec.size <= 32
+        ('mha', 2, True)
         >>> target = SimpleNamespace(name="t", pool_spec_limits={"dsa": {"page_size": (64,)}})
         >>> spec = find(pool_specs(families=("dsa",), target=target), lambda s: True)
         >>> spec.page_size, spec.size
