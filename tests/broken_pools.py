@@ -24,7 +24,7 @@ from kvcheck.pools._checks import check_payload
 from kvcheck.pools._dtypes import as_storage, payload_dtypes
 from kvcheck.pools._host_copy import KVHostCopy
 from kvcheck.pools._rows import move_rows, scatter_rows
-from kvcheck.specs import PoolSpec
+from kvcheck.specs import KV_LAYOUTS, PoolSpec
 from kvcheck.targets.builtin import KVCheckTarget
 
 # --- moves ---------------------------------------------------------------------------------
@@ -248,6 +248,7 @@ class BrokenTarget(KVCheckTarget):
     optionally declared ``findings``."""
 
     unsupported: Mapping[str, str] = MappingProxyType({})
+    kv_layouts = KV_LAYOUTS  # its pools are kvcheck's (subclassed), which build them all
 
     def __init__(self, family: str, pool_class: type, findings: tuple[Any, ...] = ()) -> None:
         self.family = family

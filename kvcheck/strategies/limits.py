@@ -27,7 +27,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.specs import KV_LAYOUTS, POOL_FAMILIES, PoolSpec
 from kvcheck.validation import check_type
 
 __all__ = [
@@ -73,13 +73,31 @@ def pool_spec_limit_problems(limits: object) -> list[str]:
 
 
 def pool_spec_limits_of(target: object) -> PoolSpecLimits:
-    """The target's ``pool_spec_limits``, or an empty mapping when it declares none.
+    """The target's ``pool_spec_limits`` (empty when it declares none), plus the MHA
+    layouts it builds: a layout beyond token-major NHD is opt-in, through the target's
+    ``kv_layouts`` (default ``("nhd",)``), so a target written before a layout existed
+    is never handed one it would silently build as another.
 
     Example:
+        >>> from types import SimpleNamespace
         >>> pool_spec_limits_of(object())
+        {'mha': {'kv_layout': ('nhd',)}}
+        >>> pool_spec_limits_of(SimpleNamespace(kv_layouts=("nhd", "hnd")))
         {}
     """
-    return getattr(target, "pool_spec_limits", None) or {}
+    declared = getattr(target, "pool_spec_limits", None) or {}
+    layouts = tuple(getattr(target, "kv_layouts", None) or ("nhd",))
+    unknown = [layout for layout in layouts if layout not in KV_LAYOUTS]
+    if unknown or "nhd" not in layouts:
+        raise InvalidArgument(
+            f"target {getattr(target, 'name', target)!r}: kv_layouts={layouts!r} must include "
+            f"'nhd' and hold only {KV_LAYOUTS}"
+        )
+    if set(layouts) == set(KV_LAYOUTS):
+        return declared
+    merged = {family: dict(fields) for family, fields in declared.items()}
+    merged.setdefault("mha", {}).setdefault("kv_layout", layouts)
+    return merged
 
 
 def spec_limit_violations(target: object, spec: PoolSpec) -> list[str]:

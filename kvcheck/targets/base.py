@@ -90,6 +90,10 @@ FAMILY_SEPARATOR = ":"
 #:     implementations that assert a layout (sglang's DSA pool: ``{"dsa": {"page_size":
 #:     (64,), "index_head_dim": (128,)}}``). The suite draws specs inside these limits
 #:     (``pool_specs(target=...)``, :mod:`kvcheck.strategies.limits`) rather than filtering.
+#: ``kv_layouts: tuple[str, ...]``
+#:     The MHA buffer layouts (:data:`kvcheck.specs.KV_LAYOUTS`) the target builds;
+#:     default ``("nhd",)``. A layout is opt-in so that a target written before it existed
+#:     is never given a spec it would silently build in another layout.
 #: ``expected_failures: Mapping[str, str]``
 #:     pytest node-id pattern -> reason. Tests of the suite that match (see
 #:     :func:`kvcheck.targets.expected_failure_reason`) run as strict expected failures:
@@ -104,6 +108,7 @@ FAMILY_SEPARATOR = ":"
 OPTIONAL_MEMBERS: tuple[str, ...] = (
     "prepare",
     "pool_spec_limits",
+    "kv_layouts",
     "expected_failures",
     "findings",
 )

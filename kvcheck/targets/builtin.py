@@ -5,7 +5,7 @@ needs them, so resolving the target (which the pytest plugin does for every run,
 print its name and version) stays cheap.
 
 Example:
-    >>> from kvcheck.specs import PoolSpec
+    >>> from kvcheck.specs import KV_LAYOUTS, PoolSpec
     >>> target = KVCheckTarget()
     >>> pool = target.make_pool(PoolSpec(family="mha", size=8, page_size=4, layer_num=2,
     ...                                  dtype="bfloat16"), device="cpu")
@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 import kvcheck
-from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.specs import KV_LAYOUTS, POOL_FAMILIES, PoolSpec
 
 #: Pool class name -> family, most specific first (NoOp derives from MHA, DSA from MLA).
 _FAMILY_OF_CLASS: tuple[tuple[str, str], ...] = (
@@ -49,6 +49,14 @@ class KVCheckTarget:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, version={self.version!r})"
+
+    @property
+    def kv_layouts(self) -> tuple[str, ...]:
+        """The MHA layouts this target builds: all of kvcheck's, unless a subclass builds
+        its own pools (it opts in to more than token-major NHD by declaring its own)."""
+        if type(self).make_pool is KVCheckTarget.make_pool:
+            return KV_LAYOUTS
+        return ("nhd",)
 
     # --- pools ----------------------------------------------------------------------------
 

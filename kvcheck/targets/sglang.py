@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from kvcheck.geometry import latent_width
-from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.specs import KV_LAYOUTS, POOL_FAMILIES, PoolSpec
 from kvcheck.targets import _sglang_adapt as adapt
 from kvcheck.targets import _sglang_env as env
 from kvcheck.targets._sglang_findings import EXPECTED_FAILURES, SGLANG_FINDINGS
@@ -177,6 +177,7 @@ class SGLangTarget:
         self.version: str = _installed_sglang_version()
         self.unsupported: Mapping[str, str] = UNSUPPORTED
         self.pool_spec_limits: Mapping[str, Mapping[str, tuple[int, ...]]] = POOL_SPEC_LIMITS
+        self.kv_layouts: tuple[str, ...] = KV_LAYOUTS
         self.findings = SGLANG_FINDINGS
         self.expected_failures: Mapping[str, str] = EXPECTED_FAILURES
         self.cpu_notes: Mapping[str, str] = CPU_NOTES

@@ -12,15 +12,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
-from hypothesis.errors import InvalidArgument
+from hypothesis.errors import InvalidArgument, NoSuchExample
 
 from kvcheck.specs import PoolSpec
 from kvcheck.strategies import pool_specs
 from kvcheck.strategies.limits import (
     fit_spec,
     pool_spec_limit_problems,
+    pool_spec_limits_of,
     spec_limit_violations,
     within_target_limits,
 )
@@ -35,6 +36,14 @@ from kvcheck.targets import (
 from kvcheck.targets.builtin import KVCheckTarget
 
 pytest_plugins = ["pytester"]
+
+SEARCH = settings(
+    max_examples=300,
+    derandomize=True,
+    database=None,
+    phases=(Phase.generate,),
+    suppress_health_check=list(HealthCheck),
+)
 
 DSA_LIMITS = {"dsa": {"page_size": (64,), "index_head_dim": (128,)}}
 
@@ -420,3 +429,23 @@ def test_findings_are_matched_by_their_failure(
         ]
     )
     result.stdout.fnmatch_lines(["*pins a finding but failed otherwise*is not finding F1*"])
+
+
+def test_a_layout_is_drawn_only_for_targets_that_declare_it() -> None:
+    """A target that builds its own pools and declares no kv_layouts gets NHD specs only;
+    kvcheck's own target, and one declaring both layouts, get HND specs too."""
+
+    class OwnPools(KVCheckTarget):
+        def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
+            return super().make_pool(spec, device=device)
+
+    hnd = lambda spec: spec.kv_layout == "hnd"  # noqa: E731
+    assert pool_spec_limits_of(OwnPools()) == {"mha": {"kv_layout": ("nhd",)}}
+    with pytest.raises(NoSuchExample):
+        find(pool_specs(families=("mha",), target=OwnPools()), hnd, settings=SEARCH)
+    for target in (KVCheckTarget(), SimpleNamespace(name="t", kv_layouts=("nhd", "hnd"))):
+        assert find(pool_specs(families=("mha",), target=target), hnd, settings=SEARCH)
+    class HndOnly(KVCheckTarget):
+        kv_layouts = ("hnd",)  # type: ignore[assignment]
+
+    assert any(problem.startswith("kv_layouts:") for problem in check_target(HndOnly()))
