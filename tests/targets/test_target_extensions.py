@@ -445,6 +445,7 @@ def test_a_layout_is_drawn_only_for_targets_that_declare_it() -> None:
         find(pool_specs(families=("mha",), target=OwnPools()), hnd, settings=SEARCH)
     for target in (KVCheckTarget(), SimpleNamespace(name="t", kv_layouts=("nhd", "hnd"))):
         assert find(pool_specs(families=("mha",), target=target), hnd, settings=SEARCH)
+
     class HndOnly(KVCheckTarget):
         kv_layouts = ("hnd",)  # type: ignore[assignment]
 
