@@ -45,6 +45,7 @@ __all__ = [
     "num_index_pages",
     "row_bytes",
     "row_elements",
+    "scaled_fp8_latent_row_bytes",
     "tensor_nbytes",
 ]
 
@@ -66,6 +67,7 @@ FAMILY_BUFFERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 )
 
 _FP32_BYTES = 4
+_BF16_BYTES = 2
 
 
 def _checked(spec: object) -> PoolSpec:
@@ -84,6 +86,23 @@ def latent_width(spec: PoolSpec) -> int:
     """
     spec = _checked(spec)
     return spec.kv_lora_rank + spec.qk_rope_head_dim
+
+
+def scaled_fp8_latent_row_bytes(kv_lora_rank: int, qk_rope_head_dim: int) -> int:
+    """Bytes of one fp8 DSA latent row in SGLang 0.5.23's scaled layout: the
+    ``kv_lora_rank`` values in fp8, one fp32 scale per block of 128 of them, and the rope
+    part kept in bf16 (kvcheck's pools store the raw ``kv_lora_rank + qk_rope_head_dim``
+    fp8 bytes instead).
+
+    Example:
+        >>> scaled_fp8_latent_row_bytes(512, 64), 512 + 64
+        (656, 576)
+    """
+    for name, value in (("kv_lora_rank", kv_lora_rank), ("qk_rope_head_dim", qk_rope_head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}={value!r} must be an int >= 0")
+    blocks = -(-kv_lora_rank // DSA_QUANT_BLOCK)
+    return kv_lora_rank + blocks * _FP32_BYTES + qk_rope_head_dim * _BF16_BYTES
 
 
 def row_elements(spec: PoolSpec) -> tuple[int, int]:

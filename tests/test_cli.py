@@ -169,6 +169,18 @@ def test_memory_report_shows_skip_layer_saving(capsys: pytest.CaptureFixture[str
     assert "deepseek-ai/DeepSeek-V3.2: no skip layers" in out
 
 
+def test_memory_report_shows_both_fp8_dsa_latent_layouts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """At fp8 the report puts the raw latent layout beside sglang's scaled one (656 bytes a
+    layer: GLM-5.2-like's 47,700 bytes/token become 53,940); other dtypes have no such rows."""
+    assert main(["memory-report", "--model", "GLM-5.2-like", "--dtype", "float8_e4m3fn"]) == 0
+    out = capsys.readouterr().out
+    assert "raw 576 B/layer 47,700; scaled 656 B/layer (sglang 0.5.23) 53,940" in out
+    assert main(["memory-report", "--model", "GLM-5.2-like"]) == 0
+    assert "scaled 656" not in capsys.readouterr().out
+
+
 def test_memory_report_one_model(capsys: pytest.CaptureFixture[str]) -> None:
     """--model restricts the report to that model."""
     assert main(["memory-report", "--model", "Qwen/Qwen3-Embedding-8B", "--dtype", "float16"]) == 0

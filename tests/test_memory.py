@@ -185,3 +185,12 @@ def test_measure_cuda_allocation_sees_blocks(kvcheck_device: str) -> None:
         lambda: torch.zeros(0, 4, device=kvcheck_device), device=kvcheck_device
     )
     assert delta == 0 and empty.numel() == 0
+
+
+def test_scaled_fp8_latent_row_rejects_bad_widths() -> None:
+    """The scaled layout's row size names a bad width; a zero rope part is allowed."""
+    from kvcheck.geometry import scaled_fp8_latent_row_bytes
+
+    assert scaled_fp8_latent_row_bytes(128, 0) == 132
+    with pytest.raises(ValueError, match=r"kv_lora_rank=-1 must be an int >= 0"):
+        scaled_fp8_latent_row_bytes(-1, 64)

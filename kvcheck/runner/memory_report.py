@@ -133,7 +133,35 @@ def render_memory_report(
     if savings:
         lines += ["", "Skip-layer saving (skip layers honoured vs every layer allocated):"]
         lines += savings
+    layouts = _fp8_latent_layouts(rows, dtype)
+    if layouts:
+        lines += ["", "fp8 DSA latent layouts, bytes/token (kvcheck's pools use the raw one):"]
+        lines += layouts
     return "\n".join(lines)
+
+
+def _fp8_latent_layouts(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
+    """For fp8 DSA models, the cell size in kvcheck's raw latent layout beside the scaled
+    layout sglang 0.5.23 allocates for ``float8_e4m3fn`` (finding C1)."""
+    from kvcheck.geometry import scaled_fp8_latent_row_bytes
+    from kvcheck.serving import MODELS
+
+    if dtype != "float8_e4m3fn":
+        return []
+    lines = []
+    for row in rows:
+        model = MODELS[row.model]
+        if not model.is_dsa:
+            continue
+        raw = model.kv_lora_rank + model.qk_rope_head_dim
+        scaled = scaled_fp8_latent_row_bytes(model.kv_lora_rank, model.qk_rope_head_dim)
+        cell = row.cell_bytes + model.num_hidden_layers * (scaled - raw)
+        lines.append(
+            f"  {row.model} ({row.variant}): raw {raw} B/layer {row.cell_bytes:,}; "
+            f"scaled {scaled} B/layer (sglang 0.5.23) {cell:,} "
+            f"({100 * (cell - row.cell_bytes) / row.cell_bytes:+.1f}%)"
+        )
+    return lines
 
 
 def _skip_savings(rows: Sequence[MemoryRow]) -> list[str]:

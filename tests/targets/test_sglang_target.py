@@ -332,3 +332,18 @@ def test_exit_after_stale_error_filters(prelude: str, exit_code: int) -> None:
         timeout=180,
     )
     assert result.returncode == exit_code, result.stderr[-2000:]
+
+
+def test_scaled_fp8_latent_layout_is_what_sglang_sizes(target: SGLangTarget) -> None:
+    """The memory report's scaled fp8 DSA cell (kvcheck.geometry) is sglang's own figure."""
+    from kvcheck.geometry import scaled_fp8_latent_row_bytes
+    from kvcheck.serving import cell_size_bytes
+
+    model = GLM_5_2_LIKE
+    raw = model.kv_lora_rank + model.qk_rope_head_dim
+    scaled = scaled_fp8_latent_row_bytes(model.kv_lora_rank, model.qk_rope_head_dim)
+    ours = cell_size_bytes(model, dtype="float8_e4m3fn")
+    sglangs = target.cell_size_bytes(
+        model, dtype="float8_e4m3fn", is_draft=False, enable_hisparse=False
+    )
+    assert sglangs == ours + model.num_hidden_layers * (scaled - raw) == 53_940
