@@ -5,32 +5,19 @@ Light by design: nothing here runs the suite or times anything.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from script_modules import load_script
 
 import kvcheck.serving as serving
 from kvcheck.runner.profiles import CI, DEV, REPLAY, THOROUGH, explain_requested, profile_options
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while building
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.fixture(scope="module")
 def ttr() -> ModuleType:
-    return _load("bench_time_to_report")
+    return load_script("bench_time_to_report")
 
 
 def test_rule_list_matches_the_serving_rules(ttr: ModuleType) -> None:

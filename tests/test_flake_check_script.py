@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 import sys
 
 import pytest
-
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "flake_check.py"
+from script_modules import load_script
 
 
 @pytest.fixture(scope="module")
 def flake_check():
-    spec = importlib.util.spec_from_file_location("flake_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    # dataclasses resolve their annotations through sys.modules while the module loads
-    sys.modules[spec.name] = module
     try:
-        spec.loader.exec_module(module)
-        yield module
+        yield load_script("flake_check")
     finally:
-        del sys.modules[spec.name]
+        sys.modules.pop("flake_check", None)
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from kvcheck.validation import check_type
 __all__ = [
     "PoolSpecLimits",
     "fit_spec",
+    "kv_layouts_problem",
     "pool_spec_limit_problems",
     "pool_spec_limits_of",
     "spec_limit_violations",
@@ -86,18 +87,27 @@ def pool_spec_limits_of(target: object) -> PoolSpecLimits:
         {}
     """
     declared = getattr(target, "pool_spec_limits", None) or {}
-    layouts = tuple(getattr(target, "kv_layouts", None) or ("nhd",))
-    unknown = [layout for layout in layouts if layout not in KV_LAYOUTS]
-    if unknown or "nhd" not in layouts:
-        raise InvalidArgument(
-            f"target {getattr(target, 'name', target)!r}: kv_layouts={layouts!r} must include "
-            f"'nhd' and hold only {KV_LAYOUTS}"
-        )
+    layouts = getattr(target, "kv_layouts", None) or ("nhd",)
+    problem = kv_layouts_problem(layouts)
+    if problem:
+        raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
     if set(layouts) == set(KV_LAYOUTS):
         return declared
     merged = {family: dict(fields) for family, fields in declared.items()}
     merged.setdefault("mha", {}).setdefault("kv_layout", layouts)
     return merged
+
+
+def kv_layouts_problem(layouts: object) -> str | None:
+    """What is wrong with a target's ``kv_layouts`` declaration, or None.
+
+    Example:
+        >>> kv_layouts_problem(("nhd", "hnd")), kv_layouts_problem(("hnd",))
+        (None, "kv_layouts=('hnd',) must be a tuple with 'nhd', of ('nhd', 'hnd')")
+    """
+    if not isinstance(layouts, tuple) or "nhd" not in layouts or set(layouts) - set(KV_LAYOUTS):
+        return f"kv_layouts={layouts!r} must be a tuple with 'nhd', of {KV_LAYOUTS}"
+    return None
 
 
 def spec_limit_violations(target: object, spec: PoolSpec) -> list[str]:
@@ -167,12 +177,13 @@ def _fitted(
 def within_target_limits(
     target: object, specs: st.SearchStrategy[PoolSpec]
 ) -> st.SearchStrategy[PoolSpec]:
-    """``specs`` with every drawn spec moved inside the target's ``pool_spec_limits``.
+    """``specs`` with every drawn spec moved inside the target's limits
+    (:func:`pool_spec_limits_of`: its ``pool_spec_limits`` and the MHA layouts it builds).
 
     A spec whose family has limits keeps the fields already inside them; each field
     outside is redrawn from the accepted values (``page_size`` through :func:`fit_spec`,
     so capacities stay whole pages and keep their number of pages). Nothing is filtered,
-    and a target without limits gets ``specs`` itself.
+    and a target without limits (one declaring every layout) gets ``specs`` itself.
 
     Malformed limits raise ``InvalidArgument`` naming the target. Shrinks as ``specs``
     does, with each redrawn field towards its first accepted value.

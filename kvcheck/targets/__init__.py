@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kvcheck.specs import KV_LAYOUTS, POOL_FAMILIES
+from kvcheck.specs import POOL_FAMILIES
 from kvcheck.targets.base import CAPABILITIES, FAMILY_SEPARATOR, OPTIONAL_MEMBERS, Target
 
 __all__ = [
@@ -326,10 +326,12 @@ def _optional_member_problems(target: object) -> list[str]:
 
         problems.extend(pool_spec_limit_problems(limits))
     layouts = getattr(target, "kv_layouts", None)
-    if layouts is not None and (
-        not isinstance(layouts, tuple) or "nhd" not in layouts or set(layouts) - set(KV_LAYOUTS)
-    ):
-        problems.append(f"kv_layouts: {layouts!r} (a tuple with 'nhd', of {KV_LAYOUTS})")
+    if layouts is not None:
+        from kvcheck.strategies.limits import kv_layouts_problem
+
+        problem = kv_layouts_problem(layouts)
+        if problem:
+            problems.append(problem)
     return problems
 
 

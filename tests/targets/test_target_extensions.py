@@ -449,4 +449,4 @@ def test_a_layout_is_drawn_only_for_targets_that_declare_it() -> None:
     class HndOnly(KVCheckTarget):
         kv_layouts = ("hnd",)  # type: ignore[assignment]
 
-    assert any(problem.startswith("kv_layouts:") for problem in check_target(HndOnly()))
+    assert any(problem.startswith("kv_layouts=") for problem in check_target(HndOnly()))
