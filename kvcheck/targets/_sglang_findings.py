@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 from kvcheck.targets.findings import Finding
 
@@ -73,107 +74,98 @@ def _pinned(*patterns: str) -> tuple[str, ...]:
     return tuple(f"test_sglang_findings.py::{pattern}" for pattern in patterns)
 
 
+def _finding(finding_id: str, pinned: tuple[str, ...] = (), **signature: Any) -> Finding:
+    """The finding ``finding_id`` with its summary from :data:`FINDINGS`, pinned by
+    ``pinned`` or else by its own tests (``test_<id>_*`` in the findings test file)."""
+    return Finding(
+        finding_id,
+        FINDINGS[finding_id],
+        pinned=pinned or _pinned(f"test_{finding_id.lower()}_*"),
+        **signature,
+    )
+
+
 #: Every finding the suite makes on sglang 0.5.23, each matched by the failure it causes. The
 #: suite steers around them (``steer`` tags, :data:`kvcheck.machines.STEER_TAGS`, or by
 #: rejecting the example) and keeps checking the rest; each is pinned by the tests named
 #: in ``pinned``, which must fail with exactly it.
 SGLANG_FINDINGS: tuple[Finding, ...] = (
-    Finding(
+    _finding(
         "N1",
-        FINDINGS["N1"],
         check="raises",
         call="load_cpu_copy",
         family="noop",
         steer=frozenset({"noop:host_reload"}),
-        pinned=_pinned("test_n1_*"),
     ),
-    Finding(
+    _finding(
         "N3",
-        FINDINGS["N3"],
         check="raises",
         call="get_cpu_copy",
         family="noop",
         steer=frozenset({"noop:host_copy"}),
-        pinned=_pinned("test_n3_*"),
     ),
-    Finding(
+    _finding(
         "L1",
-        FINDINGS["L1"],
         check="raises",
         call="*_cpu_copy",
         kind="AssertionError*",
         family="mha:hnd",
         steer=frozenset({"mha:hnd:host_copy", "mha:hnd:host_reload"}),
-        pinned=_pinned("test_l1_*"),
     ),
-    Finding(
+    _finding(
         "L2",
-        FINDINGS["L2"],
         check="contiguous_buf_infos",
         call="get_contiguous_buf_infos",
         kind="raises AssertionError",
         family="mha:hnd",
         steer=frozenset({"mha:hnd:contiguous_buf_infos"}),
-        pinned=_pinned("test_l2_*"),
     ),
-    Finding(
+    _finding(
         "N4",
-        FINDINGS["N4"],
         check="contiguous_buf_infos",
         call="get_contiguous_buf_infos",
         kind="raises*",
         family="noop",
         steer=frozenset({"noop:contiguous_buf_infos"}),
-        pinned=_pinned("test_n4_*"),
     ),
-    Finding(
+    _finding(
         "N5",
-        FINDINGS["N5"],
         check="raises",
         call="set_kv_buffer_prefix_valid",
         family="noop",
         steer=frozenset({"noop:write_prefix_valid"}),
-        pinned=_pinned("test_n5_*"),
     ),
-    Finding(
+    _finding(
         "W1",
-        FINDINGS["W1"],
         check="caller_tensors",
         call="set_kv_buffer",
         kind="data changed",
         steer=frozenset({"cast_write:scales"}),
-        pinned=_pinned("test_w1_*"),
     ),
-    Finding(
+    _finding(
         "M1",
-        FINDINGS["M1"],
         check="bytes",
         call="set_mla_kv_buffer",
         kind="kv_buffer differs at row 0",
         steer=frozenset({"write_mla:slot0"}),
-        pinned=_pinned("test_m1_*"),
     ),
-    Finding(
+    _finding(
         "H1",
-        FINDINGS["H1"],
         check="bytes",
         call="load_cpu_copy",
         kind="index_k_with_scale_buffer differs*",
         family="dsa",
         steer=frozenset({"dsa:host_copy:partial_pages"}),
-        pinned=_pinned("test_h1_*"),
     ),
-    Finding(
+    _finding(
         "V1",
-        FINDINGS["V1"],
         check="validation",
         call="validate_server_args",
         kind="*instead of rule fp4_kv_cache_dtype (kv_cache_dtype='fp4_e2m1')",
         pinned=("test_serving_validation.py::test_each_rule_alone_rejects[kv-fp4_e2m1]",),
     ),
-    Finding(
+    _finding(
         "V2",
-        FINDINGS["V2"],
         check="validation",
         call="validate_server_args",
         kind="an error naming rules () instead of rule fa_prefill_backend",
@@ -190,41 +182,33 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
             )
         ),
     ),
-    Finding(
+    _finding(
         "P1",
-        FINDINGS["P1"],
         check="selection",
         call="select_pool_family",
         kind="built noop instead of mha for a draft worker",
         pinned=("test_serving_selection.py::test_named_models[qwen3-embedding-8b-flag-on-draft]",),
     ),
-    Finding(
+    _finding(
         "P2",
-        FINDINGS["P2"],
         check="selection",
         call="select_pool_family",
         kind="built noop instead of refusing the FP4 MHA KV pool",
-        pinned=_pinned("test_p2_*"),
     ),
-    Finding(
+    _finding(
         "K1",
-        FINDINGS["K1"],
         check="skip_rule",
         call="dsa_layer_skips_topk",
         kind="AssertionError instead of ValueError",
-        pinned=_pinned("test_k1_*"),
     ),
-    Finding(
+    _finding(
         "A1",
-        FINDINGS["A1"],
         check="accounting",
         kind="fused K/V page padding unreported",
         family="mha",
-        pinned=_pinned("test_a1_*"),
     ),
-    Finding(
+    _finding(
         "C1",
-        FINDINGS["C1"],
         check="cell_size",
         kind="differs (dsa float8_e4m3fn*",
         pinned=(
@@ -240,10 +224,9 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         pinned=("test_serving_configurator.py::test_named_capacities_fit[glm-5.2-like-1gib-fp8]",),
     ),
     # HiSparse also lowers capacity; the suffix matches any check of a HiSparse configuration.
-    Finding("C2", FINDINGS["C2"], kind="*, hisparse)", pinned=_pinned("test_c2_*")),
-    Finding(
+    _finding("C2", kind="*, hisparse)"),
+    _finding(
         "C3",
-        FINDINGS["C3"],
         check="capacity",
         kind="over the budget by less than a page*",
         pinned=(
@@ -251,15 +234,12 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
             "test_serving_configurator.py::test_named_capacities_fit[*-60gib-bf16]",
         ),
     ),
-    Finding(
+    _finding(
         "C4",
-        FINDINGS["C4"],
         kind="raised AssertionError (dsa float8_e4m3fn*",
-        pinned=_pinned("test_c4_*"),
     ),
-    Finding(
+    _finding(
         "I",
-        FINDINGS["I"],
         check="raises",
         kind="*instead of ValueError",
         pinned=_pinned("test_i_bad_operation_is_rejected[*]", "test_i9_*"),
