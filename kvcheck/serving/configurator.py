@@ -216,43 +216,28 @@ def max_total_num_tokens(
     _check_count("budget_bytes", budget_bytes, minimum=0)
     _check_count("page_size", page_size, minimum=1)
 
+    options: dict[str, Any] = {
+        "dtype": dtype,
+        "is_draft_worker": is_draft_worker,
+        "enable_hisparse": enable_hisparse,
+        "start_layer": start_layer,
+        "layer_num": layer_num,
+    }
+
     def fits(pages: int) -> bool:
-        needed = pool_bytes(
-            config,
-            num_tokens=pages * page_size,
-            dtype=dtype,
-            page_size=page_size,
-            is_draft_worker=is_draft_worker,
-            enable_hisparse=enable_hisparse,
-            start_layer=start_layer,
-            layer_num=layer_num,
+        return (
+            pool_bytes(config, num_tokens=pages * page_size, page_size=page_size, **options)
+            <= budget_bytes
         )
-        return needed <= budget_bytes
 
     if not fits(1):
-        minimum = pool_bytes(
-            config,
-            num_tokens=page_size,
-            dtype=dtype,
-            page_size=page_size,
-            is_draft_worker=is_draft_worker,
-            enable_hisparse=enable_hisparse,
-            start_layer=start_layer,
-            layer_num=layer_num,
-        )
+        minimum = pool_bytes(config, num_tokens=page_size, page_size=page_size, **options)
         raise ValueError(
             f"budget_bytes={budget_bytes} is below the minimum of {minimum} bytes that "
             f"{config.name!r} needs for one page of page_size={page_size} tokens "
             "(plus the padding page)"
         )
-    cell = cell_size_bytes(
-        config,
-        dtype=dtype,
-        is_draft_worker=is_draft_worker,
-        enable_hisparse=enable_hisparse,
-        start_layer=start_layer,
-        layer_num=layer_num,
-    )
+    cell = cell_size_bytes(config, **options)
     # pool_bytes(n) >= n * cell, so no page count above budget // cell // page_size fits;
     # pool_bytes grows with n, so binary search finds the last page count that fits.
     lo, hi = 1, max(1, budget_bytes // cell // page_size)
