@@ -56,6 +56,8 @@ from typing import Any
 import pytest
 
 __all__ = ["KVCheckSession"]
+#: The shipped suite runs its cheapest properties first (see the module).
+pytest_plugins = ["kvcheck.runner.order"]
 
 _TARGET_OPTION = "--kvcheck-target"
 _DEVICE_OPTION = "--kvcheck-device"
