@@ -8,14 +8,12 @@ failing example reproduces from its printed form alone.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from kvcheck.attention._checks import check_window
+from kvcheck.attention._checks import AttentionOptions, check_softcap, check_window
 from kvcheck.validation import check_bool, check_valid_integer
 
 
@@ -62,8 +60,7 @@ class VarlenBatch:
             )
         check_window(self.window)
         check_bool(self.causal, "causal", error=ValueError)
-        if not math.isfinite(self.softcap) or self.softcap < 0:
-            raise ValueError(f"softcap={self.softcap!r} must be finite and >= 0")
+        check_softcap(self.softcap)
 
     @property
     def total_tokens(self) -> int:
@@ -83,7 +80,7 @@ class VarlenBatch:
         return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
     @property
-    def attention_options(self) -> dict[str, Any]:
+    def attention_options(self) -> AttentionOptions:
         """The keyword options every attention entry point takes for this batch."""
         return {"causal": self.causal, "window": self.window, "softcap": self.softcap}
 
