@@ -30,7 +30,6 @@ from kvcheck.attention.batch import PagedLayout, VarlenBatch
 from kvcheck.attention.padding import append_padding_segment
 from kvcheck.attention.paged import (
     READ_APIS,
-    LayerRef,
     ReadApi,
     paged_attention,
     write_kv_by_page,
@@ -203,6 +202,13 @@ def _pool_call(
         ) from exc
 
 
+def _write_layer(family: str, context: str, **write: Any) -> None:
+    """``write_kv_by_page(**write)``; any exception it raises is the target's failure."""
+    __tracebackhide__ = True
+    call = f"set_kv_buffer(layer_id={write['layer_id']})"
+    _pool_call("set_kv_buffer", call, family, context, write_kv_by_page, **write)
+
+
 def _fill_decoy_layers(
     pool: Any,
     batch: VarlenBatch,
@@ -214,23 +220,14 @@ def _fill_decoy_layers(
     context: str,
 ) -> None:
     """Write unrelated K/V at the same slots of every layer but the checked one."""
-    slots = torch.tensor(layout.token_slots(batch.seq_lens), dtype=torch.int64, device=device)
+    pages = {"cu_seqlens": batch.cu_seqlens_tensor(device=device)}
+    pages["page_table"] = layout.page_table_tensor(device=device)
     checked = spec.start_layer + CHECKED_LAYER
     for layer_id in spec.layer_ids:
         if layer_id != checked:
             # A different draw per layer: a read of either neighbour is told apart.
             _, k, v = batch.make_qkv(dtype=dtype, device=device, salt=7 + layer_id)
-            _pool_call(
-                "set_kv_buffer",
-                f"set_kv_buffer(layer_id={layer_id})",
-                spec.family,
-                context,
-                pool.set_kv_buffer,
-                LayerRef(layer_id),
-                slots,
-                k,
-                v,
-            )
+            _write_layer(spec.family, context, pool=pool, layer_id=layer_id, k=k, v=v, **pages)
 
 
 def check_paged_matches_raw(
@@ -274,37 +271,15 @@ def check_paged_matches_raw(
     )
     _fill_decoy_layers(pool, batch, layout, spec, dtype=dtype, device=device, context=context)
     layer_id = start_layer + CHECKED_LAYER
-    _pool_call(
-        "set_kv_buffer",
-        f"set_kv_buffer(layer_id={layer_id})",
-        spec.family,
-        context,
-        write_kv_by_page,
-        pool,
-        layer_id=layer_id,
-        k=k,
-        v=v,
-        cu_seqlens=cu,
-        page_table=table,
-    )
+    pages = {"cu_seqlens": cu, "page_table": table}
+    _write_layer(spec.family, context, pool=pool, layer_id=layer_id, k=k, v=v, **pages)
+    args = (q, pool, cu, batch.max_seqlen)
+    paged_options = {**options, "layer_id": layer_id, "page_table": table, "backend": backend}
     read: ReadApi
     for read in ("split", "kv"):
         call = f"{READ_APIS[read]}(layer_id={layer_id})"
         paged = _pool_call(
-            READ_APIS[read],
-            call,
-            spec.family,
-            context,
-            paged_fn,
-            q,
-            pool,
-            cu,
-            batch.max_seqlen,
-            layer_id=layer_id,
-            page_table=table,
-            backend=backend,
-            read=read,
-            **options,
+            READ_APIS[read], call, spec.family, context, paged_fn, *args, read=read, **paged_options
         )
         assert_outputs_close(
             paged,
@@ -466,39 +441,20 @@ def check_noop_pool_matches_full_pool(
     cu = batch.cu_seqlens_tensor(device=device)
     table = layout.page_table_tensor(device=device)
     layer_id = start_layer + CHECKED_LAYER
-    options = {**batch.attention_options, "layer_id": layer_id, "page_table": table}
     _assert_write_refused(
         noop_pool, layer_id=layer_id, k=k, v=v, cu=cu, table=table, context=context
     )
-    skipped = prefill_fn(
-        q,
-        k,
-        v,
-        cu,
-        batch.max_seqlen,
-        pool=noop_pool,
-        skip_kv_cache=True,
-        backend=backend,
-        **options,
-    )
+    args = (q, k, v, cu, batch.max_seqlen)
+    options = {**batch.attention_options, "layer_id": layer_id, "page_table": table}
+    options["backend"] = backend
+    skipped = prefill_fn(*args, pool=noop_pool, skip_kv_cache=True, **options)
     _fill_decoy_layers(
         full_pool, batch, layout, specs["mha"], dtype=dtype, device=device, context=context
     )
+    call = f"prefill_attention(layer_id={layer_id}) through the full pool"
+    full = {"pool": full_pool, "skip_kv_cache": False}
     paged = _pool_call(
-        "prefill_attention",
-        f"prefill_attention(layer_id={layer_id}) through the full pool",
-        "mha",
-        context,
-        prefill_fn,
-        q,
-        k,
-        v,
-        cu,
-        batch.max_seqlen,
-        pool=full_pool,
-        skip_kv_cache=False,
-        backend=backend,
-        **options,
+        "prefill_attention", call, "mha", context, prefill_fn, *args, **full, **options
     )
     # The raw-K/V path is kvcheck's own attention, the paged one runs the target's pool:
     # the raw outputs are what the pool's should be.
