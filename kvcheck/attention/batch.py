@@ -88,6 +88,20 @@ class VarlenBatch:
         """``cu_seqlens`` as the int32 tensor flash-attn expects."""
         return torch.tensor(self.cu_seqlens, dtype=torch.int32, device=device)
 
+    def attention_args(
+        self, *, dtype: torch.dtype, device: torch.device | str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """``(q, k, v, cu_seqlens, max_seqlen)``: the positional arguments of a varlen call.
+
+        Example:
+            >>> batch = VarlenBatch(seq_lens=(1, 3), num_heads=4, num_kv_heads=2, head_dim=8)
+            >>> q, k, v, cu, max_seqlen = batch.attention_args(dtype=torch.float32, device="cpu")
+            >>> tuple(q.shape), cu.tolist(), max_seqlen
+            ((4, 4, 8), [0, 1, 4], 3)
+        """
+        q, k, v = self.make_qkv(dtype=dtype, device=device)
+        return q, k, v, self.cu_seqlens_tensor(device=device), self.max_seqlen
+
     def make_qkv(
         self, *, dtype: torch.dtype, device: torch.device | str, salt: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

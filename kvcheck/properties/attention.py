@@ -163,16 +163,9 @@ def paged_case(
     spec = attention_pool_spec(batch, layout, dtype=dtype, start_layer=start_layer)
     if make_pool is None:
         make_pool = target_pool_factory(_builtin_target(), device=device)
-    q, k, v = batch.make_qkv(dtype=dtype, device=device)
-    return PagedCase(
-        pool=make_pool(spec),
-        spec=spec,
-        q=q,
-        k=k,
-        v=v,
-        cu_seqlens=batch.cu_seqlens_tensor(device=device),
-        page_table=layout.page_table_tensor(device=device),
-    )
+    q, k, v, cu, _ = batch.attention_args(dtype=dtype, device=device)
+    table = layout.page_table_tensor(device=device)
+    return PagedCase(make_pool(spec), spec, q, k, v, cu_seqlens=cu, page_table=table)
 
 
 def _builtin_target() -> Any:
@@ -437,14 +430,13 @@ def check_noop_pool_matches_full_pool(
     }
     make_pool = target_pool_factory(target, device=device)
     noop_pool, full_pool = make_pool(specs["noop"]), make_pool(specs["mha"])
-    q, k, v = batch.make_qkv(dtype=dtype, device=device)
-    cu = batch.cu_seqlens_tensor(device=device)
+    args = batch.attention_args(dtype=dtype, device=device)
+    _, k, v, cu, _ = args
     table = layout.page_table_tensor(device=device)
     layer_id = start_layer + CHECKED_LAYER
     _assert_write_refused(
         noop_pool, layer_id=layer_id, k=k, v=v, cu=cu, table=table, context=context
     )
-    args = (q, k, v, cu, batch.max_seqlen)
     options = {**batch.attention_options, "layer_id": layer_id, "page_table": table}
     options["backend"] = backend
     skipped = prefill_fn(*args, pool=noop_pool, skip_kv_cache=True, **options)
@@ -509,13 +501,13 @@ def check_padding_segment_isolates_real_tokens(
         >>> check_padding_segment_isolates_real_tokens(batch, pad_tokens=5,
         ...     dtype=torch.float32, device="cpu")
     """
-    q, k, v = batch.make_qkv(dtype=dtype, device=device)
-    cu = batch.cu_seqlens_tensor(device=device)
+    args = batch.attention_args(dtype=dtype, device=device)
     options = {**batch.attention_options, "backend": backend}
-    unpadded = attention_fn(q, k, v, cu, batch.max_seqlen, **options)
+    unpadded = attention_fn(*args, **options)
 
+    *_, cu, max_seqlen = args
     qp, kp, vp = padded_batch_tensors(batch, pad_tokens=pad_tokens, dtype=dtype, device=device)
-    cu_padded, max_padded = pad_fn(cu, batch.max_seqlen, num_tokens=qp.shape[0])
+    cu_padded, max_padded = pad_fn(cu, max_seqlen, num_tokens=qp.shape[0])
     padded = attention_fn(qp, kp, vp, cu_padded, max_padded, **options)
     context = _context(batch=batch, pad_tokens=pad_tokens, dtype=dtype, backend=backend)
     nan_rows = padded.isnan().flatten(1).any(dim=1).nonzero().flatten().tolist()
@@ -550,14 +542,13 @@ def check_flash_matches_reference(
         >>> check_flash_matches_reference(batch, dtype=torch.bfloat16, device="cpu",
         ...                               flash_fn=torch_fn)
     """
-    q, k, v = batch.make_qkv(dtype=dtype, device=device)
-    cu = batch.cu_seqlens_tensor(device=device)
+    args = batch.attention_args(dtype=dtype, device=device)
     options = batch.attention_options
-    expected = varlen_attention(q, k, v, cu, batch.max_seqlen, backend="torch", **options)
+    expected = varlen_attention(*args, backend="torch", **options)
     if flash_fn is None:
-        actual = varlen_attention(q, k, v, cu, batch.max_seqlen, backend="flash", **options)
+        actual = varlen_attention(*args, backend="flash", **options)
     else:
-        actual = flash_fn(q, k, v, cu, batch.max_seqlen, **options)
+        actual = flash_fn(*args, **options)
     assert_outputs_close(
         actual,
         expected,
@@ -597,10 +588,10 @@ def check_causal_suffix_matches_full(
     for s, (m, n) in enumerate(zip(query_lens, batch.seq_lens, strict=True)):
         if not 0 <= m <= n:
             raise ValueError(f"query_lens[{s}]={m} not in [0, seq_lens[{s}]={n}]")
-    q, k, v = batch.make_qkv(dtype=dtype, device=device)
-    cu = batch.cu_seqlens_tensor(device=device)
+    args = batch.attention_args(dtype=dtype, device=device)
+    q, k, v, cu, _ = args
     options = {**batch.attention_options, "backend": backend}
-    full = attention_fn(q, k, v, cu, batch.max_seqlen, **options)
+    full = attention_fn(*args, **options)
 
     rows = torch.cat(
         [
