@@ -2,7 +2,9 @@
 
 Every backend (torch reference, flash-attn, paged) validates through here first, so
 a bad call gets the same ``ValueError`` whichever backend would have served it, and
-no backend ever sees offsets it could silently misread.
+no backend ever sees offsets it could silently misread. The attention options' names
+and types (:class:`AttentionOptions`, :class:`VarlenOptions`) and their defaults
+(:func:`check_varlen_call`) live here too, once for every entry point.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ class VarlenOptions(AttentionOptions, total=False):
     """:class:`AttentionOptions` and the keys' own offsets (cross-attention, query suffixes).
 
     ``cu_seqlens_k`` / ``max_seqlen_k`` default to the query's (self-attention).
+
+    Example:
+        >>> sorted(set(VarlenOptions.__annotations__) - set(AttentionOptions.__annotations__))
+        ['cu_seqlens_k', 'max_seqlen_k']
     """
 
     cu_seqlens_k: torch.Tensor | None
