@@ -6,7 +6,9 @@ raw-K/V attention equals attention read back from the paged cache. This package 
 both paths and the checks that compare them:
 
 * ``varlen_attention``: flash-attn when installed and able (CUDA, fp16/bf16), else the
-  torch reference with the same semantics (``reference_varlen_attention``);
+  torch reference with the same semantics (``reference_varlen_attention``); every entry
+  point takes flash-attn's keyword options (``AttentionOptions``, ``VarlenOptions``),
+  validated in one place;
 * ``paged_attention`` / ``write_kv_by_page``: K/V through an MHA pool by page table,
   written with ``set_kv_buffer`` and read back only through the pool's read API
   (``get_key_buffer``/``get_value_buffer`` or ``get_kv_buffer``, see ``READ_APIS``);
@@ -25,6 +27,7 @@ Example:
     torch.Size([4, 2, 8])
 """
 
+from kvcheck.attention._checks import AttentionOptions, VarlenOptions
 from kvcheck.attention.batch import PagedLayout, VarlenBatch, scrambled_layout
 from kvcheck.attention.flash import (
     flash_attn_available,
@@ -50,10 +53,12 @@ __all__ = [
     "BACKENDS",
     "READ_APIS",
     "TOLERANCES",
+    "AttentionOptions",
     "LayerRef",
     "PagedLayout",
     "Tolerance",
     "VarlenBatch",
+    "VarlenOptions",
     "append_padding_segment",
     "assert_outputs_close",
     "attention_mask",

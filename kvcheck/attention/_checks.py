@@ -2,27 +2,90 @@
 
 Every backend (torch reference, flash-attn, paged) validates through here first, so
 a bad call gets the same ``ValueError`` whichever backend would have served it, and
-no backend ever sees offsets it could silently misread.
+no backend ever sees offsets it could silently misread. The attention options' names
+and types (:class:`AttentionOptions`, :class:`VarlenOptions`) and their defaults
+(:func:`check_varlen_call`) live here too, once for every entry point.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
 from kvcheck.validation import check_bool, check_valid_integer
 
+if TYPE_CHECKING:  # typing.Required is Python 3.11+; never evaluated at run time
+    from typing import Required
+
 #: dtypes the attention paths accept for q, k and v (fp8 caches are not attended directly).
 ATTENTION_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class AttentionOptions(TypedDict, total=False):
+    """The options every attention entry point takes, under flash-attn's keyword names.
+
+    Entry points take them as ``**options: Unpack[AttentionOptions]``, so a type checker
+    sees the same keyword-only parameters everywhere; ``causal`` is required and the
+    defaults (``softmax_scale=None``: ``1/sqrt(head_dim)``, ``window=(-1, -1)``,
+    ``softcap=0.0``) live in :func:`check_varlen_call` alone.
+
+    Example:
+        >>> options: AttentionOptions = {"causal": True, "window": (4, 0)}
+        >>> sorted(AttentionOptions.__annotations__)
+        ['causal', 'softcap', 'softmax_scale', 'window']
+    """
+
+    causal: Required[bool]
+    softmax_scale: float | None
+    window: tuple[int, int]
+    softcap: float
+
+
+class VarlenOptions(AttentionOptions, total=False):
+    """:class:`AttentionOptions` and the keys' own offsets (cross-attention, query suffixes).
+
+    ``cu_seqlens_k`` / ``max_seqlen_k`` default to the query's (self-attention).
+
+    Example:
+        >>> sorted(set(VarlenOptions.__annotations__) - set(AttentionOptions.__annotations__))
+        ['cu_seqlens_k', 'max_seqlen_k']
+    """
+
+    cu_seqlens_k: torch.Tensor | None
+    max_seqlen_k: int | None
+
+
+def check_option_names(function: str, options: Mapping[str, object], allowed: type) -> None:
+    """Raise ``TypeError``, as explicit keyword-only parameters would, on a missing
+    ``causal`` or an option ``allowed`` (a TypedDict above) lacks.
+
+    For entry points that forward ``**options`` to a callee that takes more of them, or
+    that act (write a pool) before the callee would see them.
+
+    Example:
+        >>> check_option_names("paged_attention", {"causal": True}, AttentionOptions)
+    """
+    if "causal" not in options:  # Required[...] is not visible at run time
+        raise TypeError(f"{function}() missing 1 required keyword-only argument: 'causal'")
+    for name in options:
+        if name not in allowed.__annotations__:
+            raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
 
 
 @dataclass(frozen=True)
 class VarlenCall:
     """A validated varlen call, with the segment bounds read once as Python ints."""
 
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    #: the keys' offsets and longest segment (the query's unless given)
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_k: int
     q_bounds: tuple[tuple[int, int], ...]
     k_bounds: tuple[tuple[int, int], ...]
     softmax_scale: float
@@ -91,16 +154,43 @@ def segment_bounds(
     return tuple(itertools.pairwise(offsets))
 
 
-def _check_max_seqlen(
-    name: str, value: object, bounds: tuple[tuple[int, int], ...], cu_name: str
-) -> None:
-    limit = check_valid_integer(value, name, min_value=0, error=ValueError)
+def _segments(
+    cu_name: str,
+    cu_seqlens: object,
+    max_name: str,
+    max_seqlen: object,
+    x: torch.Tensor,
+    x_name: str,
+) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Segment bounds of ``cu_seqlens`` over ``x``'s tokens, and the checked ``max_seqlen``."""
+    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != x.device:
+        # x is q or k, which were checked to share q's device.
+        raise ValueError(f"{cu_name}.device={cu_seqlens.device} != q.device={x.device}")
+    bounds = segment_bounds(
+        cu_seqlens, name=cu_name, num_tokens=x.shape[0], tokens_name=f"{x_name}.shape[0]"
+    )
+    limit = check_valid_integer(max_seqlen, max_name, min_value=0, error=ValueError)
     longest = max((end - start for start, end in bounds), default=0)
     if longest > limit:
         raise ValueError(
-            f"{name}={value} < {longest}, the longest segment in {cu_name}; "
+            f"{max_name}={max_seqlen} < {longest}, the longest segment in {cu_name}; "
             "flash-attn would skip the rows beyond max_seqlen"
         )
+    return bounds, limit
+
+
+def check_softcap(softcap: object) -> float:
+    """Validate a flash-attn ``softcap``: a finite float >= 0 (0.0 disables it).
+
+    Example:
+        >>> check_softcap(30)
+        30.0
+    """
+    if isinstance(softcap, bool) or not isinstance(softcap, int | float):
+        raise ValueError(f"softcap={softcap!r} must be a float (0.0 disables it)")
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap={softcap!r} must be finite and >= 0 (0.0 disables it)")
+    return float(softcap)
 
 
 def check_window(window: object) -> tuple[int, int]:
@@ -130,24 +220,23 @@ def check_varlen_call(
     max_seqlen: object,
     *,
     causal: object,
-    softmax_scale: object,
-    window: object,
-    softcap: object,
+    softmax_scale: object = None,
+    window: object = (-1, -1),
+    softcap: object = 0.0,
     cu_seqlens_k: object = None,
     max_seqlen_k: object = None,
 ) -> VarlenCall:
     """Validate a varlen attention call; raise ``ValueError`` naming the bad argument.
 
-    ``cu_seqlens_k`` / ``max_seqlen_k`` default to the query's (self-attention, as in
-    embedding prefill).
+    The one home of the options' defaults (:class:`VarlenOptions`): ``cu_seqlens_k`` /
+    ``max_seqlen_k`` default to the query's (self-attention, as in embedding prefill).
 
     Example:
         >>> q = torch.zeros(3, 4, 8); kv = torch.zeros(3, 2, 8)
         >>> cu = torch.tensor([0, 1, 3], dtype=torch.int32)
-        >>> call = check_varlen_call(q, kv, kv, cu, 2, causal=True, softmax_scale=None,
-        ...                          window=(-1, -1), softcap=0.0)
-        >>> call.q_bounds, call.group_size
-        (((0, 1), (1, 3)), 2)
+        >>> call = check_varlen_call(q, kv, kv, cu, 2, causal=True)
+        >>> call.q_bounds, call.group_size, call.window
+        (((0, 1), (1, 3)), 2, (-1, -1))
     """
     q = _check_rank3("q", q, "([total_q, num_heads, head_dim])")
     k = _check_rank3("k", k, "([total_k, num_kv_heads, head_dim])")
@@ -173,37 +262,24 @@ def check_varlen_call(
             f"k.shape[1]={num_kv_heads} KV heads (GQA groups query heads per KV head)"
         )
 
-    if isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device != q.device:
-        raise ValueError(f"cu_seqlens.device={cu_seqlens.device} != q.device={q.device}")
-    q_bounds = segment_bounds(
-        cu_seqlens, name="cu_seqlens", num_tokens=q.shape[0], tokens_name="q.shape[0]"
-    )
-    _check_max_seqlen("max_seqlen", max_seqlen, q_bounds, "cu_seqlens")
+    q_bounds, max_q = _segments("cu_seqlens", cu_seqlens, "max_seqlen", max_seqlen, q, "q")
     if cu_seqlens_k is None:
         if max_seqlen_k is not None:
             raise ValueError(f"max_seqlen_k={max_seqlen_k!r} given without cu_seqlens_k")
-        k_cu_name = "cu_seqlens"
-        k_bounds = segment_bounds(
-            cu_seqlens, name=k_cu_name, num_tokens=k.shape[0], tokens_name="k.shape[0]"
-        )
+        # Same offsets, so the same longest segment: only k's token count is new.
+        k_bounds, _ = _segments("cu_seqlens", cu_seqlens, "max_seqlen", max_q, k, "k")
+        cu_seqlens_k, max_k = cu_seqlens, max_q
     else:
-        if isinstance(cu_seqlens_k, torch.Tensor) and cu_seqlens_k.device != q.device:
-            raise ValueError(f"cu_seqlens_k.device={cu_seqlens_k.device} != q.device={q.device}")
-        k_bounds = segment_bounds(
-            cu_seqlens_k, name="cu_seqlens_k", num_tokens=k.shape[0], tokens_name="k.shape[0]"
+        max_seqlen_k = max_q if max_seqlen_k is None else max_seqlen_k
+        k_bounds, max_k = _segments(
+            "cu_seqlens_k", cu_seqlens_k, "max_seqlen_k", max_seqlen_k, k, "k"
         )
         if len(k_bounds) != len(q_bounds):
             raise ValueError(
                 f"cu_seqlens_k has {len(k_bounds)} segments but cu_seqlens has "
                 f"{len(q_bounds)}; they must describe the same sequences"
             )
-        _check_max_seqlen(
-            "max_seqlen_k",
-            max_seqlen if max_seqlen_k is None else max_seqlen_k,
-            k_bounds,
-            "cu_seqlens_k",
-        )
-
+    assert isinstance(cu_seqlens, torch.Tensor) and isinstance(cu_seqlens_k, torch.Tensor)
     is_causal = check_bool(causal, "causal", error=ValueError)
     if softmax_scale is None:
         scale = 1.0 / math.sqrt(q.shape[2])
@@ -213,17 +289,16 @@ def check_varlen_call(
         if not math.isfinite(softmax_scale):
             raise ValueError(f"softmax_scale={softmax_scale!r} must be finite")
         scale = float(softmax_scale)
-    if isinstance(softcap, bool) or not isinstance(softcap, int | float):
-        raise ValueError(f"softcap={softcap!r} must be a float (0.0 disables it)")
-    if not math.isfinite(softcap) or softcap < 0:
-        raise ValueError(f"softcap={softcap!r} must be finite and >= 0 (0.0 disables it)")
-
     return VarlenCall(
+        cu_seqlens=cu_seqlens,
+        max_seqlen=max_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_k=max_k,
         q_bounds=q_bounds,
         k_bounds=k_bounds,
         softmax_scale=scale,
+        softcap=check_softcap(softcap),
         window=check_window(window),
-        softcap=float(softcap),
         causal=is_causal,
         group_size=num_heads // num_kv_heads,
     )

@@ -8,14 +8,12 @@ failing example reproduces from its printed form alone.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from kvcheck.attention._checks import check_window
+from kvcheck.attention._checks import AttentionOptions, check_softcap, check_window
 from kvcheck.validation import check_bool, check_valid_integer
 
 
@@ -62,8 +60,7 @@ class VarlenBatch:
             )
         check_window(self.window)
         check_bool(self.causal, "causal", error=ValueError)
-        if not math.isfinite(self.softcap) or self.softcap < 0:
-            raise ValueError(f"softcap={self.softcap!r} must be finite and >= 0")
+        check_softcap(self.softcap)
 
     @property
     def total_tokens(self) -> int:
@@ -83,13 +80,27 @@ class VarlenBatch:
         return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
     @property
-    def attention_options(self) -> dict[str, Any]:
+    def attention_options(self) -> AttentionOptions:
         """The keyword options every attention entry point takes for this batch."""
         return {"causal": self.causal, "window": self.window, "softcap": self.softcap}
 
     def cu_seqlens_tensor(self, *, device: torch.device | str) -> torch.Tensor:
         """``cu_seqlens`` as the int32 tensor flash-attn expects."""
         return torch.tensor(self.cu_seqlens, dtype=torch.int32, device=device)
+
+    def attention_args(
+        self, *, dtype: torch.dtype, device: torch.device | str
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """``(q, k, v, cu_seqlens, max_seqlen)``: the positional arguments of a varlen call.
+
+        Example:
+            >>> batch = VarlenBatch(seq_lens=(1, 3), num_heads=4, num_kv_heads=2, head_dim=8)
+            >>> q, k, v, cu, max_seqlen = batch.attention_args(dtype=torch.float32, device="cpu")
+            >>> tuple(q.shape), cu.tolist(), max_seqlen
+            ((4, 4, 8), [0, 1, 4], 3)
+        """
+        q, k, v = self.make_qkv(dtype=dtype, device=device)
+        return q, k, v, self.cu_seqlens_tensor(device=device), self.max_seqlen
 
     def make_qkv(
         self, *, dtype: torch.dtype, device: torch.device | str, salt: int = 0

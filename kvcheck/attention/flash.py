@@ -10,11 +10,16 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvcheck.attention._checks import check_varlen_call
+from kvcheck.attention._checks import VarlenCall, check_varlen_call
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; never evaluated at run time
+    from typing import Unpack
+
+    from kvcheck.attention._checks import VarlenOptions
 
 #: dtypes flash-attn's kernels accept.
 FLASH_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
@@ -99,18 +104,15 @@ def flash_varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     *,
-    causal: bool,
-    softmax_scale: float | None = None,
-    window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    cu_seqlens_k: torch.Tensor | None = None,
-    max_seqlen_k: int | None = None,
     flash_fn: FlashVarlenFn | None = None,
+    **options: Unpack[VarlenOptions],
 ) -> torch.Tensor:
     """Varlen attention through ``flash_attn_varlen_func``, validated like the reference.
 
-    ``flash_fn=None`` uses the installed flash-attn and requires CUDA fp16/bf16 tensors
-    with ``v_head_dim == head_dim <= 256`` (else ``ValueError`` saying why). Any other
+    Takes the reference's arguments and options
+    (:func:`~kvcheck.attention.reference_varlen_attention`). ``flash_fn=None`` uses the
+    installed flash-attn and requires CUDA fp16/bf16 tensors with
+    ``v_head_dim == head_dim <= 256`` (else ``ValueError`` saying why). Any other
     ``flash_fn`` is called with flash-attn's keyword names, whatever the device: tests
     inject a fake to check the plumbing on CPU. The softmax scale is resolved here
     (``1/sqrt(head_dim)`` by default) so both backends use the same number.
@@ -122,19 +124,28 @@ def flash_varlen_attention(
         >>> flash_varlen_attention(q, kv, kv, cu, 3, causal=True, flash_fn=fake).shape
         torch.Size([3, 2, 8])
     """
-    call = check_varlen_call(
-        q,
-        k,
-        v,
-        cu_seqlens,
-        max_seqlen,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        window=window,
-        softcap=softcap,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_k=max_seqlen_k,
-    )
+    call = check_varlen_call(q, k, v, cu_seqlens, max_seqlen, **options)
+    return attend_flash(q, k, v, call, flash_fn=flash_fn)
+
+
+def attend_flash(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    call: VarlenCall,
+    *,
+    flash_fn: FlashVarlenFn | None = None,
+) -> torch.Tensor:
+    """flash-attn (or ``flash_fn``) on a call :func:`check_varlen_call` has validated.
+
+    Example:
+        >>> def fake(q, k, v, **kw): return torch.zeros_like(q)
+        >>> q = torch.randn(3, 2, 8); kv = torch.randn(3, 1, 8)
+        >>> call = check_varlen_call(q, kv, kv, torch.tensor([0, 3], dtype=torch.int32), 3,
+        ...                          causal=True)
+        >>> attend_flash(q, kv, kv, call, flash_fn=fake).shape
+        torch.Size([3, 2, 8])
+    """
     if flash_fn is None:
         reason = flash_unsupported_reason(
             device_type=q.device.type, dtype=q.dtype, head_dim=q.shape[2], v_head_dim=v.shape[2]
@@ -143,15 +154,14 @@ def flash_varlen_attention(
             raise ValueError(f"backend='flash' cannot serve this call: {reason}")
         flash_fn = _load_flash_varlen_func()[0]
         assert flash_fn is not None  # guaranteed by the reason check above
-    same_segments = cu_seqlens_k is None
     result = flash_fn(
         q,
         k,
         v,
-        cu_seqlens_q=cu_seqlens,
-        cu_seqlens_k=cu_seqlens if same_segments else cu_seqlens_k,
-        max_seqlen_q=max_seqlen,
-        max_seqlen_k=max_seqlen if max_seqlen_k is None else max_seqlen_k,
+        cu_seqlens_q=call.cu_seqlens,
+        cu_seqlens_k=call.cu_seqlens_k,
+        max_seqlen_q=call.max_seqlen,
+        max_seqlen_k=call.max_seqlen_k,
         softmax_scale=call.softmax_scale,
         causal=call.causal,
         window_size=call.window,

@@ -13,13 +13,16 @@ gives wrong attention.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from kvcheck.attention._checks import segment_bounds
+from kvcheck.attention._checks import AttentionOptions, check_option_names, segment_bounds
 from kvcheck.attention.varlen import Backend, varlen_attention
 from kvcheck.validation import check_valid_integer
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; never evaluated at run time
+    from typing import Unpack
 
 ReadApi = Literal["split", "kv"]
 #: How K/V are read back: ``"split"`` with ``get_key_buffer`` and ``get_value_buffer``,
@@ -191,18 +194,16 @@ def paged_attention(
     *,
     layer_id: int,
     page_table: torch.Tensor,
-    causal: bool,
-    softmax_scale: float | None = None,
-    window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
     backend: Backend = "auto",
     read: ReadApi = "split",
+    **options: Unpack[AttentionOptions],
 ) -> torch.Tensor:
     """Attention of ``q`` over K/V read back from ``pool`` through ``page_table``.
 
-    Same semantics and validation as ``varlen_attention``; the keys of sequence ``s`` are
-    its ``cu_seqlens`` tokens, read from layer ``layer_id`` by page with the read API
-    ``read`` names (see :func:`gather_kv_by_page`).
+    Same semantics, validation and ``options`` (:class:`~kvcheck.attention.AttentionOptions`:
+    ``causal``, ``softmax_scale``, ``window``, ``softcap``) as ``varlen_attention``; the
+    keys of sequence ``s`` are its ``cu_seqlens`` tokens, read from layer ``layer_id`` by
+    page with the read API ``read`` names (see :func:`gather_kv_by_page`).
 
     Example:
         >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
@@ -218,18 +219,8 @@ def paged_attention(
         >>> tuple(out.shape)
         (2, 4, 8)
     """
+    check_option_names("paged_attention", options, AttentionOptions)
     k, v = gather_kv_by_page(
         pool, layer_id=layer_id, cu_seqlens=cu_seqlens, page_table=page_table, read=read
     )
-    return varlen_attention(
-        q,
-        k,
-        v,
-        cu_seqlens,
-        max_seqlen,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        window=window,
-        softcap=softcap,
-        backend=backend,
-    )
+    return varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=backend, **options)

@@ -8,13 +8,17 @@ the pool and attends over what it reads back by page.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvcheck.attention._checks import AttentionOptions, check_option_names
 from kvcheck.attention.paged import paged_attention, write_kv_by_page
 from kvcheck.attention.varlen import Backend, varlen_attention
 from kvcheck.validation import check_bool
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; never evaluated at run time
+    from typing import Unpack
 
 
 def uses_raw_kv(server_args: Any, model: Any) -> bool:
@@ -49,16 +53,14 @@ def prefill_attention(
     layer_id: int,
     page_table: torch.Tensor,
     skip_kv_cache: bool,
-    causal: bool,
-    softmax_scale: float | None = None,
-    window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
     backend: Backend = "auto",
+    **options: Unpack[AttentionOptions],
 ) -> torch.Tensor:
     """One layer's prefill attention: raw K/V when ``skip_kv_cache``, else through ``pool``.
 
     ``skip_kv_cache=False`` writes K/V with ``set_kv_buffer`` (a no-op pool refuses with
     ``RuntimeError``) and attends over the tokens read back through ``page_table``.
+    ``options`` are ``paged_attention``'s (:class:`~kvcheck.attention.AttentionOptions`).
 
     Example:
         >>> from kvcheck.attention.batch import VarlenBatch, scrambled_layout
@@ -73,20 +75,10 @@ def prefill_attention(
         >>> torch.equal(raw, cached)
         True
     """
+    check_option_names("prefill_attention", options, AttentionOptions)
     check_bool(skip_kv_cache, "skip_kv_cache", error=ValueError)
     if skip_kv_cache:
-        return varlen_attention(
-            q,
-            k,
-            v,
-            cu_seqlens,
-            max_seqlen,
-            causal=causal,
-            softmax_scale=softmax_scale,
-            window=window,
-            softcap=softcap,
-            backend=backend,
-        )
+        return varlen_attention(q, k, v, cu_seqlens, max_seqlen, backend=backend, **options)
     write_kv_by_page(
         pool, layer_id=layer_id, k=k, v=v, cu_seqlens=cu_seqlens, page_table=page_table
     )
@@ -97,9 +89,6 @@ def prefill_attention(
         max_seqlen,
         layer_id=layer_id,
         page_table=page_table,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        window=window,
-        softcap=softcap,
         backend=backend,
+        **options,
     )

@@ -19,9 +19,16 @@ fp32 arithmetic. The semantics follow flash-attn's documentation:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from kvcheck.attention._checks import check_varlen_call
+from kvcheck.attention._checks import VarlenCall, check_varlen_call
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; never evaluated at run time
+    from typing import Unpack
+
+    from kvcheck.attention._checks import VarlenOptions
 
 
 def attention_mask(
@@ -99,19 +106,16 @@ def reference_varlen_attention(
     v: torch.Tensor,
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
-    *,
-    causal: bool,
-    softmax_scale: float | None = None,
-    window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    cu_seqlens_k: torch.Tensor | None = None,
-    max_seqlen_k: int | None = None,
+    **options: Unpack[VarlenOptions],
 ) -> torch.Tensor:
     """Varlen attention in plain torch (see the module docstring for the semantics).
 
     q ``[total_q, H, d]``, k ``[total_k, Hkv, d]``, v ``[total_k, Hkv, dv]``; int32
-    ``cu_seqlens`` (``cu_seqlens_k`` defaults to it). Returns ``[total_q, H, dv]`` in
-    q's dtype. Bad input raises ``ValueError`` naming the argument.
+    ``cu_seqlens`` (``cu_seqlens_k`` defaults to it). ``options`` are flash-attn's
+    keyword-only ``causal`` (required), ``softmax_scale``, ``window``, ``softcap``,
+    ``cu_seqlens_k`` and ``max_seqlen_k`` (:class:`~kvcheck.attention.VarlenOptions`).
+    Returns ``[total_q, H, dv]`` in q's dtype. Bad input raises ``ValueError`` naming
+    the argument.
 
     Example:
         >>> q = torch.randn(5, 4, 8); k = torch.randn(5, 2, 8); v = torch.randn(5, 2, 8)
@@ -119,19 +123,20 @@ def reference_varlen_attention(
         >>> reference_varlen_attention(q, k, v, cu, 3, causal=True).shape
         torch.Size([5, 4, 8])
     """
-    call = check_varlen_call(
-        q,
-        k,
-        v,
-        cu_seqlens,
-        max_seqlen,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        window=window,
-        softcap=softcap,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_k=max_seqlen_k,
-    )
+    return attend_varlen(q, k, v, check_varlen_call(q, k, v, cu_seqlens, max_seqlen, **options))
+
+
+def attend_varlen(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: VarlenCall
+) -> torch.Tensor:
+    """The torch reference on a call :func:`check_varlen_call` has validated.
+
+    Example:
+        >>> q = torch.randn(3, 2, 8); kv = torch.randn(3, 1, 8)
+        >>> cu = torch.tensor([0, 3], dtype=torch.int32)
+        >>> attend_varlen(q, kv, kv, check_varlen_call(q, kv, kv, cu, 3, causal=False)).shape
+        torch.Size([3, 2, 8])
+    """
     out = torch.zeros(q.shape[0], q.shape[1], v.shape[2], dtype=q.dtype, device=q.device)
     for (q_start, q_end), (k_start, k_end) in zip(call.q_bounds, call.k_bounds, strict=True):
         if q_end == q_start:

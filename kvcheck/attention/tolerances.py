@@ -48,23 +48,15 @@ _FLASH = {
 #: flash against the torch reference, a query suffix against full attention.
 COMPARISONS: tuple[str, ...] = ("paged_vs_raw", "padding", "flash_vs_torch", "suffix_vs_full")
 
+_DEVICES = ("cpu", "cuda")
 TOLERANCES: dict[tuple[str, str, torch.dtype], Tolerance] = {
+    **{("paged_vs_raw", dev, dt): tol for dev in _DEVICES for dt, tol in _ONE_ROUNDING.items()},
     ("paged_vs_raw", "cpu", torch.float32): EXACT,
-    ("paged_vs_raw", "cpu", torch.float16): _ONE_ROUNDING[torch.float16],
-    ("paged_vs_raw", "cpu", torch.bfloat16): _ONE_ROUNDING[torch.bfloat16],
-    ("paged_vs_raw", "cuda", torch.float32): _ONE_ROUNDING[torch.float32],
-    ("paged_vs_raw", "cuda", torch.float16): _ONE_ROUNDING[torch.float16],
-    ("paged_vs_raw", "cuda", torch.bfloat16): _ONE_ROUNDING[torch.bfloat16],
-    **{("padding", dev, dt): EXACT for dev in ("cpu", "cuda") for dt in _ONE_ROUNDING},
-    ("flash_vs_torch", "cuda", torch.float16): _FLASH[torch.float16],
-    ("flash_vs_torch", "cuda", torch.bfloat16): _FLASH[torch.bfloat16],
-    # flash-attn never runs on the CPU; these serve stand-in kernels in kvcheck's tests.
-    ("flash_vs_torch", "cpu", torch.float16): _FLASH[torch.float16],
-    ("flash_vs_torch", "cpu", torch.bfloat16): _FLASH[torch.bfloat16],
-    ("suffix_vs_full", "cpu", torch.float32): _ONE_ROUNDING[torch.float32],
-    ("suffix_vs_full", "cuda", torch.float32): _ONE_ROUNDING[torch.float32],
-    ("suffix_vs_full", "cuda", torch.float16): _FLASH[torch.float16],
-    ("suffix_vs_full", "cuda", torch.bfloat16): _FLASH[torch.bfloat16],
+    **{("padding", dev, dt): EXACT for dev in _DEVICES for dt in _ONE_ROUNDING},
+    # flash-attn never runs on the CPU: the CPU entries serve kvcheck's stand-in kernels.
+    **{("flash_vs_torch", dev, dt): tol for dev in _DEVICES for dt, tol in _FLASH.items()},
+    **{("suffix_vs_full", dev, torch.float32): _ONE_ROUNDING[torch.float32] for dev in _DEVICES},
+    **{("suffix_vs_full", "cuda", dt): tol for dt, tol in _FLASH.items()},
 }
 
 

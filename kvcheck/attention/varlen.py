@@ -7,12 +7,18 @@ runs everywhere and uses the production kernel where one exists.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from kvcheck.attention.flash import flash_unsupported_reason, flash_varlen_attention
-from kvcheck.attention.reference import reference_varlen_attention
+from kvcheck.attention._checks import check_varlen_call
+from kvcheck.attention.flash import attend_flash, flash_unsupported_reason
+from kvcheck.attention.reference import attend_varlen
+
+if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; never evaluated at run time
+    from typing import Unpack
+
+    from kvcheck.attention._checks import VarlenOptions
 
 Backend = Literal["auto", "torch", "flash"]
 BACKENDS: tuple[Backend, ...] = ("auto", "torch", "flash")
@@ -46,22 +52,20 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     *,
-    causal: bool,
-    softmax_scale: float | None = None,
-    window: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    cu_seqlens_k: torch.Tensor | None = None,
-    max_seqlen_k: int | None = None,
     backend: Backend = "auto",
+    **options: Unpack[VarlenOptions],
 ) -> torch.Tensor:
     """Varlen attention on raw K/V with ``flash_attn_varlen_func``'s semantics.
 
     q ``[total, H, d]``, k ``[total, Hkv, d]``, v ``[total, Hkv, dv]``; int32
-    ``cu_seqlens`` shared by q and k unless ``cu_seqlens_k`` is given. See
-    ``kvcheck.attention.reference`` for the exact semantics (bottom-right causal mask,
-    windows with -1 unbounded, softcap, GQA grouping, default scale ``1/sqrt(d)``).
-    Returns ``[total, H, dv]`` in q's dtype. Bad input raises ``ValueError`` naming the
-    argument, whichever backend serves the call.
+    ``cu_seqlens`` shared by q and k unless ``cu_seqlens_k`` is given. ``options`` are
+    flash-attn's keyword-only ``causal`` (required), ``softmax_scale``, ``window``,
+    ``softcap``, ``cu_seqlens_k`` and ``max_seqlen_k``
+    (:class:`~kvcheck.attention.VarlenOptions`). See ``kvcheck.attention.reference``
+    for the exact semantics (bottom-right causal mask, windows with -1 unbounded,
+    softcap, GQA grouping, default scale ``1/sqrt(d)``). Returns ``[total, H, dv]`` in
+    q's dtype. Bad input raises ``ValueError`` naming the argument, whichever backend
+    serves the call: it is validated once, before either sees it.
 
     Example:
         >>> q = torch.randn(4, 2, 8); kv = torch.randn(4, 1, 8)
@@ -69,21 +73,7 @@ def varlen_attention(
         >>> varlen_attention(q, kv, kv, cu, 3, causal=True).shape
         torch.Size([4, 2, 8])
     """
-    if isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == v.dim() == 3:
-        chosen = resolve_backend(backend, q=q, v=v)
-    else:
-        chosen = "torch"  # the shared validation then reports the bad tensor
-    implementation = flash_varlen_attention if chosen == "flash" else reference_varlen_attention
-    return implementation(
-        q,
-        k,
-        v,
-        cu_seqlens,
-        max_seqlen,
-        causal=causal,
-        softmax_scale=softmax_scale,
-        window=window,
-        softcap=softcap,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_k=max_seqlen_k,
-    )
+    call = check_varlen_call(q, k, v, cu_seqlens, max_seqlen, **options)
+    if resolve_backend(backend, q=q, v=v) == "flash":
+        return attend_flash(q, k, v, call)
+    return attend_varlen(q, k, v, call)

@@ -30,7 +30,6 @@ from kvcheck.attention.batch import PagedLayout, VarlenBatch
 from kvcheck.attention.padding import append_padding_segment
 from kvcheck.attention.paged import (
     READ_APIS,
-    LayerRef,
     ReadApi,
     paged_attention,
     write_kv_by_page,
@@ -164,16 +163,9 @@ def paged_case(
     spec = attention_pool_spec(batch, layout, dtype=dtype, start_layer=start_layer)
     if make_pool is None:
         make_pool = target_pool_factory(_builtin_target(), device=device)
-    q, k, v = batch.make_qkv(dtype=dtype, device=device)
-    return PagedCase(
-        pool=make_pool(spec),
-        spec=spec,
-        q=q,
-        k=k,
-        v=v,
-        cu_seqlens=batch.cu_seqlens_tensor(device=device),
-        page_table=layout.page_table_tensor(device=device),
-    )
+    q, k, v, cu, _ = batch.attention_args(dtype=dtype, device=device)
+    table = layout.page_table_tensor(device=device)
+    return PagedCase(make_pool(spec), spec, q, k, v, cu_seqlens=cu, page_table=table)
 
 
 def _builtin_target() -> Any:
@@ -203,6 +195,13 @@ def _pool_call(
         ) from exc
 
 
+def _write_layer(family: str, context: str, **write: Any) -> None:
+    """``write_kv_by_page(**write)``; any exception it raises is the target's failure."""
+    __tracebackhide__ = True
+    call = f"set_kv_buffer(layer_id={write['layer_id']})"
+    _pool_call("set_kv_buffer", call, family, context, write_kv_by_page, **write)
+
+
 def _fill_decoy_layers(
     pool: Any,
     batch: VarlenBatch,
@@ -214,23 +213,14 @@ def _fill_decoy_layers(
     context: str,
 ) -> None:
     """Write unrelated K/V at the same slots of every layer but the checked one."""
-    slots = torch.tensor(layout.token_slots(batch.seq_lens), dtype=torch.int64, device=device)
+    pages = {"cu_seqlens": batch.cu_seqlens_tensor(device=device)}
+    pages["page_table"] = layout.page_table_tensor(device=device)
     checked = spec.start_layer + CHECKED_LAYER
     for layer_id in spec.layer_ids:
         if layer_id != checked:
             # A different draw per layer: a read of either neighbour is told apart.
             _, k, v = batch.make_qkv(dtype=dtype, device=device, salt=7 + layer_id)
-            _pool_call(
-                "set_kv_buffer",
-                f"set_kv_buffer(layer_id={layer_id})",
-                spec.family,
-                context,
-                pool.set_kv_buffer,
-                LayerRef(layer_id),
-                slots,
-                k,
-                v,
-            )
+            _write_layer(spec.family, context, pool=pool, layer_id=layer_id, k=k, v=v, **pages)
 
 
 def check_paged_matches_raw(
@@ -274,37 +264,15 @@ def check_paged_matches_raw(
     )
     _fill_decoy_layers(pool, batch, layout, spec, dtype=dtype, device=device, context=context)
     layer_id = start_layer + CHECKED_LAYER
-    _pool_call(
-        "set_kv_buffer",
-        f"set_kv_buffer(layer_id={layer_id})",
-        spec.family,
-        context,
-        write_kv_by_page,
-        pool,
-        layer_id=layer_id,
-        k=k,
-        v=v,
-        cu_seqlens=cu,
-        page_table=table,
-    )
+    pages = {"cu_seqlens": cu, "page_table": table}
+    _write_layer(spec.family, context, pool=pool, layer_id=layer_id, k=k, v=v, **pages)
+    args = (q, pool, cu, batch.max_seqlen)
+    paged_options = {**options, "layer_id": layer_id, "page_table": table, "backend": backend}
     read: ReadApi
     for read in ("split", "kv"):
         call = f"{READ_APIS[read]}(layer_id={layer_id})"
         paged = _pool_call(
-            READ_APIS[read],
-            call,
-            spec.family,
-            context,
-            paged_fn,
-            q,
-            pool,
-            cu,
-            batch.max_seqlen,
-            layer_id=layer_id,
-            page_table=table,
-            backend=backend,
-            read=read,
-            **options,
+            READ_APIS[read], call, spec.family, context, paged_fn, *args, read=read, **paged_options
         )
         assert_outputs_close(
             paged,
@@ -462,43 +430,23 @@ def check_noop_pool_matches_full_pool(
     }
     make_pool = target_pool_factory(target, device=device)
     noop_pool, full_pool = make_pool(specs["noop"]), make_pool(specs["mha"])
-    q, k, v = batch.make_qkv(dtype=dtype, device=device)
-    cu = batch.cu_seqlens_tensor(device=device)
+    args = batch.attention_args(dtype=dtype, device=device)
+    _, k, v, cu, _ = args
     table = layout.page_table_tensor(device=device)
     layer_id = start_layer + CHECKED_LAYER
-    options = {**batch.attention_options, "layer_id": layer_id, "page_table": table}
     _assert_write_refused(
         noop_pool, layer_id=layer_id, k=k, v=v, cu=cu, table=table, context=context
     )
-    skipped = prefill_fn(
-        q,
-        k,
-        v,
-        cu,
-        batch.max_seqlen,
-        pool=noop_pool,
-        skip_kv_cache=True,
-        backend=backend,
-        **options,
-    )
+    options = {**batch.attention_options, "layer_id": layer_id, "page_table": table}
+    options["backend"] = backend
+    skipped = prefill_fn(*args, pool=noop_pool, skip_kv_cache=True, **options)
     _fill_decoy_layers(
         full_pool, batch, layout, specs["mha"], dtype=dtype, device=device, context=context
     )
+    call = f"prefill_attention(layer_id={layer_id}) through the full pool"
+    full = {"pool": full_pool, "skip_kv_cache": False}
     paged = _pool_call(
-        "prefill_attention",
-        f"prefill_attention(layer_id={layer_id}) through the full pool",
-        "mha",
-        context,
-        prefill_fn,
-        q,
-        k,
-        v,
-        cu,
-        batch.max_seqlen,
-        pool=full_pool,
-        skip_kv_cache=False,
-        backend=backend,
-        **options,
+        "prefill_attention", call, "mha", context, prefill_fn, *args, **full, **options
     )
     # The raw-K/V path is kvcheck's own attention, the paged one runs the target's pool:
     # the raw outputs are what the pool's should be.
@@ -553,13 +501,13 @@ def check_padding_segment_isolates_real_tokens(
         >>> check_padding_segment_isolates_real_tokens(batch, pad_tokens=5,
         ...     dtype=torch.float32, device="cpu")
     """
-    q, k, v = batch.make_qkv(dtype=dtype, device=device)
-    cu = batch.cu_seqlens_tensor(device=device)
+    args = batch.attention_args(dtype=dtype, device=device)
     options = {**batch.attention_options, "backend": backend}
-    unpadded = attention_fn(q, k, v, cu, batch.max_seqlen, **options)
+    unpadded = attention_fn(*args, **options)
 
+    *_, cu, max_seqlen = args
     qp, kp, vp = padded_batch_tensors(batch, pad_tokens=pad_tokens, dtype=dtype, device=device)
-    cu_padded, max_padded = pad_fn(cu, batch.max_seqlen, num_tokens=qp.shape[0])
+    cu_padded, max_padded = pad_fn(cu, max_seqlen, num_tokens=qp.shape[0])
     padded = attention_fn(qp, kp, vp, cu_padded, max_padded, **options)
     context = _context(batch=batch, pad_tokens=pad_tokens, dtype=dtype, backend=backend)
     nan_rows = padded.isnan().flatten(1).any(dim=1).nonzero().flatten().tolist()
@@ -594,14 +542,13 @@ def check_flash_matches_reference(
         >>> check_flash_matches_reference(batch, dtype=torch.bfloat16, device="cpu",
         ...                               flash_fn=torch_fn)
     """
-    q, k, v = batch.make_qkv(dtype=dtype, device=device)
-    cu = batch.cu_seqlens_tensor(device=device)
+    args = batch.attention_args(dtype=dtype, device=device)
     options = batch.attention_options
-    expected = varlen_attention(q, k, v, cu, batch.max_seqlen, backend="torch", **options)
+    expected = varlen_attention(*args, backend="torch", **options)
     if flash_fn is None:
-        actual = varlen_attention(q, k, v, cu, batch.max_seqlen, backend="flash", **options)
+        actual = varlen_attention(*args, backend="flash", **options)
     else:
-        actual = flash_fn(q, k, v, cu, batch.max_seqlen, **options)
+        actual = flash_fn(*args, **options)
     assert_outputs_close(
         actual,
         expected,
@@ -641,10 +588,10 @@ def check_causal_suffix_matches_full(
     for s, (m, n) in enumerate(zip(query_lens, batch.seq_lens, strict=True)):
         if not 0 <= m <= n:
             raise ValueError(f"query_lens[{s}]={m} not in [0, seq_lens[{s}]={n}]")
-    q, k, v = batch.make_qkv(dtype=dtype, device=device)
-    cu = batch.cu_seqlens_tensor(device=device)
+    args = batch.attention_args(dtype=dtype, device=device)
+    q, k, v, cu, _ = args
     options = {**batch.attention_options, "backend": backend}
-    full = attention_fn(q, k, v, cu, batch.max_seqlen, **options)
+    full = attention_fn(*args, **options)
 
     rows = torch.cat(
         [

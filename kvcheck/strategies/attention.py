@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -96,29 +97,9 @@ def varlen_batches(
     )
 
 
-def _batch(
-    *,
-    seq_lens: list[int],
-    num_kv_heads: int,
-    group_size: int,
-    head_dim: int,
-    v_head_dim: int | None,
-    causal: bool,
-    window: tuple[int, int],
-    softcap: float,
-    seed: int,
-) -> VarlenBatch:
-    return VarlenBatch(
-        seq_lens=tuple(seq_lens),
-        num_heads=num_kv_heads * group_size,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        v_head_dim=v_head_dim,
-        causal=causal,
-        window=window,
-        softcap=softcap,
-        seed=seed,
-    )
+def _batch(*, seq_lens: list[int], group_size: int, **fields: Any) -> VarlenBatch:
+    num_heads = fields["num_kv_heads"] * group_size
+    return VarlenBatch(seq_lens=tuple(seq_lens), num_heads=num_heads, **fields)
 
 
 def page_layouts(

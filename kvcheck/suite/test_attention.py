@@ -20,7 +20,7 @@ a ``start_layer`` and a dtype, and compare outputs exactly for fp32 on the CPU a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,9 +63,10 @@ class PagedCase:
     start_layer: int
     dtype: str
 
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+    def check(self, check_fn: Callable[..., None], device: str, **pools: Any) -> None:
+        """``check_fn`` (a check of :mod:`kvcheck.properties.attention`) on this case."""
+        where = {"dtype": getattr(torch, self.dtype), "device": device, **pools}
+        check_fn(self.batch, self.layout, start_layer=self.start_layer, **where)
 
 
 @st.composite
@@ -96,26 +97,14 @@ def _single_intra_op_thread() -> Iterator[None]:
 
 def check_paged_case(target: Any, device: str, case: PagedCase) -> None:
     """:func:`check_paged_matches_raw` on ``case`` with pools from ``target.make_pool``."""
-    check_paged_matches_raw(
-        case.batch,
-        case.layout,
-        dtype=case.torch_dtype,
-        device=device,
-        make_pool=target_pool_factory(target, device=device),
-        start_layer=case.start_layer,
+    case.check(
+        check_paged_matches_raw, device, make_pool=target_pool_factory(target, device=device)
     )
 
 
 def check_noop_case(target: Any, device: str, case: PagedCase) -> None:
     """:func:`check_noop_pool_matches_full_pool` on ``case`` through ``target``."""
-    check_noop_pool_matches_full_pool(
-        case.batch,
-        case.layout,
-        dtype=case.torch_dtype,
-        device=device,
-        target=target,
-        start_layer=case.start_layer,
-    )
+    case.check(check_noop_pool_matches_full_pool, device, target=target)
 
 
 @pytest.mark.kvcheck_needs("mha_pool")

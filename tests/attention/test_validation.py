@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcheck.attention import flash_varlen_attention, varlen_attention
+from kvcheck.attention import (
+    VarlenBatch,
+    flash_varlen_attention,
+    paged_attention,
+    prefill_attention,
+    reference_varlen_attention,
+    scrambled_layout,
+    varlen_attention,
+)
 from kvcheck.attention.tolerances import COMPARISONS, TOLERANCES, tolerance
+from kvcheck.properties.attention import paged_case
 
 
 def _call(**overrides):
@@ -124,3 +133,52 @@ def test_an_unknown_comparison_names_the_known_ones():
     with pytest.raises(ValueError, match=r"comparison='paged' not in \('paged_vs_raw'"):
         tolerance("paged", dtype=torch.float32, device="cpu")
     assert {comparison for comparison, _, _ in TOLERANCES} == set(COMPARISONS)
+
+
+def _zeros_kernel(q, k, v, **_flash_keywords):
+    return torch.zeros_like(q)
+
+
+def _entry_points():
+    raw = tuple(_call()[0].values())
+    batch = VarlenBatch(seq_lens=(3, 2), num_heads=2, num_kv_heads=1, head_dim=4)
+    case = paged_case(
+        batch, scrambled_layout((3, 2), page_size=2), dtype=torch.float32, device="cpu"
+    )
+    pages = {"layer_id": 0, "page_table": case.page_table}
+    prefill_args = (case.q, case.k, case.v, case.cu_seqlens, 3)
+    return {
+        "varlen": lambda **kw: varlen_attention(*raw, **kw),
+        "reference": lambda **kw: reference_varlen_attention(*raw, **kw),
+        "flash": lambda **kw: flash_varlen_attention(*raw, flash_fn=_zeros_kernel, **kw),
+        "paged": lambda **kw: paged_attention(case.q, case.pool, case.cu_seqlens, 3, **pages, **kw),
+        "prefill-raw": lambda **kw: prefill_attention(
+            *prefill_args, pool=case.pool, **pages, skip_kv_cache=True, **kw
+        ),
+        "prefill-paged": lambda **kw: prefill_attention(
+            *prefill_args, pool=case.pool, **pages, skip_kv_cache=False, **kw
+        ),
+    }
+
+
+UNKNOWN_OPTIONS = {
+    "varlen": {"flash_fn": torch.zeros_like},
+    "reference": {"backend": "torch"},
+    "flash": {"backend": "flash"},
+    "paged": {"cu_seqlens_k": torch.tensor([0, 3, 5], dtype=torch.int32)},
+    "prefill-raw": {"max_seqlen_k": 3},
+    "prefill-paged": {"read": "kv"},
+}
+
+
+@pytest.mark.parametrize("entry", UNKNOWN_OPTIONS)
+def test_options_behave_like_explicit_keyword_parameters(entry):
+    """Entry points take their options as **options, yet, as explicit keyword-only
+    parameters would, a missing ``causal`` or an option they do not take is a TypeError."""
+    call = _entry_points()[entry]
+    assert call(causal=True).shape[0] == 5
+    with pytest.raises(TypeError, match="causal"):
+        call()
+    ((name, value),) = UNKNOWN_OPTIONS[entry].items()
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+        call(causal=True, **{name: value})
