@@ -7,7 +7,6 @@ sglang) to check that the sglang reach table names methods that exist.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import re
@@ -204,22 +203,20 @@ def test_main_exit_status(monkeypatch, capsys, args, report, status):
     """Exit 1 below --min-percent or, with --strict, on an unexplained range; 2 if no run."""
     seen = {}
 
-    def fake_measure(target, *, workers, pytest_args, save_data):
-        seen.update(target=target, workers=workers, pytest_args=pytest_args)
+    def fake_measure(target, *, pytest_args, save_data):
+        seen.update(target=target, pytest_args=pytest_args)
         return report
 
     monkeypatch.setattr(reach, "measure", fake_measure)
-    assert reach.main([*args, "-n", "0", "--", "-k", "mha"]) == status
-    assert seen == {"target": "sglang", "workers": 0, "pytest_args": ["-k", "mha"]}
+    assert reach.main([*args, "--", "-k", "mha"]) == status
+    assert seen == {"target": "sglang", "pytest_args": ["-k", "mha"]}
     assert "headline:" in capsys.readouterr().out
 
 
 def test_argument_validation():
-    """Bad targets, worker counts and percentages are refused naming the argument."""
+    """Bad targets and percentages are refused naming the argument."""
     with pytest.raises(ValueError, match=r"target='nope'"):
         reach._reach_table("nope")
-    with pytest.raises(ValueError, match=r"workers=-1"):
-        reach.suite_command("sglang", workers=-1)
     assert reach.main(["--min-percent", "101"]) == 2
 
 
@@ -251,8 +248,8 @@ def test_a_failed_measurement_is_an_error_not_a_traceback(monkeypatch, capsys):
 
 
 def test_suite_command_runs_the_shipped_suite_under_coverage():
-    """The measured command is the shipped suite against the target, with xdist if asked."""
-    command = reach.suite_command("sglang", workers=2, pytest_args=["-x"], rcfile="rc")
+    """The measured command is the shipped suite against the target, in one process."""
+    command = reach.suite_command("sglang", pytest_args=["-x"], rcfile="rc")
     assert command[:7] == ["python", "-m", "coverage", "run", "--rcfile=rc", "-m", "pytest"]
     assert command[7:] == [
         "--pyargs",
@@ -261,8 +258,6 @@ def test_suite_command_runs_the_shipped_suite_under_coverage():
         "-p",
         "no:cacheprovider",
         "-q",
-        "-n",
-        "2",
         "-x",
     ]
 
@@ -325,31 +320,10 @@ def test_main_from_data_reanalyzes_without_running(monkeypatch, capsys, tmp_path
     assert "headline: 90/100" in capsys.readouterr().out
 
 
-def test_main_refuses_an_undercounting_xdist_run(monkeypatch):
-    """A run where an xdist worker saved no data is not a measurement (exit 2)."""
-    report = dataclasses.replace(
-        _fake_report(90, unexplained=False),
-        notes=("only 1 of 2 xdist workers saved coverage data; the figure undercounts",),
-    )
-    monkeypatch.setattr(reach, "measure", lambda *a, **k: report)
-    assert reach.main(["-n", "2"]) == 2
-
-
 def test_analyze_data_refuses_a_missing_file(tmp_path):
     """A data file that does not exist is an error naming it."""
     with pytest.raises(ValueError, match=r"data_file="):
         reach.analyze_data("sglang", tmp_path / "none.coverage")
-
-
-def test_files_with_data_counts_only_files_that_measured_something(tmp_path):
-    """The main process's empty data file does not count as a worker's data."""
-    coverage = pytest.importorskip("coverage")
-    full = coverage.CoverageData(str(tmp_path / ".coverage.a"))
-    full.add_lines({str(tmp_path / "m.py"): [1, 2]})
-    full.write()
-    empty = coverage.CoverageData(str(tmp_path / ".coverage.b"))
-    empty.write()
-    assert reach._files_with_data(sorted(tmp_path.glob(".coverage.*"))) == 1
 
 
 def test_markdown_block_lists_unexplained_ranges_and_reasons():

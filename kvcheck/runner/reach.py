@@ -1,8 +1,8 @@
 """Reach: line coverage of a target's pool code under kvcheck's shipped suite.
 
 ``python -m kvcheck.runner.reach --target sglang`` runs ``pytest --pyargs kvcheck.suite
---kvcheck-target sglang`` under coverage.py (``coverage run``, one process by default; see
-:func:`measure` on xdist), restricted to the files the target declares, and
+--kvcheck-target sglang`` under coverage.py (``coverage run``, one process: see
+:func:`measure`), restricted to the files the target declares, and
 prints per class and per method how many executable lines the suite ran; the headline figure
 (the share of the declared headline scopes' executable lines that ran); and every unreached
 line range with the reason the target's reach table gives for it, or ``UNEXPLAINED``.
@@ -15,7 +15,7 @@ never by line number, so the table survives reformatting of the target's code.
 
 Exit status: 0; 1 when the headline is below ``--min-percent``, or with ``--strict`` when a
 range is unexplained; 2 when the measurement itself failed (pytest could not run the suite,
-no data, or an xdist worker's data is missing). Arguments after ``--`` go to pytest
+or no data). Arguments after ``--`` go to pytest
 unchanged. ``--save-data FILE`` keeps the coverage data; ``--from-data FILE`` analyzes it
 again with an edited reach table; ``--json`` and ``--markdown`` write the report (the
 Markdown block is what ``docs/sglang-findings.md`` publishes).
@@ -438,40 +438,32 @@ def _package_dir(package: str) -> Path:
 
 
 def suite_command(
-    target: str, *, workers: int, pytest_args: Sequence[str] = (), rcfile: str = ".coveragerc"
+    target: str, *, pytest_args: Sequence[str] = (), rcfile: str = ".coveragerc"
 ) -> list[str]:
     """The ``coverage run ... -m pytest`` command line that :func:`measure` runs.
 
     Example:
-        >>> suite_command("sglang", workers=0, rcfile="rc")[:6]
+        >>> suite_command("sglang", rcfile="rc")[:6]
         ['python', '-m', 'coverage', 'run', '--rcfile=rc', '-m']
     """
-    if workers < 0:
-        raise ValueError(f"workers={workers!r} must be >= 0 (0: one process)")
     command = ["python", "-m", "coverage", "run", f"--rcfile={rcfile}", "-m", "pytest"]
     command += ["--pyargs", "kvcheck.suite", f"--kvcheck-target={target}"]
-    command += ["-p", "no:cacheprovider", "-q"]
-    if workers:
-        command += ["-n", str(workers)]
-    return [*command, *pytest_args]
+    return [*command, "-p", "no:cacheprovider", "-q", *pytest_args]
 
 
 def measure(
     target: str = "sglang",
     *,
-    workers: int = 0,
     pytest_args: Sequence[str] = (),
     quiet: bool = False,
     save_data: str | os.PathLike[str] | None = None,
 ) -> ReachReport:
     """Run the shipped suite against ``target`` under coverage.py and analyze what it reached.
 
-    ``workers`` = 0 (the default) runs one process. ``workers`` > 0 runs pytest-xdist,
-    each worker measured through coverage's subprocess patch; on sglang 0.5.23 one worker's
-    data went missing in two runs of two (cause not found), so a run in which fewer
-    workers than started saved data is reported as a failed measurement (a note, and
-    ``main`` exits 2). ``save_data`` keeps the combined coverage data file for
-    :func:`analyze_data`, so the reach table can be revised without rerunning the suite.
+    One process: under pytest-xdist (tried with coverage's subprocess patch), one worker's
+    data went missing in two runs of two on sglang 0.5.23, so the figure undercounted.
+    ``save_data`` keeps the coverage data file for :func:`analyze_data`, so the reach table
+    can be revised without rerunning the suite.
 
     Example, where sglang is installed (takes minutes)::
 
@@ -483,15 +475,8 @@ def measure(
         rcfile = Path(tmp) / "coveragerc"
         data_file = Path(tmp) / ".coverage"
         include = "\n".join(f"    {path}" for path in sorted(set(files.values())))
-        rcfile.write_text(
-            # _exit: execnet ends a slow-to-exit xdist worker with os._exit, which would
-            # otherwise lose that worker's data.
-            "[run]\nparallel = true\npatch =\n    subprocess\n    _exit\nsigterm = true\n"
-            f"data_file = {data_file}\ninclude =\n{include}\n"
-        )
-        command = suite_command(
-            target, workers=workers, pytest_args=pytest_args, rcfile=str(rcfile)
-        )
+        rcfile.write_text(f"[run]\nsigterm = true\ndata_file = {data_file}\ninclude =\n{include}\n")
+        command = suite_command(target, pytest_args=pytest_args, rcfile=str(rcfile))
         command[0] = sys.executable
         completed = subprocess.run(
             command,
@@ -499,22 +484,13 @@ def measure(
             stdout=subprocess.DEVNULL if quiet else None,
             env={**os.environ, "KVCHECK_TARGET": target},
         )
-        notes = []
-        saved = _files_with_data(Path(tmp).glob(".coverage.*"))
-        if workers and saved < workers:
-            notes.append(
-                f"only {saved} of {workers} xdist workers saved coverage data; the figure "
-                "undercounts: rerun with -n 0"
-            )
-        combined = _combine(tmp, data_file)
-        if save_data is not None and combined.exists():
-            shutil.copyfile(combined, save_data)
-        report = analyze_data(target, combined)
+        if save_data is not None and data_file.exists():
+            shutil.copyfile(data_file, save_data)
+        report = analyze_data(target, data_file)
     return dataclasses.replace(
         report,
         pytest_status=completed.returncode,
-        command=tuple(suite_command(target, workers=workers, pytest_args=pytest_args)),
-        notes=(*notes, *report.notes),
+        command=tuple(suite_command(target, pytest_args=pytest_args)),
     )
 
 
@@ -552,26 +528,6 @@ def analyze_data(target: str, data_file: str | os.PathLike[str]) -> ReachReport:
 def _scope_files(table: Any) -> dict[str, Path]:
     package_dir = _package_dir(table.PACKAGE)
     return {scope.file: package_dir / scope.file for scope in table.SCOPES}
-
-
-def _files_with_data(paths: Iterable[Path]) -> int:
-    """How many coverage data files hold any measured file (the main process may hold none)."""
-    import coverage
-
-    count = 0
-    for path in paths:
-        data = coverage.CoverageData(str(path))
-        data.read()
-        count += bool(data.measured_files())
-    return count
-
-
-def _combine(directory: str, data_file: Path) -> Path:
-    """Combine the parallel data files in ``directory`` into ``data_file`` (SQLite, on disk)."""
-    import coverage
-
-    coverage.Coverage(data_file=str(data_file)).combine(data_paths=[directory], keep=False)
-    return data_file
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -703,13 +659,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--markdown", metavar="FILE", help="also write the Markdown block the docs publish"
     )
-    parser.add_argument(
-        "-n",
-        "--workers",
-        type=int,
-        default=0,
-        help="pytest-xdist workers (default 0: one process; see measure() on xdist)",
-    )
     parser.add_argument("--save-data", metavar="FILE", help="keep the coverage data file")
     parser.add_argument(
         "--from-data",
@@ -757,12 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if options.from_data:
             report = analyze_data(options.target, options.from_data)
         else:
-            report = measure(
-                options.target,
-                workers=options.workers,
-                pytest_args=pytest_args,
-                save_data=options.save_data,
-            )
+            report = measure(options.target, pytest_args=pytest_args, save_data=options.save_data)
     except ValueError as error:
         print(f"kvcheck.runner.reach: error: {error}", file=sys.stderr)
         return 2
@@ -771,8 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(options.json).write_text(json.dumps(report.to_json(), indent=2) + "\n")
     if options.markdown:
         Path(options.markdown).write_text(format_markdown(report) + "\n")
-    undercount = any("undercounts" in note for note in report.notes)
-    if report.pytest_status not in (None, 0, 1) or report.headline_lines == 0 or undercount:
+    if report.pytest_status not in (None, 0, 1) or report.headline_lines == 0:
         print("kvcheck.runner.reach: the suite did not run; the figure is not a measurement")
         return 2
     status = 0
