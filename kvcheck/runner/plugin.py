@@ -48,7 +48,6 @@ import contextlib
 import json
 import os
 import sys
-from collections import Counter
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -110,8 +109,6 @@ class KVCheckSession:
         self.profile_everywhere = profile_everywhere
         #: Hypothesis's own profile objects, which a ``@given`` test binds when nobody chose.
         self.unchosen_settings = unchosen_settings
-        #: (test id, reason) for every failing example the database could not save.
-        self.save_errors: list[tuple[str, str]] = []
         self._device: str | None = None
 
     @property
@@ -126,83 +123,6 @@ class KVCheckSession:
 
             self._device = resolve_device(self.device_spec)
         return self._device
-
-
-class _SessionReporter:
-    """Per-run plugin object: lost saves, the terminal warnings, the kvcheck command's progress.
-
-    Registered on every process; under xdist the controller sees the workers' reports (and
-    their user properties), so it alone gathers the lost saves and writes the progress.
-    """
-
-    def __init__(self, session: KVCheckSession, progress_fd: int | None) -> None:
-        self.session = session
-        self.progress_fd = progress_fd
-        self._outcomes: dict[str, str] = {}
-        self._total_sent = False
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self._send_total(len(session.items))
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        self._send_total(len(ids))
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from kvcheck.runner.results import SAVE_ERRORS_PROPERTY
-
-        if report.when == "call":
-            for name, value in report.user_properties:
-                if name == SAVE_ERRORS_PROPERTY:
-                    self.session.save_errors += [
-                        (report.nodeid, reason) for reason in json.loads(str(value))
-                    ]
-        if self.progress_fd is None:
-            return
-        xfail = hasattr(report, "wasxfail")
-        if report.when == "call":
-            if report.passed:
-                outcome = "xpassed" if xfail else "passed"
-            else:
-                outcome = "failed" if report.failed else ("xfailed" if xfail else "skipped")
-            self._outcomes[report.nodeid] = outcome
-        elif report.failed and self._outcomes.get(report.nodeid) != "failed":
-            self._outcomes[report.nodeid] = "error"
-        elif report.skipped and report.when == "setup":
-            self._outcomes[report.nodeid] = "xfailed" if xfail else "skipped"
-        if report.when == "teardown":
-            outcome = self._outcomes.pop(report.nodeid, "passed")
-            self._send({"event": "test", "nodeid": report.nodeid, "outcome": outcome})
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        from kvcheck.runner.profiles import unknown_env_warnings
-
-        for warning in unknown_env_warnings():
-            terminalreporter.write_line(f"kvcheck WARNING: {warning}", yellow=True, bold=True)
-        lost = self.session.save_errors
-        if lost:
-            terminalreporter.write_line(
-                f"kvcheck WARNING: {len(lost)} failing example(s) could not be saved to the "
-                "example database; kvcheck replay will not find them:",
-                red=True,
-                bold=True,
-            )
-            for (nodeid, reason), times in Counter(lost).items():
-                again = f" ({times} times)" if times > 1 else ""
-                terminalreporter.write_line(f"  {nodeid}: {reason}{again}", red=True)
-
-    def _send_total(self, total: int) -> None:
-        if not self._total_sent:
-            self._total_sent = True
-            self._send({"event": "collected", "total": total})
-
-    def _send(self, event: dict[str, Any]) -> None:
-        if self.progress_fd is None:
-            return
-        try:
-            os.write(self.progress_fd, (json.dumps(event) + "\n").encode())
-        except OSError:  # the kvcheck command went away: progress is only a display
-            self.progress_fd = None
 
 
 _SESSION = pytest.StashKey[KVCheckSession]()
@@ -327,6 +247,15 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
             f"kvcheck expected failures: {len(expected)} declared by target {target.name!r} ({how})"
         )
     return lines
+
+
+@pytest.hookimpl(tryfirst=True)  # before the results collector's lost saves
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if _SESSION in config.stash:
+        from kvcheck.runner.profiles import unknown_env_warnings
+
+        for warning in unknown_env_warnings():
+            terminalreporter.write_line(f"kvcheck WARNING: {warning}", yellow=True, bold=True)
 
 
 @pytest.fixture(scope="session")
@@ -531,14 +460,16 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
             session.device()
         except ValueError as exc:
             raise pytest.UsageError(f"kvcheck: {exc}") from exc
-    results_path = config.getoption("kvcheck_results")
-    if results_path and worker_id is None:
+    if worker_id is None:  # under xdist the controller sees every worker's reports
         from kvcheck.runner.results import ResultsCollector
 
-        collector = ResultsCollector(Path(results_path), context=lambda: _results_context(session))
+        results_path = config.getoption("kvcheck_results")
+        collector = ResultsCollector(
+            Path(results_path) if results_path else None,
+            context=lambda: _results_context(session),
+            progress_fd=config.getoption("kvcheck_progress_fd"),
+        )
         config.pluginmanager.register(collector, "kvcheck-results")
-    progress_fd = config.getoption("kvcheck_progress_fd") if worker_id is None else None
-    config.pluginmanager.register(_SessionReporter(session, progress_fd), "kvcheck-session")
     return session
 
 

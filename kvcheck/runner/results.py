@@ -11,7 +11,8 @@ Workers (or the single pytest process) attach what only they can see to each rep
 - ``kvcheck_save_errors``: why saving a failing example to the database failed, if it did.
 
 On the controller, :class:`ResultsCollector` folds the setup/call/teardown reports into one
-:class:`RecordedTest` per test and writes them as JSON (``--kvcheck-results FILE``).
+:class:`RecordedTest` per test, writes them as JSON (``--kvcheck-results FILE``), streams
+the kvcheck command's progress and warns of every failing example that was not saved.
 
 Example:
     >>> summarize_statistics([{"generate-phase": {"test-cases": [{"status": "valid"}] * 3,
@@ -22,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections import Counter
@@ -29,6 +31,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from kvcheck.failures import reproduction_to_json
 
@@ -197,8 +201,10 @@ class RecordedTest:
 class ResultsCollector:
     """A pytest plugin object (controller side) that records every test's outcome.
 
-    ``context`` is called when the file is written and its items (target, device, profile,
-    database) are stored beside the tests.
+    With a ``path`` it writes them there as JSON at the end, beside the items ``context``
+    returns then (target, device, profile, database). With a ``progress_fd`` it writes one
+    JSON line per finished test there (the kvcheck command's progress line). The terminal
+    summary names every test whose failing example could not be saved.
 
     Example:
         >>> collector = ResultsCollector(Path("out.json"), context=lambda: {"target": "x"})
@@ -206,12 +212,27 @@ class ResultsCollector:
         {}
     """
 
-    def __init__(self, path: Path, *, context: Callable[[], Mapping[str, Any]]) -> None:
-        self.path = Path(path)
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        context: Callable[[], Mapping[str, Any]],
+        progress_fd: int | None = None,
+    ) -> None:
+        self.path = None if path is None else Path(path)
         self.context = context
+        self.progress_fd = progress_fd
         self.records: dict[str, RecordedTest] = {}
         self.collection_errors: list[dict[str, str]] = []
         self._started = time.perf_counter()
+        self._total_sent = False
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        self._send_total(len(session.items))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self._send_total(len(ids))
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         record = self.records.setdefault(report.nodeid, RecordedTest(nodeid=report.nodeid))
@@ -235,6 +256,8 @@ class ResultsCollector:
             record.skip_reason = _skip_reason(report)
         elif report.when == "teardown" and record.outcome == "interrupted":
             record.outcome = "passed"  # a test without a call phase that set up and tore down
+        if report.when == "teardown":
+            self._send({"event": "test", "nodeid": report.nodeid, "outcome": record.outcome})
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
@@ -242,21 +265,50 @@ class ResultsCollector:
                 {"nodeid": report.nodeid, "message": _failure_message(report)}
             )
 
-    def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
-        self.write(int(exitstatus))
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        lost = Counter(
+            (record.nodeid, reason)
+            for record in self.records.values()
+            for reason in record.save_errors
+        )
+        if lost:
+            terminalreporter.write_line(
+                f"kvcheck WARNING: {lost.total()} failing example(s) could not be saved to "
+                "the example database; kvcheck replay will not find them:",
+                red=True,
+                bold=True,
+            )
+        for (nodeid, reason), times in lost.items():
+            again = f" ({times} times)" if times > 1 else ""
+            terminalreporter.write_line(f"  {nodeid}: {reason}{again}", red=True)
 
-    def write(self, exit_status: int) -> None:
-        """Write the JSON results file (parent directories are created)."""
+    def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
+        """Write the JSON results file, if asked for (parent directories are created)."""
+        if self.path is None:
+            return
         payload = {
             "format": RESULTS_FORMAT,
             **self.context(),
-            "exit_status": exit_status,
+            "exit_status": int(exitstatus),
             "duration_s": round(time.perf_counter() - self._started, 3),
             "collection_errors": self.collection_errors,
             "tests": [asdict(record) for record in self.records.values()],
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+
+    def _send_total(self, total: int) -> None:
+        if not self._total_sent:
+            self._total_sent = True
+            self._send({"event": "collected", "total": total})
+
+    def _send(self, event: dict[str, Any]) -> None:
+        if self.progress_fd is None:
+            return
+        try:
+            os.write(self.progress_fd, (json.dumps(event) + "\n").encode())
+        except OSError:  # the kvcheck command went away: progress is only a display
+            self.progress_fd = None
 
 
 def load_results(path: Path) -> dict[str, Any]:
