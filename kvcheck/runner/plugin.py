@@ -49,6 +49,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ _PROFILE_OPTION = "--kvcheck-profile"
 _RESULTS_OPTION = "--kvcheck-results"
 _PROGRESS_OPTION = "--kvcheck-progress-fd"
 _ENV_PREFIX = "KVCHECK_"
+#: The kvcheck package directory (this module is kvcheck/runner/plugin.py).
+_PACKAGE = Path(__file__).resolve().parents[1]
 _KVCHECK_FIXTURES = frozenset({"kvcheck_target", "kvcheck_device"})
 _SGLANG_MARKER = "sglang"
 _KVCHECK_MARKERS = ("kvcheck_needs", "gpu", _SGLANG_MARKER)
@@ -81,48 +84,40 @@ _SETTING_NAMES = (
 )
 
 
+@dataclass(kw_only=True)
 class KVCheckSession:
     """What the plugin settled for this pytest process (one per ``pytest.Config``)."""
 
-    def __init__(
-        self,
-        *,
-        target: Any,
-        target_source: str,
-        device_spec: str,
-        gpu_assignment: str | None,
-        database: Any,
-        record_results: bool,
-        profile: str | None = None,
-        profile_everywhere: bool = True,
-        unchosen_settings: tuple[Any, ...] = (),
-    ) -> None:
-        self.target = target
-        self.target_source = target_source
-        self.device_spec = device_spec
-        self.gpu_assignment = gpu_assignment
-        self.database = database
-        self.record_results = record_results
-        #: The kvcheck profile in effect (None: the project chose its own Hypothesis profile).
-        self.profile = profile
-        #: True: loaded for the whole run; False: loaded around each test that uses kvcheck.
-        self.profile_everywhere = profile_everywhere
-        #: Hypothesis's own profile objects, which a ``@given`` test binds when nobody chose.
-        self.unchosen_settings = unchosen_settings
-        self._device: str | None = None
-
-    @property
-    def device_resolved(self) -> str | None:
-        """The device, if it has been resolved already (resolving imports torch)."""
-        return self._device
+    target: Any
+    target_source: str
+    device_spec: str
+    gpu_assignment: str | None
+    database: Any
+    record_results: bool
+    #: The kvcheck profile in effect (None: the project chose its own Hypothesis profile).
+    profile: str | None = None
+    #: True: loaded for the whole run; False: loaded around each test that uses kvcheck.
+    profile_everywhere: bool = True
+    #: Hypothesis's own profile objects, which a ``@given`` test binds when nobody chose.
+    unchosen_settings: tuple[Any, ...] = ()
+    #: The device, once resolved (resolving imports torch): see :meth:`device`.
+    device_resolved: str | None = field(default=None, init=False)
 
     def device(self) -> str:
         """The torch device string to run on, resolved once per process."""
-        if self._device is None:
+        if self.device_resolved is None:
             from kvcheck.runner.devices import resolve_device
 
-            self._device = resolve_device(self.device_spec)
-        return self._device
+            self.device_resolved = resolve_device(self.device_spec)
+        return self.device_resolved
+
+    def profile_name(self) -> str:
+        """The Hypothesis profile the tests that use kvcheck run under."""
+        from hypothesis import settings
+
+        if self.profile_everywhere or self.profile is None:
+            return _current_profile_name(settings)
+        return self.profile
 
 
 _SESSION = pytest.StashKey[KVCheckSession]()
@@ -210,22 +205,19 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     from kvcheck.runner.profiles import PROFILE_NAMES, unknown_env_warnings
 
     current = _current_profile_name(settings)
-    profile = current if session.profile_everywhere else session.profile
+    profile = session.profile_name()
     if profile in PROFILE_NAMES:
         database = describe_database(session.database)
     else:
         database = f"as Hypothesis profile {current!r} sets it (not a kvcheck profile)"
-    if session.profile is not None and not session.profile_everywhere:
+    if not session.profile_everywhere:
         profile = (
             f"{profile} for tests that use kvcheck (its suite, fixtures kvcheck_target/"
             f"kvcheck_device, markers kvcheck_needs/gpu/sglang); other tests keep "
             f"Hypothesis profile {current!r}"
         )
-    elif profile is None:
-        profile = current
     target = session.target
-    env = {name: value for name, value in os.environ.items() if name.startswith(_ENV_PREFIX)}
-    env_text = ", ".join(f"{name}={value!r}" for name, value in sorted(env.items()))
+    env_text = ", ".join(f"{name}={value!r}" for name, value in _kvcheck_env().items())
     lines = [
         f"kvcheck target: {target.name} {target.version} ({session.target_source})",
         f"kvcheck device: {_describe_device(session)}",
@@ -283,14 +275,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from kvcheck.targets.expected import generates_examples
     from kvcheck.targets.findings import pinned_finding
 
+    target = session.target
     for item in items:
         capabilities = [c for marker in item.iter_markers("kvcheck_needs") for c in marker.args]
         reason = None
         if capabilities:
             with contextlib.suppress(ValueError):  # unknown names fail the test in setup
-                reason = capability_skip_reason(
-                    session.target, capabilities, family=_item_family(item)
-                )
+                reason = capability_skip_reason(target, capabilities, family=_item_family(item))
         if reason is None and item.get_closest_marker("gpu") is not None:
             reason = _gpu_skip_reason(session)
         if reason is None and item.get_closest_marker(_SGLANG_MARKER) is not None:
@@ -298,28 +289,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
             continue
-        pinned = pinned_finding(session.target, item.nodeid)
+        pinned = pinned_finding(target, item.nodeid)
+        expected = None if pinned is not None else expected_failure_reason(target, item.nodeid)
         if pinned is not None:
             item.stash[_PINNED_FINDING] = pinned
-            item.add_marker(
-                pytest.mark.xfail(
-                    strict=generates_examples(),
-                    reason=f"pins finding {pinned.id} of target {session.target.name!r}: "
-                    f"{pinned.summary}",
-                )
-            )
-            continue
-        expected = expected_failure_reason(session.target, item.nodeid)
-        if expected is not None:
+            why = f"pins finding {pinned.id} of target {target.name!r}: {pinned.summary}"
+        elif expected is not None:
             item.stash[_EXPECTED_FAILURE] = expected
-            item.add_marker(
-                pytest.mark.xfail(
-                    # A replay-only profile may not reach the failure: no XPASS(strict) then.
-                    strict=generates_examples(),
-                    reason=f"expected failure declared by target {session.target.name!r}: "
-                    f"{expected}",
-                )
-            )
+            why = f"expected failure declared by target {target.name!r}: {expected}"
+        else:
+            continue
+        # A replay-only profile may not reach the failure: no XPASS(strict) then.
+        item.add_marker(pytest.mark.xfail(strict=generates_examples(), reason=why))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -556,10 +537,7 @@ def _load_profile(
 
 def _is_kvcheck_checkout(config: pytest.Config) -> bool:
     """pytest runs in kvcheck's own source tree (its tests are kvcheck's suite too)."""
-    import kvcheck
-
-    package = Path(kvcheck.__file__).resolve().parent
-    return package.parent == Path(config.rootpath).resolve()
+    return _PACKAGE.parent == Path(config.rootpath).resolve()
 
 
 def _uses_kvcheck(item: pytest.Item) -> bool:
@@ -569,10 +547,7 @@ def _uses_kvcheck(item: pytest.Item) -> bool:
         return True
     if any(item.get_closest_marker(name) is not None for name in _KVCHECK_MARKERS):
         return True
-    import kvcheck
-
-    package = Path(kvcheck.__file__).resolve().parent
-    return package in Path(str(item.path)).resolve().parents
+    return _PACKAGE in Path(str(item.path)).resolve().parents
 
 
 @contextlib.contextmanager
@@ -787,9 +762,11 @@ def _is_tracked(item: pytest.Item, session: KVCheckSession) -> bool:
     return session.record_results or _uses_kvcheck(item)
 
 
-def _results_context(session: KVCheckSession) -> dict[str, Any]:
-    from hypothesis import settings
+def _kvcheck_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIX)}
 
+
+def _results_context(session: KVCheckSession) -> dict[str, Any]:
     from kvcheck.runner.db import describe_database
 
     return {
@@ -799,11 +776,7 @@ def _results_context(session: KVCheckSession) -> dict[str, Any]:
             "source": session.target_source,
         },
         "device": {"requested": session.device_spec, "resolved": session.device_resolved},
-        "profile": (
-            _current_profile_name(settings)
-            if session.profile_everywhere or session.profile is None
-            else session.profile
-        ),
+        "profile": session.profile_name(),
         "database": describe_database(session.database),
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIX)},
+        "env": _kvcheck_env(),
     }
