@@ -56,6 +56,7 @@ __all__ = [
     "check_writable",
     "database_from_spec",
     "describe_database",
+    "probe_directory",
     "recording_test",
     "save_errors",
     "scan_database",
@@ -189,17 +190,27 @@ def check_writable(db: ExampleDatabase) -> None:
         >>> check_writable(database_from_spec(tempfile.mkdtemp()))
     """
     for directory in _writable_directories(db):
-        probe = directory / f".kvcheck-probe-{uuid.uuid4().hex}"
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            probe.write_bytes(b"probe")
-            probe.unlink()
+            probe_directory(directory)
         except OSError as exc:
             raise DatabaseSpecError(
                 f"{DATABASE_ENV_VAR}: cannot write failing examples to {str(directory)!r} "
                 f"({type(exc).__name__}: {exc.strerror or exc}); fix its permissions or "
                 "point KVCHECK_DB at a writable directory"
             ) from exc
+
+
+def probe_directory(directory: Path) -> None:
+    """Create ``directory`` and a probe file in it, then remove the probe; ``OSError`` if not.
+
+    Example:
+        >>> import tempfile
+        >>> probe_directory(Path(tempfile.mkdtemp()) / "new")
+    """
+    probe = directory / f".kvcheck-probe-{uuid.uuid4().hex}"
+    directory.mkdir(parents=True, exist_ok=True)
+    probe.write_bytes(b"probe")
+    probe.unlink()
 
 
 @dataclass(frozen=True)

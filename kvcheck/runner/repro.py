@@ -721,16 +721,25 @@ def render_script(data: Mapping[str, Any], *, target: str) -> str:
     return head + "\n\n" + "\n\n\n".join(blocks) + "\n"
 
 
-def script_name(test: str) -> str:
-    """File name for the reproduction of test ``test``: ``repro_<sanitized test id>.py``.
+def script_name(test: str, used: set[str] | None = None) -> str:
+    """``repro_<test name and parameters>.py`` for test id ``test``; unique among ``used``,
+    which it joins.
 
     Example:
         >>> script_name("kvcheck/suite/test_pool_machines.py::test_mha[cpu]")
-        'repro_test_pool_machines_test_mha_cpu.py'
+        'repro_test_mha_cpu.py'
+        >>> used = {"repro_test_mha_cpu.py"}
+        >>> script_name("other/test_pool_machines.py::test_mha[cpu]", used)
+        'repro_test_mha_cpu_2.py'
     """
-    tail = test.replace("\\", "/").split("/")[-1].replace(".py::", "_").replace("::", "_")
-    stem = re.sub(r"[^A-Za-z0-9_]+", "_", tail).strip("_") or "failure"
-    return f"repro_{stem[:100]}.py"
+    short = test.rpartition("::")[2] or test
+    stem = re.sub(r"[^A-Za-z0-9_]+", "_", short).strip("_")[:80] or "failure"
+    name, number = f"repro_{stem}.py", 2
+    while used is not None and name in used:
+        name, number = f"repro_{stem}_{number}.py", number + 1
+    if used is not None:
+        used.add(name)
+    return name
 
 
 def write_script(
@@ -747,7 +756,7 @@ def write_script(
         >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
         >>> data = reproduction_to_json(Reproduction(spec, (Move((1,), (2,)),), test="t::x"))
         >>> write_script(data, target="kvcheck", directory=tempfile.mkdtemp()).name
-        'repro_t_x.py'
+        'repro_x.py'
     """
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
