@@ -27,7 +27,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from kvcheck.failures import reproduction_to_json
+from kvcheck.targets.expected import _leaves  # one unwrapping of exception groups
 
 __all__ = [
     "DEVICE_PROPERTY",
@@ -138,7 +139,7 @@ def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
         Draw 1 (y): 0
     """
     entries: list[dict[str, Any]] = []
-    for leaf in _leaf_exceptions(exc):
+    for leaf in _leaves(exc):
         blob = None
         example: str | None = None
         draws: list[str] = []
@@ -335,15 +336,6 @@ def load_results(path: Path) -> dict[str, Any]:
 # --- helpers ----------------------------------------------------------------------------------
 
 
-def _leaf_exceptions(exc: BaseException) -> Iterator[BaseException]:
-    nested = getattr(exc, "exceptions", None)
-    if isinstance(nested, tuple | list) and nested:
-        for inner in nested:
-            yield from _leaf_exceptions(inner)
-    else:
-        yield exc
-
-
 def _reproduction_text(example: str | None, draws: list[str], other: list[str]) -> str | None:
     if example is None and not draws and not other:
         return None
@@ -356,21 +348,21 @@ def _reproduction_text(example: str | None, draws: list[str], other: list[str]) 
     return "\n".join([*lines, *draws, *other])
 
 
+#: user property -> (field of RecordedTest, how its value is read)
+_PROPERTY_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    STATISTICS_PROPERTY: ("statistics", json.loads),
+    FAILURES_PROPERTY: ("failures", json.loads),
+    STORED_PROPERTY: ("stored_examples", int),
+    DEVICE_PROPERTY: ("device", str),
+    SAVE_ERRORS_PROPERTY: ("save_errors", lambda value: list(json.loads(value))),
+}
+
+
 def _apply_properties(record: RecordedTest, properties: Sequence[Any]) -> None:
     for item in properties:
-        if not isinstance(item, tuple | list) or len(item) != 2:
-            continue
-        name, value = item
-        if name == STATISTICS_PROPERTY:
-            record.statistics = json.loads(value)
-        elif name == FAILURES_PROPERTY:
-            record.failures = json.loads(value)
-        elif name == STORED_PROPERTY:
-            record.stored_examples = int(value)
-        elif name == DEVICE_PROPERTY:
-            record.device = str(value)
-        elif name == SAVE_ERRORS_PROPERTY:
-            record.save_errors = list(json.loads(value))
+        if isinstance(item, tuple | list) and len(item) == 2 and item[0] in _PROPERTY_FIELDS:
+            name, read = _PROPERTY_FIELDS[item[0]]
+            setattr(record, name, read(item[1]))
 
 
 def _skip_reason(report: Any) -> str | None:

@@ -36,8 +36,7 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-_FAILING = ("failed", "error", "xpassed")
-FAILING_OUTCOMES = _FAILING
+FAILING_OUTCOMES = ("failed", "error", "xpassed")
 #: Skip reasons listed one by one before the rest are counted.
 _MAX_SKIP_GROUPS = 8
 #: Lines of one failure's error message shown by default (the first difference is early).
@@ -92,15 +91,13 @@ def render_verify(
     lines += _collection_errors(results)
     if tests and verbosity > 0:
         lines += [*_table(tests), ""]
-    failing = [test for test in tests if test["outcome"] in _FAILING]
+    failing = [test for test in tests if test["outcome"] in FAILING_OUTCOMES]
     if failing and verbosity >= 0:
         lines += [f"Failures ({len(failing)}), each with its minimal reproduction", ""]
         for test in failing:
             lines += [*_failure_block(test), ""]
     elif failing:
-        lines += [
-            f"{_OUTCOME_LABEL[test['outcome']]} {short_name(test['nodeid'])}" for test in failing
-        ]
+        lines += [f"{_OUTCOME_LABEL[t['outcome']]} {short_name(t['nodeid'])}" for t in failing]
         lines.append("")
     lines += _lost_saves(tests)
     if interrupted:
@@ -127,7 +124,7 @@ def replay_verdicts(tests: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mappi
     verdicts: list[tuple[str, Mapping[str, Any]]] = []
     for test in tests:
         stored = int(test.get("stored_examples") or 0)
-        failed = test.get("outcome") in _FAILING
+        failed = test.get("outcome") in FAILING_OUTCOMES
         if stored and failed:
             verdicts.append(("still failing", test))
         elif stored and test.get("outcome") == "passed":
@@ -247,14 +244,12 @@ def _failure_block(test: Mapping[str, Any]) -> list[str]:
         if len(failures) > 1:
             lines.append(f"  distinct failure {index} of {len(failures)}:")
         lines += [f"    {line}" for line in _capped(str(failure.get("error")))]
-        for line in str(failure.get("reproduction") or "").splitlines():
-            lines.append(f"    {line}")
+        lines += [f"    {line}" for line in str(failure.get("reproduction") or "").splitlines()]
         if failure.get("blob"):
             lines.append(f"    reproduce with: {failure['blob']}")
         if failure.get("script"):
             lines.append(f"    standalone script: python {failure['script']}")
-        elif failure.get("script_error") or failure.get("reproduction_error"):
-            why = failure.get("script_error") or failure.get("reproduction_error")
+        elif why := failure.get("script_error") or failure.get("reproduction_error"):
             lines.append(f"    no standalone script: {why}")
     return lines
 
@@ -286,8 +281,7 @@ def _collapsed(tests: Sequence[Mapping[str, Any]]) -> list[str]:
     """Passes in one line, expected failures in one, skips grouped by reason."""
     counts = Counter(test["outcome"] for test in tests)
     lines: list[str] = []
-    if counts["passed"]:
-        number = counts["passed"]
+    if number := counts["passed"]:
         lines.append(f"{number} propert{'y' if number == 1 else 'ies'} passed")
     if counts["xfailed"]:
         lines.append(
@@ -302,8 +296,7 @@ def _collapsed(tests: Sequence[Mapping[str, Any]]) -> list[str]:
         lines.append(f"{counts['skipped']} skipped:")
         for reason, number in skips.most_common(_MAX_SKIP_GROUPS):
             lines.append(f"    {number} x {reason}")
-        rest = skips.most_common()[_MAX_SKIP_GROUPS:]
-        if rest:
+        if rest := skips.most_common()[_MAX_SKIP_GROUPS:]:
             lines.append(
                 f"    {sum(n for _, n in rest)} more, for {len(rest)} other reasons "
                 "(--verbose lists every test)"
@@ -312,14 +305,11 @@ def _collapsed(tests: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _locations(locations: Mapping[str, str] | None, failing: Sequence[Any]) -> list[str]:
-    if not locations:
-        return []
-    shown = {
-        label: path
-        for label, path in locations.items()
+    return [
+        f"{label}: {path}"
+        for label, path in (locations or {}).items()
         if failing or label != "reproduction scripts"
-    }
-    return [f"{label}: {path}" for label, path in shown.items()]
+    ]
 
 
 def _replayed(test: Mapping[str, Any]) -> str:
