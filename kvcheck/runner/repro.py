@@ -92,11 +92,6 @@ def _flavour(target: str) -> _Flavour:
 # --- rendering helpers ----------------------------------------------------------------------
 
 
-def _hex(data: bytes, indent: str) -> str:
-    """A hex string literal, split over lines of 64 digits when long."""
-    return _wrapped(data.hex(), indent)
-
-
 def _wrapped(text: str, indent: str) -> str:
     """A string literal of ``text`` (no quotes or backslashes in it), split over lines of
     64 characters when long."""
@@ -116,8 +111,8 @@ def _rows_expr(dtype: str, inner: Sequence[int], rows: Sequence[bytes], indent: 
     if not rows:
         return f"rows(torch.{dtype}, {shape})"
     if len(rows) == 1 and len(rows[0]) <= 24:
-        return f"rows(torch.{dtype}, {shape}, {_hex(rows[0], indent)})"
-    items = "".join(f"\n{indent}    {_hex(row, indent + '    ')}," for row in rows)
+        return f"rows(torch.{dtype}, {shape}, {_wrapped(rows[0].hex(), indent)})"
+    items = "".join(f"\n{indent}    {_wrapped(row.hex(), indent + '    ')}," for row in rows)
     return f"rows(torch.{dtype}, {shape},{items}\n{indent})"
 
 
@@ -444,14 +439,9 @@ class _ScriptWriter:
     def build_pool(self) -> list[str]:
         spec, kind = self.spec, self.flavour.kind
         if kind == "module":
-            fields = ", ".join(
-                f"{f.name}={getattr(spec, f.name)!r}"
-                for f in dataclasses.fields(spec)
-                if getattr(spec, f.name) != f.default
-            )
-            first = f"target = target_module.{self.flavour.attr}"
+            fields = ", ".join(_changed_fields(spec))
             return [
-                first,
+                f"target = target_module.{self.flavour.attr}",
                 "if isinstance(target, type) or not hasattr(target, 'make_pool'):",
                 "    target = target()  # a class or factory: kvcheck calls it with no arguments",
                 f'pool = target.make_pool(PoolSpec({fields}), device="cpu")',
@@ -492,16 +482,13 @@ class _ScriptWriter:
 
     def _call_lines(self, op: Op, error: type[Exception] | None) -> list[str]:
         raises = "" if error is None else f", raises={_exception_name(error)}"
-        if isinstance(op, HostReload) and op.name not in self._copied():
+        if isinstance(op, HostReload) and op.name not in self.reference._host_copies:
             return [f"# load_cpu_copy of copy {op.name!r}, which was never taken: nothing to call"]
         prep, label, method, args = self._call_parts(op)
         text = f"call({label!r}, {method}, {', '.join(args)}{raises})"
         if isinstance(op, HostCopy):
             text = f"copies[{op.name!r}] = {text}"
         return [*prep, text]
-
-    def _copied(self) -> set[str]:
-        return set(self.reference._host_copies)
 
     def _call_parts(self, op: Op) -> tuple[list[str], str, str, list[str]]:
         """Lines preparing tensors, the label, the bound method and its arguments."""
@@ -628,12 +615,17 @@ class _ScriptWriter:
         return [*lines, "}"]
 
 
-def _describe_spec(spec: PoolSpec) -> str:
-    shown = [
+def _changed_fields(spec: PoolSpec) -> list[str]:
+    """``name=value`` for each field of ``spec`` that differs from its default."""
+    return [
         f"{f.name}={getattr(spec, f.name)!r}"
         for f in dataclasses.fields(spec)
-        if f.name != "family" and getattr(spec, f.name) != f.default
+        if getattr(spec, f.name) != f.default
     ]
+
+
+def _describe_spec(spec: PoolSpec) -> str:
+    shown = [field for field in _changed_fields(spec) if not field.startswith("family=")]
     return f"{spec.family} ({', '.join(shown)})"
 
 
