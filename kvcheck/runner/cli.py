@@ -39,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -395,7 +396,7 @@ class _SuiteRun:
         self.log_path = log_path
         self.interrupted = False
         self.total: int | None = None
-        self.counts: dict[str, int] = {}
+        self.counts: Counter[str] = Counter()
         self._tty = sys.stdout.isatty()
         self._next_report = 0
 
@@ -461,8 +462,7 @@ class _SuiteRun:
                     flush=True,
                 )
         elif event.get("event") == "test":
-            outcome = str(event.get("outcome"))
-            self.counts[outcome] = self.counts.get(outcome, 0) + 1
+            self.counts[str(event.get("outcome"))] += 1
             if self.verbosity == 0:
                 self._progress(str(event.get("nodeid", "")))
 

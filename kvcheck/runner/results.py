@@ -47,6 +47,7 @@ __all__ = [
     "STORED_PROPERTY",
     "RecordedTest",
     "ResultsCollector",
+    "capped_lines",
     "failures_from_exception",
     "load_results",
     "summarize_statistics",
@@ -333,6 +334,19 @@ def load_results(path: Path) -> dict[str, Any]:
     return payload
 
 
+def capped_lines(text: str, limit: int, *, where: str = "") -> list[str]:
+    """The lines of ``text``, those past ``limit`` replaced by ``... (N more lines<where>)``.
+
+    Example:
+        >>> capped_lines("a\\nb\\nc", 2, where=" in the log")
+        ['a', 'b', '... (1 more lines in the log)']
+    """
+    lines = text.splitlines()
+    if len(lines) <= limit:
+        return lines
+    return [*lines[:limit], f"... ({len(lines) - limit} more lines{where})"]
+
+
 # --- helpers ----------------------------------------------------------------------------------
 
 
@@ -379,7 +393,4 @@ def _failure_message(report: Any) -> str:
     message = getattr(crash, "message", None)
     if not message:
         message = str(getattr(report, "longreprtext", "") or report.longrepr or "")
-    lines = message.strip().splitlines()
-    if len(lines) > _MAX_MESSAGE_LINES:
-        lines = [*lines[:_MAX_MESSAGE_LINES], f"... ({len(lines) - _MAX_MESSAGE_LINES} more lines)"]
-    return "\n".join(lines)
+    return "\n".join(capped_lines(message.strip(), _MAX_MESSAGE_LINES))

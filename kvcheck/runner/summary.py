@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
+from kvcheck.runner.results import capped_lines
+
 __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
@@ -238,12 +240,12 @@ def _failure_block(test: Mapping[str, Any]) -> list[str]:
     lines = [title]
     failures: Sequence[Mapping[str, Any]] = test.get("failures") or []
     if not failures:
-        lines += [f"    {line}" for line in _capped(str(test.get("message") or ""))]
+        lines += _capped(str(test.get("message") or ""))
         return lines
     for index, failure in enumerate(failures, start=1):
         if len(failures) > 1:
             lines.append(f"  distinct failure {index} of {len(failures)}:")
-        lines += [f"    {line}" for line in _capped(str(failure.get("error")))]
+        lines += _capped(str(failure.get("error")))
         lines += [f"    {line}" for line in str(failure.get("reproduction") or "").splitlines()]
         if failure.get("blob"):
             lines.append(f"    reproduce with: {failure['blob']}")
@@ -255,11 +257,9 @@ def _failure_block(test: Mapping[str, Any]) -> list[str]:
 
 
 def _capped(text: str) -> list[str]:
-    lines = text.splitlines()
-    if len(lines) > _MAX_ERROR_LINES:
-        hidden = len(lines) - _MAX_ERROR_LINES
-        lines = [*lines[:_MAX_ERROR_LINES], f"... ({hidden} more lines in results.json)"]
-    return lines
+    """``text`` indented under its failure, cut to its first lines."""
+    lines = capped_lines(text, _MAX_ERROR_LINES, where=" in results.json")
+    return [f"    {line}" for line in lines]
 
 
 def _lost_saves(tests: Sequence[Mapping[str, Any]]) -> list[str]:
