@@ -576,20 +576,12 @@ def _checked_device(spec: str | None) -> str | None:
 
 def _check_database(*, writable: bool) -> Any:
     """The database KVCHECK_DB names; with ``writable``, checked with a probe file."""
-    from kvcheck.runner.db import (
-        DATABASE_ENV_VAR,
-        DatabaseSpecError,
-        check_writable,
-        database_from_spec,
-    )
+    from kvcheck.runner.db import DatabaseSpecError, database_from_env
 
     try:
-        database = database_from_spec(os.environ.get(DATABASE_ENV_VAR))
-        if writable:
-            check_writable(database)
+        return database_from_env(writable=writable)
     except DatabaseSpecError as exc:
         raise UsageProblem(str(exc)) from exc
-    return database
 
 
 def _scan_for_replay(database: Any) -> Any:

@@ -54,6 +54,7 @@ __all__ = [
     "RecordingDatabase",
     "StrictDirectoryDatabase",
     "check_writable",
+    "database_from_env",
     "database_from_spec",
     "describe_database",
     "probe_directory",
@@ -149,6 +150,20 @@ def database_from_spec(
         f"{DATABASE_ENV_VAR}={text!r}: expected one directory or exactly two joined by "
         f"{os.pathsep!r} (LOCAL{os.pathsep}SHARED), got {len(parts)} parts"
     )
+
+
+def database_from_env(*, writable: bool = False) -> ExampleDatabase:
+    """The database ``KVCHECK_DB`` names (:func:`database_from_spec`); with ``writable``,
+    also checked with probe files (:func:`check_writable`).
+
+    Example:
+        >>> isinstance(database_from_env(), ExampleDatabase)
+        True
+    """
+    database = database_from_spec(os.environ.get(DATABASE_ENV_VAR))
+    if writable:
+        check_writable(database)
+    return database
 
 
 def describe_database(db: Any) -> str:

@@ -471,8 +471,7 @@ def _load_profile(
         DATABASE_ENV_VAR,
         DatabaseSpecError,
         RecordingDatabase,
-        check_writable,
-        database_from_spec,
+        database_from_env,
     )
     from kvcheck.runner.profiles import (
         PROFILE_ENV_VAR,
@@ -488,12 +487,10 @@ def _load_profile(
             f"give one of {_PROFILE_OPTION}={kvcheck_option} and "
             f"--hypothesis-profile={hypothesis_option}, not both"
         )
-    spec = os.environ.get(DATABASE_ENV_VAR)
+    # Asked-for databases are checked now: a failure found later must be saved.
+    asked = bool(os.environ.get(DATABASE_ENV_VAR, "").strip()) or record_results
     try:
-        inner = database_from_spec(spec)
-        if (spec or "").strip() or record_results:
-            # Asked-for databases are checked now: a failure found later must be saved.
-            check_writable(inner)
+        inner = database_from_env(writable=asked)
     except DatabaseSpecError as exc:
         raise pytest.UsageError(f"kvcheck: {exc}") from exc
     database = RecordingDatabase(inner)
