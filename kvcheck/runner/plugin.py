@@ -123,6 +123,8 @@ class KVCheckSession:
 _SESSION = pytest.StashKey[KVCheckSession]()
 #: The reason an item runs as one of the target's expected failures.
 _EXPECTED_FAILURE = pytest.StashKey[str]()
+#: Why a test's ``kvcheck_needs`` marker names no capability of the target.
+_BAD_CAPABILITY = pytest.StashKey[str]()
 #: The declared finding a test pins: it must fail, and with exactly that failure.
 _PINNED_FINDING = pytest.StashKey[Any]()
 #: Puts back the Hypothesis profiles this session changed (see ``_snapshot_profiles``).
@@ -280,8 +282,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         capabilities = [c for marker in item.iter_markers("kvcheck_needs") for c in marker.args]
         reason = None
         if capabilities:
-            with contextlib.suppress(ValueError):  # unknown names fail the test in setup
+            try:
                 reason = capability_skip_reason(target, capabilities, family=_item_family(item))
+            except ValueError as exc:  # an unknown name fails the test in setup
+                item.stash[_BAD_CAPABILITY] = str(exc)
         if reason is None and item.get_closest_marker("gpu") is not None:
             reason = _gpu_skip_reason(session)
         if reason is None and item.get_closest_marker(_SGLANG_MARKER) is not None:
@@ -306,17 +310,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A misspelled capability is a bug in the test: fail it rather than skip or pass."""
-    session = item.config.stash.get(_SESSION, None)
-    if session is None:
-        return
-    capabilities = [c for marker in item.iter_markers("kvcheck_needs") for c in marker.args]
-    if capabilities:
-        from kvcheck.targets import capability_skip_reason
-
-        try:
-            capability_skip_reason(session.target, capabilities, family=_item_family(item))
-        except ValueError as exc:
-            pytest.fail(f"@pytest.mark.kvcheck_needs on {item.nodeid}: {exc}", pytrace=False)
+    problem = item.stash.get(_BAD_CAPABILITY, None)
+    if problem is not None:
+        pytest.fail(f"@pytest.mark.kvcheck_needs on {item.nodeid}: {problem}", pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
@@ -414,9 +410,10 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
         source = f"default; choose with {_TARGET_OPTION} or {TARGET_ENV_VAR}"
     try:
         target = resolve_target(target_option)
-        if not _is_xdist_controller(config, worker_id):
+        if worker_id is not None or getattr(config.option, "dist", "no") == "no":
             # Heavy one-time setup (sglang's import) before any test: a Hypothesis test
-            # must not see it (sglang raises the recursion limit while importing).
+            # must not see it (sglang raises the recursion limit while importing). The
+            # xdist controller runs no test, so it skips it.
             prepare_target(target)
     except TargetError as exc:
         raise pytest.UsageError(f"kvcheck: {exc}") from exc
@@ -724,11 +721,6 @@ def _fast_if_expected_to_fail(item: pytest.Item) -> contextlib.AbstractContextMa
     from kvcheck.targets.expected import failing_fast
 
     return failing_fast(getattr(item, "obj", None))
-
-
-def _is_xdist_controller(config: pytest.Config, worker_id: str | None) -> bool:
-    """The xdist process that hands tests to workers and runs none itself."""
-    return worker_id is None and getattr(config.option, "dist", "no") != "no"
 
 
 def _item_family(item: pytest.Item) -> str | None:
