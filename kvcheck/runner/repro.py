@@ -139,15 +139,8 @@ def _list(values: Sequence[int]) -> str:
 def _runs(row: np.ndarray) -> str:
     """A row's non-zero bytes as ``"offset:hex ..."`` runs (zero gaps of 8+ bytes split runs)."""
     nonzero = np.flatnonzero(row)
-    runs: list[str] = []
-    start = prev = int(nonzero[0])
-    for column in (int(c) for c in nonzero[1:]):
-        if column - prev > 8:
-            runs.append(f"{start}:{row[start : prev + 1].tobytes().hex()}")
-            start = column
-        prev = column
-    runs.append(f"{start}:{row[start : prev + 1].tobytes().hex()}")
-    return " ".join(runs)
+    runs = np.split(nonzero, np.flatnonzero(np.diff(nonzero) > 8) + 1)
+    return " ".join(f"{run[0]}:{row[run[0] : run[-1] + 1].tobytes().hex()}" for run in runs)
 
 
 def _expected_layer(array: np.ndarray, indent: str) -> str:
