@@ -558,9 +558,7 @@ def _keyword(keyword: str | None, families: Sequence[str] | None) -> str | None:
     if not families:
         return keyword
     chosen = " or ".join(dict.fromkeys(families))
-    if keyword:
-        return f"({chosen}) and ({keyword})"
-    return chosen
+    return f"({chosen}) and ({keyword})" if keyword else chosen
 
 
 def _checked_device(spec: str | None) -> str | None:

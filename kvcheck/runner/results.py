@@ -107,9 +107,7 @@ def summarize_statistics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "examples": int(sum(p["valid"] + p["failing"] for p in in_examples)),
         "failing": int(sum(p["failing"] for p in in_examples)),
         "invalid": int(sum(p["invalid"] for p in in_examples)),
-        "shrinks": int(
-            shrink.get("valid", 0) + shrink.get("failing", 0) + shrink.get("invalid", 0)
-        ),
+        "shrinks": int(sum(shrink.get(key, 0) for key in ("valid", "failing", "invalid"))),
         "phases": phases,
         "stopped_because": stopped,
     }
@@ -146,8 +144,7 @@ def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
         draws: list[str] = []
         other: list[str] = []
         for note in (str(note) for note in getattr(leaf, "__notes__", ())):
-            match = _BLOB.search(note)
-            if match:
+            if match := _BLOB.search(note):
                 blob = match.group(0)
                 continue
             text = note.strip("\n")

@@ -162,8 +162,7 @@ def render_replay(
     lines += _collection_errors(results)
     if verdicts:
         lines.append(f"{'VERDICT':<14} {'REPLAYED':>8}  PROPERTY")
-        for verdict, test in verdicts:
-            lines.append(f"{verdict:<14} {_replayed(test):>8}  {short_name(test['nodeid'])}")
+        lines += [f"{v:<14} {_replayed(t):>8}  {short_name(t['nodeid'])}" for v, t in verdicts]
     else:
         lines.append(f"nothing to replay: no stored examples in {results.get('database', '?')}")
     if not any(test.get("stored_examples") for test in tests):
@@ -185,7 +184,7 @@ def render_replay(
         for name in ("still failing", "fixed", "failed", "skipped")
         if counts[name]
     ]
-    parts.append(f"{without} test{'s' * (without != 1)} without stored examples")
+    parts.append(f"{_plural(without, 'test')} without stored examples")
     lines += [f"{', '.join(parts)}; exit {exit_code}"]
     return "\n".join(lines)
 
