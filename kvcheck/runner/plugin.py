@@ -324,14 +324,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         with _fast_if_expected_to_fail(item), _steering(item, session):
             yield
         return
-    from kvcheck.runner.db import recording_test, save_errors, stored_examples_fetched
-    from kvcheck.runner.results import (
-        DEVICE_PROPERTY,
-        SAVE_ERRORS_PROPERTY,
-        STATISTICS_PROPERTY,
-        STORED_PROPERTY,
-        summarize_statistics,
-    )
+    from kvcheck.runner.db import recording_test
+    from kvcheck.runner.results import call_properties
 
     runs: list[dict[str, Any]] = []
     with (
@@ -342,14 +336,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         _collecting_statistics(runs),
     ):
         yield
-    if runs:
-        item.user_properties.append((STATISTICS_PROPERTY, json.dumps(summarize_statistics(runs))))
-    item.user_properties.append((STORED_PROPERTY, stored_examples_fetched(item.nodeid)))
-    lost = save_errors(item.nodeid)
-    if lost:
-        item.user_properties.append((SAVE_ERRORS_PROPERTY, json.dumps(lost)))
-    if session.device_resolved is not None:
-        item.user_properties.append((DEVICE_PROPERTY, session.device_resolved))
+    item.user_properties += call_properties(item.nodeid, runs, device=session.device_resolved)
 
 
 @pytest.hookimpl(hookwrapper=True)

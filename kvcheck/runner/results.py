@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from kvcheck.failures import reproduction_to_json
+from kvcheck.runner.db import save_errors, stored_examples_fetched
 from kvcheck.targets.expected import _leaves  # one unwrapping of exception groups
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "STORED_PROPERTY",
     "RecordedTest",
     "ResultsCollector",
+    "call_properties",
     "capped_lines",
     "failures_from_exception",
     "load_results",
@@ -111,6 +113,28 @@ def summarize_statistics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "phases": phases,
         "stopped_because": stopped,
     }
+
+
+def call_properties(
+    nodeid: str, runs: Sequence[Mapping[str, Any]], *, device: str | None
+) -> list[tuple[str, Any]]:
+    """The user properties a test process attaches to test ``nodeid`` after its call: its
+    Hypothesis ``runs`` summarized, the stored examples it fetched, the saves that failed
+    (:mod:`kvcheck.runner.db`) and its ``device``; each but the fetch count only when known.
+
+    Example:
+        >>> call_properties("a test that never ran", [], device="cpu")
+        [('kvcheck_stored_examples', 0), ('kvcheck_device', 'cpu')]
+    """
+    properties: list[tuple[str, Any]] = []
+    if runs:
+        properties.append((STATISTICS_PROPERTY, json.dumps(summarize_statistics(runs))))
+    properties.append((STORED_PROPERTY, stored_examples_fetched(nodeid)))
+    if lost := save_errors(nodeid):
+        properties.append((SAVE_ERRORS_PROPERTY, json.dumps(lost)))
+    if device is not None:
+        properties.append((DEVICE_PROPERTY, device))
+    return properties
 
 
 def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
