@@ -123,19 +123,7 @@ def replay_verdicts(tests: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mappi
         >>> replay_verdicts([{"outcome": "passed", "stored_examples": 2}])[0][0]
         'fixed'
     """
-    verdicts: list[tuple[str, Mapping[str, Any]]] = []
-    for test in tests:
-        stored = int(test.get("stored_examples") or 0)
-        failed = test.get("outcome") in FAILING_OUTCOMES
-        if stored and failed:
-            verdicts.append(("still failing", test))
-        elif stored and test.get("outcome") == "passed":
-            verdicts.append(("fixed", test))
-        elif stored:
-            verdicts.append(("skipped", test))
-        elif failed:
-            verdicts.append(("failed", test))
-    return verdicts
+    return [(verdict, test) for test in tests if (verdict := _verdict(test)) is not None]
 
 
 def render_replay(
@@ -309,6 +297,15 @@ def _locations(locations: Mapping[str, str] | None, failing: Sequence[Any]) -> l
         for label, path in (locations or {}).items()
         if failing or label != "reproduction scripts"
     ]
+
+
+def _verdict(test: Mapping[str, Any]) -> str | None:
+    failed = test.get("outcome") in FAILING_OUTCOMES
+    if not int(test.get("stored_examples") or 0):
+        return "failed" if failed else None
+    if failed:
+        return "still failing"
+    return "fixed" if test.get("outcome") == "passed" else "skipped"
 
 
 def _replayed(test: Mapping[str, Any]) -> str:
