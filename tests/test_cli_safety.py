@@ -27,7 +27,7 @@ from kvcheck.failures import (
     Reproduction,
     reproduction_from_json,
 )
-from kvcheck.runner import cli
+from kvcheck.runner import cli, repro
 from kvcheck.runner.results import failures_from_exception
 from kvcheck.runner.summary import render_verify
 from kvcheck.specs import Move, PoolSpec
@@ -55,6 +55,7 @@ def fake_repro(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
         return f"# {target}\nDATA = {data!r}\n"
 
     module.render_script = render_script  # type: ignore[attr-defined]
+    module.script_name = repro.script_name  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "kvcheck.runner.repro", module)
     return module
 

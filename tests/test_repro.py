@@ -336,9 +336,13 @@ def test_scripts_import_only_what_their_target_needs() -> None:
 
 
 def test_script_name_is_a_python_file_name() -> None:
-    """Test ids with paths, brackets and colons become repro_<name>.py."""
-    assert script_name("a/b/test_x.py::T::test_y[mha-2]") == "repro_test_x_T_test_y_mha_2.py"
+    """Test ids with paths, brackets and colons become repro_<test name and parameters>.py,
+    numbered when a name is taken."""
+    assert script_name("a/b/test_x.py::T::test_y[mha-2]") == "repro_test_y_mha_2.py"
     assert script_name("") == "repro_failure.py"
+    used = {"repro_test_y_mha_2.py"}
+    assert script_name("c/test_z.py::test_y[mha-2]", used) == "repro_test_y_mha_2_2.py"
+    assert used == {"repro_test_y_mha_2.py", "repro_test_y_mha_2_2.py"}
 
 
 # --- the twins ---------------------------------------------------------------------------------

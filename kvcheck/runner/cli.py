@@ -34,17 +34,18 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import kvcheck
+from kvcheck.specs import POOL_FAMILIES
 
 __all__ = ["build_parser", "main", "pytest_command"]
 
@@ -237,30 +238,20 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
         dest="families",
         action="append",
         default=None,
-        choices=_pool_families(),
+        choices=POOL_FAMILIES,
         help="only this pool family's tests (repeatable): pytest -k FAMILY, which selects "
         "the tests whose id contains the name, i.e. the [FAMILY] parameter of per-family "
         "properties and tests or modules named after the family (test_noop.py); several "
         "--family are or-ed, and and-ed with -k",
     )
     output = parser.add_mutually_exclusive_group()
-    output.add_argument(
-        "-v",
-        "--verbose",
-        dest="verbosity",
-        action="store_const",
-        const=1,
-        default=0,
-        help="stream pytest's -v log and add a row per test to the summary",
-    )
-    output.add_argument(
-        "-q",
-        "--quiet",
-        dest="verbosity",
-        action="store_const",
-        const=-1,
-        help="print only the summary (no progress, no failure details)",
-    )
+    for flags, verbosity, does in (
+        (("-v", "--verbose"), 1, "stream pytest's -v log and add a row per test to the summary"),
+        (("-q", "--quiet"), -1, "print only the summary (no progress, no failure details)"),
+    ):
+        output.add_argument(
+            *flags, dest="verbosity", action="store_const", const=verbosity, default=0, help=does
+        )
     parser.add_argument(
         "--results-dir",
         default=DEFAULT_RESULTS_DIR,
@@ -306,10 +297,11 @@ def _run_suite(
     options: argparse.Namespace, extra: Sequence[str], *, command: str, profile: str | None
 ) -> int:
     """Check the settings here (fast, clear errors), then run pytest and summarize."""
+    from kvcheck.runner.profiles import unknown_env_warnings
     from kvcheck.runner.results import load_results
     from kvcheck.runner.summary import EXIT_USAGE, exit_code_for, render_replay, render_verify
 
-    for warning in _env_warnings():
+    for warning in unknown_env_warnings():
         print(f"kvcheck: warning: {warning}", file=sys.stderr)
     target = _checked_target(options.target)
     device = _checked_device(options.device)
@@ -339,49 +331,41 @@ def _run_suite(
         results_path=results_path,
         extra=extra,
     )
-    run = _SuiteRun(command=command, verbosity=options.verbosity, log_path=log_path)
+    verbosity = options.verbosity
+    run = _SuiteRun(command=command, verbosity=verbosity, log_path=log_path)
     status = run.run(argv)
     try:
-        results: dict[str, Any] | None = load_results(results_path)
+        results = load_results(results_path)
     except ValueError:
-        results = None
-    if results is None:
         print(
             f"\nkvcheck {command}: pytest stopped before running the suite (exit {status}); "
-            + ("see its message above" if options.verbosity > 0 else run.log_tail()),
+            + ("see its message above" if verbosity > 0 else run.log_tail()),
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED if run.interrupted else EXIT_USAGE
+    tests = results.get("tests", ())
     exit_code = exit_code_for(status)
-    lost = [t for t in results.get("tests", ()) if t.get("save_errors")]
-    if lost:
+    if any(test.get("save_errors") for test in tests):
         exit_code = EXIT_USAGE  # reproductions were lost: the run cannot be trusted to replay
+    if scan is not None and (scan.undecodable or not any(t.get("stored_examples") for t in tests)):
+        exit_code = max(exit_code, EXIT_USAGE)  # replay found nothing it could replay
+    if run.interrupted:
+        exit_code = EXIT_INTERRUPTED
     scripts_note = _write_repro_scripts(results, repro_dir=repro_dir, target=target)
     locations = {
         "results": _shown(results_path),
-        "pytest log": "(printed above)" if options.verbosity > 0 else _shown(log_path),
+        "pytest log": "(printed above)" if verbosity > 0 else _shown(log_path),
         "reproduction scripts": _shown(repro_dir) if scripts_note is None else scripts_note,
     }
     if command == "replay":
-        assert scan is not None
-        if scan.undecodable or not _stored_total(results):
-            exit_code = max(exit_code, EXIT_USAGE)
-        if run.interrupted:
-            exit_code = EXIT_INTERRUPTED
         text = render_replay(
-            results,
-            exit_code=exit_code,
-            verbosity=options.verbosity,
-            scan=scan,
-            locations=locations,
+            results, exit_code=exit_code, verbosity=verbosity, scan=scan, locations=locations
         )
     else:
-        if run.interrupted:
-            exit_code = EXIT_INTERRUPTED
         text = render_verify(
             results,
             exit_code=exit_code,
-            verbosity=options.verbosity,
+            verbosity=verbosity,
             locations=locations,
             interrupted=run.interrupted,
         )
@@ -412,7 +396,7 @@ class _SuiteRun:
         self.log_path = log_path
         self.interrupted = False
         self.total: int | None = None
-        self.counts: dict[str, int] = {}
+        self.counts: Counter[str] = Counter()
         self._tty = sys.stdout.isatty()
         self._next_report = 0
 
@@ -478,8 +462,7 @@ class _SuiteRun:
                     flush=True,
                 )
         elif event.get("event") == "test":
-            outcome = str(event.get("outcome"))
-            self.counts[outcome] = self.counts.get(outcome, 0) + 1
+            self.counts[str(event.get("outcome"))] += 1
             if self.verbosity == 0:
                 self._progress(str(event.get("nodeid", "")))
 
@@ -502,8 +485,7 @@ class _SuiteRun:
     def _end_line(self) -> None:
         if self._tty and self.verbosity == 0 and self.counts:
             print(flush=True)
-            self.counts = dict(self.counts)  # the line is finished; later ends print nothing
-            self._tty = False
+            self._tty = False  # the line is finished; later ends print nothing
 
 
 def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
@@ -515,21 +497,16 @@ def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
         raise UsageProblem(f"--budget-gib={options.budget_gib} must be positive")
     if options.page_size < 1:
         raise UsageProblem(f"--page-size={options.page_size} must be at least 1")
-    budget_bytes = int(options.budget_gib * (1 << 30))
+    sizing: dict[str, Any] = {
+        "budget_bytes": int(options.budget_gib * (1 << 30)),
+        "dtype": options.dtype,
+        "page_size": options.page_size,
+    }
     try:
-        rows = memory_rows(
-            options.model,
-            budget_bytes=budget_bytes,
-            dtype=options.dtype,
-            page_size=options.page_size,
-        )
+        rows = memory_rows(options.model, **sizing)
     except ValueError as exc:
         raise UsageProblem(str(exc)) from exc
-    print(
-        render_memory_report(
-            rows, budget_bytes=budget_bytes, dtype=options.dtype, page_size=options.page_size
-        )
-    )
+    print(render_memory_report(rows, **sizing))
     return 0
 
 
@@ -569,18 +546,6 @@ def _subprocess_env() -> dict[str, str]:
     return env
 
 
-def _env_warnings() -> list[str]:
-    from kvcheck.runner.profiles import unknown_env_warnings
-
-    return unknown_env_warnings()
-
-
-def _pool_families() -> tuple[str, ...]:
-    from kvcheck.specs import POOL_FAMILIES
-
-    return tuple(POOL_FAMILIES)
-
-
 def _keyword(keyword: str | None, families: Sequence[str] | None) -> str | None:
     """The -k expression: the families or-ed, and-ed with the user's -k.
 
@@ -593,9 +558,7 @@ def _keyword(keyword: str | None, families: Sequence[str] | None) -> str | None:
     if not families:
         return keyword
     chosen = " or ".join(dict.fromkeys(families))
-    if keyword:
-        return f"({chosen}) and ({keyword})"
-    return chosen
+    return f"({chosen}) and ({keyword})" if keyword else chosen
 
 
 def _checked_device(spec: str | None) -> str | None:
@@ -611,20 +574,12 @@ def _checked_device(spec: str | None) -> str | None:
 
 def _check_database(*, writable: bool) -> Any:
     """The database KVCHECK_DB names; with ``writable``, checked with a probe file."""
-    from kvcheck.runner.db import (
-        DATABASE_ENV_VAR,
-        DatabaseSpecError,
-        check_writable,
-        database_from_spec,
-    )
+    from kvcheck.runner.db import DatabaseSpecError, database_from_env
 
     try:
-        database = database_from_spec(os.environ.get(DATABASE_ENV_VAR))
-        if writable:
-            check_writable(database)
+        return database_from_env(writable=writable)
     except DatabaseSpecError as exc:
         raise UsageProblem(str(exc)) from exc
-    return database
 
 
 def _scan_for_replay(database: Any) -> Any:
@@ -664,11 +619,10 @@ def _check_output_path(option: str, path: Path) -> None:
 
 def _usable_directory(option: str, path: Path) -> Path:
     """Create ``path`` and a probe file in it; a UsageProblem saying why when that fails."""
-    probe = path / f".kvcheck-probe-{os.getpid()}"
+    from kvcheck.runner.db import probe_directory
+
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"")
-        probe.unlink()
+        probe_directory(path)
     except OSError as exc:
         raise UsageProblem(f"{option} {path}: cannot write there ({exc.strerror or exc})") from exc
     return path.resolve()
@@ -681,33 +635,14 @@ def _shown(path: Path) -> str:
     return str(path)
 
 
-def _stored_total(results: dict[str, Any]) -> int:
-    return sum(int(test.get("stored_examples") or 0) for test in results.get("tests", ()))
-
-
-def _script_name(nodeid: str, used: set[str]) -> str:
-    """``repro_<test name and parameters>.py``, unique among ``used``.
-
-    Example:
-        >>> _script_name("suite/test_pools.py::test_move[mha-2]", set())
-        'repro_test_move_mha_2.py'
-    """
-    short = nodeid.rpartition("::")[2] or nodeid
-    stem = re.sub(r"[^A-Za-z0-9_]+", "_", short).strip("_")[:80] or "test"
-    name, number = f"repro_{stem}.py", 2
-    while name in used:
-        name, number = f"repro_{stem}_{number}.py", number + 1
-    used.add(name)
-    return name
-
-
 def _write_repro_scripts(results: dict[str, Any], *, repro_dir: Path, target: str) -> str | None:
     """A standalone script per failure that carries reproduction data; its path goes on the
     failure as ``script``. Returns a note instead of the folder when none could be written."""
+    from kvcheck.runner.repro import render_script, script_name
     from kvcheck.runner.summary import FAILING_OUTCOMES
 
     failures = [
-        failure
+        (test["nodeid"], failure)
         for test in results.get("tests", ())
         if test.get("outcome") in FAILING_OUTCOMES
         for failure in (test.get("failures") or ())
@@ -716,26 +651,19 @@ def _write_repro_scripts(results: dict[str, Any], *, repro_dir: Path, target: st
     if not failures:
         return "none (no failure carried reproduction data)"
     try:
-        from kvcheck.runner.repro import render_script
-    except ImportError as exc:
-        return f"not written: kvcheck.runner.repro is not available ({exc})"
-    try:
         repro_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"not written: cannot create {repro_dir} ({exc.strerror or exc})"
     used: set[str] = set()
-    for test in results.get("tests", ()):
-        for failure in test.get("failures") or ():
-            data = failure.get("reproduction_data")
-            if not data or test.get("outcome") not in FAILING_OUTCOMES:
-                continue
-            path = repro_dir / _script_name(test["nodeid"], used)
-            try:
-                path.write_text(render_script(data, target=target), encoding="utf-8")
-            except Exception as exc:  # one bad script must not hide the others or the summary
-                failure["script_error"] = f"{type(exc).__name__}: {exc}"
-                continue
-            failure["script"] = _shown(path)
+    for nodeid, failure in failures:
+        path = repro_dir / script_name(nodeid, used)
+        try:
+            script = render_script(failure["reproduction_data"], target=target)
+            path.write_text(script, encoding="utf-8")
+        except Exception as exc:  # one bad script must not hide the others or the summary
+            failure["script_error"] = f"{type(exc).__name__}: {exc}"
+            continue
+        failure["script"] = _shown(path)
     return None
 
 

@@ -54,8 +54,10 @@ __all__ = [
     "RecordingDatabase",
     "StrictDirectoryDatabase",
     "check_writable",
+    "database_from_env",
     "database_from_spec",
     "describe_database",
+    "probe_directory",
     "recording_test",
     "save_errors",
     "scan_database",
@@ -150,6 +152,20 @@ def database_from_spec(
     )
 
 
+def database_from_env(*, writable: bool = False) -> ExampleDatabase:
+    """The database ``KVCHECK_DB`` names (:func:`database_from_spec`); with ``writable``,
+    also checked with probe files (:func:`check_writable`).
+
+    Example:
+        >>> isinstance(database_from_env(), ExampleDatabase)
+        True
+    """
+    database = database_from_spec(os.environ.get(DATABASE_ENV_VAR))
+    if writable:
+        check_writable(database)
+    return database
+
+
 def describe_database(db: Any) -> str:
     """One line saying where ``db`` keeps examples, for report headers and summaries.
 
@@ -188,18 +204,28 @@ def check_writable(db: ExampleDatabase) -> None:
         >>> import tempfile
         >>> check_writable(database_from_spec(tempfile.mkdtemp()))
     """
-    for directory in _writable_directories(db):
-        probe = directory / f".kvcheck-probe-{uuid.uuid4().hex}"
+    for directory in _directories(db, written=True) or ():
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            probe.write_bytes(b"probe")
-            probe.unlink()
+            probe_directory(directory)
         except OSError as exc:
             raise DatabaseSpecError(
                 f"{DATABASE_ENV_VAR}: cannot write failing examples to {str(directory)!r} "
                 f"({type(exc).__name__}: {exc.strerror or exc}); fix its permissions or "
                 "point KVCHECK_DB at a writable directory"
             ) from exc
+
+
+def probe_directory(directory: Path) -> None:
+    """Create ``directory`` and a probe file in it, then remove the probe; ``OSError`` if not.
+
+    Example:
+        >>> import tempfile
+        >>> probe_directory(Path(tempfile.mkdtemp()) / "new")
+    """
+    probe = directory / f".kvcheck-probe-{uuid.uuid4().hex}"
+    directory.mkdir(parents=True, exist_ok=True)
+    probe.write_bytes(b"probe")
+    probe.unlink()
 
 
 @dataclass(frozen=True)
@@ -229,7 +255,7 @@ def scan_database(db: ExampleDatabase) -> DatabaseScan:
         >>> scan_database(db)
         DatabaseScan(entries=1, undecodable=1, missing=(), scanned=True)
     """
-    directories = _all_directories(db)
+    directories = _directories(db, written=False)
     if directories is None:
         return DatabaseScan(scanned=False)
     index = getattr(DirectoryBasedExampleDatabase, "_metakeys_hash", None)
@@ -242,17 +268,9 @@ def scan_database(db: ExampleDatabase) -> DatabaseScan:
         for key_dir in directory.iterdir():
             if not key_dir.is_dir() or key_dir.name == index:
                 continue
-            for value in key_dir.iterdir():
-                if not value.is_file():
-                    continue
-                entries += 1
-                try:
-                    data = value.read_bytes()
-                except OSError:
-                    undecodable += 1
-                    continue
-                if choices_from_bytes(data) is None:
-                    undecodable += 1
+            values = [value for value in key_dir.iterdir() if value.is_file()]
+            entries += len(values)
+            undecodable += sum(not _decodes(value) for value in values)
     return DatabaseScan(entries=entries, undecodable=undecodable, missing=tuple(missing))
 
 
@@ -384,36 +402,27 @@ def _directory(text: str, base: Path, *, role: str) -> Path:
     return path
 
 
-def _writable_directories(db: Any) -> list[Path]:
+def _directories(db: Any, *, written: bool) -> list[Path] | None:
+    """The directories ``db`` writes (``written``) or reads; None when part of what it reads
+    is not a directory. Read-only parts are never written; Redis was pinged when built."""
     if isinstance(db, RecordingDatabase):
-        return _writable_directories(db.inner)
-    if isinstance(db, DirectoryBasedExampleDatabase):
-        return [Path(db.path)]
-    if isinstance(db, MultiplexedDatabase):
-        return [
-            path for part in getattr(db, "_wrapped", ()) for path in _writable_directories(part)
-        ]
-    return []  # read-only parts are never written; Redis was pinged when built
-
-
-def _all_directories(db: Any) -> list[Path] | None:
-    """Every directory ``db`` reads, or None when part of it is not a directory."""
-    if isinstance(db, RecordingDatabase):
-        return _all_directories(db.inner)
+        return _directories(db.inner, written=written)
     if isinstance(db, DirectoryBasedExampleDatabase):
         return [Path(db.path)]
     wrapped = getattr(db, "_wrapped", None)
     if isinstance(db, ReadOnlyDatabase) and wrapped is not None:
-        return _all_directories(wrapped)
+        return [] if written else _directories(wrapped, written=False)
     if isinstance(db, MultiplexedDatabase) and wrapped is not None:
-        found: list[Path] = []
-        for part in wrapped:
-            paths = _all_directories(part)
-            if paths is None:
-                return None
-            found += paths
-        return found
-    return None
+        parts = [_directories(part, written=written) for part in wrapped]
+        return None if None in parts else [path for paths in parts for path in paths or ()]
+    return [] if written else None
+
+
+def _decodes(path: Path) -> bool:
+    try:
+        return choices_from_bytes(path.read_bytes()) is not None
+    except OSError:
+        return False
 
 
 def _redis_database(url: str, *, check_connection: bool) -> ExampleDatabase:

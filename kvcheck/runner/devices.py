@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import sys
@@ -101,14 +102,9 @@ def visible_device_entries(visible_devices: str | None, gpu_count: int) -> list[
     """
     if visible_devices is None:
         return [str(index) for index in range(max(gpu_count, 0))]
-    entries: list[str] = []
-    for entry in visible_devices.split(","):
-        entry = entry.strip()
-        # CUDA stops at the first invalid entry; "-1" is the usual way to hide every GPU.
-        if not entry or entry.startswith("-"):
-            break
-        entries.append(entry)
-    return entries
+    entries = (entry.strip() for entry in visible_devices.split(","))
+    # CUDA stops at the first invalid entry; "-1" is the usual way to hide every GPU.
+    return list(itertools.takewhile(lambda entry: entry and not entry.startswith("-"), entries))
 
 
 def worker_visible_devices(

@@ -48,8 +48,8 @@ import contextlib
 import json
 import os
 import sys
-from collections import Counter
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,8 @@ _PROFILE_OPTION = "--kvcheck-profile"
 _RESULTS_OPTION = "--kvcheck-results"
 _PROGRESS_OPTION = "--kvcheck-progress-fd"
 _ENV_PREFIX = "KVCHECK_"
+#: The kvcheck package directory (this module is kvcheck/runner/plugin.py).
+_PACKAGE = Path(__file__).resolve().parents[1]
 _KVCHECK_FIXTURES = frozenset({"kvcheck_target", "kvcheck_device"})
 _SGLANG_MARKER = "sglang"
 _KVCHECK_MARKERS = ("kvcheck_needs", "gpu", _SGLANG_MARKER)
@@ -84,132 +86,47 @@ _SETTING_NAMES = (
 )
 
 
+@dataclass(kw_only=True)
 class KVCheckSession:
     """What the plugin settled for this pytest process (one per ``pytest.Config``)."""
 
-    def __init__(
-        self,
-        *,
-        target: Any,
-        target_source: str,
-        device_spec: str,
-        gpu_assignment: str | None,
-        database: Any,
-        record_results: bool,
-        profile: str | None = None,
-        profile_everywhere: bool = True,
-        unchosen_settings: tuple[Any, ...] = (),
-    ) -> None:
-        self.target = target
-        self.target_source = target_source
-        self.device_spec = device_spec
-        self.gpu_assignment = gpu_assignment
-        self.database = database
-        self.record_results = record_results
-        #: The kvcheck profile in effect (None: the project chose its own Hypothesis profile).
-        self.profile = profile
-        #: True: loaded for the whole run; False: loaded around each test that uses kvcheck.
-        self.profile_everywhere = profile_everywhere
-        #: Hypothesis's own profile objects, which a ``@given`` test binds when nobody chose.
-        self.unchosen_settings = unchosen_settings
-        #: (test id, reason) for every failing example the database could not save.
-        self.save_errors: list[tuple[str, str]] = []
-        self._device: str | None = None
-
-    @property
-    def device_resolved(self) -> str | None:
-        """The device, if it has been resolved already (resolving imports torch)."""
-        return self._device
+    target: Any
+    target_source: str
+    device_spec: str
+    gpu_assignment: str | None
+    database: Any
+    record_results: bool
+    #: The kvcheck profile in effect (None: the project chose its own Hypothesis profile).
+    profile: str | None = None
+    #: True: loaded for the whole run; False: loaded around each test that uses kvcheck.
+    profile_everywhere: bool = True
+    #: Hypothesis's own profile objects, which a ``@given`` test binds when nobody chose.
+    unchosen_settings: tuple[Any, ...] = ()
+    #: The device, once resolved (resolving imports torch): see :meth:`device`.
+    device_resolved: str | None = field(default=None, init=False)
 
     def device(self) -> str:
         """The torch device string to run on, resolved once per process."""
-        if self._device is None:
+        if self.device_resolved is None:
             from kvcheck.runner.devices import resolve_device
 
-            self._device = resolve_device(self.device_spec)
-        return self._device
+            self.device_resolved = resolve_device(self.device_spec)
+        return self.device_resolved
 
+    def profile_name(self) -> str:
+        """The Hypothesis profile the tests that use kvcheck run under."""
+        from hypothesis import settings
 
-class _SessionReporter:
-    """Per-run plugin object: lost saves, the terminal warnings, the kvcheck command's progress.
-
-    Registered on every process; under xdist the controller sees the workers' reports (and
-    their user properties), so it alone gathers the lost saves and writes the progress.
-    """
-
-    def __init__(self, session: KVCheckSession, progress_fd: int | None) -> None:
-        self.session = session
-        self.progress_fd = progress_fd
-        self._outcomes: dict[str, str] = {}
-        self._total_sent = False
-
-    def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self._send_total(len(session.items))
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        self._send_total(len(ids))
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        from kvcheck.runner.results import SAVE_ERRORS_PROPERTY
-
-        if report.when == "call":
-            for name, value in report.user_properties:
-                if name == SAVE_ERRORS_PROPERTY:
-                    self.session.save_errors += [
-                        (report.nodeid, reason) for reason in json.loads(str(value))
-                    ]
-        if self.progress_fd is None:
-            return
-        xfail = hasattr(report, "wasxfail")
-        if report.when == "call":
-            if report.passed:
-                outcome = "xpassed" if xfail else "passed"
-            else:
-                outcome = "failed" if report.failed else ("xfailed" if xfail else "skipped")
-            self._outcomes[report.nodeid] = outcome
-        elif report.failed and self._outcomes.get(report.nodeid) != "failed":
-            self._outcomes[report.nodeid] = "error"
-        elif report.skipped and report.when == "setup":
-            self._outcomes[report.nodeid] = "xfailed" if xfail else "skipped"
-        if report.when == "teardown":
-            outcome = self._outcomes.pop(report.nodeid, "passed")
-            self._send({"event": "test", "nodeid": report.nodeid, "outcome": outcome})
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        from kvcheck.runner.profiles import unknown_env_warnings
-
-        for warning in unknown_env_warnings():
-            terminalreporter.write_line(f"kvcheck WARNING: {warning}", yellow=True, bold=True)
-        lost = self.session.save_errors
-        if lost:
-            terminalreporter.write_line(
-                f"kvcheck WARNING: {len(lost)} failing example(s) could not be saved to the "
-                "example database; kvcheck replay will not find them:",
-                red=True,
-                bold=True,
-            )
-            for (nodeid, reason), times in Counter(lost).items():
-                again = f" ({times} times)" if times > 1 else ""
-                terminalreporter.write_line(f"  {nodeid}: {reason}{again}", red=True)
-
-    def _send_total(self, total: int) -> None:
-        if not self._total_sent:
-            self._total_sent = True
-            self._send({"event": "collected", "total": total})
-
-    def _send(self, event: dict[str, Any]) -> None:
-        if self.progress_fd is None:
-            return
-        try:
-            os.write(self.progress_fd, (json.dumps(event) + "\n").encode())
-        except OSError:  # the kvcheck command went away: progress is only a display
-            self.progress_fd = None
+        if self.profile_everywhere or self.profile is None:
+            return _current_profile_name(settings)
+        return self.profile
 
 
 _SESSION = pytest.StashKey[KVCheckSession]()
 #: The reason an item runs as one of the target's expected failures.
 _EXPECTED_FAILURE = pytest.StashKey[str]()
+#: Why a test's ``kvcheck_needs`` marker names no capability of the target.
+_BAD_CAPABILITY = pytest.StashKey[str]()
 #: The declared finding a test pins: it must fail, and with exactly that failure.
 _PINNED_FINDING = pytest.StashKey[Any]()
 #: Puts back the Hypothesis profiles this session changed (see ``_snapshot_profiles``).
@@ -292,22 +209,19 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     from kvcheck.runner.profiles import PROFILE_NAMES, unknown_env_warnings
 
     current = _current_profile_name(settings)
-    profile = current if session.profile_everywhere else session.profile
+    profile = session.profile_name()
     if profile in PROFILE_NAMES:
         database = describe_database(session.database)
     else:
         database = f"as Hypothesis profile {current!r} sets it (not a kvcheck profile)"
-    if session.profile is not None and not session.profile_everywhere:
+    if not session.profile_everywhere:
         profile = (
             f"{profile} for tests that use kvcheck (its suite, fixtures kvcheck_target/"
             f"kvcheck_device, markers kvcheck_needs/gpu/sglang); other tests keep "
             f"Hypothesis profile {current!r}"
         )
-    elif profile is None:
-        profile = current
     target = session.target
-    env = {name: value for name, value in os.environ.items() if name.startswith(_ENV_PREFIX)}
-    env_text = ", ".join(f"{name}={value!r}" for name, value in sorted(env.items()))
+    env_text = ", ".join(f"{name}={value!r}" for name, value in _kvcheck_env().items())
     lines = [
         f"kvcheck target: {target.name} {target.version} ({session.target_source})",
         f"kvcheck device: {_describe_device(session)}",
@@ -329,6 +243,15 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
             f"kvcheck expected failures: {len(expected)} declared by target {target.name!r} ({how})"
         )
     return lines
+
+
+@pytest.hookimpl(tryfirst=True)  # before the results collector's lost saves
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if _SESSION in config.stash:
+        from kvcheck.runner.profiles import unknown_env_warnings
+
+        for warning in unknown_env_warnings():
+            terminalreporter.write_line(f"kvcheck WARNING: {warning}", yellow=True, bold=True)
 
 
 @pytest.fixture(scope="session")
@@ -356,14 +279,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from kvcheck.targets.expected import generates_examples
     from kvcheck.targets.findings import pinned_finding
 
+    target = session.target
     for item in items:
         capabilities = [c for marker in item.iter_markers("kvcheck_needs") for c in marker.args]
         reason = None
         if capabilities:
-            with contextlib.suppress(ValueError):  # unknown names fail the test in setup
-                reason = capability_skip_reason(
-                    session.target, capabilities, family=_item_family(item)
-                )
+            try:
+                reason = capability_skip_reason(target, capabilities, family=_item_family(item))
+            except ValueError as exc:  # an unknown name fails the test in setup
+                item.stash[_BAD_CAPABILITY] = str(exc)
         if reason is None and item.get_closest_marker("gpu") is not None:
             reason = _gpu_skip_reason(session)
         if reason is None and item.get_closest_marker(_SGLANG_MARKER) is not None:
@@ -371,44 +295,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
             continue
-        pinned = pinned_finding(session.target, item.nodeid)
+        pinned = pinned_finding(target, item.nodeid)
+        expected = None if pinned is not None else expected_failure_reason(target, item.nodeid)
         if pinned is not None:
             item.stash[_PINNED_FINDING] = pinned
-            item.add_marker(
-                pytest.mark.xfail(
-                    strict=generates_examples(),
-                    reason=f"pins finding {pinned.id} of target {session.target.name!r}: "
-                    f"{pinned.summary}",
-                )
-            )
-            continue
-        expected = expected_failure_reason(session.target, item.nodeid)
-        if expected is not None:
+            why = f"pins finding {pinned.id} of target {target.name!r}: {pinned.summary}"
+        elif expected is not None:
             item.stash[_EXPECTED_FAILURE] = expected
-            item.add_marker(
-                pytest.mark.xfail(
-                    # A replay-only profile may not reach the failure: no XPASS(strict) then.
-                    strict=generates_examples(),
-                    reason=f"expected failure declared by target {session.target.name!r}: "
-                    f"{expected}",
-                )
-            )
+            why = f"expected failure declared by target {target.name!r}: {expected}"
+        else:
+            continue
+        # A replay-only profile may not reach the failure: no XPASS(strict) then.
+        item.add_marker(pytest.mark.xfail(strict=generates_examples(), reason=why))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A misspelled capability is a bug in the test: fail it rather than skip or pass."""
-    session = item.config.stash.get(_SESSION, None)
-    if session is None:
-        return
-    capabilities = [c for marker in item.iter_markers("kvcheck_needs") for c in marker.args]
-    if capabilities:
-        from kvcheck.targets import capability_skip_reason
-
-        try:
-            capability_skip_reason(session.target, capabilities, family=_item_family(item))
-        except ValueError as exc:
-            pytest.fail(f"@pytest.mark.kvcheck_needs on {item.nodeid}: {exc}", pytrace=False)
+    problem = item.stash.get(_BAD_CAPABILITY, None)
+    if problem is not None:
+        pytest.fail(f"@pytest.mark.kvcheck_needs on {item.nodeid}: {problem}", pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)
@@ -420,14 +326,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         with _fast_if_expected_to_fail(item), _steering(item, session):
             yield
         return
-    from kvcheck.runner.db import recording_test, save_errors, stored_examples_fetched
-    from kvcheck.runner.results import (
-        DEVICE_PROPERTY,
-        SAVE_ERRORS_PROPERTY,
-        STATISTICS_PROPERTY,
-        STORED_PROPERTY,
-        summarize_statistics,
-    )
+    from kvcheck.runner.db import recording_test
+    from kvcheck.runner.results import call_properties
 
     runs: list[dict[str, Any]] = []
     with (
@@ -438,14 +338,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         _collecting_statistics(runs),
     ):
         yield
-    if runs:
-        item.user_properties.append((STATISTICS_PROPERTY, json.dumps(summarize_statistics(runs))))
-    item.user_properties.append((STORED_PROPERTY, stored_examples_fetched(item.nodeid)))
-    lost = save_errors(item.nodeid)
-    if lost:
-        item.user_properties.append((SAVE_ERRORS_PROPERTY, json.dumps(lost)))
-    if session.device_resolved is not None:
-        item.user_properties.append((DEVICE_PROPERTY, session.device_resolved))
+    item.user_properties += call_properties(item.nodeid, runs, device=session.device_resolved)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -506,9 +399,10 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
         source = f"default; choose with {_TARGET_OPTION} or {TARGET_ENV_VAR}"
     try:
         target = resolve_target(target_option)
-        if not _is_xdist_controller(config, worker_id):
+        if worker_id is not None or getattr(config.option, "dist", "no") == "no":
             # Heavy one-time setup (sglang's import) before any test: a Hypothesis test
-            # must not see it (sglang raises the recursion limit while importing).
+            # must not see it (sglang raises the recursion limit while importing). The
+            # xdist controller runs no test, so it skips it.
             prepare_target(target)
     except TargetError as exc:
         raise pytest.UsageError(f"kvcheck: {exc}") from exc
@@ -533,14 +427,16 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
             session.device()
         except ValueError as exc:
             raise pytest.UsageError(f"kvcheck: {exc}") from exc
-    results_path = config.getoption("kvcheck_results")
-    if results_path and worker_id is None:
+    if worker_id is None:  # under xdist the controller sees every worker's reports
         from kvcheck.runner.results import ResultsCollector
 
-        collector = ResultsCollector(Path(results_path), context=lambda: _results_context(session))
+        results_path = config.getoption("kvcheck_results")
+        collector = ResultsCollector(
+            Path(results_path) if results_path else None,
+            context=lambda: _results_context(session),
+            progress_fd=config.getoption("kvcheck_progress_fd"),
+        )
         config.pluginmanager.register(collector, "kvcheck-results")
-    progress_fd = config.getoption("kvcheck_progress_fd") if worker_id is None else None
-    config.pluginmanager.register(_SessionReporter(session, progress_fd), "kvcheck-session")
     return session
 
 
@@ -561,8 +457,7 @@ def _load_profile(
         DATABASE_ENV_VAR,
         DatabaseSpecError,
         RecordingDatabase,
-        check_writable,
-        database_from_spec,
+        database_from_env,
     )
     from kvcheck.runner.profiles import (
         PROFILE_ENV_VAR,
@@ -578,12 +473,10 @@ def _load_profile(
             f"give one of {_PROFILE_OPTION}={kvcheck_option} and "
             f"--hypothesis-profile={hypothesis_option}, not both"
         )
-    spec = os.environ.get(DATABASE_ENV_VAR)
+    # Asked-for databases are checked now: a failure found later must be saved.
+    asked = bool(os.environ.get(DATABASE_ENV_VAR, "").strip()) or record_results
     try:
-        inner = database_from_spec(spec)
-        if (spec or "").strip() or record_results:
-            # Asked-for databases are checked now: a failure found later must be saved.
-            check_writable(inner)
+        inner = database_from_env(writable=asked)
     except DatabaseSpecError as exc:
         raise pytest.UsageError(f"kvcheck: {exc}") from exc
     database = RecordingDatabase(inner)
@@ -627,10 +520,7 @@ def _load_profile(
 
 def _is_kvcheck_checkout(config: pytest.Config) -> bool:
     """pytest runs in kvcheck's own source tree (its tests are kvcheck's suite too)."""
-    import kvcheck
-
-    package = Path(kvcheck.__file__).resolve().parent
-    return package.parent == Path(config.rootpath).resolve()
+    return _PACKAGE.parent == Path(config.rootpath).resolve()
 
 
 def _uses_kvcheck(item: pytest.Item) -> bool:
@@ -640,10 +530,7 @@ def _uses_kvcheck(item: pytest.Item) -> bool:
         return True
     if any(item.get_closest_marker(name) is not None for name in _KVCHECK_MARKERS):
         return True
-    import kvcheck
-
-    package = Path(kvcheck.__file__).resolve().parent
-    return package in Path(str(item.path)).resolve().parents
+    return _PACKAGE in Path(str(item.path)).resolve().parents
 
 
 @contextlib.contextmanager
@@ -825,11 +712,6 @@ def _fast_if_expected_to_fail(item: pytest.Item) -> contextlib.AbstractContextMa
     return failing_fast(getattr(item, "obj", None))
 
 
-def _is_xdist_controller(config: pytest.Config, worker_id: str | None) -> bool:
-    """The xdist process that hands tests to workers and runs none itself."""
-    return worker_id is None and getattr(config.option, "dist", "no") != "no"
-
-
 def _item_family(item: pytest.Item) -> str | None:
     """The pool family a test builds: its markers' ``family=``, else its ``family`` parameter."""
     for marker in item.iter_markers("kvcheck_needs"):
@@ -858,9 +740,11 @@ def _is_tracked(item: pytest.Item, session: KVCheckSession) -> bool:
     return session.record_results or _uses_kvcheck(item)
 
 
-def _results_context(session: KVCheckSession) -> dict[str, Any]:
-    from hypothesis import settings
+def _kvcheck_env() -> dict[str, str]:
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIX)}
 
+
+def _results_context(session: KVCheckSession) -> dict[str, Any]:
     from kvcheck.runner.db import describe_database
 
     return {
@@ -870,11 +754,7 @@ def _results_context(session: KVCheckSession) -> dict[str, Any]:
             "source": session.target_source,
         },
         "device": {"requested": session.device_spec, "resolved": session.device_resolved},
-        "profile": (
-            _current_profile_name(settings)
-            if session.profile_everywhere or session.profile is None
-            else session.profile
-        ),
+        "profile": session.profile_name(),
         "database": describe_database(session.database),
-        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIX)},
+        "env": _kvcheck_env(),
     }

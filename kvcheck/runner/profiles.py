@@ -43,7 +43,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import ExampleDatabase
 
-from kvcheck.runner.db import DATABASE_ENV_VAR, RecordingDatabase, database_from_spec
+from kvcheck.runner.db import DATABASE_ENV_VAR, RecordingDatabase, database_from_env
 
 __all__ = [
     "CI",
@@ -156,7 +156,7 @@ def register_profiles(
         >>> register_profiles(InMemoryExampleDatabase())
     """
     if database is None:
-        database = RecordingDatabase(database_from_spec(os.environ.get(DATABASE_ENV_VAR)))
+        database = RecordingDatabase(database_from_env())
     elif not isinstance(database, ExampleDatabase):
         raise ValueError(f"database={database!r} is not a Hypothesis ExampleDatabase")
     for name in PROFILE_NAMES:

@@ -92,11 +92,6 @@ def _flavour(target: str) -> _Flavour:
 # --- rendering helpers ----------------------------------------------------------------------
 
 
-def _hex(data: bytes, indent: str) -> str:
-    """A hex string literal, split over lines of 64 digits when long."""
-    return _wrapped(data.hex(), indent)
-
-
 def _wrapped(text: str, indent: str) -> str:
     """A string literal of ``text`` (no quotes or backslashes in it), split over lines of
     64 characters when long."""
@@ -116,8 +111,8 @@ def _rows_expr(dtype: str, inner: Sequence[int], rows: Sequence[bytes], indent: 
     if not rows:
         return f"rows(torch.{dtype}, {shape})"
     if len(rows) == 1 and len(rows[0]) <= 24:
-        return f"rows(torch.{dtype}, {shape}, {_hex(rows[0], indent)})"
-    items = "".join(f"\n{indent}    {_hex(row, indent + '    ')}," for row in rows)
+        return f"rows(torch.{dtype}, {shape}, {_wrapped(rows[0].hex(), indent)})"
+    items = "".join(f"\n{indent}    {_wrapped(row.hex(), indent + '    ')}," for row in rows)
     return f"rows(torch.{dtype}, {shape},{items}\n{indent})"
 
 
@@ -144,15 +139,8 @@ def _list(values: Sequence[int]) -> str:
 def _runs(row: np.ndarray) -> str:
     """A row's non-zero bytes as ``"offset:hex ..."`` runs (zero gaps of 8+ bytes split runs)."""
     nonzero = np.flatnonzero(row)
-    runs: list[str] = []
-    start = prev = int(nonzero[0])
-    for column in (int(c) for c in nonzero[1:]):
-        if column - prev > 8:
-            runs.append(f"{start}:{row[start : prev + 1].tobytes().hex()}")
-            start = column
-        prev = column
-    runs.append(f"{start}:{row[start : prev + 1].tobytes().hex()}")
-    return " ".join(runs)
+    runs = np.split(nonzero, np.flatnonzero(np.diff(nonzero) > 8) + 1)
+    return " ".join(f"{run[0]}:{row[run[0] : run[-1] + 1].tobytes().hex()}" for run in runs)
 
 
 def _expected_layer(array: np.ndarray, indent: str) -> str:
@@ -444,14 +432,9 @@ class _ScriptWriter:
     def build_pool(self) -> list[str]:
         spec, kind = self.spec, self.flavour.kind
         if kind == "module":
-            fields = ", ".join(
-                f"{f.name}={getattr(spec, f.name)!r}"
-                for f in dataclasses.fields(spec)
-                if getattr(spec, f.name) != f.default
-            )
-            first = f"target = target_module.{self.flavour.attr}"
+            fields = ", ".join(_changed_fields(spec))
             return [
-                first,
+                f"target = target_module.{self.flavour.attr}",
                 "if isinstance(target, type) or not hasattr(target, 'make_pool'):",
                 "    target = target()  # a class or factory: kvcheck calls it with no arguments",
                 f'pool = target.make_pool(PoolSpec({fields}), device="cpu")',
@@ -492,16 +475,13 @@ class _ScriptWriter:
 
     def _call_lines(self, op: Op, error: type[Exception] | None) -> list[str]:
         raises = "" if error is None else f", raises={_exception_name(error)}"
-        if isinstance(op, HostReload) and op.name not in self._copied():
+        if isinstance(op, HostReload) and op.name not in self.reference._host_copies:
             return [f"# load_cpu_copy of copy {op.name!r}, which was never taken: nothing to call"]
         prep, label, method, args = self._call_parts(op)
         text = f"call({label!r}, {method}, {', '.join(args)}{raises})"
         if isinstance(op, HostCopy):
             text = f"copies[{op.name!r}] = {text}"
         return [*prep, text]
-
-    def _copied(self) -> set[str]:
-        return set(self.reference._host_copies)
 
     def _call_parts(self, op: Op) -> tuple[list[str], str, str, list[str]]:
         """Lines preparing tensors, the label, the bound method and its arguments."""
@@ -628,12 +608,17 @@ class _ScriptWriter:
         return [*lines, "}"]
 
 
-def _describe_spec(spec: PoolSpec) -> str:
-    shown = [
+def _changed_fields(spec: PoolSpec) -> list[str]:
+    """``name=value`` for each field of ``spec`` that differs from its default."""
+    return [
         f"{f.name}={getattr(spec, f.name)!r}"
         for f in dataclasses.fields(spec)
-        if f.name != "family" and getattr(spec, f.name) != f.default
+        if getattr(spec, f.name) != f.default
     ]
+
+
+def _describe_spec(spec: PoolSpec) -> str:
+    shown = [field for field in _changed_fields(spec) if not field.startswith("family=")]
     return f"{spec.family} ({', '.join(shown)})"
 
 
@@ -721,16 +706,25 @@ def render_script(data: Mapping[str, Any], *, target: str) -> str:
     return head + "\n\n" + "\n\n\n".join(blocks) + "\n"
 
 
-def script_name(test: str) -> str:
-    """File name for the reproduction of test ``test``: ``repro_<sanitized test id>.py``.
+def script_name(test: str, used: set[str] | None = None) -> str:
+    """``repro_<test name and parameters>.py`` for test id ``test``; unique among ``used``,
+    which it joins.
 
     Example:
         >>> script_name("kvcheck/suite/test_pool_machines.py::test_mha[cpu]")
-        'repro_test_pool_machines_test_mha_cpu.py'
+        'repro_test_mha_cpu.py'
+        >>> used = {"repro_test_mha_cpu.py"}
+        >>> script_name("other/test_pool_machines.py::test_mha[cpu]", used)
+        'repro_test_mha_cpu_2.py'
     """
-    tail = test.replace("\\", "/").split("/")[-1].replace(".py::", "_").replace("::", "_")
-    stem = re.sub(r"[^A-Za-z0-9_]+", "_", tail).strip("_") or "failure"
-    return f"repro_{stem[:100]}.py"
+    short = test.rpartition("::")[2] or test
+    stem = re.sub(r"[^A-Za-z0-9_]+", "_", short).strip("_")[:80] or "failure"
+    name, number = f"repro_{stem}.py", 2
+    while used is not None and name in used:
+        name, number = f"repro_{stem}_{number}.py", number + 1
+    if used is not None:
+        used.add(name)
+    return name
 
 
 def write_script(
@@ -747,7 +741,7 @@ def write_script(
         >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
         >>> data = reproduction_to_json(Reproduction(spec, (Move((1,), (2,)),), test="t::x"))
         >>> write_script(data, target="kvcheck", directory=tempfile.mkdtemp()).name
-        'repro_t_x.py'
+        'repro_x.py'
     """
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)

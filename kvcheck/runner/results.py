@@ -11,7 +11,8 @@ Workers (or the single pytest process) attach what only they can see to each rep
 - ``kvcheck_save_errors``: why saving a failing example to the database failed, if it did.
 
 On the controller, :class:`ResultsCollector` folds the setup/call/teardown reports into one
-:class:`RecordedTest` per test and writes them as JSON (``--kvcheck-results FILE``).
+:class:`RecordedTest` per test, writes them as JSON (``--kvcheck-results FILE``), streams
+the kvcheck command's progress and warns of every failing example that was not saved.
 
 Example:
     >>> summarize_statistics([{"generate-phase": {"test-cases": [{"status": "valid"}] * 3,
@@ -22,15 +23,20 @@ Example:
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kvcheck.failures import reproduction_to_json
+from kvcheck.runner.db import save_errors, stored_examples_fetched
+from kvcheck.targets.expected import _leaves  # one unwrapping of exception groups
 
 __all__ = [
     "DEVICE_PROPERTY",
@@ -42,6 +48,8 @@ __all__ = [
     "STORED_PROPERTY",
     "RecordedTest",
     "ResultsCollector",
+    "call_properties",
+    "capped_lines",
     "failures_from_exception",
     "load_results",
     "summarize_statistics",
@@ -101,12 +109,32 @@ def summarize_statistics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "examples": int(sum(p["valid"] + p["failing"] for p in in_examples)),
         "failing": int(sum(p["failing"] for p in in_examples)),
         "invalid": int(sum(p["invalid"] for p in in_examples)),
-        "shrinks": int(
-            shrink.get("valid", 0) + shrink.get("failing", 0) + shrink.get("invalid", 0)
-        ),
+        "shrinks": int(sum(shrink.get(key, 0) for key in ("valid", "failing", "invalid"))),
         "phases": phases,
         "stopped_because": stopped,
     }
+
+
+def call_properties(
+    nodeid: str, runs: Sequence[Mapping[str, Any]], *, device: str | None
+) -> list[tuple[str, Any]]:
+    """The user properties a test process attaches to test ``nodeid`` after its call: its
+    Hypothesis ``runs`` summarized, the stored examples it fetched, the saves that failed
+    (:mod:`kvcheck.runner.db`) and its ``device``; each but the fetch count only when known.
+
+    Example:
+        >>> call_properties("a test that never ran", [], device="cpu")
+        [('kvcheck_stored_examples', 0), ('kvcheck_device', 'cpu')]
+    """
+    properties: list[tuple[str, Any]] = []
+    if runs:
+        properties.append((STATISTICS_PROPERTY, json.dumps(summarize_statistics(runs))))
+    properties.append((STORED_PROPERTY, stored_examples_fetched(nodeid)))
+    if lost := save_errors(nodeid):
+        properties.append((SAVE_ERRORS_PROPERTY, json.dumps(lost)))
+    if device is not None:
+        properties.append((DEVICE_PROPERTY, device))
+    return properties
 
 
 def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
@@ -134,14 +162,13 @@ def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
         Draw 1 (y): 0
     """
     entries: list[dict[str, Any]] = []
-    for leaf in _leaf_exceptions(exc):
+    for leaf in _leaves(exc):
         blob = None
         example: str | None = None
         draws: list[str] = []
         other: list[str] = []
         for note in (str(note) for note in getattr(leaf, "__notes__", ())):
-            match = _BLOB.search(note)
-            if match:
+            if match := _BLOB.search(note):
                 blob = match.group(0)
                 continue
             text = note.strip("\n")
@@ -197,8 +224,10 @@ class RecordedTest:
 class ResultsCollector:
     """A pytest plugin object (controller side) that records every test's outcome.
 
-    ``context`` is called when the file is written and its items (target, device, profile,
-    database) are stored beside the tests.
+    With a ``path`` it writes them there as JSON at the end, beside the items ``context``
+    returns then (target, device, profile, database). With a ``progress_fd`` it writes one
+    JSON line per finished test there (the kvcheck command's progress line). The terminal
+    summary names every test whose failing example could not be saved.
 
     Example:
         >>> collector = ResultsCollector(Path("out.json"), context=lambda: {"target": "x"})
@@ -206,12 +235,27 @@ class ResultsCollector:
         {}
     """
 
-    def __init__(self, path: Path, *, context: Callable[[], Mapping[str, Any]]) -> None:
-        self.path = Path(path)
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        context: Callable[[], Mapping[str, Any]],
+        progress_fd: int | None = None,
+    ) -> None:
+        self.path = None if path is None else Path(path)
         self.context = context
+        self.progress_fd = progress_fd
         self.records: dict[str, RecordedTest] = {}
         self.collection_errors: list[dict[str, str]] = []
         self._started = time.perf_counter()
+        self._total_sent = False
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        self._send_total(len(session.items))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self._send_total(len(ids))
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         record = self.records.setdefault(report.nodeid, RecordedTest(nodeid=report.nodeid))
@@ -235,6 +279,8 @@ class ResultsCollector:
             record.skip_reason = _skip_reason(report)
         elif report.when == "teardown" and record.outcome == "interrupted":
             record.outcome = "passed"  # a test without a call phase that set up and tore down
+        if report.when == "teardown":
+            self._send({"event": "test", "nodeid": report.nodeid, "outcome": record.outcome})
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
@@ -242,21 +288,50 @@ class ResultsCollector:
                 {"nodeid": report.nodeid, "message": _failure_message(report)}
             )
 
-    def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
-        self.write(int(exitstatus))
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        lost = Counter(
+            (record.nodeid, reason)
+            for record in self.records.values()
+            for reason in record.save_errors
+        )
+        if lost:
+            terminalreporter.write_line(
+                f"kvcheck WARNING: {lost.total()} failing example(s) could not be saved to "
+                "the example database; kvcheck replay will not find them:",
+                red=True,
+                bold=True,
+            )
+        for (nodeid, reason), times in lost.items():
+            again = f" ({times} times)" if times > 1 else ""
+            terminalreporter.write_line(f"  {nodeid}: {reason}{again}", red=True)
 
-    def write(self, exit_status: int) -> None:
-        """Write the JSON results file (parent directories are created)."""
+    def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
+        """Write the JSON results file, if asked for (parent directories are created)."""
+        if self.path is None:
+            return
         payload = {
             "format": RESULTS_FORMAT,
             **self.context(),
-            "exit_status": exit_status,
+            "exit_status": int(exitstatus),
             "duration_s": round(time.perf_counter() - self._started, 3),
             "collection_errors": self.collection_errors,
             "tests": [asdict(record) for record in self.records.values()],
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+
+    def _send_total(self, total: int) -> None:
+        if not self._total_sent:
+            self._total_sent = True
+            self._send({"event": "collected", "total": total})
+
+    def _send(self, event: dict[str, Any]) -> None:
+        if self.progress_fd is None:
+            return
+        try:
+            os.write(self.progress_fd, (json.dumps(event) + "\n").encode())
+        except OSError:  # the kvcheck command went away: progress is only a display
+            self.progress_fd = None
 
 
 def load_results(path: Path) -> dict[str, Any]:
@@ -280,16 +355,20 @@ def load_results(path: Path) -> dict[str, Any]:
     return payload
 
 
+def capped_lines(text: str, limit: int, *, where: str = "") -> list[str]:
+    """The lines of ``text``, those past ``limit`` replaced by ``... (N more lines<where>)``.
+
+    Example:
+        >>> capped_lines("a\\nb\\nc", 2, where=" in the log")
+        ['a', 'b', '... (1 more lines in the log)']
+    """
+    lines = text.splitlines()
+    if len(lines) <= limit:
+        return lines
+    return [*lines[:limit], f"... ({len(lines) - limit} more lines{where})"]
+
+
 # --- helpers ----------------------------------------------------------------------------------
-
-
-def _leaf_exceptions(exc: BaseException) -> Iterator[BaseException]:
-    nested = getattr(exc, "exceptions", None)
-    if isinstance(nested, tuple | list) and nested:
-        for inner in nested:
-            yield from _leaf_exceptions(inner)
-    else:
-        yield exc
 
 
 def _reproduction_text(example: str | None, draws: list[str], other: list[str]) -> str | None:
@@ -304,21 +383,21 @@ def _reproduction_text(example: str | None, draws: list[str], other: list[str]) 
     return "\n".join([*lines, *draws, *other])
 
 
+#: user property -> (field of RecordedTest, how its value is read)
+_PROPERTY_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    STATISTICS_PROPERTY: ("statistics", json.loads),
+    FAILURES_PROPERTY: ("failures", json.loads),
+    STORED_PROPERTY: ("stored_examples", int),
+    DEVICE_PROPERTY: ("device", str),
+    SAVE_ERRORS_PROPERTY: ("save_errors", lambda value: list(json.loads(value))),
+}
+
+
 def _apply_properties(record: RecordedTest, properties: Sequence[Any]) -> None:
     for item in properties:
-        if not isinstance(item, tuple | list) or len(item) != 2:
-            continue
-        name, value = item
-        if name == STATISTICS_PROPERTY:
-            record.statistics = json.loads(value)
-        elif name == FAILURES_PROPERTY:
-            record.failures = json.loads(value)
-        elif name == STORED_PROPERTY:
-            record.stored_examples = int(value)
-        elif name == DEVICE_PROPERTY:
-            record.device = str(value)
-        elif name == SAVE_ERRORS_PROPERTY:
-            record.save_errors = list(json.loads(value))
+        if isinstance(item, tuple | list) and len(item) == 2 and item[0] in _PROPERTY_FIELDS:
+            name, read = _PROPERTY_FIELDS[item[0]]
+            setattr(record, name, read(item[1]))
 
 
 def _skip_reason(report: Any) -> str | None:
@@ -335,7 +414,4 @@ def _failure_message(report: Any) -> str:
     message = getattr(crash, "message", None)
     if not message:
         message = str(getattr(report, "longreprtext", "") or report.longrepr or "")
-    lines = message.strip().splitlines()
-    if len(lines) > _MAX_MESSAGE_LINES:
-        lines = [*lines[:_MAX_MESSAGE_LINES], f"... ({len(lines) - _MAX_MESSAGE_LINES} more lines)"]
-    return "\n".join(lines)
+    return "\n".join(capped_lines(message.strip(), _MAX_MESSAGE_LINES))

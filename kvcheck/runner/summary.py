@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
+from kvcheck.runner.results import capped_lines
+
 __all__ = [
     "EXIT_FAILED",
     "EXIT_OK",
@@ -36,8 +38,7 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-_FAILING = ("failed", "error", "xpassed")
-FAILING_OUTCOMES = _FAILING
+FAILING_OUTCOMES = ("failed", "error", "xpassed")
 #: Skip reasons listed one by one before the rest are counted.
 _MAX_SKIP_GROUPS = 8
 #: Lines of one failure's error message shown by default (the first difference is early).
@@ -92,15 +93,13 @@ def render_verify(
     lines += _collection_errors(results)
     if tests and verbosity > 0:
         lines += [*_table(tests), ""]
-    failing = [test for test in tests if test["outcome"] in _FAILING]
+    failing = [test for test in tests if test["outcome"] in FAILING_OUTCOMES]
     if failing and verbosity >= 0:
         lines += [f"Failures ({len(failing)}), each with its minimal reproduction", ""]
         for test in failing:
             lines += [*_failure_block(test), ""]
     elif failing:
-        lines += [
-            f"{_OUTCOME_LABEL[test['outcome']]} {short_name(test['nodeid'])}" for test in failing
-        ]
+        lines += [f"{_OUTCOME_LABEL[t['outcome']]} {short_name(t['nodeid'])}" for t in failing]
         lines.append("")
     lines += _lost_saves(tests)
     if interrupted:
@@ -124,19 +123,7 @@ def replay_verdicts(tests: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mappi
         >>> replay_verdicts([{"outcome": "passed", "stored_examples": 2}])[0][0]
         'fixed'
     """
-    verdicts: list[tuple[str, Mapping[str, Any]]] = []
-    for test in tests:
-        stored = int(test.get("stored_examples") or 0)
-        failed = test.get("outcome") in _FAILING
-        if stored and failed:
-            verdicts.append(("still failing", test))
-        elif stored and test.get("outcome") == "passed":
-            verdicts.append(("fixed", test))
-        elif stored:
-            verdicts.append(("skipped", test))
-        elif failed:
-            verdicts.append(("failed", test))
-    return verdicts
+    return [(verdict, test) for test in tests if (verdict := _verdict(test)) is not None]
 
 
 def render_replay(
@@ -163,8 +150,7 @@ def render_replay(
     lines += _collection_errors(results)
     if verdicts:
         lines.append(f"{'VERDICT':<14} {'REPLAYED':>8}  PROPERTY")
-        for verdict, test in verdicts:
-            lines.append(f"{verdict:<14} {_replayed(test):>8}  {short_name(test['nodeid'])}")
+        lines += [f"{v:<14} {_replayed(t):>8}  {short_name(t['nodeid'])}" for v, t in verdicts]
     else:
         lines.append(f"nothing to replay: no stored examples in {results.get('database', '?')}")
     if not any(test.get("stored_examples") for test in tests):
@@ -186,7 +172,7 @@ def render_replay(
         for name in ("still failing", "fixed", "failed", "skipped")
         if counts[name]
     ]
-    parts.append(f"{without} test{'s' * (without != 1)} without stored examples")
+    parts.append(f"{_plural(without, 'test')} without stored examples")
     lines += [f"{', '.join(parts)}; exit {exit_code}"]
     return "\n".join(lines)
 
@@ -241,30 +227,26 @@ def _failure_block(test: Mapping[str, Any]) -> list[str]:
     lines = [title]
     failures: Sequence[Mapping[str, Any]] = test.get("failures") or []
     if not failures:
-        lines += [f"    {line}" for line in _capped(str(test.get("message") or ""))]
+        lines += _capped(str(test.get("message") or ""))
         return lines
     for index, failure in enumerate(failures, start=1):
         if len(failures) > 1:
             lines.append(f"  distinct failure {index} of {len(failures)}:")
-        lines += [f"    {line}" for line in _capped(str(failure.get("error")))]
-        for line in str(failure.get("reproduction") or "").splitlines():
-            lines.append(f"    {line}")
+        lines += _capped(str(failure.get("error")))
+        lines += [f"    {line}" for line in str(failure.get("reproduction") or "").splitlines()]
         if failure.get("blob"):
             lines.append(f"    reproduce with: {failure['blob']}")
         if failure.get("script"):
             lines.append(f"    standalone script: python {failure['script']}")
-        elif failure.get("script_error") or failure.get("reproduction_error"):
-            why = failure.get("script_error") or failure.get("reproduction_error")
+        elif why := failure.get("script_error") or failure.get("reproduction_error"):
             lines.append(f"    no standalone script: {why}")
     return lines
 
 
 def _capped(text: str) -> list[str]:
-    lines = text.splitlines()
-    if len(lines) > _MAX_ERROR_LINES:
-        hidden = len(lines) - _MAX_ERROR_LINES
-        lines = [*lines[:_MAX_ERROR_LINES], f"... ({hidden} more lines in results.json)"]
-    return lines
+    """``text`` indented under its failure, cut to its first lines."""
+    lines = capped_lines(text, _MAX_ERROR_LINES, where=" in results.json")
+    return [f"    {line}" for line in lines]
 
 
 def _lost_saves(tests: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -286,8 +268,7 @@ def _collapsed(tests: Sequence[Mapping[str, Any]]) -> list[str]:
     """Passes in one line, expected failures in one, skips grouped by reason."""
     counts = Counter(test["outcome"] for test in tests)
     lines: list[str] = []
-    if counts["passed"]:
-        number = counts["passed"]
+    if number := counts["passed"]:
         lines.append(f"{number} propert{'y' if number == 1 else 'ies'} passed")
     if counts["xfailed"]:
         lines.append(
@@ -302,8 +283,7 @@ def _collapsed(tests: Sequence[Mapping[str, Any]]) -> list[str]:
         lines.append(f"{counts['skipped']} skipped:")
         for reason, number in skips.most_common(_MAX_SKIP_GROUPS):
             lines.append(f"    {number} x {reason}")
-        rest = skips.most_common()[_MAX_SKIP_GROUPS:]
-        if rest:
+        if rest := skips.most_common()[_MAX_SKIP_GROUPS:]:
             lines.append(
                 f"    {sum(n for _, n in rest)} more, for {len(rest)} other reasons "
                 "(--verbose lists every test)"
@@ -312,14 +292,20 @@ def _collapsed(tests: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _locations(locations: Mapping[str, str] | None, failing: Sequence[Any]) -> list[str]:
-    if not locations:
-        return []
-    shown = {
-        label: path
-        for label, path in locations.items()
+    return [
+        f"{label}: {path}"
+        for label, path in (locations or {}).items()
         if failing or label != "reproduction scripts"
-    }
-    return [f"{label}: {path}" for label, path in shown.items()]
+    ]
+
+
+def _verdict(test: Mapping[str, Any]) -> str | None:
+    failed = test.get("outcome") in FAILING_OUTCOMES
+    if not int(test.get("stored_examples") or 0):
+        return "failed" if failed else None
+    if failed:
+        return "still failing"
+    return "fixed" if test.get("outcome") == "passed" else "skipped"
 
 
 def _replayed(test: Mapping[str, Any]) -> str:
