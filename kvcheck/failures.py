@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "FailureSignature",
     "PropertyFailure",
     "Reproduction",
+    "leaf_exceptions",
     "reproduction_from_json",
     "reproduction_to_json",
 ]
@@ -238,3 +239,23 @@ def reproduction_from_json(data: Mapping[str, Any]) -> Reproduction:
         check=str(data.get("check", "")),
         test=str(data.get("test", "")),
     )
+
+
+def leaf_exceptions(error: BaseException) -> Iterator[BaseException]:
+    """The failures inside ``error``: the leaves of nested exception groups (Hypothesis
+    reports several distinct failures of one test as an ``ExceptionGroup``), else ``error``.
+
+    Example (an exception group's shape, without Python 3.11's ``ExceptionGroup``):
+        >>> class Group(Exception):
+        ...     def __init__(self, *exceptions):
+        ...         self.exceptions = exceptions
+        >>> group = Group(ValueError(), Group(KeyError()))
+        >>> [type(leaf).__name__ for leaf in leaf_exceptions(group)]
+        ['ValueError', 'KeyError']
+    """
+    nested = getattr(error, "exceptions", None)
+    if isinstance(nested, tuple | list) and nested:
+        for inner in nested:
+            yield from leaf_exceptions(inner)
+    else:
+        yield error

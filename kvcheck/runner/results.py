@@ -34,9 +34,8 @@ from typing import Any
 
 import pytest
 
-from kvcheck.failures import reproduction_to_json
+from kvcheck.failures import leaf_exceptions, reproduction_to_json
 from kvcheck.runner.db import save_errors, stored_examples_fetched
-from kvcheck.targets.expected import _leaves  # one unwrapping of exception groups
 
 __all__ = [
     "DEVICE_PROPERTY",
@@ -162,7 +161,7 @@ def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
         Draw 1 (y): 0
     """
     entries: list[dict[str, Any]] = []
-    for leaf in _leaves(exc):
+    for leaf in leaf_exceptions(exc):
         blob = None
         example: str | None = None
         draws: list[str] = []

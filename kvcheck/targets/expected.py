@@ -117,20 +117,11 @@ def pinned_failure_mismatch(finding: Any, error: BaseException) -> str | None:
         >>> pinned_failure_mismatch(n2, TypeError("boom"))
         'TypeError: boom is not finding N2 (no-op move signature)'
     """
-    from kvcheck.failures import PropertyFailure
+    from kvcheck.failures import PropertyFailure, leaf_exceptions
 
-    leaves = list(_leaves(error))
+    leaves = list(leaf_exceptions(error))
     for leaf in leaves:
         if not isinstance(leaf, PropertyFailure) or not finding.matches(leaf.signature):
             first = str(leaf).splitlines()[0] if str(leaf) else ""
             return f"{type(leaf).__name__}: {first} is not finding {finding.id} ({finding.summary})"
     return None
-
-
-def _leaves(error: BaseException) -> Any:
-    nested = getattr(error, "exceptions", None)
-    if isinstance(nested, tuple | list) and nested:
-        for inner in nested:
-            yield from _leaves(inner)
-    else:
-        yield error
