@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from kvcheck.geometry import latent_row_bytes
 from kvcheck.pools import (
     DSATokenToKVPool,
     MHATokenToKVPool,
@@ -24,7 +25,7 @@ from kvcheck.pools._checks import check_payload
 from kvcheck.pools._dtypes import as_storage, payload_dtypes
 from kvcheck.pools._host_copy import KVHostCopy
 from kvcheck.pools._rows import move_rows, scatter_rows
-from kvcheck.specs import KV_LAYOUTS, PoolSpec
+from kvcheck.specs import KV_LAYOUTS, LATENT_LAYOUTS, PoolSpec
 from kvcheck.targets.builtin import KVCheckTarget
 
 # --- moves ---------------------------------------------------------------------------------
@@ -240,6 +241,7 @@ def pool_kwargs(spec: PoolSpec, *, device: str) -> dict[str, Any]:
         "index_head_dim": spec.index_head_dim,
         "skip_topk_layers": list(spec.skip_mask),
         "index_buf_size": spec.index_buf_size,
+        **({"kv_cache_dim": latent_row_bytes(spec)} if spec.latent_layout != "raw" else {}),
     }
 
 
@@ -249,6 +251,7 @@ class BrokenTarget(KVCheckTarget):
 
     unsupported: Mapping[str, str] = MappingProxyType({})
     kv_layouts = KV_LAYOUTS  # its pools are kvcheck's (subclassed), which build them all
+    latent_layouts = LATENT_LAYOUTS
 
     def __init__(self, family: str, pool_class: type, findings: tuple[Any, ...] = ()) -> None:
         self.family = family

@@ -440,7 +440,10 @@ def test_a_layout_is_drawn_only_for_targets_that_declare_it() -> None:
             return super().make_pool(spec, device=device)
 
     hnd = lambda spec: spec.kv_layout == "hnd"  # noqa: E731
-    assert pool_spec_limits_of(OwnPools()) == {"mha": {"kv_layout": ("nhd",)}}
+    assert pool_spec_limits_of(OwnPools()) == {
+        "mha": {"kv_layout": ("nhd",)},
+        "dsa": {"latent_layout": ("raw",)},
+    }
     with pytest.raises(NoSuchExample):
         find(pool_specs(families=("mha",), target=OwnPools()), hnd, settings=SEARCH)
     for target in (KVCheckTarget(), SimpleNamespace(name="t", kv_layouts=("nhd", "hnd"))):
