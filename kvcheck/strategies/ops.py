@@ -51,6 +51,7 @@ from hypothesis.errors import InvalidArgument
 
 from kvcheck.geometry import index_k_row_bytes, index_scale_row_bytes, row_bytes, row_elements
 from kvcheck.specs import (
+    DSA_QUANT_BLOCK,
     DTYPE_ITEMSIZE,
     HostCopy,
     HostReload,
@@ -420,7 +421,16 @@ def _write_mla_ops(draw: st.DrawFn, spec: PoolSpec, padding_slot: bool) -> Write
     # A scaled latent row is quantized from bf16 parts; a raw one takes the pool's dtype.
     dtype = "bfloat16" if spec.latent_layout == "scaled" else spec.dtype
     itemsize = DTYPE_ITEMSIZE[dtype]
-    nope = draw(payload_rows(dtype, len(locs), spec.kv_lora_rank * itemsize), label="nope")
+    if spec.latent_layout == "scaled":
+        # Each block of 128 values its own sequence, so that blocks get different scales
+        # (one sequence repeats every 256 bytes: two blocks would be equal).
+        blocks = [
+            draw(payload_rows(dtype, len(locs), DSA_QUANT_BLOCK * itemsize), label="nope block")
+            for _ in range(spec.kv_lora_rank // DSA_QUANT_BLOCK)
+        ]
+        nope = tuple(b"".join(parts) for parts in zip(*blocks, strict=True))
+    else:
+        nope = draw(payload_rows(dtype, len(locs), spec.kv_lora_rank * itemsize), label="nope")
     rope = draw(payload_rows(dtype, len(locs), spec.qk_rope_head_dim * itemsize), label="rope")
     return WriteMLA(
         layer_id=layer_id,
