@@ -226,8 +226,15 @@ class DSATokenToKVPool(MLATokenToKVPool):
         local = self._write_layer(layer, layer_id_override, where=where, reads_layer=False)
         loc = self._locations("loc", loc, distinct=True, where=where)
         n, rank, rope_dim = loc.numel(), self.kv_lora_rank, self.qk_rope_head_dim
-        parts = {"device": self._torch_device, "dtypes": (SOURCE_DTYPE,), "where": where}
-        nope = check_payload("cache_k_nope", cache_k_nope, shape=(n, 1, rank), **parts)
+        device, dtypes = self._torch_device, (SOURCE_DTYPE,)
+        nope = check_payload(
+            "cache_k_nope",
+            cache_k_nope,
+            shape=(n, 1, rank),
+            dtypes=dtypes,
+            device=device,
+            where=where,
+        )
         if cache_k_rope is None and rope_dim > 0:
             raise ValueError(
                 f"{where}: cache_k_rope may be None only when qk_rope_head_dim == 0,"
@@ -236,7 +243,14 @@ class DSATokenToKVPool(MLATokenToKVPool):
         rope = (
             nope.new_empty((n, 1, 0))
             if cache_k_rope is None
-            else check_payload("cache_k_rope", cache_k_rope, shape=(n, 1, rope_dim), **parts)
+            else check_payload(
+                "cache_k_rope",
+                cache_k_rope,
+                shape=(n, 1, rope_dim),
+                dtypes=dtypes,
+                device=device,
+                where=where,
+            )
         )
         if self.is_meta:
             return

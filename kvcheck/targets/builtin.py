@@ -115,7 +115,7 @@ class KVCheckTarget:
                 None if spec.skip_topk_layers is None else list(spec.skip_topk_layers)
             ),
             index_buf_size=spec.index_buf_size,
-            **({"kv_cache_dim": latent_row_bytes(spec)} if spec.latent_layout != "raw" else {}),
+            kv_cache_dim=latent_row_bytes(spec) if spec.latent_layout != "raw" else None,
             **common,
         )
 
