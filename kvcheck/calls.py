@@ -283,7 +283,9 @@ def describe_op(op: Op) -> str:
     if isinstance(op, WriteMLA):
         return (
             f"pool.set_mla_kv_buffer(layer_id={op.layer_id}, loc={list(op.locs)}, "
-            f"nope={_bytes_summary(op.nope_rows)}, rope={_bytes_summary(op.rope_rows)})"
+            f"nope={_bytes_summary(op.nope_rows)}, rope={_bytes_summary(op.rope_rows)}"
+            + ("" if op.dtype is None else f", dtype={op.dtype}")
+            + ")"
         )
     if isinstance(op, WritePrefixValid):
         return (

@@ -475,3 +475,8 @@ def test_a_scaled_latent_layout_is_drawn_only_for_targets_that_declare_it() -> N
         assert spec.variant == "dsa:scaled" and spec.kv_lora_rank == 128
     with pytest.raises(InvalidArgument, match="latent_layouts="):
         specs(SimpleNamespace(name="t", latent_layouts=("scaled",)))
+
+    class ScaledOnly(KVCheckTarget):
+        latent_layouts = ("scaled",)  # type: ignore[assignment]
+
+    assert any(problem.startswith("latent_layouts=") for problem in check_target(ScaledOnly()))
