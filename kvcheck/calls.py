@@ -134,6 +134,9 @@ def rows_tensor(
             raise OpEncodingError(f"inner={inner!r} needs explicit sizes when there are no rows")
         return torch.zeros((0, *inner), dtype=dtype, device=device)
     data = b"".join(rows)
+    if not data:  # rows of no bytes (a zero-width rope part): torch cannot view them
+        shape = tuple(0 if size == -1 else size for size in inner)
+        return torch.zeros((len(rows), *shape), dtype=dtype, device=device)
     if len(data) % (itemsize * len(rows)):
         raise OpEncodingError(
             f"rows of {[len(row) for row in rows]} bytes do not hold whole {dtype} values"
@@ -171,15 +174,17 @@ def encode_op(pool: Any, op: Op, *, device: str | torch.device, copies: dict[str
         return _encode_write_kv(pool, op, device=device)
     if isinstance(op, WriteMLA):
         layer = SimpleNamespace(layer_id=op.layer_id)
+        # The op names its dtype when it is not the pool's (bf16 parts of a scaled row).
+        parts_dtype = pool.dtype if op.dtype is None else getattr(torch, op.dtype)
         nope = rows_tensor(
             op.nope_rows,
-            dtype=pool.dtype,
+            dtype=parts_dtype,
             inner=(1, -1 if op.nope_rows else pool.kv_lora_rank),
             device=device,
         )
         rope = rows_tensor(
             op.rope_rows,
-            dtype=pool.dtype,
+            dtype=parts_dtype,
             inner=(1, -1 if op.rope_rows and op.rope_rows[0] else pool.qk_rope_head_dim),
             device=device,
         )
@@ -278,7 +283,9 @@ def describe_op(op: Op) -> str:
     if isinstance(op, WriteMLA):
         return (
             f"pool.set_mla_kv_buffer(layer_id={op.layer_id}, loc={list(op.locs)}, "
-            f"nope={_bytes_summary(op.nope_rows)}, rope={_bytes_summary(op.rope_rows)})"
+            f"nope={_bytes_summary(op.nope_rows)}, rope={_bytes_summary(op.rope_rows)}"
+            + ("" if op.dtype is None else f", dtype={op.dtype}")
+            + ")"
         )
     if isinstance(op, WritePrefixValid):
         return (

@@ -10,7 +10,8 @@ Per token and layer a pool stores:
 
 - MHA (and the no-op pool's placeholders): a K row of ``head_num * head_dim`` values and a
   V row of ``head_num * v_head_dim`` values;
-- MLA and DSA: one latent row of ``kv_lora_rank + qk_rope_head_dim`` values;
+- MLA and DSA: one latent row of ``kv_lora_rank + qk_rope_head_dim`` values (a DSA spec
+  with ``latent_layout="scaled"``: :func:`scaled_fp8_latent_row_bytes` bytes instead);
 - DSA, on layers that are not skip layers: ``index_head_dim`` fp8 key bytes and one fp32
   scale per block of 128 channels, stored by page (keys of the page first, then scales).
 
@@ -41,6 +42,7 @@ __all__ = [
     "index_k_row_bytes",
     "index_scale_row_bytes",
     "index_token_bytes",
+    "latent_row_bytes",
     "latent_width",
     "num_index_pages",
     "row_bytes",
@@ -105,6 +107,23 @@ def scaled_fp8_latent_row_bytes(kv_lora_rank: int, qk_rope_head_dim: int) -> int
     return kv_lora_rank + blocks * _FP32_BYTES + qk_rope_head_dim * _BF16_BYTES
 
 
+def latent_row_bytes(spec: PoolSpec) -> int:
+    """Bytes of one MLA/DSA latent row in the spec's layout: ``latent_width * itemsize``
+    (``raw``), or :func:`scaled_fp8_latent_row_bytes` (``scaled``).
+
+    Example:
+        >>> spec = PoolSpec(family="dsa", size=2, page_size=1, layer_num=1,
+        ...                 dtype="float8_e4m3fn", kv_lora_rank=512, qk_rope_head_dim=64)
+        >>> latent_row_bytes(spec), latent_row_bytes(
+        ...     PoolSpec(**{**spec.__dict__, "latent_layout": "scaled"}))
+        (576, 656)
+    """
+    spec = _checked(spec)
+    if spec.latent_layout == "scaled":
+        return scaled_fp8_latent_row_bytes(spec.kv_lora_rank, spec.qk_rope_head_dim)
+    return latent_width(spec) * spec.itemsize
+
+
 def row_elements(spec: PoolSpec) -> tuple[int, int]:
     """(K or latent values, V values or 0) one token stores in one layer.
 
@@ -120,13 +139,16 @@ def row_elements(spec: PoolSpec) -> tuple[int, int]:
 
 
 def row_bytes(spec: PoolSpec) -> tuple[int, int]:
-    """(K or latent bytes, V bytes or 0) one token stores in one layer.
+    """(K or latent bytes, V bytes or 0) one token stores in one layer (a scaled latent
+    row: :func:`latent_row_bytes`).
 
     Example:
         >>> row_bytes(PoolSpec(family="mha", size=2, page_size=1, layer_num=1,
         ...                    dtype="bfloat16", head_num=2, head_dim=4, v_head_dim=3))
         (16, 12)
     """
+    if _checked(spec).latent_layout == "scaled":
+        return latent_row_bytes(spec), 0
     key, value = row_elements(spec)
     return key * spec.itemsize, value * spec.itemsize
 

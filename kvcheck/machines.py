@@ -257,6 +257,9 @@ class PoolMachine(RuleBasedStateMachine):
             "write_index_k": bool(draws.indexed_layers(self.spec, skip=False)),
             "write_mla": self.family in ("mla", "dsa"),
             "write_prefix_valid": self.family in ("mha", "noop"),
+            # A scaled latent row is written only from its bf16 parts (set_mla_kv_buffer).
+            "write_kv": self.spec.latent_layout == "raw",
+            "cast_write_kv": self.spec.latent_layout == "raw",
         }
         return tuple(
             kind
@@ -341,7 +344,10 @@ class PoolMachine(RuleBasedStateMachine):
                 self.pool,
                 self.reference,
                 call=call,
-                mla_reads="mla_write" not in skipped and spec.family in ("mla", "dsa"),
+                # get_mla_kv_buffer reads values of one dtype: not a scaled row's bytes.
+                mla_reads="mla_write" not in skipped
+                and spec.family in ("mla", "dsa")
+                and spec.latent_layout == "raw",
                 expected=expected,
             )
         assert_layer_range(self.pool, spec, call=call)

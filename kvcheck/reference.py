@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -50,6 +51,7 @@ __all__ = [
     "expected_mem_usage",
     "expected_num_index_pages",
     "expected_state_buf_infos",
+    "fp8_e4m3fn_byte",
     "index_k_row_bytes",
     "index_scale_row_bytes",
     "reference_cell_size_bytes",
@@ -57,6 +59,7 @@ __all__ = [
     "reference_max_total_num_tokens",
     "reference_pool_bytes",
     "reference_pool_family",
+    "reference_scaled_latent_row",
     "reference_skip_mask",
     "reference_skips_topk",
     "reference_unsupported_family",
@@ -108,7 +111,98 @@ def _mha_allocated_rows(spec: PoolSpec) -> int:
 
 
 def _latent_row_bytes(spec: PoolSpec) -> int:
+    if spec.latent_layout == "scaled":
+        # fp8 values, one fp32 scale per 128 of them, then the rope values as bf16.
+        return spec.kv_lora_rank + spec.kv_lora_rank // 128 * 4 + spec.qk_rope_head_dim * 2
     return (spec.kv_lora_rank + spec.qk_rope_head_dim) * spec.itemsize
+
+
+# --- the scaled fp8 latent row ---------------------------------------------------------------
+
+_FP8_E4M3_MAX = 448.0
+
+
+def fp8_e4m3fn_byte(value: float) -> int:
+    """The float8_e4m3fn byte nearest to ``value`` (ties to even), for ``|value| <= 448``.
+
+    Written out from the format (1 sign bit, 4 exponent bits with bias 7, 3 mantissa
+    bits; subnormals in steps of ``2**-9``), so that it shares nothing with torch's cast.
+
+    Example:
+        >>> [hex(fp8_e4m3fn_byte(v)) for v in (1.0, -448.0, 2.0**-9, 0.3)]
+        ['0x38', '0xfe', '0x1', '0x2a']
+    """
+    if not math.isfinite(value) or abs(value) > _FP8_E4M3_MAX:
+        raise ValueError(f"value={value!r} is not a finite number in [-448, 448]")
+    sign = 0x80 if math.copysign(1.0, value) < 0 else 0
+    magnitude = abs(value)
+    if magnitude < 2.0**-6:  # subnormal: a multiple of 2**-9 (8 reaches the first normal)
+        return sign | round(magnitude * 2.0**9)
+    mantissa, exponent = math.frexp(magnitude)  # magnitude = mantissa * 2**exponent
+    exponent -= 1  # now magnitude = m * 2**exponent with m in [1, 2)
+    steps = round((mantissa * 2.0 - 1.0) * 8)  # Python rounds exact halves to even
+    if steps == 8:
+        steps, exponent = 0, exponent + 1
+    return sign | (exponent + 7) << 3 | steps
+
+
+def _bf16_values(data: bytes) -> list[float]:
+    """bf16 bytes (little-endian) as Python floats, exactly: the high half of an fp32."""
+    out = []
+    for i in range(0, len(data), 2):
+        bits = (data[i] | data[i + 1] << 8) << 16
+        out.append(float(np.array([bits], dtype=np.uint32).view(np.float32)[0]))
+    return out
+
+
+def _f32(value: float) -> np.float32:
+    return np.float32(value)
+
+
+def reference_scaled_latent_row(nope: bytes, rope: bytes) -> bytes:
+    """The stored bytes of one token's scaled fp8 latent row, from its bf16 parts.
+
+    For each block of 128 nope values, in float32 as SGLang 0.5.23's
+    ``quantize_k_cache_separate`` computes it: ``scale = max|x| / 448``, each value
+    becomes ``clamp(x * (1 / scale), -448, 448)`` rounded to fp8 e4m3 (ties to even). A
+    zero value stays that zero (with its sign), also in an all-zero block (scale 0) or
+    where ``1 / scale`` overflows to inf: kvcheck's rule, where sglang's kernel has no
+    guard and computes ``0 * inf``. The row is the fp8 values, the block scales as
+    little-endian fp32, then the rope bytes unchanged.
+
+    Example:
+        >>> nope = bytes.fromhex("803f") * 127 + bytes.fromhex("0040")  # 1.0 x127, 2.0
+        >>> row = reference_scaled_latent_row(nope, bytes([1, 2]))
+        >>> len(row), hex(row[0]), hex(row[127]), row[128:132].hex(), list(row[132:])
+        (134, '0x76', '0x7e', '2549923b', [1, 2])
+    """
+    values = _bf16_values(nope)
+    if len(values) % 128:
+        raise ValueError(f"len(nope)={len(nope)} bytes is not whole blocks of 128 bf16 values")
+    quantized = bytearray()
+    scales = bytearray()
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        for start in range(0, len(values), 128):
+            block = values[start : start + 128]
+            largest = 0.0
+            for value in block:
+                largest = max(largest, abs(value))
+            scale = _f32(largest) / _f32(_FP8_E4M3_MAX)
+            for value in block:
+                if value == 0:  # a zero stays the zero it is, whatever the scale
+                    quantized.append(fp8_e4m3fn_byte(value))
+                    continue
+                inverse = _f32(1.0) / scale  # inf when the scale is tiny: then +-448
+                scaled = float(_f32(value) * inverse)
+                scaled = min(max(scaled, -_FP8_E4M3_MAX), _FP8_E4M3_MAX)
+                quantized.append(fp8_e4m3fn_byte(scaled))
+            scales += np.array([scale], dtype="<f4").tobytes()
+    return bytes(quantized) + bytes(scales) + bytes(rope)
+
+
+def _has_non_finite_bf16(data: bytes) -> bool:
+    # A bf16 value is inf or NaN when its 8 exponent bits (bits 7-14) are all ones.
+    return any(data[i + 1] & 0x7F == 0x7F and data[i] & 0x80 for i in range(0, len(data), 2))
 
 
 def _index_page_row_bytes(spec: PoolSpec) -> int:
@@ -398,6 +492,11 @@ class ReferencePool:
             return self._rows_problem(
                 "k_rows", op.k_rows, len(op.locs), _k_row_bytes(spec)
             ) or self._rows_problem("v_rows", op.v_rows, len(op.locs), _v_row_bytes(spec))
+        if spec.latent_layout == "scaled":
+            return ValueError, (
+                "set_kv_buffer cannot write a scaled latent row (latent_layout='scaled'):"
+                " write it with set_mla_kv_buffer from bf16 nope and rope values"
+            )
         # MLA/DSA: the latent row is the whole entry; v_rows are ignored like cache_v.
         return self._rows_problem("k_rows", op.k_rows, len(op.locs), _latent_row_bytes(spec))
 
@@ -422,16 +521,26 @@ class ReferencePool:
         if spec.family not in ("mla", "dsa"):
             return ValueError, f"family={spec.family!r} has no set_mla_kv_buffer"
         count = len(op.locs)
-        return (
+        scaled = spec.latent_layout == "scaled"
+        dtype = spec.dtype if op.dtype is None else op.dtype
+        if scaled and dtype != "bfloat16":
+            return ValueError, f"dtype={dtype!r}: a scaled latent row is written from bfloat16"
+        if not scaled and dtype != spec.dtype:
+            return ValueError, f"dtype={op.dtype!r}: raw latent rows are given in the pool's dtype"
+        itemsize = DTYPE_ITEMSIZE[dtype]
+        problem = (
             self._layer_problem(op.layer_id)
             or self._locs_problem("locs", op.locs, distinct=True)
+            or self._rows_problem("nope_rows", op.nope_rows, count, spec.kv_lora_rank * itemsize)
             or self._rows_problem(
-                "nope_rows", op.nope_rows, count, spec.kv_lora_rank * spec.itemsize
-            )
-            or self._rows_problem(
-                "rope_rows", op.rope_rows, count, spec.qk_rope_head_dim * spec.itemsize
+                "rope_rows", op.rope_rows, count, spec.qk_rope_head_dim * itemsize
             )
         )
+        if problem is None and scaled:
+            for row in op.nope_rows:
+                if _has_non_finite_bf16(row):
+                    return ValueError, "nope_rows holds a non-finite value: it cannot be scaled"
+        return problem
 
     def _write_prefix_valid_problem(
         self, op: WritePrefixValid
@@ -505,7 +614,10 @@ class ReferencePool:
         elif isinstance(op, WriteMLA):
             layer = self._layer(op.layer_id)
             for i, loc in enumerate(op.locs):
-                layer.k[loc] = bytes(op.nope_rows[i]) + bytes(op.rope_rows[i])
+                if self.spec.latent_layout == "scaled":
+                    layer.k[loc] = reference_scaled_latent_row(op.nope_rows[i], op.rope_rows[i])
+                else:
+                    layer.k[loc] = bytes(op.nope_rows[i]) + bytes(op.rope_rows[i])
         elif isinstance(op, WritePrefixValid):
             layer = self._layer(op.layer_id)
             width = len(op.loc_grid[0]) if op.loc_grid else 0

@@ -33,8 +33,14 @@ FP8_DTYPES: frozenset[str] = frozenset({"float8_e4m3fn", "float8_e5m2"})
 DSA_QUANT_BLOCK = 128
 #: MHA buffer layouts: token-major (``nhd``) and head-major by page (``hnd``).
 KV_LAYOUTS: tuple[str, ...] = ("nhd", "hnd")
+#: DSA latent row layouts: ``raw`` (``kv_lora_rank + qk_rope_head_dim`` values in the pool's
+#: dtype) and ``scaled`` (SGLang 0.5.23's fp8 DSA row: ``kv_lora_rank`` fp8 values, one fp32
+#: scale per block of :data:`DSA_QUANT_BLOCK` of them, then the rope part in bf16).
+LATENT_LAYOUTS: tuple[str, ...] = ("raw", "scaled")
+#: The only dtype a ``scaled`` latent row takes (its values are e4m3 fp8).
+SCALED_LATENT_DTYPE = "float8_e4m3fn"
 #: What :attr:`PoolSpec.variant` can be: a family, or a family with a layout of its own.
-POOL_VARIANTS: tuple[str, ...] = ("mha", "mha:hnd", "noop", "mla", "dsa")
+POOL_VARIANTS: tuple[str, ...] = ("mha", "mha:hnd", "noop", "mla", "dsa", "dsa:scaled")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,28 @@ class PoolSpec:
     index_head_dim: int = 128
     skip_topk_layers: tuple[bool, ...] | None = None
     index_buf_size: int | None = None
+    # DSA: "raw" or "scaled" (fp8 e4m3 only; kv_lora_rank a multiple of 128). A scaled
+    # row is written from bf16 nope and rope values, quantized per token and block.
+    latent_layout: str = "raw"
+
+    def __post_init__(self) -> None:
+        # Only the new field is checked here: the rest stays plain data, checked by the
+        # reference and the pools, as before.
+        if self.latent_layout not in LATENT_LAYOUTS:
+            raise ValueError(f"latent_layout={self.latent_layout!r} not in {LATENT_LAYOUTS}")
+        if self.latent_layout == "raw":
+            return
+        if self.family != "dsa" or self.dtype != SCALED_LATENT_DTYPE:
+            raise ValueError(
+                f"latent_layout='scaled' needs family='dsa' and dtype={SCALED_LATENT_DTYPE!r},"
+                f" got family={self.family!r}, dtype={self.dtype!r}"
+            )
+        rank = self.kv_lora_rank
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0 or rank % 128:
+            raise ValueError(
+                f"latent_layout='scaled' needs kv_lora_rank a positive multiple of"
+                f" {DSA_QUANT_BLOCK} (one fp32 scale per block), got kv_lora_rank={rank!r}"
+            )
 
     @property
     def num_slots(self) -> int:
@@ -80,8 +108,11 @@ class PoolSpec:
 
     @property
     def variant(self) -> str:
-        """The family, with the buffer layout when it is not the default (``"mha:hnd"``):
-        what a failure's signature names, so a finding can be about one layout only."""
+        """The family, with the buffer layout when it is not the default (``"mha:hnd"``,
+        ``"dsa:scaled"``): what a failure's signature names, so a finding can be about one
+        layout only."""
+        if self.latent_layout != "raw":
+            return f"{self.family}:{self.latent_layout}"
         return self.family if self.kv_layout == "nhd" else f"{self.family}:{self.kv_layout}"
 
     @property
@@ -147,14 +178,17 @@ class WriteMLA:
     """MLA/DSA ``set_mla_kv_buffer``: the latent row given as its two parts.
 
     ``nope_rows[i]`` (``kv_lora_rank`` values) and ``rope_rows[i]`` (``qk_rope_head_dim``
-    values) are slot ``locs[i]``'s bytes in the pool's dtype; the stored row is their
-    concatenation.
+    values) are slot ``locs[i]``'s bytes in ``dtype`` (``None``: the pool's dtype); in the
+    raw layout the stored row is their concatenation. A ``scaled`` latent layout takes
+    ``dtype="bfloat16"`` and stores each nope block of 128 values quantized to fp8 with
+    its fp32 scale, then the rope bytes as given.
     """
 
     layer_id: int
     locs: tuple[int, ...]
     nope_rows: tuple[bytes, ...]
     rope_rows: tuple[bytes, ...]
+    dtype: str | None = None
 
 
 @dataclass(frozen=True)

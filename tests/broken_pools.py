@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from kvcheck.geometry import latent_row_bytes
 from kvcheck.pools import (
     DSATokenToKVPool,
     MHATokenToKVPool,
@@ -24,7 +25,8 @@ from kvcheck.pools._checks import check_payload
 from kvcheck.pools._dtypes import as_storage, payload_dtypes
 from kvcheck.pools._host_copy import KVHostCopy
 from kvcheck.pools._rows import move_rows, scatter_rows
-from kvcheck.specs import KV_LAYOUTS, PoolSpec
+from kvcheck.pools._scaled_latent import quantize_rows
+from kvcheck.specs import KV_LAYOUTS, LATENT_LAYOUTS, PoolSpec
 from kvcheck.targets.builtin import KVCheckTarget
 
 # --- moves ---------------------------------------------------------------------------------
@@ -240,6 +242,7 @@ def pool_kwargs(spec: PoolSpec, *, device: str) -> dict[str, Any]:
         "index_head_dim": spec.index_head_dim,
         "skip_topk_layers": list(spec.skip_mask),
         "index_buf_size": spec.index_buf_size,
+        **({"kv_cache_dim": latent_row_bytes(spec)} if spec.latent_layout != "raw" else {}),
     }
 
 
@@ -249,6 +252,7 @@ class BrokenTarget(KVCheckTarget):
 
     unsupported: Mapping[str, str] = MappingProxyType({})
     kv_layouts = KV_LAYOUTS  # its pools are kvcheck's (subclassed), which build them all
+    latent_layouts = LATENT_LAYOUTS
 
     def __init__(self, family: str, pool_class: type, findings: tuple[Any, ...] = ()) -> None:
         self.family = family
@@ -355,6 +359,44 @@ class RopeDroppingMLA(MLATokenToKVPool):
         rank = self.kv_lora_rank
         rows = cache_k_nope.reshape(cache_k_nope.shape[0], -1).view(self.store_dtype)
         self.kv_buffer[local][loc.long(), 0, :rank] = rows
+
+
+class SwappedBlockScalesDSA(DSATokenToKVPool):
+    """Scaled fp8 latent rows get their block scales in reverse order: block ``b``'s scale
+    is stored where block ``blocks - 1 - b``'s belongs (invisible with one block)."""
+
+    def set_mla_kv_buffer(self, layer: Any, loc: Any, *args: Any, **kwargs: Any) -> None:
+        super().set_mla_kv_buffer(layer, loc, *args, **kwargs)
+        if self.latent_layout != "scaled" or self.is_meta:
+            return
+        local = getattr(layer, "layer_id", kwargs.get("layer_id_override", 0)) - self.start_layer
+        rank, blocks = self.kv_lora_rank, self.kv_lora_rank // 128
+        rows = self.kv_buffer[local][loc.long(), 0]
+        scales = rows[:, rank : rank + 4 * blocks].reshape(-1, blocks, 4).flip(1)
+        rows[:, rank : rank + 4 * blocks] = scales.reshape(-1, 4 * blocks)
+        self.kv_buffer[local][loc.long(), 0] = rows
+
+
+class RawWidthScaledDSA(DSATokenToKVPool):
+    """Asked for scaled fp8 latent rows, allocates rows of the raw width
+    (``kv_lora_rank + qk_rope_head_dim`` bytes) and stores each row cut to that width."""
+
+    def _latent_row_width(self) -> int:
+        width = super()._latent_row_width()
+        return (
+            self.kv_lora_rank + self.qk_rope_head_dim if self.latent_layout == "scaled" else width
+        )
+
+    def set_mla_kv_buffer(
+        self, layer: Any, loc: Any, cache_k_nope: Any, cache_k_rope: Any, *args: Any
+    ) -> None:
+        if self.latent_layout != "scaled":
+            super().set_mla_kv_buffer(layer, loc, cache_k_nope, cache_k_rope, *args)
+            return
+        count = cache_k_nope.shape[0]
+        rows = quantize_rows(cache_k_nope.reshape(count, -1), cache_k_rope.reshape(count, -1))
+        width = self.kv_buffer[0].shape[-1]
+        self.kv_buffer[layer.layer_id - self.start_layer][loc.long(), 0] = rows[:, :width]
 
 
 class UncommittedWritingMHA(MHATokenToKVPool):

@@ -28,6 +28,7 @@ from broken_pools import (
     MoveIgnoresV,
     PageGranularReloadMHA,
     PageRowMoveDSA,
+    RawWidthScaledDSA,
     RopeDroppingMLA,
     ScaleDividingMHA,
     SequentialMoveMLA,
@@ -39,6 +40,7 @@ from broken_pools import (
     SkipDescribingDSA,
     StaleViewMLA,
     StartLayerBlindReadMHA,
+    SwappedBlockScalesDSA,
     TokenMajorMoveMHA,
     UncommittedWritingMHA,
     UnpaddedReportMHA,
@@ -124,12 +126,20 @@ BASIC = frozenset({"move", "host_copy", "index_k_write", "input_validation", "st
 
 
 def small_machine(
-    family: str, pool_class: type, *, keep: frozenset[str] = BASIC, findings: tuple = ()
+    family: str,
+    pool_class: type,
+    *,
+    keep: frozenset[str] = BASIC,
+    findings: tuple = (),
+    dtype_names: tuple[str, ...] | None = None,
 ) -> type:
-    """``family``'s machine on the broken pool, checking only the ``keep`` capabilities."""
+    """``family``'s machine on the broken pool, checking only the ``keep`` capabilities
+    (on pools of ``dtype_names``, default any)."""
     # Pools of at most two layers and two pages keep each shrink step cheap; every bug
     # below shows on such a pool.
-    specs = pool_specs(families=(family,), max_layers=2, max_size=8, max_page_size=4)
+    specs = pool_specs(
+        families=(family,), dtype_names=dtype_names, max_layers=2, max_size=8, max_page_size=4
+    )
     return pool_machine(
         BrokenTarget(family, pool_class, findings),
         device=CPU,
@@ -141,11 +151,18 @@ def small_machine(
 
 
 def machine_failure(
-    family: str, pool_class: type, *, keep: frozenset[str] = BASIC, findings: tuple = ()
+    family: str,
+    pool_class: type,
+    *,
+    keep: frozenset[str] = BASIC,
+    findings: tuple = (),
+    dtype_names: tuple[str, ...] | None = None,
 ) -> tuple[str, list[str], int]:
     """Run ``family``'s machine on the broken pool; return the failure message, the shrunk
     steps (one line per operation drawn) and the layer count of the shrunk pool."""
-    machine = small_machine(family, pool_class, keep=keep, findings=findings)
+    machine = small_machine(
+        family, pool_class, keep=keep, findings=findings, dtype_names=dtype_names
+    )
     with pytest.raises(PropertyFailure) as caught, active_findings(findings):
         run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
     notes = "\n".join(getattr(caught.value, "__notes__", ()))
@@ -253,6 +270,48 @@ def test_machine_catches_an_mla_write_that_drops_the_rope_part() -> None:
     message, steps, layers = machine_failure("mla", RopeDroppingMLA, keep=frozenset({"mla_write"}))
     assert "set_mla_kv_buffer" in message
     assert len(steps) <= 2 and layers <= 2, steps
+
+
+#: The scaled fp8 latent layout is drawn for float8_e4m3fn DSA pools only.
+FP8_E4M3 = ("float8_e4m3fn",)
+
+
+def test_dsa_machine_catches_scaled_rows_with_swapped_block_scales() -> None:
+    """A scaled fp8 latent write that stores each block's scale in another block's place
+    fails on a two-block row (kv_lora_rank=256) within one write."""
+    message, steps, layers = machine_failure(
+        "dsa", SwappedBlockScalesDSA, keep=frozenset({"mla_write"}), dtype_names=FP8_E4M3
+    )
+    assert "set_mla_kv_buffer" in message and "kv_buffer" in message
+    # Bytes 256.. of a 256-value row are its scales, where the first difference is.
+    assert "rows of [512] bytes" in message and "byte=256" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_dsa_machine_catches_scaled_rows_allocated_at_the_raw_width() -> None:
+    """A pool asked for scaled fp8 latent rows that allocates the raw width fails the
+    accounting of a freshly built pool (scaled rows are 4 bytes per 128 values and one
+    more byte per rope value wider)."""
+    message, steps, layers = machine_failure(
+        "dsa", RawWidthScaledDSA, keep=frozenset(), dtype_names=FP8_E4M3
+    )
+    # A 128 + 64 raw row where the scaled one is 128 + 4 + 2 * 64 bytes (two slots).
+    assert "pool construction" in message and "(2, 260)" in message
+    assert not steps and layers == 1, steps
+
+
+def test_accounting_catches_scaled_rows_allocated_at_the_raw_width() -> None:
+    """get_kv_size_bytes of a pool holding raw-width rows where scaled ones were asked for
+    fails accounting, shrunk to one scaled layer of one 128-value block."""
+    target = BrokenTarget("dsa", RawWidthScaledDSA)
+
+    def check(spec: PoolSpec) -> None:
+        assert_kv_size_bytes(target.make_pool(spec, device=CPU), spec)
+
+    specs = pool_specs(families=("dsa",), dtype_names=FP8_E4M3, max_layers=2, max_size=8)
+    spec = shrunk(specs, check)
+    assert spec.latent_layout == "scaled" and spec.kv_lora_rank == 128
+    assert spec.layer_num == 1 and spec.variant == "dsa:scaled"
 
 
 def test_machine_catches_a_prefix_valid_write_of_uncommitted_cells() -> None:

@@ -16,6 +16,7 @@ from kvcheck.reference import (
     expected_mem_usage,
     expected_num_index_pages,
     expected_state_buf_infos,
+    fp8_e4m3fn_byte,
     reference_cell_size_bytes,
     reference_first_violation,
     reference_max_total_num_tokens,
@@ -727,3 +728,76 @@ def test_pool_family_selection() -> None:
     assert reference_pool_family(FLAG_ON, family_config("dsa"), is_draft_worker=True) == "dsa"
     with pytest.raises(RuntimeError, match="DSA/MLA KV pool"):
         reference_pool_family(FLAG_ON, family_config("dsa"))
+
+
+# --- the scaled fp8 latent layout -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"family": "mla"}, "needs family='dsa'"),
+        ({"dtype": "float8_e5m2"}, "dtype='float8_e4m3fn'"),
+        ({"kv_lora_rank": 96}, "kv_lora_rank a positive multiple of 128"),
+        ({"latent_layout": "packed"}, r"not in \('raw', 'scaled'\)"),
+    ],
+    ids=["mla", "e5m2", "rank-96", "unknown"],
+)
+def test_scaled_spec_combinations_are_refused(fields: dict, message: str) -> None:
+    """A scaled latent layout is for float8_e4m3fn DSA specs with whole 128-blocks only."""
+    base = {
+        "family": "dsa",
+        "size": 2,
+        "page_size": 1,
+        "layer_num": 1,
+        "dtype": "float8_e4m3fn",
+        "kv_lora_rank": 128,
+        "latent_layout": "scaled",
+    }
+    with pytest.raises(ValueError, match=message):
+        PoolSpec(**{**base, **fields})
+
+
+def test_fp8_encoder_matches_torch_on_a_grid_and_at_ties() -> None:
+    """The reference's own e4m3 encoder equals torch's cast on every multiple of 1/64 in
+    [-448, 448], on the subnormals and on halfway values (ties to even)."""
+    import torch
+
+    grid = torch.cat(
+        [
+            torch.arange(-448 * 64, 448 * 64 + 1) / 64,
+            torch.arange(0, 17) * 2.0**-10,  # subnormal steps and the halves between them
+            torch.tensor([-0.0, 17.0, 19.0, 9.25, 416.0 + 8.0]),
+        ]
+    )
+    expected = grid.to(torch.float8_e4m3fn).view(torch.uint8).tolist()
+    assert [fp8_e4m3fn_byte(v) for v in grid.tolist()] == expected
+
+
+def test_scaled_write_quantizes_each_block_and_keeps_the_rope_bytes() -> None:
+    """Two blocks get their own scales; a zero stays zero; rope bytes pass unchanged;
+    set_kv_buffer and writes in another dtype are refused."""
+    spec = PoolSpec(
+        family="dsa",
+        size=2,
+        page_size=1,
+        layer_num=1,
+        dtype="float8_e4m3fn",
+        kv_lora_rank=256,
+        qk_rope_head_dim=1,
+        latent_layout="scaled",
+    )
+    # Three 266-byte latent rows (256 + 8 + 2) and four index-K pages of 132 bytes.
+    assert spec.variant == "dsa:scaled" and expected_kv_size_bytes(spec) == 3 * 266 + 4 * 132
+    one, four, zero = b"\x80\x3f", b"\x80\x40", b"\x00\x00"
+    nope = one * 127 + zero + four * 128
+    ref = ReferencePool(spec)
+    write = WriteMLA(layer_id=0, locs=(1,), nope_rows=(nope,), rope_rows=(b"\x12\x34",))
+    assert ref.expected_error(write) is ValueError  # bf16 parts must say so
+    ref.apply(WriteMLA(**{**write.__dict__, "dtype": "bfloat16"}))
+    row = ref.expected_kv_buffer(0)[1]
+    assert set(row[:127]) == {0x7E} and row[127] == 0 and set(row[128:256]) == {0x7E}
+    scales = np.frombuffer(row[256:264].tobytes(), "<f4")
+    assert scales.tolist() == [np.float32(1) / np.float32(448), np.float32(4) / np.float32(448)]
+    assert row[264:].tolist() == [0x12, 0x34]
+    assert ref.expected_error(WriteKV(layer_id=0, locs=(1,), k_rows=(bytes(266),))) is ValueError

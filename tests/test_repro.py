@@ -463,6 +463,41 @@ SGLANG_DSA = PoolSpec(
 )
 
 
+#: A scaled fp8 DSA pool (sglang's 64-token pages) and a write of two bf16 tokens, with
+#: two 128-value blocks of different sizes and no rope.
+SCALED_DSA = PoolSpec(
+    family="dsa",
+    size=64,
+    page_size=64,
+    layer_num=1,
+    dtype="float8_e4m3fn",
+    kv_lora_rank=256,
+    qk_rope_head_dim=0,
+    latent_layout="scaled",
+)
+SCALED_WRITE = WriteMLA(
+    layer_id=0,
+    locs=(1, 2),
+    nope_rows=(b"\x80\x3f" * 128 + b"\xc0\xc0" * 128, b"\x00\x41" * 256),
+    rope_rows=(b"", b""),
+    dtype="bfloat16",
+)
+SCALED_OPS = (SCALED_WRITE, Move(tgt=(5,), src=(1,)), HostCopy("a", (2,)), HostReload("a", (9,)))
+
+
+def test_scaled_latent_scripts_replay_on_kvcheck_pools() -> None:
+    """A scaled fp8 DSA reproduction passes the pool kv_cache_dim and bf16 parts and
+    replays cleanly on kvcheck's pools."""
+    script = render_script(
+        reproduction_to_json(Reproduction(SCALED_DSA, SCALED_OPS)), target="kvcheck"
+    )
+    assert "kv_cache_dim=264" in script and "rows(torch.bfloat16" in script
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(script, "repro.py", "exec"), {"__name__": "__main__"})
+    assert out.getvalue() == "OK: no discrepancy\n"
+
+
 @pytest.mark.sglang
 def test_sglang_scripts_run_without_kvcheck(tmp_path: Path) -> None:
     """MHA, MLA and DSA reproductions for sglang import sglang alone and pass on its pools;
@@ -498,6 +533,7 @@ def test_sglang_scripts_run_without_kvcheck(tmp_path: Path) -> None:
                 HostReload("a", tuple(range(0, 64))),
             ),
         ),
+        "dsa_scaled": Reproduction(SCALED_DSA, SCALED_OPS),
     }
     paths = [
         write_script(reproduction_to_json(rep), target="sglang", directory=tmp_path, test=name)

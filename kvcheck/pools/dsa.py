@@ -9,7 +9,8 @@ import torch
 from kvcheck.pools._checks import check_page_table, check_payload, require_int
 from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
 from kvcheck.pools._index_k import QUANT_BLOCK, IndexKPageLayout
-from kvcheck.pools._rows import move_rows
+from kvcheck.pools._rows import move_rows, scatter_rows
+from kvcheck.pools._scaled_latent import SCALED_DTYPE, SOURCE_DTYPE, quantize_rows, scaled_row_width
 from kvcheck.pools.mla import MLATokenToKVPool
 
 #: Index-K storage: raw bytes (fp8 keys and fp32 scales packed per page).
@@ -63,6 +64,14 @@ class DSATokenToKVPool(MLATokenToKVPool):
     its index buffer has zero rows (zero bytes, still a list entry so layers stay aligned),
     index writes to it raise ``ValueError``, and moves and host copies skip it.
 
+    ``kv_cache_dim`` (default ``kv_lora_rank + qk_rope_head_dim``, the raw row) may ask
+    for SGLang 0.5.23's scaled fp8 latent row instead (``dtype=torch.float8_e4m3fn``,
+    ``kv_lora_rank`` a multiple of 128, ``kv_cache_dim = kv_lora_rank + kv_lora_rank //
+    128 * 4 + 2 * qk_rope_head_dim``, 656 for 512 and 64): ``latent_layout`` is then
+    ``"scaled"``, ``kv_buffer`` rows are those bytes (``uint8``), ``set_mla_kv_buffer``
+    quantizes bf16 parts into them, ``set_kv_buffer`` and ``get_mla_kv_buffer`` refuse,
+    and moves, host copies and reads copy whole rows' bytes.
+
     Accepted here on every device: ``page_size >= 1`` and ``index_head_dim`` any positive
     multiple of 128. SGLang's CUDA kernels require ``page_size == 64`` and
     ``index_head_dim == 128``; this pool copies bytes with torch indexing instead, so it
@@ -99,8 +108,12 @@ class DSATokenToKVPool(MLATokenToKVPool):
         end_layer: int | None = None,
         skip_topk_layers: Sequence[bool] | None = None,
         index_buf_size: int | None = None,
+        kv_cache_dim: int | None = None,
     ) -> None:
         # Validate the DSA arguments before the latent buffers are allocated.
+        self._requested_kv_cache_dim = (
+            None if kv_cache_dim is None else require_int("kv_cache_dim", kv_cache_dim, minimum=1)
+        )
         checked_layer_num = require_int("layer_num", layer_num, minimum=1)
         checked_head_dim = _check_index_head_dim(index_head_dim)
         checked_mask = _check_skip_mask(skip_topk_layers, checked_layer_num)
@@ -130,6 +143,134 @@ class DSATokenToKVPool(MLATokenToKVPool):
             self._zeros((self._index_rows(i), self.index_layout.row_bytes), INDEX_K_DTYPE)
             for i in range(self.layer_num)
         ]
+
+    # --- the latent row layout -----------------------------------------------------------
+
+    def _latent_row_width(self) -> int:
+        """``kv_lora_rank + qk_rope_head_dim`` (raw), or the scaled fp8 row's bytes when
+        ``kv_cache_dim`` asks for them, as SGLang's ``kv_cache_dim`` override does."""
+        raw = super()._latent_row_width()
+        requested = self._requested_kv_cache_dim
+        self.latent_layout = "raw"
+        if requested is None or requested == raw:
+            return raw
+        rank, rope = self.kv_lora_rank, self.qk_rope_head_dim
+        if self.dtype != SCALED_DTYPE or rank % 128:
+            raise ValueError(
+                f"kv_cache_dim={requested} differs from kv_lora_rank + qk_rope_head_dim={raw}:"
+                f" only the scaled fp8 layout overrides it, which needs dtype={SCALED_DTYPE}"
+                f" (got {self.dtype}) and kv_lora_rank a multiple of 128 (got {rank})"
+            )
+        scaled = scaled_row_width(rank, rope)
+        if requested != scaled:
+            raise ValueError(
+                f"kv_cache_dim={requested} must be {raw} (raw layout) or {scaled} (scaled fp8"
+                f" layout: {rank} fp8 values, {rank // 128} fp32 scales, {rope} bf16 rope values)"
+            )
+        self.latent_layout = "scaled"
+        return scaled
+
+    def _refuse_scaled(self, where: str, instead: str) -> None:
+        if self.latent_layout == "scaled":
+            raise ValueError(
+                f"{where}: this pool stores scaled fp8 latent rows (kv_cache_dim="
+                f"{self.kv_cache_dim}); {instead}"
+            )
+
+    def set_kv_buffer(
+        self,
+        layer: object,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: object = None,
+        layer_id_override: int | None = None,
+    ) -> None:
+        """MLA's ``set_kv_buffer``; a scaled pool refuses it (its rows are quantized from
+        their parts: use :meth:`set_mla_kv_buffer`)."""
+        self._refuse_scaled("set_kv_buffer", "write them with set_mla_kv_buffer")
+        super().set_kv_buffer(layer, loc, cache_k, cache_v, layer_id_override)
+
+    def set_mla_kv_buffer(
+        self,
+        layer: object,
+        loc: torch.Tensor,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor | None,
+        layer_id_override: int | None = None,
+    ) -> None:
+        """MLA's ``set_mla_kv_buffer``; a scaled pool quantizes each token's bf16 nope
+        values per block of 128 and stores them with their fp32 scales and the bf16 rope
+        bytes (see :mod:`kvcheck.pools._scaled_latent`). ``cache_k_nope``
+        ``[len(loc), 1, kv_lora_rank]`` and ``cache_k_rope`` ``[len(loc), 1,
+        qk_rope_head_dim]`` (``None`` or zero-width when that is 0) must then be bfloat16
+        and the nope values finite.
+
+        Example:
+            >>> pool = DSATokenToKVPool(size=4, page_size=2, kv_lora_rank=128, layer_num=1,
+            ...                         dtype=torch.float8_e4m3fn, qk_rope_head_dim=1,
+            ...                         device="cpu", index_head_dim=128, kv_cache_dim=134)
+            >>> nope = torch.full((1, 1, 128), -4.0, dtype=torch.bfloat16)
+            >>> rope = torch.full((1, 1, 1), 3.0, dtype=torch.bfloat16)
+            >>> pool.set_mla_kv_buffer(None, torch.tensor([2]), nope, rope,
+            ...                        layer_id_override=0)
+            >>> row = pool.kv_buffer[0][2, 0]
+            >>> hex(row[0].item()), round(row[128:132].view(torch.float32).item() * 448, 5)
+            ('0xfe', 4.0)
+            >>> row[132:].view(torch.bfloat16).tolist()
+            [3.0]
+        """
+        if self.latent_layout != "scaled":
+            super().set_mla_kv_buffer(layer, loc, cache_k_nope, cache_k_rope, layer_id_override)
+            return
+        where = "set_mla_kv_buffer"
+        local = self._write_layer(layer, layer_id_override, where=where, reads_layer=False)
+        loc = self._locations("loc", loc, distinct=True, where=where)
+        n, rank, rope_dim = loc.numel(), self.kv_lora_rank, self.qk_rope_head_dim
+        device, dtypes = self._torch_device, (SOURCE_DTYPE,)
+        nope = check_payload(
+            "cache_k_nope",
+            cache_k_nope,
+            shape=(n, 1, rank),
+            dtypes=dtypes,
+            device=device,
+            where=where,
+        )
+        if cache_k_rope is None and rope_dim > 0:
+            raise ValueError(
+                f"{where}: cache_k_rope may be None only when qk_rope_head_dim == 0,"
+                f" but qk_rope_head_dim={rope_dim}"
+            )
+        rope = (
+            nope.new_empty((n, 1, 0))
+            if cache_k_rope is None
+            else check_payload(
+                "cache_k_rope",
+                cache_k_rope,
+                shape=(n, 1, rope_dim),
+                dtypes=dtypes,
+                device=device,
+                where=where,
+            )
+        )
+        if self.is_meta:
+            return
+        if not bool(torch.isfinite(nope).all()):
+            raise ValueError(f"{where}: cache_k_nope holds a non-finite value; it cannot be scaled")
+        rows = quantize_rows(nope.reshape(n, rank), rope.reshape(n, -1))
+        scatter_rows(self.kv_buffer[local], loc, rows.view(n, 1, -1))
+
+    def get_mla_kv_buffer(
+        self,
+        layer: object,
+        loc: torch.Tensor,
+        dst_dtype: torch.dtype | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """MLA's ``get_mla_kv_buffer``; a scaled pool refuses it (its rows are not values
+        of one dtype: read them with ``get_key_buffer`` and dequantize)."""
+        self._refuse_scaled(
+            "get_mla_kv_buffer", "read them with get_key_buffer and dequantize per block"
+        )
+        return super().get_mla_kv_buffer(layer, loc, dst_dtype)
 
     # --- index-K geometry ----------------------------------------------------------------
 

@@ -64,10 +64,14 @@ class MLATokenToKVPool(KVCache):
         self.kv_lora_rank = require_int("kv_lora_rank", kv_lora_rank, minimum=1)
         # SGLang allows a model without a rope part (qk_rope_head_dim == 0).
         self.qk_rope_head_dim = require_int("qk_rope_head_dim", qk_rope_head_dim, minimum=0)
-        self.kv_cache_dim = self.kv_lora_rank + self.qk_rope_head_dim
+        self.kv_cache_dim = self._latent_row_width()
         self.kv_buffer = [
             self._zeros((self.num_slots, 1, self.kv_cache_dim)) for _ in range(self.layer_num)
         ]
+
+    def _latent_row_width(self) -> int:
+        """Storage elements of one latent row: ``kv_lora_rank + qk_rope_head_dim``."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
     # --- reads ---------------------------------------------------------------------------
 

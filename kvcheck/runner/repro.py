@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from kvcheck.failures import Reproduction, reproduction_from_json
-from kvcheck.geometry import latent_width
+from kvcheck.geometry import latent_row_bytes, latent_width
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import (
     DSA_QUANT_BLOCK,
@@ -181,6 +181,8 @@ def rows(dtype, inner, *hex_rows):
     if not hex_rows:
         return torch.zeros((0, *inner), dtype=dtype)
     data = bytearray(bytes.fromhex("".join(hex_rows)))
+    if not data:  # rows of no bytes (a zero-width rope part)
+        return torch.zeros((len(hex_rows), *(max(n, 0) for n in inner)), dtype=dtype)
     return torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(len(hex_rows), *inner)
 
 
@@ -369,6 +371,36 @@ dsa_index_k_cache._set_k_and_s_triton_kernel = CpuKernel()
 '''
 
 
+_SGLANG_SCALED_QUANT = '''
+
+def cpu_quantize_k_cache(out_q, out_s, out_rope, k_nope, k_rope, *strides, NUM_NOPE_BLOCKS,
+                         GROUP_SIZE, DIM_NOPE, DIM_ROPE, FP8_MIN, FP8_MAX, **launch_options):
+    """CPU body of sglang's Triton _quantize_k_cache_fast_kernel (scaled fp8 DSA rows), in
+    float32: per block, scale = max|y| / FP8_MAX, value clamp(y * (1 / scale)) to fp8
+    (tl.clamp propagates no NaN: fmax/fmin), then the rope values unchanged."""
+    for block in range(NUM_NOPE_BLOCKS):
+        cols = slice(block * GROUP_SIZE, min((block + 1) * GROUP_SIZE, DIM_NOPE))
+        y = k_nope[:, cols].float()
+        y_s = y.abs().amax(dim=1) / FP8_MAX
+        y_q = torch.fmin(torch.fmax(y * (1.0 / y_s)[:, None], torch.tensor(FP8_MIN)),
+                         torch.tensor(FP8_MAX))
+        out_q[:, cols] = y_q.to(out_q.dtype)
+        out_s[:, block] = y_s
+    if DIM_ROPE:
+        out_rope[:, :DIM_ROPE] = k_rope[:, :DIM_ROPE].to(out_rope.dtype)
+
+
+class CpuQuantizeKernel:
+    def __getitem__(self, grid):  # launched as kernel[grid](...)
+        return cpu_quantize_k_cache
+
+
+from sglang.kernels.ops.quantization import dsa_quant_k_cache  # noqa: E402
+
+dsa_quant_k_cache._quantize_k_cache_fast_kernel = CpuQuantizeKernel()
+'''
+
+
 class _ScriptWriter:
     """Builds one script from a reproduction, the reference's verdicts and a target flavour."""
 
@@ -421,6 +453,8 @@ class _ScriptWriter:
             lines += _SGLANG_SETUP.strip("\n").splitlines()
             if any(isinstance(op, WriteIndexK) for op in self.rep.ops):
                 lines += _SGLANG_INDEX_K.rstrip("\n").splitlines()
+            if self.spec.latent_layout == "scaled":
+                lines += _SGLANG_SCALED_QUANT.rstrip("\n").splitlines()
             return lines
         lines = ["import math", "import types", "", "import torch", ""]
         if kind == "kvcheck":
@@ -489,12 +523,11 @@ class _ScriptWriter:
             return self._write_kv(op)
         if isinstance(op, WriteMLA):
             spec = self.spec
+            dtype = spec.dtype if op.dtype is None else op.dtype  # bf16 for scaled rows
             prep = [
                 f"loc = {_locs(op.locs)}",
-                "cache_k_nope = "
-                f"{_rows_expr(spec.dtype, (1, spec.kv_lora_rank), op.nope_rows, '')}",
-                f"cache_k_rope = "
-                f"{_rows_expr(spec.dtype, (1, spec.qk_rope_head_dim), op.rope_rows, '')}",
+                f"cache_k_nope = {_rows_expr(dtype, (1, spec.kv_lora_rank), op.nope_rows, '')}",
+                f"cache_k_rope = {_rows_expr(dtype, (1, spec.qk_rope_head_dim), op.rope_rows, '')}",
             ]
             label = f"set_mla_kv_buffer(layer_id={op.layer_id}, loc={_list(op.locs)})"
             args = [f"layer({op.layer_id})", "loc", "cache_k_nope", "cache_k_rope"]
@@ -660,8 +693,10 @@ def _pool_arguments(spec: PoolSpec, *, sglang: bool) -> list[tuple[str, str]]:
             # sglang is given the mask its configurator builds: one entry per layer.
             ("skip_topk_layers", repr(list(spec.skip_mask) if sglang or mask else None)),
         ]
-        if sglang:
-            args.append(("kv_cache_dim", str(latent_width(spec))))
+        if sglang or spec.latent_layout != "raw":
+            scaled = spec.latent_layout == "scaled"
+            dim = latent_row_bytes(spec) if scaled else latent_width(spec)
+            args.append(("kv_cache_dim", str(dim)))
     return args
 
 

@@ -25,7 +25,7 @@ import torch
 from hypothesis import strategies as st
 
 from kvcheck.calls import NOOP_WRITE_METHODS, NoOpCall, PoolCall, loc_tensor, rows_tensor
-from kvcheck.geometry import index_k_row_bytes, index_scale_row_bytes, latent_width
+from kvcheck.geometry import index_k_row_bytes, index_scale_row_bytes, latent_row_bytes
 from kvcheck.specs import DSA_QUANT_BLOCK, PoolSpec, WriteKV
 from kvcheck.strategies import ops as draws
 from kvcheck.validation import check_choices, check_one_of, check_type
@@ -104,7 +104,9 @@ def _write_tensors(
     loc = loc_tensor(op.locs, device=device)
     dtype = getattr(torch, spec.dtype)
     latent = spec.family in ("mla", "dsa")
-    heads, k_dim = (1, latent_width(spec)) if latent else (spec.head_num, spec.head_dim)
+    # A latent row's values: its width, or a scaled fp8 row's bytes (one fp8 value each).
+    latent_values = latent_row_bytes(spec) // spec.itemsize
+    heads, k_dim = (1, latent_values) if latent else (spec.head_num, spec.head_dim)
     k = rows_tensor(op.k_rows, dtype=dtype, inner=(heads, k_dim), device=device)
     v = None
     if not latent:

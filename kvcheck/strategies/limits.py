@@ -27,13 +27,14 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvcheck.specs import KV_LAYOUTS, POOL_FAMILIES, PoolSpec
+from kvcheck.specs import KV_LAYOUTS, LATENT_LAYOUTS, POOL_FAMILIES, PoolSpec
 from kvcheck.validation import check_type
 
 __all__ = [
     "PoolSpecLimits",
     "fit_spec",
     "kv_layouts_problem",
+    "latent_layouts_problem",
     "pool_spec_limit_problems",
     "pool_spec_limits_of",
     "spec_limit_violations",
@@ -75,26 +76,32 @@ def pool_spec_limit_problems(limits: object) -> list[str]:
 
 def pool_spec_limits_of(target: object) -> PoolSpecLimits:
     """The target's ``pool_spec_limits`` (empty when it declares none), plus the MHA
-    layouts it builds: a layout beyond token-major NHD is opt-in, through the target's
-    ``kv_layouts`` (default ``("nhd",)``), so a target written before a layout existed
-    is never handed one it would silently build as another.
+    and DSA layouts it builds: a layout beyond token-major NHD is opt-in, through the
+    target's ``kv_layouts`` (default ``("nhd",)``), and one beyond the raw DSA latent row
+    through its ``latent_layouts`` (default ``("raw",)``), so a target written before a
+    layout existed is never handed one it would silently build as another.
 
     Example:
         >>> from types import SimpleNamespace
         >>> pool_spec_limits_of(object())
-        {'mha': {'kv_layout': ('nhd',)}}
-        >>> pool_spec_limits_of(SimpleNamespace(kv_layouts=("nhd", "hnd")))
+        {'mha': {'kv_layout': ('nhd',)}, 'dsa': {'latent_layout': ('raw',)}}
+        >>> pool_spec_limits_of(SimpleNamespace(kv_layouts=("nhd", "hnd"),
+        ...                                     latent_layouts=("raw", "scaled")))
         {}
     """
     declared = getattr(target, "pool_spec_limits", None) or {}
     layouts = getattr(target, "kv_layouts", None) or ("nhd",)
-    problem = kv_layouts_problem(layouts)
+    latent = getattr(target, "latent_layouts", None) or ("raw",)
+    problem = kv_layouts_problem(layouts) or latent_layouts_problem(latent)
     if problem:
         raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
-    if set(layouts) == set(KV_LAYOUTS):
+    if set(layouts) == set(KV_LAYOUTS) and set(latent) == set(LATENT_LAYOUTS):
         return declared
     merged = {family: dict(fields) for family, fields in declared.items()}
-    merged.setdefault("mha", {}).setdefault("kv_layout", layouts)
+    if set(layouts) != set(KV_LAYOUTS):
+        merged.setdefault("mha", {}).setdefault("kv_layout", layouts)
+    if set(latent) != set(LATENT_LAYOUTS):
+        merged.setdefault("dsa", {}).setdefault("latent_layout", latent)
     return merged
 
 
@@ -107,6 +114,18 @@ def kv_layouts_problem(layouts: object) -> str | None:
     """
     if not isinstance(layouts, tuple) or "nhd" not in layouts or set(layouts) - set(KV_LAYOUTS):
         return f"kv_layouts={layouts!r} must be a tuple with 'nhd', of {KV_LAYOUTS}"
+    return None
+
+
+def latent_layouts_problem(layouts: object) -> str | None:
+    """What is wrong with a target's ``latent_layouts`` declaration, or None.
+
+    Example:
+        >>> latent_layouts_problem(("raw", "scaled")), latent_layouts_problem(("scaled",))
+        (None, "latent_layouts=('scaled',) must be a tuple with 'raw', of ('raw', 'scaled')")
+    """
+    if not isinstance(layouts, tuple) or "raw" not in layouts or set(layouts) - set(LATENT_LAYOUTS):
+        return f"latent_layouts={layouts!r} must be a tuple with 'raw', of {LATENT_LAYOUTS}"
     return None
 
 

@@ -51,6 +51,8 @@ from hypothesis.errors import InvalidArgument
 
 from kvcheck.geometry import index_k_row_bytes, index_scale_row_bytes, row_bytes, row_elements
 from kvcheck.specs import (
+    DSA_QUANT_BLOCK,
+    DTYPE_ITEMSIZE,
     HostCopy,
     HostReload,
     Move,
@@ -229,7 +231,8 @@ OP_KINDS: tuple[str, ...] = (
 
 def family_op_kinds(spec: PoolSpec) -> tuple[str, ...]:
     """The operation kinds that apply to ``spec``'s family (index-K writes only where a
-    layer has index-K; ``set_mla_kv_buffer`` for MLA/DSA; prefix-valid writes for MHA).
+    layer has index-K; ``set_mla_kv_buffer`` for MLA/DSA; prefix-valid writes for MHA;
+    no ``set_kv_buffer`` for a scaled latent layout).
 
     Example:
         >>> family_op_kinds(PoolSpec(family="mla", size=2, page_size=1, layer_num=1,
@@ -240,6 +243,9 @@ def family_op_kinds(spec: PoolSpec) -> tuple[str, ...]:
         "write_index_k": bool(indexed_layers(spec, skip=False)),
         "write_mla": spec.family in ("mla", "dsa"),
         "write_prefix_valid": spec.family in ("mha", "noop"),
+        # A scaled latent row is written only from its bf16 parts (set_mla_kv_buffer).
+        "write_kv": spec.latent_layout == "raw",
+        "cast_write_kv": spec.latent_layout == "raw",
     }
     return tuple(kind for kind in OP_KINDS if applies.get(kind, True))
 
@@ -412,19 +418,34 @@ def _write_mla_ops(draw: st.DrawFn, spec: PoolSpec, padding_slot: bool) -> Write
             if free
             else tuple(loc for loc in locs if loc)
         )
-    nope = draw(
-        payload_rows(spec.dtype, len(locs), spec.kv_lora_rank * spec.itemsize), label="nope"
+    # A scaled latent row is quantized from bf16 parts; a raw one takes the pool's dtype.
+    dtype = "bfloat16" if spec.latent_layout == "scaled" else spec.dtype
+    itemsize = DTYPE_ITEMSIZE[dtype]
+    if spec.latent_layout == "scaled":
+        # Each block of 128 values its own sequence, so that blocks get different scales
+        # (one sequence repeats every 256 bytes: two blocks would be equal).
+        blocks = [
+            draw(payload_rows(dtype, len(locs), DSA_QUANT_BLOCK * itemsize), label="nope block")
+            for _ in range(spec.kv_lora_rank // DSA_QUANT_BLOCK)
+        ]
+        nope = tuple(b"".join(parts) for parts in zip(*blocks, strict=True))
+    else:
+        nope = draw(payload_rows(dtype, len(locs), spec.kv_lora_rank * itemsize), label="nope")
+    rope = draw(payload_rows(dtype, len(locs), spec.qk_rope_head_dim * itemsize), label="rope")
+    return WriteMLA(
+        layer_id=layer_id,
+        locs=locs,
+        nope_rows=nope,
+        rope_rows=rope,
+        dtype=dtype if dtype != spec.dtype else None,
     )
-    rope = draw(
-        payload_rows(spec.dtype, len(locs), spec.qk_rope_head_dim * spec.itemsize), label="rope"
-    )
-    return WriteMLA(layer_id=layer_id, locs=locs, nope_rows=nope, rope_rows=rope)
 
 
 @functools.lru_cache(maxsize=4096)
 def write_mla_ops(spec: PoolSpec, *, padding_slot: bool = True) -> st.SearchStrategy[WriteMLA]:
     """MLA/DSA ``set_mla_kv_buffer`` of 1-4 tokens: the nope and rope parts of each latent
-    row, in the pool's dtype; ``padding_slot=False`` never targets slot 0. Shrinks
+    row, in the pool's dtype (bfloat16 for a scaled latent layout, which quantizes them);
+    ``padding_slot=False`` never targets slot 0. Shrinks
     towards one token at slot 0 (else 1) of the lowest layer."""
     checked = _checked(spec)
     if checked.family not in ("mla", "dsa"):

@@ -14,7 +14,15 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvcheck.specs import DTYPE_ITEMSIZE, FP8_DTYPES, KV_LAYOUTS, POOL_FAMILIES, PoolSpec
+from kvcheck.specs import (
+    DTYPE_ITEMSIZE,
+    FP8_DTYPES,
+    KV_LAYOUTS,
+    LATENT_LAYOUTS,
+    POOL_FAMILIES,
+    SCALED_LATENT_DTYPE,
+    PoolSpec,
+)
 from kvcheck.strategies.limits import within_target_limits
 from kvcheck.validation import (
     check_bool,
@@ -200,10 +208,21 @@ def _pool_specs(
         # The head-major layout takes whole pages only (and MHA pools only).
         layouts = KV_LAYOUTS if family == "mha" and size % page_size == 0 else ("nhd",)
         return PoolSpec(**common, **heads, kv_layout=draw(st.sampled_from(layouts)))
-    latent = {
-        "kv_lora_rank": draw(st.integers(1, 8)),
-        "qk_rope_head_dim": draw(st.integers(1, 4)),
-    }
+    # SGLang 0.5.23's scaled fp8 latent row: fp8 e4m3 DSA pools only, whole blocks of 128
+    # nope values and the rope widths its quantizer takes (64, or none).
+    scaled_ok = family == "dsa" and dtype == SCALED_LATENT_DTYPE
+    layout = draw(st.sampled_from(LATENT_LAYOUTS if scaled_ok else ("raw",)), label="latent")
+    if layout == "scaled":
+        latent: dict[str, Any] = {
+            "kv_lora_rank": draw(st.sampled_from((128, 256))),
+            "qk_rope_head_dim": draw(st.sampled_from((64, 0))),
+            "latent_layout": layout,
+        }
+    else:
+        latent = {
+            "kv_lora_rank": draw(st.integers(1, 8)),
+            "qk_rope_head_dim": draw(st.integers(1, 4)),
+        }
     if family == "mla":
         return PoolSpec(**common, **latent)
     extra_pages = draw(st.none() | st.integers(0, 2))
@@ -231,7 +250,9 @@ def pool_specs(
     ``dtype_names=None`` means every dtype the chosen families accept. ``size`` is up to
     ``max_size`` tokens: whole pages for DSA, sometimes a partial last page for the other
     families (shrinking to whole pages); MHA specs of whole pages may take the head-major
-    ``kv_layout="hnd"`` (shrinking to ``"nhd"``); ``page_size`` is at most
+    ``kv_layout="hnd"`` (shrinking to ``"nhd"``); float8_e4m3fn DSA specs may take
+    SGLang's scaled latent row, ``latent_layout="scaled"`` with ``kv_lora_rank`` 128 or
+    256 and ``qk_rope_head_dim`` 64 or 0 (shrinking to ``"raw"``); ``page_size`` is at most
     ``min(max_page_size, max_size)`` (powers of two for DSA). MHA/NoOp specs may carry a
     V head dim of their own; any family may start at a global layer above 0; DSA specs carry
     a skip mask from :func:`layer_masks`, ``index_head_dim=128`` and sometimes an

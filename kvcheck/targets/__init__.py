@@ -332,6 +332,13 @@ def _optional_member_problems(target: object) -> list[str]:
         problem = kv_layouts_problem(layouts)
         if problem:
             problems.append(problem)
+    latent_layouts = getattr(target, "latent_layouts", None)
+    if latent_layouts is not None:
+        from kvcheck.strategies.limits import latent_layouts_problem
+
+        problem = latent_layouts_problem(latent_layouts)
+        if problem:
+            problems.append(problem)
     return problems
 
 

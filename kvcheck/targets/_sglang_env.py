@@ -340,6 +340,76 @@ def cpu_index_k_kernel() -> Iterator[None]:
         setattr(module, INDEX_K_KERNEL_NAME, original)
 
 
+#: Where sglang keeps the Triton kernel that quantizes a scaled fp8 DSA latent row.
+DSA_QUANT_KERNEL_MODULE = "sglang.kernels.ops.quantization.dsa_quant_k_cache"
+DSA_QUANT_KERNEL_NAME = "_quantize_k_cache_fast_kernel"
+
+
+class _CpuQuantizeKCacheKernel:
+    """CPU body of sglang's ``_quantize_k_cache_fast_kernel``, launched as
+    ``kernel[grid](...)``: the quantizer behind ``DSATokenToKVPool.set_mla_kv_buffer`` for
+    the scaled fp8 latent row (``quantize_k_cache_separate``).
+
+    Transcribed from the kernel, per token and block of ``GROUP_SIZE`` nope values, in
+    float32: ``y_s = max|y| / FP8_MAX``, ``y_s_inv = 1.0 / y_s``, the stored value
+    ``clamp(y * y_s_inv, FP8_MIN, FP8_MAX)`` cast to the output's fp8 dtype, ``y_s`` into
+    the scale view; the rope values are copied into the bf16 rope view. ``tl.clamp``'s
+    default (``PropagateNan.NONE``) does not propagate a NaN, so this clamps with
+    ``fmax``/``fmin`` (a NaN from ``0 * inf`` in an all-zero block becomes ``FP8_MIN``).
+    Two things this CPU body cannot show: Triton may lower float32 ``/`` to an
+    approximate division on a GPU, and its symmetric-clamp lowering may give ``+FP8_MAX``
+    for that NaN; both are unverified here (docs/sglang-findings.md).
+    """
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self._launch
+
+    @staticmethod
+    def _launch(
+        output_nope_q: torch.Tensor,
+        output_nope_s: torch.Tensor,
+        output_rope: torch.Tensor,
+        k_nope: torch.Tensor,
+        k_rope: torch.Tensor,
+        *strides: int,
+        NUM_NOPE_BLOCKS: int,
+        GROUP_SIZE: int,
+        DIM_NOPE: int,
+        DIM_ROPE: int,
+        FP8_MIN: float,
+        FP8_MAX: float,
+        **launch_options: Any,
+    ) -> None:
+        for block in range(NUM_NOPE_BLOCKS):
+            columns = slice(block * GROUP_SIZE, min((block + 1) * GROUP_SIZE, DIM_NOPE))
+            y = k_nope[:, columns].to(torch.float32)
+            y_s = y.abs().amax(dim=1) / FP8_MAX
+            y_s_inv = 1.0 / y_s
+            y_q = torch.fmin(
+                torch.fmax(y * y_s_inv[:, None], torch.tensor(FP8_MIN)), torch.tensor(FP8_MAX)
+            )
+            output_nope_q[:, columns] = y_q.to(output_nope_q.dtype)
+            output_nope_s[:, block] = y_s
+        if DIM_ROPE:
+            output_rope[:, :DIM_ROPE] = k_rope[:, :DIM_ROPE].to(output_rope.dtype)
+
+
+@contextmanager
+def cpu_dsa_quantize_kernel() -> Iterator[None]:
+    """Run sglang's scaled fp8 DSA latent write on CPU: its Python path
+    (``quantize_k_cache_separate``, then its write), with the quantizing Triton kernel's
+    body on CPU (:class:`_CpuQuantizeKCacheKernel`)."""
+    import importlib
+
+    module = importlib.import_module(DSA_QUANT_KERNEL_MODULE)
+    original = getattr(module, DSA_QUANT_KERNEL_NAME)
+    setattr(module, DSA_QUANT_KERNEL_NAME, _CpuQuantizeKCacheKernel())
+    try:
+        yield
+    finally:
+        setattr(module, DSA_QUANT_KERNEL_NAME, original)
+
+
 MLA_READ_KERNEL_MODULE = "sglang.kernels.ops.kvcache.mla_buffer"
 
 

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 import kvcheck
-from kvcheck.specs import KV_LAYOUTS, POOL_FAMILIES, PoolSpec
+from kvcheck.specs import KV_LAYOUTS, LATENT_LAYOUTS, POOL_FAMILIES, PoolSpec
 
 #: Pool class name -> family, most specific first (NoOp derives from MHA, DSA from MLA).
 _FAMILY_OF_CLASS: tuple[tuple[str, str], ...] = (
@@ -58,6 +58,13 @@ class KVCheckTarget:
             return KV_LAYOUTS
         return ("nhd",)
 
+    @property
+    def latent_layouts(self) -> tuple[str, ...]:
+        """The DSA latent row layouts this target builds, opt-in as :attr:`kv_layouts`."""
+        if type(self).make_pool is KVCheckTarget.make_pool:
+            return LATENT_LAYOUTS
+        return ("raw",)
+
     # --- pools ----------------------------------------------------------------------------
 
     def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
@@ -69,6 +76,7 @@ class KVCheckTarget:
         import torch
 
         from kvcheck import pools
+        from kvcheck.geometry import latent_row_bytes
 
         dtype = getattr(torch, spec.dtype, None)
         if not isinstance(dtype, torch.dtype):
@@ -107,6 +115,7 @@ class KVCheckTarget:
                 None if spec.skip_topk_layers is None else list(spec.skip_topk_layers)
             ),
             index_buf_size=spec.index_buf_size,
+            kv_cache_dim=latent_row_bytes(spec) if spec.latent_layout != "raw" else None,
             **common,
         )
 

@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from kvcheck.geometry import latent_width
-from kvcheck.specs import KV_LAYOUTS, POOL_FAMILIES, PoolSpec
+from kvcheck.geometry import latent_row_bytes, latent_width
+from kvcheck.specs import KV_LAYOUTS, LATENT_LAYOUTS, POOL_FAMILIES, PoolSpec
 from kvcheck.targets import _sglang_adapt as adapt
 from kvcheck.targets import _sglang_env as env
 from kvcheck.targets._sglang_findings import EXPECTED_FAILURES, SGLANG_FINDINGS
@@ -105,6 +105,11 @@ CPU_NOTES: Mapping[str, str] = MappingProxyType(
             "set_mla_kv_buffer runs sglang's own torch body (set_mla_kv_buffer_naive, its path "
             "for platforms without Triton); get_mla_kv_buffer runs sglang's Python path with "
             "the two Triton gather kernels replaced by a CPU body that gathers the same rows"
+        ),
+        "scaled_latent_write": (
+            "set_mla_kv_buffer on a scaled fp8 DSA pool runs sglang's Python path with its "
+            "quantizing Triton kernel (_quantize_k_cache_fast_kernel) replaced by a CPU body "
+            "that transcribes it in IEEE float32; the GPU's own rounding is not checked"
         ),
         "move": (
             "MHA pools are built with SGLANG_NATIVE_MOVE_KV_CACHE=1, sglang's tensor-indexing "
@@ -178,6 +183,7 @@ class SGLangTarget:
         self.unsupported: Mapping[str, str] = UNSUPPORTED
         self.pool_spec_limits: Mapping[str, Mapping[str, tuple[int, ...]]] = POOL_SPEC_LIMITS
         self.kv_layouts: tuple[str, ...] = KV_LAYOUTS
+        self.latent_layouts: tuple[str, ...] = LATENT_LAYOUTS
         self.findings = SGLANG_FINDINGS
         self.expected_failures: Mapping[str, str] = EXPECTED_FAILURES
         self.cpu_notes: Mapping[str, str] = CPU_NOTES
@@ -207,10 +213,12 @@ class SGLangTarget:
         """Build sglang's pool for ``spec`` on ``device`` ("cpu", "cuda", "cuda:N", "meta").
 
         ``end_layer`` is passed as ``start_layer + layer_num`` (exclusive), as sglang's
-        configurator does. DSA pools get ``kv_cache_dim = kv_lora_rank +
-        qk_rope_head_dim`` (the raw latent row kvcheck describes) and need a page size of
-        64, which sglang asserts. On CPU, MHA pools use sglang's native move; MLA/DSA
-        pool methods run with single-rank parallel widths (see :mod:`._sglang_env`).
+        configurator does. DSA pools get ``kv_cache_dim`` of the spec's latent row (raw:
+        ``kv_lora_rank + qk_rope_head_dim``; scaled: the fp8 row's bytes, which makes
+        sglang store scaled fp8 rows, as its configurator's ``calculate_mla_kv_cache_dim``
+        does) and need a page size of 64, which sglang asserts. On CPU, MHA pools use
+        sglang's native move; MLA/DSA pool methods run with single-rank parallel widths
+        (see :mod:`._sglang_env`).
         """
         if not isinstance(spec, PoolSpec):
             raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
@@ -238,7 +246,7 @@ class SGLangTarget:
                     **common,
                     **latent,
                     index_head_dim=spec.index_head_dim,
-                    kv_cache_dim=latent_width(spec),
+                    kv_cache_dim=_kv_cache_dim(spec),
                     index_buf_size=spec.index_buf_size,
                     skip_topk_layers=list(spec.skip_mask),
                 )
@@ -413,6 +421,11 @@ class SGLangTarget:
 # --- helpers ------------------------------------------------------------------------------
 
 
+def _kv_cache_dim(spec: PoolSpec) -> int:
+    """sglang's ``kv_cache_dim`` (elements of its store dtype, bytes for fp8) for ``spec``."""
+    return latent_row_bytes(spec) if spec.latent_layout == "scaled" else latent_width(spec)
+
+
 def _refuse_zero_row_index_write(pool: Any, layer_id: int) -> None:
     """Stop an index-K write that sglang would launch into a skip layer's zero-row buffer.
 
@@ -459,6 +472,7 @@ def _latent_pool_scope(*, cpu: bool) -> Iterator[None]:
             stack.enter_context(env.cpu_cuda_synchronize())
             stack.enter_context(env.cpu_index_k_kernel())
             stack.enter_context(env.cpu_mla_read_kernels())
+            stack.enter_context(env.cpu_dsa_quantize_kernel())
         yield
 
 

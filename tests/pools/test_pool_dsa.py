@@ -307,3 +307,86 @@ def test_meta_dsa_operations_check_shapes_and_do_nothing():
         )
     assert pool.get_state_buf_infos() == ([0, 0, 0], [3 * 528, 0, 3 * 528], [528, 0, 528])
     pool.check_valid()
+
+
+# --- the scaled fp8 latent layout -------------------------------------------------------------
+
+
+def make_scaled(*, rank: int = 256, rope: int = 64, **kwargs):
+    from kvcheck.pools import DSATokenToKVPool
+
+    return DSATokenToKVPool(
+        size=4,
+        page_size=2,
+        kv_lora_rank=rank,
+        dtype=torch.float8_e4m3fn,
+        qk_rope_head_dim=rope,
+        layer_num=1,
+        device="cpu",
+        index_head_dim=128,
+        kv_cache_dim=rank + rank // 128 * 4 + 2 * rope,
+        **kwargs,
+    )
+
+
+def test_scaled_rows_are_fp8_values_then_block_scales_then_bf16_rope():
+    """A scaled row: each 128-block's fp8 values, its scale max|x|/448 as fp32, the rope
+    bytes as given; the block whose max is 448 times its scale stores 0x7e."""
+    pool = make_scaled()
+    assert pool.latent_layout == "scaled" and pool.kv_buffer[0].shape == (6, 1, 392)
+    nope = torch.cat([torch.full((128,), 2.0), torch.full((128,), -0.5)]).to(torch.bfloat16)
+    rope = torch.arange(64, dtype=torch.float32).to(torch.bfloat16)
+    pool.set_mla_kv_buffer(layer(0), locs(3), nope.view(1, 1, -1), rope.view(1, 1, -1))
+    row = pool.kv_buffer[0][3, 0]
+    assert set(row[:128].tolist()) == {0x7E} and set(row[128:256].tolist()) == {0xFE}
+    scales = row[256:264].view(torch.float32).tolist()
+    assert scales == [torch.tensor(2.0 / 448).item(), torch.tensor(0.5 / 448).item()]
+    assert torch.equal(row[264:].view(torch.bfloat16), rope)
+    assert int(pool.kv_buffer[0][[0, 1, 2, 4, 5]].count_nonzero()) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kv_cache_dim": 401}, "kv_cache_dim=401 must be 320 .* or 392"),
+        ({"kv_cache_dim": 264, "dtype": torch.float8_e5m2}, "only the scaled fp8 layout"),
+    ],
+    ids=["wrong-width", "wrong-dtype"],
+)
+def test_kv_cache_dim_takes_the_raw_or_the_scaled_width_only(kwargs, message):
+    """Any other kv_cache_dim (or a scaled one for a dtype other than e4m3) is refused."""
+    from kvcheck.pools import DSATokenToKVPool
+
+    args = {
+        "size": 4,
+        "page_size": 2,
+        "kv_lora_rank": 256,
+        "dtype": torch.float8_e4m3fn,
+        "qk_rope_head_dim": 64,
+        "layer_num": 1,
+        "device": "cpu",
+        "index_head_dim": 128,
+        **kwargs,
+    }
+    with pytest.raises(ValueError, match=message):
+        DSATokenToKVPool(**args)
+
+
+def test_scaled_pool_refuses_whole_rows_other_dtypes_and_non_finite_values():
+    """set_kv_buffer, get_mla_kv_buffer, non-bf16 parts and inf nope values raise
+    ValueError and leave the buffer as it was."""
+    pool = make_scaled(rank=128, rope=0)
+    before = pool.kv_buffer[0].clone()
+    nope = torch.ones(1, 1, 128, dtype=torch.bfloat16)
+    calls = [
+        lambda: pool.set_kv_buffer(layer(0), locs(1), torch.zeros(1, 1, 132, dtype=torch.uint8)),
+        lambda: pool.get_mla_kv_buffer(layer(0), locs(1)),
+        lambda: pool.set_mla_kv_buffer(layer(0), locs(1), nope.float(), None),
+        lambda: pool.set_mla_kv_buffer(layer(0), locs(1), nope * float("inf"), None),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError):
+            call()
+    assert torch.equal(pool.kv_buffer[0], before)
+    pool.set_mla_kv_buffer(layer(0), locs(1), nope, None)
+    assert pool.kv_buffer[0][1, 0, :128].unique().tolist() == [0x7E]

@@ -347,3 +347,64 @@ def test_scaled_fp8_latent_layout_is_what_sglang_sizes(target: SGLangTarget) -> 
         model, dtype="float8_e4m3fn", is_draft=False, enable_hisparse=False
     )
     assert sglangs == ours + model.num_hidden_layers * (scaled - raw) == 53_940
+
+
+def _scaled_write(target: SGLangTarget, nope: torch.Tensor, rope: torch.Tensor) -> tuple:
+    """sglang's scaled fp8 DSA pool after writing one token at slot 5, and the reference."""
+    from kvcheck.reference import ReferencePool
+    from kvcheck.specs import WriteMLA
+
+    spec = PoolSpec(
+        family="dsa",
+        size=DSA_PAGE,
+        page_size=DSA_PAGE,
+        layer_num=1,
+        dtype="float8_e4m3fn",
+        kv_lora_rank=nope.shape[-1],
+        qk_rope_head_dim=rope.shape[-1],
+        latent_layout="scaled",
+    )
+    pool = target.make_pool(spec, device="cpu")
+    pool.set_mla_kv_buffer(Layer(0), torch.tensor([5]), nope.view(1, 1, -1), rope.view(1, 1, -1))
+    reference = ReferencePool(spec)
+    reference.apply(
+        WriteMLA(
+            layer_id=0,
+            locs=(5,),
+            nope_rows=(bytes(nope.view(torch.uint8).tolist()),),
+            rope_rows=(bytes(rope.view(torch.uint8).tolist()),),
+            dtype="bfloat16",
+        )
+    )
+    got = pool.kv_buffer[0].view(torch.uint8).reshape(spec.num_slots, -1)
+    return pool, got.numpy(), reference.expected_kv_buffer(0)
+
+
+def test_scaled_fp8_latent_write_matches_the_reference(target: SGLangTarget) -> None:
+    """sglang's pool built with the scaled kv_cache_dim (656 bytes for 512 + 64) stores
+    scaled rows, and its quantizer (its Triton kernel's body on CPU) writes the
+    reference's bytes: fp8 values, one fp32 scale per 128, the bf16 rope."""
+    generator = torch.Generator().manual_seed(0)
+    nope = (torch.randn(512, generator=generator) * 3).to(torch.bfloat16)
+    rope = torch.randn(64, generator=generator).to(torch.bfloat16)
+    pool, got, expected = _scaled_write(target, nope, rope)
+    assert pool.dsa_kv_cache_store_fp8 and pool.kv_cache_dim == 656
+    assert (got == expected).all()
+    kernel = getattr(
+        sys.modules[env.DSA_QUANT_KERNEL_MODULE], env.DSA_QUANT_KERNEL_NAME
+    )  # restored after the call
+    assert not isinstance(kernel, env._CpuQuantizeKCacheKernel)
+
+
+def test_scaled_fp8_zero_block_is_stored_from_zero_times_inf(target: SGLangTarget) -> None:
+    """An all-zero nope block: sglang's quantizer (no guard: ``0 * (1 / 0)``) stores scale
+    0 with every value clamped from NaN, where kvcheck's contract stores zeros. On CPU its
+    transcription clamps as tl.clamp documents (NaN not propagated: FP8_MIN, 0xfe); the
+    bytes a GPU writes are unverified here. The other block and the rope agree."""
+    nope = torch.cat([torch.zeros(128), torch.ones(128)]).to(torch.bfloat16)
+    rope = torch.zeros(0, dtype=torch.bfloat16)
+    _, got, expected = _scaled_write(target, nope, rope)
+    row, want = got[5], expected[5]
+    assert set(row[:128].tolist()) == {0xFE} and set(want[:128].tolist()) == {0}
+    assert (row[128:] == want[128:]).all()
+    assert row[256:260].tolist() == [0, 0, 0, 0]

@@ -440,7 +440,10 @@ def test_a_layout_is_drawn_only_for_targets_that_declare_it() -> None:
             return super().make_pool(spec, device=device)
 
     hnd = lambda spec: spec.kv_layout == "hnd"  # noqa: E731
-    assert pool_spec_limits_of(OwnPools()) == {"mha": {"kv_layout": ("nhd",)}}
+    assert pool_spec_limits_of(OwnPools()) == {
+        "mha": {"kv_layout": ("nhd",)},
+        "dsa": {"latent_layout": ("raw",)},
+    }
     with pytest.raises(NoSuchExample):
         find(pool_specs(families=("mha",), target=OwnPools()), hnd, settings=SEARCH)
     for target in (KVCheckTarget(), SimpleNamespace(name="t", kv_layouts=("nhd", "hnd"))):
@@ -450,3 +453,30 @@ def test_a_layout_is_drawn_only_for_targets_that_declare_it() -> None:
         kv_layouts = ("hnd",)  # type: ignore[assignment]
 
     assert any(problem.startswith("kv_layouts=") for problem in check_target(HndOnly()))
+
+
+def test_a_scaled_latent_layout_is_drawn_only_for_targets_that_declare_it() -> None:
+    """A target that builds its own pools and declares no latent_layouts gets raw DSA rows
+    only; kvcheck's own target, and one declaring both layouts, get scaled fp8 rows too."""
+
+    class OwnPools(KVCheckTarget):
+        def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
+            return super().make_pool(spec, device=device)
+
+    scaled = lambda spec: spec.latent_layout == "scaled"  # noqa: E731
+
+    def specs(target: object) -> Any:
+        return pool_specs(families=("dsa",), dtype_names=("float8_e4m3fn",), target=target)
+
+    with pytest.raises(NoSuchExample):
+        find(specs(OwnPools()), scaled, settings=SEARCH)
+    for target in (KVCheckTarget(), SimpleNamespace(name="t", latent_layouts=("raw", "scaled"))):
+        spec = find(specs(target), scaled, settings=SEARCH)
+        assert spec.variant == "dsa:scaled" and spec.kv_lora_rank == 128
+    with pytest.raises(InvalidArgument, match="latent_layouts="):
+        specs(SimpleNamespace(name="t", latent_layouts=("scaled",)))
+
+    class ScaledOnly(KVCheckTarget):
+        latent_layouts = ("scaled",)  # type: ignore[assignment]
+
+    assert any(problem.startswith("latent_layouts=") for problem in check_target(ScaledOnly()))
