@@ -188,12 +188,6 @@ REASONS: tuple[Reason, ...] = (
     Reason(
         _MP, "MLATokenToKVPool.get_mla_kv_buffer", GPU_ONLY, pattern=r"get_mla_kv_buffer_triton"
     ),
-    Reason(
-        _MP,
-        "MLATokenToKVPool._write_mla_kv_buffer",
-        VARIANT,
-        pattern=_guarded_by(r"dsa_kv_cache_store_fp8"),
-    ),
     Reason(_MP, "MLATokenToKVPool.*", VARIANT, pattern=_guarded_by(r"shape\[0\] == 0")),
     # --- DSATokenToKVPool ---------------------------------------------------------------------
     Reason(_MP, "DSATokenToKVPool.host_pool_decls", SERVING_ONLY),

@@ -31,10 +31,10 @@ from kvcheck.specs import KV_LAYOUTS, LATENT_LAYOUTS, POOL_FAMILIES, PoolSpec
 from kvcheck.validation import check_type
 
 __all__ = [
+    "LAYOUT_DECLARATIONS",
     "PoolSpecLimits",
     "fit_spec",
-    "kv_layouts_problem",
-    "latent_layouts_problem",
+    "layouts_problem",
     "pool_spec_limit_problems",
     "pool_spec_limits_of",
     "spec_limit_violations",
@@ -74,6 +74,14 @@ def pool_spec_limit_problems(limits: object) -> list[str]:
     return problems
 
 
+#: Target attribute declaring the buffer layouts it builds -> (pool family, PoolSpec
+#: field, every layout; the first is the default every target builds).
+LAYOUT_DECLARATIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "kv_layouts": ("mha", "kv_layout", KV_LAYOUTS),
+    "latent_layouts": ("dsa", "latent_layout", LATENT_LAYOUTS),
+}
+
+
 def pool_spec_limits_of(target: object) -> PoolSpecLimits:
     """The target's ``pool_spec_limits`` (empty when it declares none), plus the MHA
     and DSA layouts it builds: a layout beyond token-major NHD is opt-in, through the
@@ -90,42 +98,30 @@ def pool_spec_limits_of(target: object) -> PoolSpecLimits:
         {}
     """
     declared = getattr(target, "pool_spec_limits", None) or {}
-    layouts = getattr(target, "kv_layouts", None) or ("nhd",)
-    latent = getattr(target, "latent_layouts", None) or ("raw",)
-    problem = kv_layouts_problem(layouts) or latent_layouts_problem(latent)
-    if problem:
-        raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
-    if set(layouts) == set(KV_LAYOUTS) and set(latent) == set(LATENT_LAYOUTS):
-        return declared
     merged = {family: dict(fields) for family, fields in declared.items()}
-    if set(layouts) != set(KV_LAYOUTS):
-        merged.setdefault("mha", {}).setdefault("kv_layout", layouts)
-    if set(latent) != set(LATENT_LAYOUTS):
-        merged.setdefault("dsa", {}).setdefault("latent_layout", latent)
+    for attribute, (family, field, every) in LAYOUT_DECLARATIONS.items():
+        layouts = getattr(target, attribute, None) or every[:1]
+        problem = layouts_problem(attribute, layouts)
+        if problem:
+            raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
+        if set(layouts) != set(every):
+            merged.setdefault(family, {}).setdefault(field, layouts)
     return merged
 
 
-def kv_layouts_problem(layouts: object) -> str | None:
-    """What is wrong with a target's ``kv_layouts`` declaration, or None.
+def layouts_problem(attribute: str, layouts: object) -> str | None:
+    """What is wrong with a target's layout declaration ``attribute`` (a key of
+    :data:`LAYOUT_DECLARATIONS`), or None.
 
     Example:
-        >>> kv_layouts_problem(("nhd", "hnd")), kv_layouts_problem(("hnd",))
+        >>> layouts_problem("kv_layouts", ("nhd", "hnd")), layouts_problem("kv_layouts", ("hnd",))
         (None, "kv_layouts=('hnd',) must be a tuple with 'nhd', of ('nhd', 'hnd')")
+        >>> layouts_problem("latent_layouts", ("scaled",))
+        "latent_layouts=('scaled',) must be a tuple with 'raw', of ('raw', 'scaled')"
     """
-    if not isinstance(layouts, tuple) or "nhd" not in layouts or set(layouts) - set(KV_LAYOUTS):
-        return f"kv_layouts={layouts!r} must be a tuple with 'nhd', of {KV_LAYOUTS}"
-    return None
-
-
-def latent_layouts_problem(layouts: object) -> str | None:
-    """What is wrong with a target's ``latent_layouts`` declaration, or None.
-
-    Example:
-        >>> latent_layouts_problem(("raw", "scaled")), latent_layouts_problem(("scaled",))
-        (None, "latent_layouts=('scaled',) must be a tuple with 'raw', of ('raw', 'scaled')")
-    """
-    if not isinstance(layouts, tuple) or "raw" not in layouts or set(layouts) - set(LATENT_LAYOUTS):
-        return f"latent_layouts={layouts!r} must be a tuple with 'raw', of {LATENT_LAYOUTS}"
+    every = LAYOUT_DECLARATIONS[attribute][2]
+    if not isinstance(layouts, tuple) or every[0] not in layouts or set(layouts) - set(every):
+        return f"{attribute}={layouts!r} must be a tuple with {every[0]!r}, of {every}"
     return None
 
 

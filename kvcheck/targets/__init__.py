@@ -325,18 +325,11 @@ def _optional_member_problems(target: object) -> list[str]:
         from kvcheck.strategies.limits import pool_spec_limit_problems
 
         problems.extend(pool_spec_limit_problems(limits))
-    layouts = getattr(target, "kv_layouts", None)
-    if layouts is not None:
-        from kvcheck.strategies.limits import kv_layouts_problem
+    from kvcheck.strategies.limits import LAYOUT_DECLARATIONS, layouts_problem
 
-        problem = kv_layouts_problem(layouts)
-        if problem:
-            problems.append(problem)
-    latent_layouts = getattr(target, "latent_layouts", None)
-    if latent_layouts is not None:
-        from kvcheck.strategies.limits import latent_layouts_problem
-
-        problem = latent_layouts_problem(latent_layouts)
+    for attribute in LAYOUT_DECLARATIONS:
+        layouts = getattr(target, attribute, None)
+        problem = None if layouts is None else layouts_problem(attribute, layouts)
         if problem:
             problems.append(problem)
     return problems

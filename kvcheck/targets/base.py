@@ -94,6 +94,10 @@ FAMILY_SEPARATOR = ":"
 #:     The MHA buffer layouts (:data:`kvcheck.specs.KV_LAYOUTS`) the target builds;
 #:     default ``("nhd",)``. A layout is opt-in so that a target written before it existed
 #:     is never given a spec it would silently build in another layout.
+#: ``latent_layouts: tuple[str, ...]``
+#:     The DSA latent row layouts (:data:`kvcheck.specs.LATENT_LAYOUTS`) the target builds;
+#:     default ``("raw",)``. ``"scaled"`` (SGLang 0.5.23's fp8 row: fp8 values, an fp32
+#:     scale per 128, bf16 rope) is opt-in for the same reason.
 #: ``expected_failures: Mapping[str, str]``
 #:     pytest node-id pattern -> reason. Tests of the suite that match (see
 #:     :func:`kvcheck.targets.expected_failure_reason`) run as strict expected failures:
@@ -109,6 +113,7 @@ OPTIONAL_MEMBERS: tuple[str, ...] = (
     "prepare",
     "pool_spec_limits",
     "kv_layouts",
+    "latent_layouts",
     "expected_failures",
     "findings",
 )
