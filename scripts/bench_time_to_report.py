@@ -125,6 +125,8 @@ KVCHECK_TWINS: tuple[Twin, ...] = (
     _pool_twin("scale-dividing-mha", "mha", "ScaleDividingMHA"),
     _pool_twin("unpadded-report-mha", "mha", "UnpaddedReportMHA"),
     _pool_twin("token-major-move-mha", "mha", "TokenMajorMoveMHA"),
+    _pool_twin("swapped-block-scales-dsa", "dsa", "SwappedBlockScalesDSA"),
+    _pool_twin("raw-width-scaled-dsa", "dsa", "RawWidthScaledDSA"),
     # Two bugs, one declared as a finding by the twin test: here both are undeclared.
     _pool_twin("silent-reload-moving-noop", "noop", "SilentReloadMovingNoOp"),
     _pool_twin("silent-reload-noop", "noop", "SilentReloadNoOp"),
