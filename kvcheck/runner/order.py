@@ -8,8 +8,8 @@ catch most serving bugs, behind a minute of state machines and input checks. Thi
 :data:`REPORT_ORDER`, cheapest first: serving properties, skip layers, accounting, the no-op
 pool, the state machines, the input checks, attention. Tests keep their order within a
 module, and tests that are not the suite's keep their places: a project's own tests are
-not moved. It runs before other reordering plugins (``tryfirst``), so a user's
-``pytest-randomly`` or ``--ff`` still has the last word.
+not moved. It runs early (``tryfirst``), so pytest's own ``--ff`` and ``--nf``, which
+reorder after every other plugin, still have the last word.
 
 Example:
     >>> report_rank("kvcheck.suite.test_serving_validation") < report_rank(
