@@ -9,7 +9,7 @@ import torch
 from kvcheck.pools._checks import check_page_table, check_payload, require_int
 from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
 from kvcheck.pools._index_k import QUANT_BLOCK, IndexKPageLayout
-from kvcheck.pools._rows import move_rows, scatter_rows
+from kvcheck.pools._rows import move_rows
 from kvcheck.pools._scaled_latent import SCALED_DTYPE, SOURCE_DTYPE, quantize_rows, scaled_row_width
 from kvcheck.pools.mla import MLATokenToKVPool
 
@@ -190,22 +190,27 @@ class DSATokenToKVPool(MLATokenToKVPool):
         self._refuse_scaled("set_kv_buffer", "write them with set_mla_kv_buffer")
         super().set_kv_buffer(layer, loc, cache_k, cache_v, layer_id_override)
 
-    def set_mla_kv_buffer(
-        self,
-        layer: object,
-        loc: torch.Tensor,
-        cache_k_nope: torch.Tensor,
-        cache_k_rope: torch.Tensor | None,
-        layer_id_override: int | None = None,
-    ) -> None:
-        """MLA's ``set_mla_kv_buffer``; a scaled pool quantizes each token's bf16 nope
-        values per block of 128 and stores them with their fp32 scales and the bf16 rope
-        bytes (see :mod:`kvcheck.pools._scaled_latent`). ``cache_k_nope``
-        ``[len(loc), 1, kv_lora_rank]`` and ``cache_k_rope`` ``[len(loc), 1,
-        qk_rope_head_dim]`` (``None`` or zero-width when that is 0) must then be bfloat16
-        and the nope values finite.
+    def _mla_part(
+        self, name: str, value: object, shape: tuple[int, ...], *, where: str
+    ) -> torch.Tensor:
+        """MLA's check; a scaled pool takes bfloat16 parts only (it quantizes them)."""
+        if self.latent_layout != "scaled":
+            return super()._mla_part(name, value, shape, where=where)
+        return check_payload(
+            name,
+            value,
+            shape=shape,
+            dtypes=(SOURCE_DTYPE,),
+            device=self._torch_device,
+            where=where,
+        )
 
-        Example:
+    def _latent_rows(self, nope: torch.Tensor, rope: torch.Tensor, *, where: str) -> torch.Tensor:
+        """MLA's rows; a scaled pool quantizes each token's finite bf16 nope values per
+        block of 128 and stores them with their fp32 scales and the bf16 rope bytes (see
+        :mod:`kvcheck.pools._scaled_latent`).
+
+        Example (through ``set_mla_kv_buffer``):
             >>> pool = DSATokenToKVPool(size=4, page_size=2, kv_lora_rank=128, layer_num=1,
             ...                         dtype=torch.float8_e4m3fn, qk_rope_head_dim=1,
             ...                         device="cpu", index_head_dim=128, kv_cache_dim=134)
@@ -220,44 +225,11 @@ class DSATokenToKVPool(MLATokenToKVPool):
             [3.0]
         """
         if self.latent_layout != "scaled":
-            super().set_mla_kv_buffer(layer, loc, cache_k_nope, cache_k_rope, layer_id_override)
-            return
-        where = "set_mla_kv_buffer"
-        local = self._write_layer(layer, layer_id_override, where=where, reads_layer=False)
-        loc = self._locations("loc", loc, distinct=True, where=where)
-        n, rank, rope_dim = loc.numel(), self.kv_lora_rank, self.qk_rope_head_dim
-        device, dtypes = self._torch_device, (SOURCE_DTYPE,)
-        nope = check_payload(
-            "cache_k_nope",
-            cache_k_nope,
-            shape=(n, 1, rank),
-            dtypes=dtypes,
-            device=device,
-            where=where,
-        )
-        if cache_k_rope is None and rope_dim > 0:
-            raise ValueError(
-                f"{where}: cache_k_rope may be None only when qk_rope_head_dim == 0,"
-                f" but qk_rope_head_dim={rope_dim}"
-            )
-        rope = (
-            nope.new_empty((n, 1, 0))
-            if cache_k_rope is None
-            else check_payload(
-                "cache_k_rope",
-                cache_k_rope,
-                shape=(n, 1, rope_dim),
-                dtypes=dtypes,
-                device=device,
-                where=where,
-            )
-        )
-        if self.is_meta:
-            return
+            return super()._latent_rows(nope, rope, where=where)
         if not bool(torch.isfinite(nope).all()):
             raise ValueError(f"{where}: cache_k_nope holds a non-finite value; it cannot be scaled")
-        rows = quantize_rows(nope.reshape(n, rank), rope.reshape(n, -1))
-        scatter_rows(self.kv_buffer[local], loc, rows.view(n, 1, -1))
+        count = nope.shape[0]
+        return quantize_rows(nope.reshape(count, -1), rope.reshape(count, -1)).view(count, 1, -1)
 
     def get_mla_kv_buffer(
         self,

@@ -155,9 +155,7 @@ class MLATokenToKVPool(KVCache):
         local = self._write_layer(layer, layer_id_override, where=where, reads_layer=False)
         loc = self._locations("loc", loc, distinct=True, where=where)
         n = loc.numel()
-        nope = self._cache_payload(
-            "cache_k_nope", cache_k_nope, (n, 1, self.kv_lora_rank), where=where
-        )
+        nope = self._mla_part("cache_k_nope", cache_k_nope, (n, 1, self.kv_lora_rank), where=where)
         rope_shape = (n, 1, self.qk_rope_head_dim)
         if cache_k_rope is None and self.qk_rope_head_dim == 0:
             rope = nope.new_empty(rope_shape)
@@ -167,13 +165,23 @@ class MLATokenToKVPool(KVCache):
                 f" but qk_rope_head_dim={self.qk_rope_head_dim}"
             )
         else:
-            rope = self._cache_payload("cache_k_rope", cache_k_rope, rope_shape, where=where)
+            rope = self._mla_part("cache_k_rope", cache_k_rope, rope_shape, where=where)
             if self.qk_rope_head_dim > 0:  # a zero-width rope holds no values to convert
                 self._check_pair_dtypes(("cache_k_nope", nope), ("cache_k_rope", rope), where=where)
         if self.is_meta:
             return
-        rows = torch.cat([self._stored_rows(nope, None), self._stored_rows(rope, None)], dim=-1)
-        scatter_rows(self.kv_buffer[local], loc, rows)
+        scatter_rows(self.kv_buffer[local], loc, self._latent_rows(nope, rope, where=where))
+
+    def _mla_part(
+        self, name: str, value: object, shape: tuple[int, ...], *, where: str
+    ) -> torch.Tensor:
+        """Validate one part (nope or rope) of a ``set_mla_kv_buffer`` row."""
+        return self._cache_payload(name, value, shape, where=where)
+
+    def _latent_rows(self, nope: torch.Tensor, rope: torch.Tensor, *, where: str) -> torch.Tensor:
+        """The stored latent rows of validated parts: their concatenation, stored as given
+        (native) or converted."""
+        return torch.cat([self._stored_rows(nope, None), self._stored_rows(rope, None)], dim=-1)
 
     def get_mla_kv_buffer(
         self,
