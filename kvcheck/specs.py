@@ -40,7 +40,18 @@ LATENT_LAYOUTS: tuple[str, ...] = ("raw", "scaled")
 #: The only dtype a ``scaled`` latent row takes (its values are e4m3 fp8).
 SCALED_LATENT_DTYPE = "float8_e4m3fn"
 #: What :attr:`PoolSpec.variant` can be: a family, or a family with a layout of its own.
-POOL_VARIANTS: tuple[str, ...] = ("mha", "mha:hnd", "noop", "mla", "dsa", "dsa:scaled")
+POOL_VARIANTS: tuple[str, ...] = (
+    "mha",
+    "mha:hnd",
+    "noop",
+    "mla",
+    "dsa",
+    "dsa:scaled",
+    "dsa:kpool",
+    "dsa:scaled:kpool",
+)
+#: Compress-tail rows (one request's ring slot) are bf16: 2 bytes per index channel.
+COMPRESS_TAIL_ITEMSIZE = 2
 
 
 @dataclass(frozen=True)
@@ -76,10 +87,19 @@ class PoolSpec:
     # DSA: "raw" or "scaled" (fp8 e4m3 only; kv_lora_rank a multiple of 128). A scaled
     # row is written from bf16 nope and rope values, quantized per token and block.
     latent_layout: str = "raw"
+    # DSA index kpool (SGLang 0.5.23): one index key per ``index_kpool`` tokens, so a page
+    # row holds ``page_size // index_kpool`` index slots. With ``index_kpool_compress``
+    # the pool also keeps, per layer, a bf16 ring of ``index_kpool + tail_extra_slots``
+    # keys and scores for each of ``max_running_requests + 1`` request slots.
+    index_kpool: int = 1
+    index_kpool_compress: bool = False
+    tail_extra_slots: int = 0
+    max_running_requests: int | None = None
 
     def __post_init__(self) -> None:
-        # Only the new field is checked here: the rest stays plain data, checked by the
-        # reference and the pools, as before.
+        # Only the layout and kpool fields are checked here: the rest stays plain data,
+        # checked by the reference and the pools, as before.
+        self._check_kpool()
         if self.latent_layout not in LATENT_LAYOUTS:
             raise ValueError(f"latent_layout={self.latent_layout!r} not in {LATENT_LAYOUTS}")
         if self.latent_layout == "raw":
@@ -96,6 +116,51 @@ class PoolSpec:
                 f" {DSA_QUANT_BLOCK} (one fp32 scale per block), got kv_lora_rank={rank!r}"
             )
 
+    def _check_kpool(self) -> None:
+        kpool = self.index_kpool
+        if isinstance(kpool, bool) or not isinstance(kpool, int) or kpool < 1:
+            raise ValueError(f"index_kpool={kpool!r} must be an int >= 1")
+        if kpool > 1 and self.family != "dsa":
+            raise ValueError(f"index_kpool={kpool} needs family='dsa', got {self.family!r}")
+        page = self.page_size
+        if kpool > 1 and (not isinstance(page, int) or page % kpool):
+            raise ValueError(f"page_size={page!r} must be a multiple of index_kpool={kpool}")
+        extra = self.tail_extra_slots
+        if isinstance(extra, bool) or not isinstance(extra, int) or extra < 0:
+            raise ValueError(f"tail_extra_slots={extra!r} must be an int >= 0")
+        requests = self.max_running_requests
+        if self.compress_tails and (
+            isinstance(requests, bool) or not isinstance(requests, int) or requests < 0
+        ):
+            raise ValueError(
+                f"index_kpool_compress=True with index_kpool={kpool} needs"
+                f" max_running_requests an int >= 0, got {requests!r}"
+            )
+
+    @property
+    def compress_tails(self) -> bool:
+        """Whether the pool keeps per-request compress tails (SGLang: kpool > 1 and
+        ``index_kpool_compress``; the flag alone is ignored)."""
+        return self.family == "dsa" and self.index_kpool > 1 and self.index_kpool_compress
+
+    @property
+    def index_page_size(self) -> int:
+        """Index slots in one page row: ``page_size // index_kpool``."""
+        return self.page_size // self.index_kpool
+
+    @property
+    def tail_requests(self) -> int:
+        """Request slots of each compress-tail buffer: ``max_running_requests + 1``
+        (SGLang keeps one for invalid request ids); 0 without tails."""
+        if not self.compress_tails or self.max_running_requests is None:
+            return 0
+        return self.max_running_requests + 1
+
+    @property
+    def tail_width(self) -> int:
+        """Ring slots per request: ``index_kpool + tail_extra_slots``."""
+        return self.index_kpool + self.tail_extra_slots
+
     @property
     def num_slots(self) -> int:
         """Rows in each per-layer token buffer: capacity plus the padding page."""
@@ -109,11 +174,16 @@ class PoolSpec:
     @property
     def variant(self) -> str:
         """The family, with the buffer layout when it is not the default (``"mha:hnd"``,
-        ``"dsa:scaled"``): what a failure's signature names, so a finding can be about one
-        layout only."""
+        ``"dsa:scaled"``) and ``kpool`` for a DSA index kpool above 1 (``"dsa:kpool"``):
+        what a failure's signature names, so a finding can be about one variant only."""
+        parts = [self.family]
         if self.latent_layout != "raw":
-            return f"{self.family}:{self.latent_layout}"
-        return self.family if self.kv_layout == "nhd" else f"{self.family}:{self.kv_layout}"
+            parts.append(self.latent_layout)
+        elif self.kv_layout != "nhd":
+            parts.append(self.kv_layout)
+        if self.index_kpool > 1:
+            parts.append("kpool")
+        return ":".join(parts)
 
     @property
     def effective_v_head_dim(self) -> int:
@@ -209,12 +279,26 @@ class WritePrefixValid:
 
 @dataclass(frozen=True)
 class WriteIndexK:
-    """DSA ``set_index_k_scale_buffer``: fp8 key bytes and fp32 scale bytes per token."""
+    """DSA ``set_index_k_scale_buffer``: fp8 key bytes and fp32 scale bytes per index slot
+    (a token id; with ``index_kpool > 1`` the slot of a group of ``index_kpool`` tokens)."""
 
     layer_id: int
     locs: tuple[int, ...]
     key_rows: tuple[bytes, ...]
     scale_rows: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class WriteCompressTail:
+    """DSA ``set_compress_tail_for_request``: request ``req_pool_idx``'s ring takes
+    ``key_rows[i]`` and ``score_rows[i]`` (bf16, ``index_head_dim`` values each) at slot
+    ``(start + i) % tail_width``; ``n_remain`` is ``len(key_rows)``."""
+
+    layer_id: int
+    req_pool_idx: int
+    key_rows: tuple[bytes, ...]
+    score_rows: tuple[bytes, ...]
+    start: int = 0
 
 
 @dataclass(frozen=True)
@@ -227,21 +311,35 @@ class Move:
 
 @dataclass(frozen=True)
 class HostCopy:
-    """``get_cpu_copy(indices)``; the copy is remembered under ``name`` for a later reload."""
+    """``get_cpu_copy(indices)``; the copy is remembered under ``name`` for a later reload.
+
+    ``req_pool_index`` (DSA with compress tails) also copies that request's tails."""
 
     name: str
     indices: tuple[int, ...]
+    req_pool_index: int | None = None
 
 
 @dataclass(frozen=True)
 class HostReload:
-    """``load_cpu_copy(copy, indices)`` of the copy taken under ``name``."""
+    """``load_cpu_copy(copy, indices)`` of the copy taken under ``name``; with
+    ``req_pool_index``, tails the copy carries go back to that request slot."""
 
     name: str
     indices: tuple[int, ...]
+    req_pool_index: int | None = None
 
 
-Op = WriteKV | WriteMLA | WritePrefixValid | WriteIndexK | Move | HostCopy | HostReload
+Op = (
+    WriteKV
+    | WriteMLA
+    | WritePrefixValid
+    | WriteIndexK
+    | WriteCompressTail
+    | Move
+    | HostCopy
+    | HostReload
+)
 
 
 @dataclass(frozen=True)
