@@ -16,7 +16,8 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import torch
 
@@ -29,11 +30,18 @@ class KVHostCopy:
 
     ``parts[name][i]`` holds local layer ``i``'s rows of buffer group ``name`` in the order
     of the indices that were copied. Tensors are on the CPU (``meta`` for a meta pool).
+    ``tails`` holds a DSA pool's per-request compress tails when the copy named a request.
     """
 
     source: str
     num_tokens: int
     parts: Mapping[str, tuple[torch.Tensor, ...]]
+    #: DSA compress tails of one request (``"tail_k"``, ``"tail_score"``: one ``[tail_width,
+    #: index_head_dim]`` tensor per local layer, ``None`` for a skip layer); empty when the
+    #: copy was taken without a request or from a pool without tails.
+    tails: Mapping[str, tuple[torch.Tensor | None, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
 
 def check_host_copy(

@@ -8,6 +8,9 @@ one scale per 128-channel block). Token ``t`` lives in page ``t // page_size`` a
     columns [o*D, (o+1)*D)                            its key bytes
     columns [page_size*D + o*S, page_size*D + (o+1)*S)  its scale bytes
 
+A DSA pool with an index kpool builds the layout with ``page_size = index_page_size`` and
+passes index slots (one per ``index_kpool`` tokens) where this module says tokens.
+
 Locations are token ids, so writes, moves and host copies address one token's key and
 scale bytes inside its page; they never copy a whole page row (that would overwrite the
 page's other tokens). A *token row* (what :meth:`IndexKPageLayout.read` returns and host

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
-from kvcheck.pools._checks import check_page_table, check_payload, require_int
+from kvcheck.pools._checks import (
+    check_page_table,
+    check_payload,
+    describe,
+    require_bool,
+    require_int,
+)
 from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
 from kvcheck.pools._index_k import QUANT_BLOCK, IndexKPageLayout
 from kvcheck.pools._rows import move_rows
@@ -15,6 +23,52 @@ from kvcheck.pools.mla import MLATokenToKVPool
 
 #: Index-K storage: raw bytes (fp8 keys and fp32 scales packed per page).
 INDEX_K_DTYPE = torch.uint8
+#: Compress-tail storage (keys and scores), as SGLang 0.5.23 allocates it.
+TAIL_DTYPE = torch.bfloat16
+#: Host-copy entries of the compress tails (SGLang's ``cpu_copy`` keys).
+TAIL_PARTS: tuple[str, str] = ("tail_k", "tail_score")
+
+
+class _KpoolArgs(NamedTuple):
+    index_kpool: int
+    index_kpool_compress: bool
+    tail_extra_slots: int
+    max_running_requests: int | None
+    use_compress: bool
+
+
+def _check_kpool(
+    page_size: object,
+    index_kpool: object,
+    index_kpool_compress: object,
+    tail_extra_slots: object,
+    max_running_requests: object,
+) -> _KpoolArgs:
+    kpool = require_int("index_kpool", index_kpool, minimum=1)
+    page = require_int("page_size", page_size, minimum=1)
+    if page % kpool:
+        raise ValueError(
+            f"page_size={page} must be a multiple of index_kpool={kpool} (a page row holds"
+            f" page_size // index_kpool index slots)"
+        )
+    compress = require_bool("index_kpool_compress", index_kpool_compress)
+    extra = require_int("tail_extra_slots", tail_extra_slots, minimum=0)
+    # SGLang ignores the compress flag (and so max_running_requests) with index_kpool == 1.
+    use_compress = kpool > 1 and compress
+    requests: int | None = None
+    if use_compress:
+        if max_running_requests is None:
+            raise ValueError(
+                f"max_running_requests=None: index_kpool={kpool} with index_kpool_compress=True"
+                " keeps a compress tail per request slot and needs an integer >= 0"
+            )
+        requests = require_int("max_running_requests", max_running_requests, minimum=0)
+    elif max_running_requests is not None and not isinstance(max_running_requests, bool):
+        try:
+            requests = operator.index(max_running_requests)  # type: ignore[arg-type]
+        except TypeError:
+            requests = None
+    return _KpoolArgs(kpool, compress, extra, requests, use_compress)
 
 
 def _check_index_head_dim(index_head_dim: object) -> int:
@@ -64,6 +118,25 @@ class DSATokenToKVPool(MLATokenToKVPool):
     its index buffer has zero rows (zero bytes, still a list entry so layers stay aligned),
     index writes to it raise ``ValueError``, and moves and host copies skip it.
 
+    ``index_kpool`` (SGLang 0.5.23; default 1, ``page_size`` a multiple of it) pools the
+    index keys: one index *slot* per ``index_kpool`` tokens, token ``t`` using slot ``t //
+    index_kpool``. Rows stay pages of ``page_size`` tokens and hold ``index_page_size =
+    page_size // index_kpool`` slots, so a row is ``index_page_size * (D + S)`` bytes and
+    slot ``s`` sits in row ``s // index_page_size`` at offset ``s % index_page_size``.
+    Index writes and paged reads address slots (``[0, ceil(num_slots / index_kpool))``);
+    host copies carry each token's slot (a reload writes slot ``indices[i] // index_kpool``,
+    the later token winning when two share one); a non-empty move raises ``ValueError``
+    and changes nothing (a token's key cannot move without its slot's other tokens).
+
+    With ``index_kpool > 1`` and ``index_kpool_compress`` (ignored with a kpool of 1) the
+    pool also keeps per-request compress tails: ``_compress_tail_k[i]`` and
+    ``_compress_tail_score[i]``, bfloat16 zeros ``[max_running_requests + 1, tail_width,
+    index_head_dim]`` (zero rows for a skip layer), ``tail_width = index_kpool +
+    tail_extra_slots`` ring slots per request; otherwise both are ``None``. See
+    :meth:`set_compress_tail_for_request`, :meth:`get_compress_tail_buffers`,
+    :meth:`get_compress_tail_buf_infos`; host copies and reloads given a
+    ``req_pool_index`` carry that request's tails. ``get_kv_size_bytes`` counts them.
+
     ``kv_cache_dim`` (default ``kv_lora_rank + qk_rope_head_dim``, the raw row) may ask
     for SGLang 0.5.23's scaled fp8 latent row instead (``dtype=torch.float8_e4m3fn``,
     ``kv_lora_rank`` a multiple of 128, ``kv_cache_dim = kv_lora_rank + kv_lora_rank //
@@ -91,6 +164,22 @@ class DSATokenToKVPool(MLATokenToKVPool):
         [7]
         >>> pool.get_state_buf_infos()[1:]
         ([1584, 0], [528, 0])
+
+    A kpool of 2: rows of two slots, slot 3 is row 1's second slot; moves are refused.
+
+        >>> pool = DSATokenToKVPool(size=8, page_size=4, kv_lora_rank=4, dtype=torch.bfloat16,
+        ...                         qk_rope_head_dim=2, layer_num=1, device="cpu",
+        ...                         index_head_dim=128, index_kpool=2)
+        >>> pool.index_page_size, tuple(pool.index_k_with_scale_buffer[0].shape)
+        (2, (3, 264))
+        >>> pool.set_index_k_scale_buffer(0, torch.tensor([3]), key, torch.ones(1, 1))
+        >>> pool.get_index_k_with_scale_buffer(0)[1, 128:256].unique().tolist()
+        [7]
+        >>> copy = pool.get_cpu_copy(torch.tensor([6, 7]))  # both tokens use slot 3
+        >>> pool.move_kv_cache(tgt_loc=torch.tensor([9]), src_loc=torch.tensor([5]))
+        Traceback (most recent call last):
+        ...
+        ValueError: move_kv_cache: index_kpool=2: moving pooled index keys needs ...
     """
 
     def __init__(
@@ -109,8 +198,15 @@ class DSATokenToKVPool(MLATokenToKVPool):
         skip_topk_layers: Sequence[bool] | None = None,
         index_buf_size: int | None = None,
         kv_cache_dim: int | None = None,
+        index_kpool: int = 1,
+        index_kpool_compress: bool = False,
+        tail_extra_slots: int = 0,
+        max_running_requests: int | None = None,
     ) -> None:
         # Validate the DSA arguments before the latent buffers are allocated.
+        kpool = _check_kpool(
+            page_size, index_kpool, index_kpool_compress, tail_extra_slots, max_running_requests
+        )
         self._requested_kv_cache_dim = (
             None if kv_cache_dim is None else require_int("kv_cache_dim", kv_cache_dim, minimum=1)
         )
@@ -137,12 +233,29 @@ class DSATokenToKVPool(MLATokenToKVPool):
         self.index_head_dim = checked_head_dim
         self.skip_topk_layers = checked_mask
         self.index_buf_size = self.size if checked_buf_size is None else checked_buf_size
-        self.index_layout = IndexKPageLayout(self.page_size, self.index_head_dim)
+        self.index_kpool = kpool.index_kpool
+        self.index_kpool_compress = kpool.index_kpool_compress
+        self.tail_extra_slots = kpool.tail_extra_slots
+        self.max_running_requests = kpool.max_running_requests
+        self.kpool_use_compress = kpool.use_compress
+        self.index_page_size = self.page_size // self.index_kpool
+        # Rows stay token pages (as SGLang's IndexKeyCache); each holds index_page_size
+        # index slots, one per index_kpool tokens.
+        self.index_layout = IndexKPageLayout(self.index_page_size, self.index_head_dim)
         self.num_index_pages = (self.index_buf_size + self.page_size + 1) // self.page_size
         self.index_k_with_scale_buffer = [
             self._zeros((self._index_rows(i), self.index_layout.row_bytes), INDEX_K_DTYPE)
             for i in range(self.layer_num)
         ]
+        self._compress_tail_k: list[torch.Tensor] | None = None
+        self._compress_tail_score: list[torch.Tensor] | None = None
+        if self.kpool_use_compress:
+            self._compress_tail_k = [
+                self._zeros(self._tail_shape(i), TAIL_DTYPE) for i in range(self.layer_num)
+            ]
+            self._compress_tail_score = [
+                self._zeros(self._tail_shape(i), TAIL_DTYPE) for i in range(self.layer_num)
+            ]
 
     # --- the latent row layout -----------------------------------------------------------
 
@@ -255,7 +368,10 @@ class DSATokenToKVPool(MLATokenToKVPool):
         return [i for i, skip in enumerate(self.skip_topk_layers) if not skip]
 
     def _index_token_limit(self) -> tuple[int | None, str]:
-        """Location bound for operations that touch index-K (``None``: the slot bound)."""
+        """Location bound for operations that touch index-K (``None``: the slot bound).
+
+        Token ``t`` uses index slot ``t // index_kpool``, so the bound is the same for
+        every ``index_kpool``: ``num_index_pages * page_size`` tokens."""
         capacity = self.num_index_pages * self.page_size
         if not self._index_layers or capacity >= self.num_slots:
             return None, ""
@@ -263,6 +379,30 @@ class DSATokenToKVPool(MLATokenToKVPool):
             f"index-K holds token ids [0, {capacity}): num_index_pages={self.num_index_pages}"
             f" of page_size={self.page_size} for index_buf_size={self.index_buf_size}"
         )
+
+    def _index_slot_limit(self) -> tuple[int | None, str]:
+        """Bound of the index slots ``set_index_k_scale_buffer`` takes: the slots of the
+        pool's tokens, ``ceil(num_slots / index_kpool)``, and the slots index-K holds,
+        ``num_index_pages * index_page_size`` (``None``: the token slot bound)."""
+        if self.index_kpool == 1:
+            return self._index_token_limit()
+        slots = -(-self.num_slots // self.index_kpool)
+        capacity = self.num_index_pages * self.index_page_size
+        return min(slots, capacity), (
+            f"index slots: one per index_kpool={self.index_kpool} tokens of num_slots="
+            f"{self.num_slots} is {slots}; index-K holds num_index_pages={self.num_index_pages}"
+            f" rows of index_page_size={self.index_page_size}, {capacity} slots"
+        )
+
+    def _tail_shape(self, local: int) -> tuple[int, int, int]:
+        requests = self.max_running_requests
+        rows = 0 if self.skip_topk_layers[local] or requests is None else requests + 1
+        return (rows, self.tail_width, self.index_head_dim)
+
+    @property
+    def tail_width(self) -> int:
+        """Ring slots of one request's compress tail: ``index_kpool + tail_extra_slots``."""
+        return self.index_kpool + self.tail_extra_slots
 
     # --- index-K reads and writes --------------------------------------------------------
 
@@ -278,12 +418,17 @@ class DSATokenToKVPool(MLATokenToKVPool):
         index_k: torch.Tensor,
         index_k_scale: torch.Tensor,
     ) -> None:
-        """Write token ``loc[i]``'s index key and scales inside its page.
+        """Write index slot ``loc[i]``'s key and scales inside its page row.
+
+        A slot is a token id when ``index_kpool == 1``; otherwise slot ``s`` holds the key
+        of tokens ``[s * index_kpool, (s + 1) * index_kpool)`` and ``loc`` lies in
+        ``[0, ceil(num_slots / index_kpool))`` (and in index-K's slots). Slot ``s`` sits
+        in row ``s // index_page_size`` at offset ``s % index_page_size``.
 
         ``index_k``: ``[n, index_head_dim]`` float8_e4m3fn or uint8. ``index_k_scale``:
         ``[n, index_head_dim // 128]`` float32, or ``[n]`` float32 when that is 1 (SGLang's
         1-D form), or its raw bytes ``[n, index_head_dim // 128 * 4]`` uint8. ``loc``:
-        distinct token ids. A skip layer raises ``ValueError``.
+        distinct index slots. A skip layer raises ``ValueError``.
         """
         where = "set_index_k_scale_buffer"
         local = self._local_layer(layer_id, where=where)
@@ -292,7 +437,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
                 f"{where}: layer_id={layer_id} is a skip-topk layer (skip_topk_layers[{local}]"
                 " is True): it reuses the previous layer's top-k and has no index-K buffer"
             )
-        limit, reason = self._index_token_limit()
+        limit, reason = self._index_slot_limit()
         loc = self._locations(
             "loc", loc, distinct=True, where=where, limit=limit, limit_reason=reason
         )
@@ -347,10 +492,23 @@ class DSATokenToKVPool(MLATokenToKVPool):
         Token ``src_loc[i]``'s key bytes and scale bytes are copied to token
         ``tgt_loc[i]``'s place in its own page; the page's other tokens are untouched.
         All sources are read before any target is written; targets must be distinct.
+        With ``index_kpool > 1`` a non-empty move raises ``ValueError`` (after the
+        location checks) and changes nothing; an empty one does nothing.
         """
         limit, reason = self._index_token_limit()
         tgt, src = self._move_locations(tgt_loc, src_loc, limit=limit, limit_reason=reason)
-        if self.is_meta or tgt.numel() == 0:
+        if tgt.numel() == 0:
+            return
+        if self.index_kpool > 1:
+            # Refused before anything moves: a token shares its index slot with
+            # index_kpool - 1 others, so its key cannot follow it alone. (SGLang 0.5.23
+            # moves the latent rows first and then fails its assert.)
+            raise ValueError(
+                f"move_kv_cache: index_kpool={self.index_kpool}: moving pooled index keys"
+                f" needs regrouping tokens (one index slot per {self.index_kpool} tokens);"
+                " only an empty move is accepted"
+            )
+        if self.is_meta:
             return
         move_rows(self.kv_buffer, tgt=tgt, src=src)
         for i in self._index_layers:
@@ -373,15 +531,28 @@ class DSATokenToKVPool(MLATokenToKVPool):
             "index_k": [(0 if skip else num_tokens, token_bytes) for skip in self.skip_topk_layers],
         }
 
-    def get_cpu_copy(self, indices: torch.Tensor) -> KVHostCopy:
+    def _index_slots(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The index slot of each token: ``token // index_kpool``."""
+        return tokens // self.index_kpool
+
+    def get_cpu_copy(
+        self, indices: torch.Tensor, req_pool_index: int | torch.Tensor | None = None
+    ) -> KVHostCopy:
         """Copy tokens ``indices`` (any token ids, repeats allowed): each token's latent row
-        and, for non-skip layers, its index key and scale bytes.
+        and, for non-skip layers, its index slot's key and scale bytes.
 
         Copies are token-granular, as SGLang's callers need (one request's slots: whole
         pages plus a partial last page, several requests concatenated, runs crossing
-        pages). Index-K parts hold one token row per index, ``D`` key bytes then ``S``
-        scale bytes (``[len(indices), D + S]`` uint8); skip layers contribute zero-row
-        entries. ``indices`` must lie in index-K's tokens while any layer has index keys.
+        pages). Index-K parts hold one row per index, the ``D`` key bytes then ``S``
+        scale bytes of slot ``indices[i] // index_kpool`` (``[len(indices), D + S]``
+        uint8; with ``index_kpool == 1`` the token's own); skip layers contribute
+        zero-row entries. ``indices`` must lie in index-K's tokens while any layer has
+        index keys.
+
+        ``req_pool_index`` (SGLang's name), on a pool with compress tails, also copies
+        request ``req_pool_index``'s tail keys and scores of every layer (``None`` for a
+        skip layer); it must lie in ``[0, max_running_requests + 1)``. A pool without
+        tails ignores it.
 
         Example:
             >>> pool = DSATokenToKVPool(size=8, page_size=4, kv_lora_rank=4,
@@ -394,9 +565,12 @@ class DSATokenToKVPool(MLATokenToKVPool):
             >>> pool.get_index_k_with_scale_buffer(0)[0, 256:384].unique().tolist()
             [7]
         """
-        idx = self._copy_indices(indices, distinct=False, where="get_cpu_copy")
+        where = "get_cpu_copy"
+        idx = self._copy_indices(indices, distinct=False, where=where)
+        request = self._tail_request(req_pool_index, where=where)
+        slots = self._index_slots(idx)
         index_rows = tuple(
-            self._to_host(self.index_layout.read(buffer, idx[:0] if skip else idx))
+            self._to_host(self.index_layout.read(buffer, slots[:0] if skip else slots))
             if not self.is_meta
             else torch.empty(
                 (0 if skip else idx.numel(), self.index_layout.token_bytes),
@@ -411,15 +585,42 @@ class DSATokenToKVPool(MLATokenToKVPool):
             source=type(self).__name__,
             num_tokens=idx.numel(),
             parts={"kv": self._copy_latent_rows(idx), "index_k": index_rows},
+            tails={} if request is None else self._copy_tails(request),
         )
 
-    def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
+    def _copy_tails(self, request: int) -> dict[str, tuple[torch.Tensor | None, ...]]:
+        """Host copies (never views: later pool writes must not show) of one request's
+        tail rows, per layer; ``None`` for a skip layer."""
+        assert self._compress_tail_k is not None and self._compress_tail_score is not None
+        return {
+            name: tuple(
+                None if skip else tail[request].to("cpu", copy=True)
+                for tail, skip in zip(tails, self.skip_topk_layers, strict=True)
+            )
+            for name, tails in zip(
+                TAIL_PARTS, (self._compress_tail_k, self._compress_tail_score), strict=True
+            )
+        }
+
+    def load_cpu_copy(
+        self,
+        kv_cache_cpu: KVHostCopy,
+        indices: torch.Tensor,
+        req_pool_index: int | torch.Tensor | None = None,
+    ) -> None:
         """Write copied token ``i`` to token ``indices[i]``: its latent row and, for
-        non-skip layers, its key and scale bytes. ``indices``: distinct, as many as the
-        copy holds, any token ids (they may differ from the copied ones). Every token not
-        listed keeps its bytes, including the other tokens of a listed token's page."""
+        non-skip layers, its key and scale bytes to index slot ``indices[i] //
+        index_kpool``. ``indices``: distinct, as many as the copy holds, any token ids
+        (they may differ from the copied ones). When two listed tokens share a slot
+        (``index_kpool > 1``) the later one's bytes stay. Every slot not written keeps its
+        bytes, including the other slots of a written slot's page row.
+
+        ``req_pool_index``, on a pool with compress tails, writes the tails the copy holds
+        (if it was taken with a request) to that request slot; a pool without tails
+        ignores it. Everything is checked before anything is written."""
         where = "load_cpu_copy"
         idx = self._copy_indices(indices, distinct=True, where=where)
+        request = self._tail_request(req_pool_index, where=where)
         copy = check_host_copy(
             kv_cache_cpu,
             source=type(self).__name__,
@@ -428,12 +629,72 @@ class DSATokenToKVPool(MLATokenToKVPool):
             where=where,
             num_tokens=idx.numel(),
         )
+        tails = None if request is None else self._checked_tails(copy, where=where)
         if self.is_meta:
             return
         self._load_latent_rows(copy.parts["kv"], idx)
+        slots, rows = self._last_per_slot(idx)
         for i in self._index_layers:
-            rows = copy.parts["index_k"][i].to(self._torch_device)
-            self.index_layout.write_rows(self.index_k_with_scale_buffer[i], idx, rows)
+            layer_rows = copy.parts["index_k"][i].to(self._torch_device)
+            self.index_layout.write_rows(self.index_k_with_scale_buffer[i], slots, layer_rows[rows])
+        if tails is not None and request is not None:
+            self._load_tails(tails, request)
+
+    def _last_per_slot(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Distinct slots of tokens ``idx`` and, for each, the position of its last token
+        in ``idx``: the copy row that slot takes (index_put_ with repeated indices keeps
+        an unspecified one)."""
+        slots = self._index_slots(idx)
+        if self.index_kpool == 1:
+            return slots, torch.arange(idx.numel(), device=idx.device)
+        unique, inverse = torch.unique(slots, return_inverse=True)
+        positions = torch.arange(idx.numel(), device=idx.device)
+        last = torch.full_like(unique, -1).scatter_reduce(0, inverse, positions, "amax")
+        return unique, last
+
+    def _checked_tails(
+        self, copy: KVHostCopy, *, where: str
+    ) -> dict[str, tuple[torch.Tensor | None, ...]] | None:
+        """The copy's tails when it has some (shapes checked against this pool), else None."""
+        if not copy.tails:
+            return None
+        if set(copy.tails) != set(TAIL_PARTS):
+            raise ValueError(
+                f"{where}: kv_cache_cpu holds tails {sorted(copy.tails)}, expected"
+                f" {sorted(TAIL_PARTS)}"
+            )
+        shape = (self.tail_width, self.index_head_dim)
+        for name in TAIL_PARTS:
+            layers = copy.tails[name]
+            if len(layers) != self.layer_num:
+                raise ValueError(
+                    f"{where}: kv_cache_cpu has {len(layers)} layers of {name!r}, expected"
+                    f" {self.layer_num}"
+                )
+            for i, (tail, skip) in enumerate(zip(layers, self.skip_topk_layers, strict=True)):
+                if skip and tail is None:
+                    continue
+                if (
+                    skip
+                    or not isinstance(tail, torch.Tensor)
+                    or tuple(tail.shape) != shape
+                    or tail.dtype != TAIL_DTYPE
+                ):
+                    got = describe(tail) if isinstance(tail, torch.Tensor) else repr(tail)
+                    want = "None (skip layer)" if skip else f"shape {shape} and dtype {TAIL_DTYPE}"
+                    raise ValueError(
+                        f"{where}: kv_cache_cpu tail {name!r} layer {i} must be {want}, got {got}"
+                    )
+        return dict(copy.tails)
+
+    def _load_tails(self, tails: dict[str, tuple[torch.Tensor | None, ...]], request: int) -> None:
+        assert self._compress_tail_k is not None and self._compress_tail_score is not None
+        for name, buffers in zip(
+            TAIL_PARTS, (self._compress_tail_k, self._compress_tail_score), strict=True
+        ):
+            for buffer, saved in zip(buffers, tails[name], strict=True):
+                if saved is not None:
+                    buffer[request] = saved.to(self._torch_device)
 
     # --- paged index-K reads -------------------------------------------------------------
 
@@ -448,17 +709,18 @@ class DSATokenToKVPool(MLATokenToKVPool):
         """Gather each sequence's first ``seq_len`` index keys and scales through its page
         table (SGLang's ``GetKAndS``); reads only.
 
-        ``seq_len_tensor``: 1-D int32/int64 ``[B]``, values ``>= 0``. ``page_indices``:
-        2-D int32/int64 ``[B, P]``; row ``b`` lists sequence ``b``'s index pages in order.
-        Sequence ``b``'s token ``j < seq_len[b]`` lives in page ``page_indices[b, j //
-        page_size]`` at offset ``j % page_size``. ``seq_len_sum`` must equal
+        ``seq_len_tensor``: 1-D int32/int64 ``[B]``, values ``>= 0``, counting index
+        slots (tokens when ``index_kpool == 1``). ``page_indices``: 2-D int32/int64
+        ``[B, P]``; row ``b`` lists sequence ``b``'s index page rows in order. Sequence
+        ``b``'s slot ``j < seq_len[b]`` lives in row ``page_indices[b, j //
+        index_page_size]`` at offset ``j % index_page_size``. ``seq_len_sum`` must equal
         ``sum(seq_len)`` and ``max_seq_len`` be ``>= max(seq_len)`` (0 when ``B == 0``).
-        Each used page id (columns ``< ceil(seq_len[b] / page_size)``, which must exist)
-        must be in ``[0, num_index_pages)``; unused columns are not read. A skip layer
-        raises ``ValueError``.
+        Each used row id (columns ``< ceil(seq_len[b] / index_page_size)``, which must
+        exist) must be in ``[0, num_index_pages)``; unused columns are not read. A skip
+        layer raises ``ValueError``.
 
         Returns fresh uint8 tensors ``(k [seq_len_sum, D], scale [seq_len_sum, S])``: row
-        ``sum(seq_len[:b]) + j`` holds that token's key bytes and scale bytes.
+        ``sum(seq_len[:b]) + j`` holds that slot's key bytes and scale bytes.
 
         Example:
             >>> pool = DSATokenToKVPool(size=8, page_size=4, kv_lora_rank=4,
@@ -484,7 +746,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
             page_indices,
             seq_len_sum,
             max_seq_len,
-            page_size=self.page_size,
+            page_size=self.index_page_size,
             num_pages=self.num_index_pages,
             device=self._torch_device,
             where=where,
@@ -497,6 +759,164 @@ class DSATokenToKVPool(MLATokenToKVPool):
             return key, scale
         rows = layout.read(self.index_k_with_scale_buffer[local], tokens)
         return rows[:, : layout.key_bytes].contiguous(), rows[:, layout.key_bytes :].contiguous()
+
+    # --- compress tails ------------------------------------------------------------------
+
+    def _require_tails(self, where: str) -> None:
+        if not self.kpool_use_compress:
+            raise ValueError(
+                f"{where}: this pool keeps no compress tails (index_kpool={self.index_kpool},"
+                f" index_kpool_compress={self.index_kpool_compress}); they need"
+                " index_kpool > 1 and index_kpool_compress=True"
+            )
+
+    def _tail_request(self, req_pool_index: object, *, where: str) -> int | None:
+        """The validated request slot of a host copy or reload; ``None`` when the pool
+        has no tails (the argument is then ignored, as SGLang does) or none was named."""
+        if not self.kpool_use_compress or req_pool_index is None:
+            return None
+        return self._request_slot("req_pool_index", req_pool_index, where=where)
+
+    def _request_slot(self, name: str, value: object, *, where: str) -> int:
+        """``value`` (an int or a one-element integer tensor) as a request slot in
+        ``[0, max_running_requests + 1)``."""
+        requests = (self.max_running_requests or 0) + 1
+        if isinstance(value, torch.Tensor):
+            dtype = value.dtype
+            if (
+                value.numel() != 1
+                or dtype.is_floating_point
+                or dtype.is_complex
+                or dtype == torch.bool
+            ):
+                raise ValueError(
+                    f"{where}: {name} must be an int or a one-element integer tensor,"
+                    f" got {describe(value)}"
+                )
+            if value.device.type == "meta":
+                raise ValueError(f"{where}: {name} is on meta; its value cannot be read")
+            value = int(value.reshape(()).item())
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(
+                f"{where}: {name}={value!r} must be an int or a one-element integer tensor"
+            )
+        if not 0 <= value < requests:
+            raise ValueError(
+                f"{where}: {name}={value} not in [0, {requests}) (max_running_requests="
+                f"{self.max_running_requests} plus SGLang's spare request slot)"
+            )
+        return value
+
+    def get_compress_tail_buffers(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Global layer ``layer_id``'s compress-tail buffers ``(keys, scores)`` (the pool's
+        tensors, not copies): bfloat16 ``[max_running_requests + 1, tail_width,
+        index_head_dim]``, zero rows for a skip layer. ``ValueError`` on a pool without
+        tails or for a layer outside the pool.
+        """
+        where = "get_compress_tail_buffers"
+        self._require_tails(where)
+        local = self._local_layer(layer_id, where=where)
+        assert self._compress_tail_k is not None and self._compress_tail_score is not None
+        return self._compress_tail_k[local], self._compress_tail_score[local]
+
+    def set_compress_tail_for_request(
+        self,
+        layer_id: int,
+        req_pool_idx: int | torch.Tensor,
+        key_tail: torch.Tensor,
+        score_tail: torch.Tensor,
+        n_remain: int,
+        dst_logical_start: int,
+    ) -> None:
+        """Write request ``req_pool_idx``'s tail: row ``i < n_remain`` of ``key_tail`` and
+        ``score_tail`` goes to ring slot ``(dst_logical_start + i) % tail_width``.
+
+        ``key_tail``/``score_tail``: bfloat16 ``[n_remain, index_head_dim]`` (never
+        modified). ``req_pool_idx``: an int or a one-element integer tensor in ``[0,
+        max_running_requests + 1)``. ``n_remain`` in ``[0, tail_width]`` (more would write
+        a slot twice); 0 writes nothing. ``dst_logical_start``: an int ``>= 0``.
+        ``ValueError`` (before any write) on a pool without tails, for a layer outside the
+        pool or a skip layer, or for any bad argument.
+
+        Example:
+            >>> pool = DSATokenToKVPool(size=8, page_size=4, kv_lora_rank=4,
+            ...                         dtype=torch.bfloat16, qk_rope_head_dim=2, layer_num=1,
+            ...                         device="cpu", index_head_dim=128, index_kpool=2,
+            ...                         index_kpool_compress=True, tail_extra_slots=1,
+            ...                         max_running_requests=2)
+            >>> rows = torch.tensor([[1.0], [2.0]], dtype=torch.bfloat16).expand(2, 128)
+            >>> pool.set_compress_tail_for_request(0, 1, rows, -rows, 2, dst_logical_start=2)
+            >>> keys, scores = pool.get_compress_tail_buffers(0)
+            >>> keys.shape, keys[1, :, 0].tolist(), scores[1, :, 0].tolist()
+            (torch.Size([3, 3, 128]), [2.0, 0.0, 1.0], [-2.0, 0.0, -1.0])
+        """
+        where = "set_compress_tail_for_request"
+        self._require_tails(where)
+        local = self._local_layer(layer_id, where=where)
+        if self.skip_topk_layers[local]:
+            raise ValueError(
+                f"{where}: layer_id={layer_id} is a skip-topk layer (skip_topk_layers[{local}]"
+                " is True): it has no compress tail"
+            )
+        request = self._request_slot("req_pool_idx", req_pool_idx, where=where)
+        width = self.tail_width
+        count = require_int("n_remain", n_remain, minimum=0)
+        if count > width:
+            raise ValueError(
+                f"{where}: n_remain={count} must be in [0, {width}] (tail_width = index_kpool"
+                f" + tail_extra_slots): more rows would write a ring slot twice"
+            )
+        start = require_int("dst_logical_start", dst_logical_start, minimum=0)
+        shape = (count, self.index_head_dim)
+        key = check_payload(
+            "key_tail",
+            key_tail,
+            shape=shape,
+            dtypes=(TAIL_DTYPE,),
+            device=self._torch_device,
+            where=where,
+        )
+        score = check_payload(
+            "score_tail",
+            score_tail,
+            shape=shape,
+            dtypes=(TAIL_DTYPE,),
+            device=self._torch_device,
+            where=where,
+        )
+        if count == 0 or self.is_meta:
+            return
+        assert self._compress_tail_k is not None and self._compress_tail_score is not None
+        slots = (torch.arange(count, device=self._torch_device) + start) % width
+        # Indexed assignment copies the rows in; distinct slots since count <= width.
+        self._compress_tail_k[local][request, slots] = key.to(self._torch_device)
+        self._compress_tail_score[local][request, slots] = score.to(self._torch_device)
+
+    def get_compress_tail_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        """Transfer descriptors of the compress tails, as SGLang's: every layer's key
+        buffer, then every layer's score buffer; ``(ptrs, lens, item_lens)`` with
+        ``item_len`` one request's bytes (``tail_width * index_head_dim * 2``). A zero-row
+        (skip) layer gives ``(0, 0, 0)``; a pool without tails gives ``([], [], [])``.
+        On ``meta`` every pointer is 0.
+
+        Example:
+            >>> pool = DSATokenToKVPool(size=8, page_size=4, kv_lora_rank=4,
+            ...                         dtype=torch.bfloat16, qk_rope_head_dim=2, layer_num=2,
+            ...                         device="meta", index_head_dim=128, index_kpool=2,
+            ...                         index_kpool_compress=True, max_running_requests=1,
+            ...                         skip_topk_layers=[False, True])
+            >>> pool.get_compress_tail_buf_infos()
+            ([0, 0, 0, 0], [1024, 0, 1024, 0], [512, 0, 512, 0])
+        """
+        if self._compress_tail_k is None or self._compress_tail_score is None:
+            return [], [], []
+        ptrs, lens, item_lens = [], [], []
+        for buffer in [*self._compress_tail_k, *self._compress_tail_score]:
+            empty = buffer.shape[0] == 0
+            ptrs.append(0 if empty or self.is_meta else buffer.data_ptr())
+            lens.append(buffer.nbytes)
+            item_lens.append(0 if empty else buffer[0].nbytes)
+        return ptrs, lens, item_lens
 
     # --- transfer descriptors and accounting ---------------------------------------------
 
@@ -517,14 +937,19 @@ class DSATokenToKVPool(MLATokenToKVPool):
         return ptrs, lens, item_lens
 
     def get_kv_size_bytes(self) -> int:
-        """One ``int``, as SGLang 0.5.23 returns for DSA: the bytes of all latent buffers
-        plus the bytes of all index-K page buffers (skip layers add 0)."""
-        return super().get_kv_size_bytes() + sum(
-            buffer.nbytes for buffer in self.index_k_with_scale_buffer
+        """One ``int``: the bytes of all latent buffers, of all index-K page buffers (skip
+        layers add 0) and of all compress-tail buffers, keys and scores (every byte the
+        pool allocates; SGLang 0.5.23 leaves the tails out)."""
+        tails = [*(self._compress_tail_k or []), *(self._compress_tail_score or [])]
+        return (
+            super().get_kv_size_bytes()
+            + sum(buffer.nbytes for buffer in self.index_k_with_scale_buffer)
+            + sum(buffer.nbytes for buffer in tails)
         )
 
     def check_valid(self) -> None:
-        """Assert the latent invariants and one index buffer per layer, empty for skip layers."""
+        """Assert the latent invariants, one index buffer per layer (empty for skip
+        layers) and, with compress tails, one key and one score buffer per layer."""
         super().check_valid()
         self._check_common_invariants({"index_k_with_scale_buffer": self.index_k_with_scale_buffer})
         self._invariant(
@@ -539,3 +964,20 @@ class DSATokenToKVPool(MLATokenToKVPool):
                 f" expected {expected} {INDEX_K_DTYPE}"
                 f" (skip_topk_layers[{i}]={self.skip_topk_layers[i]})",
             )
+        k_tails, score_tails = self._compress_tail_k, self._compress_tail_score
+        self._invariant(
+            (k_tails is not None and score_tails is not None) == self.kpool_use_compress,
+            f"compress tails allocated={k_tails is not None and score_tails is not None} but"
+            f" kpool_use_compress={self.kpool_use_compress}",
+        )
+        if k_tails is None or score_tails is None:
+            return
+        tails = {"_compress_tail_k": k_tails, "_compress_tail_score": score_tails}
+        self._check_common_invariants(tails)
+        for name, buffers in tails.items():
+            for i, buffer in enumerate(buffers):
+                self._invariant(
+                    tuple(buffer.shape) == self._tail_shape(i) and buffer.dtype == TAIL_DTYPE,
+                    f"{name}[{i}] is {tuple(buffer.shape)} {buffer.dtype}, expected"
+                    f" {self._tail_shape(i)} {TAIL_DTYPE}",
+                )
