@@ -568,7 +568,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
         where = "get_cpu_copy"
         idx = self._copy_indices(indices, distinct=False, where=where)
         request = self._tail_request(req_pool_index, where=where)
-        slots = self._index_slots(idx)
+        # Meta rows are shapes only (and torch's meta floor division imports its refs).
+        slots = idx if self.is_meta else self._index_slots(idx)
         index_rows = tuple(
             self._to_host(self.index_layout.read(buffer, slots[:0] if skip else slots))
             if not self.is_meta
@@ -594,13 +595,17 @@ class DSATokenToKVPool(MLATokenToKVPool):
         assert self._compress_tail_k is not None and self._compress_tail_score is not None
         return {
             name: tuple(
-                None if skip else tail[request].to("cpu", copy=True)
+                None if skip else self._host_tail(tail[request])
                 for tail, skip in zip(tails, self.skip_topk_layers, strict=True)
             )
             for name, tails in zip(
                 TAIL_PARTS, (self._compress_tail_k, self._compress_tail_score), strict=True
             )
         }
+
+    def _host_tail(self, rows: torch.Tensor) -> torch.Tensor:
+        # copy=True: on a CPU pool .to("cpu") alone would return a view of the pool.
+        return rows.clone() if self.is_meta else rows.to("cpu", copy=True)
 
     def load_cpu_copy(
         self,

@@ -116,6 +116,10 @@ class KVCheckTarget:
             ),
             index_buf_size=spec.index_buf_size,
             kv_cache_dim=latent_row_bytes(spec) if spec.latent_layout != "raw" else None,
+            index_kpool=spec.index_kpool,
+            index_kpool_compress=spec.index_kpool_compress,
+            tail_extra_slots=spec.tail_extra_slots,
+            max_running_requests=spec.max_running_requests,
             **common,
         )
 
