@@ -127,6 +127,11 @@ KVCHECK_TWINS: tuple[Twin, ...] = (
     _pool_twin("token-major-move-mha", "mha", "TokenMajorMoveMHA"),
     _pool_twin("swapped-block-scales-dsa", "dsa", "SwappedBlockScalesDSA"),
     _pool_twin("raw-width-scaled-dsa", "dsa", "RawWidthScaledDSA"),
+    _pool_twin("token-page-index-kpool-dsa", "dsa", "TokenPageIndexKpoolDSA"),
+    _pool_twin("half-move-kpool-dsa", "dsa", "HalfMoveKpoolDSA"),
+    _pool_twin("uncounted-tails-dsa", "dsa", "UncountedTailsDSA"),
+    _pool_twin("aliased-tail-copy-dsa", "dsa", "AliasedTailCopyDSA"),
+    _pool_twin("ring-start-tail-dsa", "dsa", "RingStartTailDSA"),
     # Two bugs, one declared as a finding by the twin test: here both are undeclared.
     _pool_twin("silent-reload-moving-noop", "noop", "SilentReloadMovingNoOp"),
     _pool_twin("silent-reload-noop", "noop", "SilentReloadNoOp"),

@@ -8,6 +8,7 @@ broken twin and require it to fail, with Hypothesis shrinking to a small example
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -21,9 +22,10 @@ from kvcheck.pools import (
     MLATokenToKVPool,
     NoOpMHATokenToKVPool,
 )
-from kvcheck.pools._checks import check_payload
+from kvcheck.pools._checks import check_payload, require_int
 from kvcheck.pools._dtypes import as_storage, payload_dtypes
 from kvcheck.pools._host_copy import KVHostCopy
+from kvcheck.pools._index_k import IndexKPageLayout
 from kvcheck.pools._rows import move_rows, scatter_rows
 from kvcheck.pools._scaled_latent import quantize_rows
 from kvcheck.specs import KV_LAYOUTS, LATENT_LAYOUTS, PoolSpec
@@ -206,6 +208,93 @@ class UnpaddedReportMHA(MHATokenToKVPool):
 
     def get_kv_size_bytes(self) -> tuple[int, int]:
         return sum(b.nbytes for b in self.k_buffer), sum(b.nbytes for b in self.v_buffer)
+
+
+# --- the index kpool and compress tails (SGLang 0.5.23) -------------------------------------
+
+
+class TokenPageIndexKpoolDSA(DSATokenToKVPool):
+    """Maps an index slot to its page row and offset with ``page_size`` instead of
+    ``index_page_size``: slot ``s`` lands at ``(s // page_size) * index_page_size + s %
+    page_size`` (the right place only with a kpool of 1 or for ``s < page_size``)."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Layout(IndexKPageLayout):
+        """Rows of ``page_size`` index slots, addressed as if they held ``token_page_size``."""
+
+        token_page_size: int = 1
+
+        def _misplaced(self, slots: torch.Tensor) -> torch.Tensor:
+            # Page and offset from the token page size; an offset past the row's slots runs
+            # on into the next rows. Never beyond the slot itself, so never out of bounds.
+            return (slots // self.token_page_size) * self.page_size + slots % self.token_page_size
+
+        def write(
+            self, buffer: torch.Tensor, tokens: torch.Tensor, key: torch.Tensor, scale: torch.Tensor
+        ) -> None:
+            super().write(buffer, self._misplaced(tokens), key, scale)
+
+        def read(self, buffer: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+            return super().read(buffer, self._misplaced(tokens))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.index_layout = self.Layout(
+            self.index_page_size, self.index_head_dim, token_page_size=self.page_size
+        )
+
+
+class HalfMoveKpoolDSA(DSATokenToKVPool):
+    """With a kpool, moves the latent rows and only then refuses the index keys (SGLang
+    0.5.23: ``super().move_kv_cache`` runs before ``IndexKeyCache.move`` asserts)."""
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        if self.index_kpool == 1:
+            super().move_kv_cache(tgt_loc, src_loc)
+            return
+        limit, reason = self._index_token_limit()
+        tgt, src = self._move_locations(tgt_loc, src_loc, limit=limit, limit_reason=reason)
+        if tgt.numel() == 0:
+            return
+        if not self.is_meta:
+            move_rows(self.kv_buffer, tgt=tgt, src=src)
+        raise ValueError("move_kv_cache: moving pooled index keys requires regrouping tokens")
+
+
+class UncountedTailsDSA(DSATokenToKVPool):
+    """``get_kv_size_bytes`` leaves the compress tails out (SGLang 0.5.23 does)."""
+
+    def get_kv_size_bytes(self) -> int:
+        return MLATokenToKVPool.get_kv_size_bytes(self) + sum(
+            buffer.nbytes for buffer in self.index_k_with_scale_buffer
+        )
+
+
+class AliasedTailCopyDSA(DSATokenToKVPool):
+    """The host copy's tails are views of the pool's tail rows (``.to("cpu")`` of a CPU
+    tensor is the tensor itself), so later tail writes change the saved copy."""
+
+    def _host_tail(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows if self.is_meta else rows.to("cpu")
+
+
+class RingStartTailDSA(DSATokenToKVPool):
+    """``set_compress_tail_for_request`` ignores ``dst_logical_start``: row ``i`` goes to
+    ring slot ``i`` (the right slot only when the start is a multiple of the width)."""
+
+    def set_compress_tail_for_request(
+        self,
+        layer_id: int,
+        req_pool_idx: Any,
+        key_tail: torch.Tensor,
+        score_tail: torch.Tensor,
+        n_remain: int,
+        dst_logical_start: int,
+    ) -> None:
+        require_int("dst_logical_start", dst_logical_start, minimum=0)
+        super().set_compress_tail_for_request(
+            layer_id, req_pool_idx, key_tail, score_tail, n_remain, 0
+        )
 
 
 # --- serving them --------------------------------------------------------------------------

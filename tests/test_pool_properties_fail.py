@@ -17,18 +17,21 @@ import numpy as np
 import pytest
 import torch
 from broken_pools import (
+    AliasedTailCopyDSA,
     AllocatingSkipDSA,
     BrokenTarget,
     DecimalGigabytesMLA,
     EndLayerFromZeroMLA,
     FullSizeNoOp,
     HalfApplyingMHA,
+    HalfMoveKpoolDSA,
     HostCopyDropsIndexK,
     LocSortingMHA,
     MoveIgnoresV,
     PageGranularReloadMHA,
     PageRowMoveDSA,
     RawWidthScaledDSA,
+    RingStartTailDSA,
     RopeDroppingMLA,
     ScaleDividingMHA,
     SequentialMoveMLA,
@@ -42,7 +45,9 @@ from broken_pools import (
     StartLayerBlindReadMHA,
     SwappedBlockScalesDSA,
     TokenMajorMoveMHA,
+    TokenPageIndexKpoolDSA,
     UncommittedWritingMHA,
+    UncountedTailsDSA,
     UnpaddedReportMHA,
     ValidatingMoveNoOp,
 )
@@ -51,6 +56,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck.failures import PropertyFailure
+from kvcheck.geometry import latent_row_bytes
 from kvcheck.machines import MACHINE_CAPABILITIES, pool_machine
 from kvcheck.properties.accounting import (
     assert_accounting,
@@ -65,7 +71,7 @@ from kvcheck.properties.noop import (
     assert_noop_move_changes_nothing,
     assert_noop_write_raises,
 )
-from kvcheck.properties.ops import apply_op
+from kvcheck.properties.ops import apply_op, apply_op_like_reference
 from kvcheck.properties.pool_state import assert_pool_matches_reference
 from kvcheck.properties.skip_layers import (
     assert_cuda_allocation_matches,
@@ -73,7 +79,17 @@ from kvcheck.properties.skip_layers import (
     assert_skip_layers_hold_no_storage,
 )
 from kvcheck.reference import ReferencePool
-from kvcheck.specs import OpSequence, PoolSpec, WriteIndexK
+from kvcheck.specs import (
+    HostCopy,
+    HostReload,
+    Move,
+    Op,
+    OpSequence,
+    PoolSpec,
+    WriteCompressTail,
+    WriteIndexK,
+    WriteKV,
+)
 from kvcheck.strategies import (
     bad_calls,
     noop_move_arguments,
@@ -541,6 +557,133 @@ def test_rejection_property_catches_a_write_that_half_applies() -> None:
 
     _, setup, bad = shrunk(cases(), check)
     assert setup.ops == () and bad.kind.startswith("cache_v")
+
+
+# --- the DSA index kpool and compress tails (SGLang 0.5.23) ----------------------------------
+
+#: kpool 2 on pages of 4 (rows of two index slots), one layer, compress tails for two
+#: requests (max_running_requests 1) of width 3.
+KPOOL_SPEC = PoolSpec(
+    family="dsa",
+    size=8,
+    page_size=4,
+    layer_num=1,
+    dtype="bfloat16",
+    index_kpool=2,
+    index_kpool_compress=True,
+    tail_extra_slots=1,
+    max_running_requests=1,
+)
+
+
+def _bf16_row(value: float) -> bytes:
+    return (
+        torch.full((KPOOL_SPEC.index_head_dim,), value, dtype=torch.bfloat16)
+        .view(torch.uint8)
+        .numpy()
+        .tobytes()
+    )
+
+
+def _tail_write(value: float, *, start: int = 0) -> WriteCompressTail:
+    return WriteCompressTail(
+        layer_id=0,
+        req_pool_idx=0,
+        key_rows=(_bf16_row(value),),
+        score_rows=(_bf16_row(-value),),
+        start=start,
+    )
+
+
+def _kpool_modelled() -> bool:
+    """Whether the reference models the kpool and its tails yet (the twins below fail only
+    against that model)."""
+    try:
+        ReferencePool(KPOOL_SPEC).apply(_tail_write(1.0))
+    except Exception:
+        return False
+    return True
+
+
+needs_kpool_model = pytest.mark.skipif(
+    not _kpool_modelled(), reason="the reference does not model the DSA index kpool yet"
+)
+
+
+def kpool_failure(pool_class: type, ops: tuple[Op, ...]) -> str:
+    """Run ``ops`` on ``pool_class`` and on the reference, comparing after each; return the
+    failure message. The same ops pass on kvcheck's own pool (the control)."""
+    for target in (resolve_target("kvcheck"), BrokenTarget("dsa", pool_class)):
+        pool, reference = target.make_pool(KPOOL_SPEC, device=CPU), ReferencePool(KPOOL_SPEC)
+        copies: dict[str, Any] = {}
+        try:
+            for op in ops:
+                apply_op_like_reference(target, pool, reference, op, device=CPU, copies=copies)
+                assert_pool_matches_reference(pool, reference, call=type(op).__name__)
+        except PropertyFailure as caught:
+            assert isinstance(target, BrokenTarget), caught
+            return str(caught)
+    raise AssertionError(f"{pool_class.__name__} passed {ops}")
+
+
+@needs_kpool_model
+def test_kpool_pool_catches_slots_paged_by_the_token_page_size() -> None:
+    """Slot 4 (row 2 of two-slot rows) written where page_size 4 puts it (row 1)."""
+    write = WriteIndexK(
+        layer_id=0,
+        locs=(4,),
+        key_rows=(bytes(range(128)),),
+        scale_rows=(np.float32(0.5).tobytes(),),
+    )
+    message = kpool_failure(TokenPageIndexKpoolDSA, (write,))
+    assert "index_k_with_scale_buffer" in message
+
+
+@needs_kpool_model
+def test_kpool_pool_catches_a_move_that_refuses_after_moving_latent_rows() -> None:
+    """SGLang 0.5.23's move: the latent row moves, then the index keys are refused."""
+    row = bytes(i % 64 for i in range(latent_row_bytes(KPOOL_SPEC)))
+    ops = (WriteKV(layer_id=0, locs=(1,), k_rows=(row,)), Move(tgt=(0,), src=(1,)))
+    message = kpool_failure(HalfMoveKpoolDSA, ops)
+    assert "kv_buffer" in message and "Move" in message
+
+
+@needs_kpool_model
+def test_kpool_pool_catches_a_host_copy_that_aliases_the_tails() -> None:
+    """A tail written after the copy shows through a copy that holds views."""
+    ops = (
+        _tail_write(1.0),
+        HostCopy(name="a", indices=(0,), req_pool_index=0),
+        _tail_write(2.0),
+        HostReload(name="a", indices=(0,), req_pool_index=0),
+    )
+    assert "HostReload" in kpool_failure(AliasedTailCopyDSA, ops)
+
+
+@needs_kpool_model
+def test_kpool_pool_catches_a_tail_write_that_ignores_the_ring_start() -> None:
+    """One row written from logical start 1 lands in ring slot 0."""
+    assert "WriteCompressTail" in kpool_failure(RingStartTailDSA, (_tail_write(1.0, start=1),))
+
+
+@needs_kpool_model
+def test_kv_size_property_catches_uncounted_compress_tails() -> None:
+    """get_kv_size_bytes without the tails fails on the smallest pool that keeps them."""
+    target = BrokenTarget("dsa", UncountedTailsDSA)
+    specs = st.builds(
+        PoolSpec,
+        family=st.just("dsa"),
+        size=st.sampled_from((2, 4)),
+        page_size=st.sampled_from((2, 4)),
+        layer_num=st.integers(1, 2),
+        dtype=st.just("bfloat16"),
+        index_kpool=st.just(2),
+        index_kpool_compress=st.booleans(),
+        tail_extra_slots=st.integers(0, 2),
+        max_running_requests=st.integers(0, 2),
+    )
+    spec = shrunk(specs, lambda s: assert_kv_size_bytes(target.make_pool(s, device=CPU), s))
+    assert spec.compress_tails and spec.layer_num == 1 and spec.max_running_requests == 0
 
 
 # --- the failure messages --------------------------------------------------------------------
