@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -63,11 +62,8 @@ def _check_kpool(
                 " keeps a compress tail per request slot and needs an integer >= 0"
             )
         requests = require_int("max_running_requests", max_running_requests, minimum=0)
-    elif max_running_requests is not None and not isinstance(max_running_requests, bool):
-        try:
-            requests = operator.index(max_running_requests)  # type: ignore[arg-type]
-        except TypeError:
-            requests = None
+    elif isinstance(max_running_requests, int) and not isinstance(max_running_requests, bool):
+        requests = max_running_requests  # kept for the record; it sizes nothing here
     return _KpoolArgs(kpool, compress, extra, requests, use_compress)
 
 
@@ -103,10 +99,11 @@ def _check_skip_mask(skip_topk_layers: object, layer_num: int) -> list[bool]:
 class DSATokenToKVPool(MLATokenToKVPool):
     """MLA latent buffers plus, per local layer, a ``uint8`` index-K page buffer.
 
-    ``index_k_with_scale_buffer[i]`` is ``[num_index_pages, page_size * (D + S)]`` with
-    ``D = index_head_dim`` fp8 key bytes and ``S = index_head_dim // 128 * 4`` fp32 scale
-    bytes per token, ``num_index_pages = (index_buf_size + page_size + 1) // page_size``
-    (``index_buf_size`` defaults to ``size``). A page row holds its ``page_size`` keys, then
+    ``index_k_with_scale_buffer[i]`` is ``[num_index_pages, index_page_size * (D + S)]``
+    with ``D = index_head_dim`` fp8 key bytes and ``S = index_head_dim // 128 * 4`` fp32
+    scale bytes per token (per index slot, below), ``num_index_pages = (index_buf_size +
+    page_size + 1) // page_size`` (``index_buf_size`` defaults to ``size``) and
+    ``index_page_size = page_size`` without an index kpool. A page row holds its keys, then
     their scales (see :mod:`kvcheck.pools._index_k`). Index-K covers token ids
     ``[0, num_index_pages * page_size)``; index writes, moves and host copies refuse
     tokens beyond that while any layer has an index buffer. Moves and host copies are
@@ -930,7 +927,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
         Returns ``(ptrs, lens, item_lens)``: the buffer's ``data_ptr()``, its total bytes
         (``num_index_pages * row_bytes``) and the bytes of one page row
-        (``page_size * (D + S)``). Skip layers give ``(0, 0, 0)``; their entries are kept so
+        (``index_page_size * (D + S)``). Skip layers give ``(0, 0, 0)``; their entries are kept so
         layer offsets line up between transfer peers. The latent buffers are not included
         (SGLang describes them separately). On ``meta`` every pointer is 0.
         """

@@ -159,6 +159,7 @@ BAD_KPOOL = [
 
 @pytest.mark.parametrize(("kwargs", "fragment"), BAD_KPOOL, ids=[f for _, f in BAD_KPOOL])
 def test_bad_kpool_arguments_are_refused_by_name(kwargs, fragment):
+    """Each bad kpool argument is refused with a message naming it and its value."""
     with pytest.raises(ValueError, match=re.escape(fragment)):
         make(**kwargs)
 
@@ -177,6 +178,8 @@ def test_compress_without_a_kpool_is_accepted_and_ignored():
 
 
 def test_non_empty_move_is_refused_before_anything_changes():
+    """A kpool move raises after the location checks and before any byte moves; an
+    empty one is a no-op."""
     pool = make()
     fill_all(pool)
     before = everything(pool)
@@ -192,6 +195,7 @@ def test_non_empty_move_is_refused_before_anything_changes():
 
 
 def test_meta_pool_refuses_the_move_too():
+    """The refusal needs no data: a meta pool refuses as well."""
     pool = make(device="meta")
     with pytest.raises(ValueError, match="index_kpool=2"):
         pool.move_kv_cache(locs(1), locs(5))
@@ -228,6 +232,8 @@ def test_reload_of_two_tokens_sharing_a_slot_keeps_the_later(order):
 
 
 def test_host_copy_of_tails_is_a_copy_and_reloads_to_another_request():
+    """Tails copied with a request are copies (a later write does not show) and reload
+    to the named request; skip layers hold None."""
     pool = make(skip_topk_layers=[False, True])
     fill_all(pool)
     keys, scores = pool.get_compress_tail_buffers(0)
@@ -243,6 +249,8 @@ def test_host_copy_of_tails_is_a_copy_and_reloads_to_another_request():
 
 
 def test_request_index_is_checked_on_tail_pools_and_ignored_elsewhere():
+    """req_pool_index must be a request slot on a tail pool (before any write); a pool
+    without tails ignores it."""
     pool = make()
     for bad in (4, -1, torch.tensor([1, 2]), torch.tensor(1.0), True):
         with pytest.raises(ValueError, match="req_pool_index"):
@@ -259,6 +267,7 @@ def test_request_index_is_checked_on_tail_pools_and_ignored_elsewhere():
 
 
 def test_copy_without_tails_leaves_the_requests_tails_alone():
+    """Reloading a copy taken without a request leaves every tail as it was."""
     pool = make()
     fill_all(pool)
     copy = pool.get_cpu_copy(locs(0, 1))
@@ -268,6 +277,7 @@ def test_copy_without_tails_leaves_the_requests_tails_alone():
 
 
 def test_a_copy_with_tails_of_the_wrong_shape_is_refused_before_writing():
+    """Tails of the wrong shape are refused before the latent or index bytes are written."""
     pool = make()
     fill_all(pool)
     copy = pool.get_cpu_copy(locs(0), req_pool_index=0)
@@ -288,6 +298,8 @@ def test_a_copy_with_tails_of_the_wrong_shape_is_refused_before_writing():
 
 
 def test_tail_buffers_are_bf16_zeros_per_request_and_layer():
+    """Keys and scores: bf16 zeros [requests + 1, width, D], zero rows for skip layers;
+    the getter returns the pool's tensors."""
     pool = make(skip_topk_layers=[True, False], start_layer=2)
     shapes = [tuple(t.shape) for t in (*pool._compress_tail_k, *pool._compress_tail_score)]
     assert shapes == [(0, 3, D), (4, 3, D)] * 2
@@ -312,6 +324,7 @@ def test_tail_write_fills_the_ring_from_the_logical_start():
 
 
 def test_tail_write_of_no_rows_does_nothing():
+    """n_remain 0 writes nothing, whatever the start."""
     pool = make()
     empty = torch.zeros(0, D, dtype=BF16)
     pool.set_compress_tail_for_request(0, 0, empty, empty, 0, 7)
@@ -341,6 +354,7 @@ BAD_TAIL_WRITES: list[tuple[str, dict[str, Any], str]] = [
     ids=[case[0] for case in BAD_TAIL_WRITES],
 )
 def test_bad_tail_writes_are_refused_before_writing(overrides, fragment):
+    """Every bad argument raises ValueError naming it, and the pool keeps its bytes."""
     pool = make(skip_topk_layers=[False, True])
     fill_all(pool)
     before = everything(pool)
@@ -359,6 +373,7 @@ def test_bad_tail_writes_are_refused_before_writing(overrides, fragment):
 
 
 def test_tail_calls_on_a_pool_without_tails_are_refused():
+    """Tail calls on a pool without tails say so."""
     pool = make(index_kpool_compress=False)
     with pytest.raises(ValueError, match="keeps no compress tails"):
         pool.get_compress_tail_buffers(0)
@@ -370,6 +385,7 @@ def test_tail_calls_on_a_pool_without_tails_are_refused():
 
 
 def test_kv_size_bytes_counts_latent_index_and_every_tail_byte():
+    """Latent plus index-K plus both tail buffers of every layer."""
     pool = make(skip_topk_layers=[False, True])
     latent = 2 * 12 * 6 * 2  # layers * slots * (rank + rope) * bf16
     index = 3 * 264  # one non-skip layer
@@ -381,6 +397,7 @@ def test_kv_size_bytes_counts_latent_index_and_every_tail_byte():
 
 
 def test_tail_buf_infos_list_keys_then_scores_with_zeros_for_skip_layers():
+    """Keys of every layer, then scores; a skip layer is (0, 0, 0); item_len is one request."""
     pool = make(skip_topk_layers=[True, False])
     ptrs, lens, item_lens = pool.get_compress_tail_buf_infos()
     assert lens == [0, 4 * 3 * D * 2] * 2 and item_lens == [0, 3 * D * 2] * 2
@@ -393,6 +410,7 @@ def test_tail_buf_infos_list_keys_then_scores_with_zeros_for_skip_layers():
 
 
 def test_meta_kpool_pool_checks_and_does_nothing():
+    """On meta the tail, copy and reload calls check shapes and touch no data."""
     pool = make(device="meta")
     assert pool._compress_tail_k[0].device.type == "meta"
     pool.set_compress_tail_for_request(0, 1, ROWS.to("meta"), ROWS.to("meta"), 2, 0)
