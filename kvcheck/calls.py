@@ -4,7 +4,8 @@ The specs describe payloads as raw bytes so that the reference model needs no dt
 semantics; here those bytes become tensors of the pool's dtype (fp8 payloads as fp8 views
 of the bytes) on the pool's device, and each operation becomes the call SGLang makes:
 ``set_kv_buffer``, ``set_mla_kv_buffer``, ``set_kv_buffer_prefix_valid``,
-``target.write_index_k``, ``move_kv_cache``, ``get_cpu_copy`` and ``load_cpu_copy``
+``target.write_index_k``, ``set_compress_tail_for_request``, ``move_kv_cache``,
+``get_cpu_copy`` and ``load_cpu_copy``
 (:func:`encode_op`, run by :func:`run_call`). Strategies draw calls from here and the
 properties (:mod:`kvcheck.properties.ops`) apply them.
 
@@ -33,6 +34,7 @@ from kvcheck.specs import (
     HostReload,
     Move,
     Op,
+    WriteCompressTail,
     WriteIndexK,
     WriteKV,
     WriteMLA,
@@ -60,6 +62,7 @@ _METHODS: dict[type, str] = {
     WriteMLA: "set_mla_kv_buffer",
     WritePrefixValid: "set_kv_buffer_prefix_valid",
     WriteIndexK: "set_index_k_scale_buffer",
+    WriteCompressTail: "set_compress_tail_for_request",
     Move: "move_kv_cache",
     HostCopy: "get_cpu_copy",
     HostReload: "load_cpu_copy",
@@ -92,12 +95,14 @@ class PoolCall:
     """One pool call ready to run: ``method`` on the pool (or the target), with its arguments.
 
     ``via_target`` marks calls that go through the target (``target.write_index_k``) rather
-    than a pool method.
+    than a pool method; ``kwargs`` are keyword arguments (name, value), passed only when
+    the operation sets them, so a pool without that parameter still takes the call.
     """
 
     method: str
     args: tuple[Any, ...]
     via_target: bool = False
+    kwargs: tuple[tuple[str, Any], ...] = ()
 
 
 def loc_tensor(locs: Sequence[int], *, device: str | torch.device) -> torch.Tensor:
@@ -214,15 +219,25 @@ def encode_op(pool: Any, op: Op, *, device: str | torch.device, copies: dict[str
         )
         loc = loc_tensor(op.locs, device=device)
         return PoolCall("write_index_k", (op.layer_id, loc, key, scale), via_target=True)
+    if isinstance(op, WriteCompressTail):
+        dim = getattr(pool, "index_head_dim", DSA_QUANT_BLOCK)
+        key, score = (
+            rows_tensor(rows, dtype=torch.bfloat16, inner=(-1 if rows else dim,), device=device)
+            for rows in (op.key_rows, op.score_rows)
+        )
+        args = (op.layer_id, op.req_pool_idx, key, score, len(op.key_rows), op.start)
+        return PoolCall("set_compress_tail_for_request", args)
     if isinstance(op, Move):
         tgt, src = loc_tensor(op.tgt, device=device), loc_tensor(op.src, device=device)
         return PoolCall("move_kv_cache", (tgt, src))
+    request = () if op.req_pool_index is None else (("req_pool_index", op.req_pool_index),)
     if isinstance(op, HostCopy):
-        return PoolCall("get_cpu_copy", (loc_tensor(op.indices, device=device),))
+        return PoolCall("get_cpu_copy", (loc_tensor(op.indices, device=device),), kwargs=request)
     if isinstance(op, HostReload):
         if op.name not in copies:
             raise ValueError(f"name={op.name!r} was never copied: there is no copy to reload")
-        return PoolCall("load_cpu_copy", (copies[op.name], loc_tensor(op.indices, device=device)))
+        indices = loc_tensor(op.indices, device=device)
+        return PoolCall("load_cpu_copy", (copies[op.name], indices), kwargs=request)
     raise OpEncodingError(f"op={op!r} is not an operation from kvcheck.specs")
 
 
@@ -252,8 +267,8 @@ def _encode_write_kv(pool: Any, op: WriteKV, *, device: str | torch.device) -> P
 def run_call(target: Any, pool: Any, call: PoolCall) -> Any:
     """Run an encoded call on ``pool`` (through ``target`` where the call needs it)."""
     if call.via_target:
-        return getattr(target, call.method)(pool, *call.args)
-    return getattr(pool, call.method)(*call.args)
+        return getattr(target, call.method)(pool, *call.args, **dict(call.kwargs))
+    return getattr(pool, call.method)(*call.args, **dict(call.kwargs))
 
 
 def describe_op(op: Op) -> str:
@@ -298,12 +313,20 @@ def describe_op(op: Op) -> str:
             f"target.write_index_k(pool, layer_id={op.layer_id}, loc={list(op.locs)}, "
             f"key_rows={_bytes_summary(op.key_rows)}, scale_rows={_bytes_summary(op.scale_rows)})"
         )
+    if isinstance(op, WriteCompressTail):
+        return (
+            f"pool.set_compress_tail_for_request(layer_id={op.layer_id}, "
+            f"req_pool_idx={op.req_pool_idx}, key_tail={_bytes_summary(op.key_rows)}, "
+            f"score_tail={_bytes_summary(op.score_rows)}, n_remain={len(op.key_rows)}, "
+            f"dst_logical_start={op.start})"
+        )
     if isinstance(op, Move):
         return f"pool.move_kv_cache(tgt_loc={list(op.tgt)}, src_loc={list(op.src)})"
+    request = "" if op.req_pool_index is None else f", req_pool_index={op.req_pool_index}"
     if isinstance(op, HostCopy):
-        return f"{op.name} = pool.get_cpu_copy(indices={list(op.indices)})"
+        return f"{op.name} = pool.get_cpu_copy(indices={list(op.indices)}{request})"
     if isinstance(op, HostReload):
-        return f"pool.load_cpu_copy({op.name}, indices={list(op.indices)})"
+        return f"pool.load_cpu_copy({op.name}, indices={list(op.indices)}{request})"
     return repr(op)
 
 

@@ -190,7 +190,7 @@ def reproduction_to_json(rep: Reproduction) -> dict[str, Any]:
         >>> from kvcheck.specs import HostCopy, PoolSpec
         >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
         >>> reproduction_to_json(Reproduction(spec, (HostCopy("a", (2, 3)),)))["ops"]
-        [{'op': 'HostCopy', 'name': 'a', 'indices': [2, 3]}]
+        [{'op': 'HostCopy', 'name': 'a', 'indices': [2, 3], 'req_pool_index': None}]
     """
     if not isinstance(rep, Reproduction):
         raise ValueError(f"rep={rep!r} is not a Reproduction")

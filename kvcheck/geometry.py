@@ -13,7 +13,10 @@ Per token and layer a pool stores:
 - MLA and DSA: one latent row of ``kv_lora_rank + qk_rope_head_dim`` values (a DSA spec
   with ``latent_layout="scaled"``: :func:`scaled_fp8_latent_row_bytes` bytes instead);
 - DSA, on layers that are not skip layers: ``index_head_dim`` fp8 key bytes and one fp32
-  scale per block of 128 channels, stored by page (keys of the page first, then scales).
+  scale per block of 128 channels, stored by page (keys of the page first, then scales);
+  with an index kpool, one such key per ``index_kpool`` tokens, and with compress tails
+  a bf16 ring of keys and one of scores per request slot (SGLang's private
+  ``_compress_tail_k`` / ``_compress_tail_score``).
 
 Example:
     >>> from kvcheck.specs import PoolSpec
@@ -33,6 +36,7 @@ from types import MappingProxyType
 from kvcheck.specs import DSA_QUANT_BLOCK, PoolSpec
 
 __all__ = [
+    "COMPRESS_TAIL_BUFFERS",
     "FAMILY_BUFFERS",
     "INDEX_BUFFER",
     "KV_BUFFER_ATTRIBUTES",
@@ -56,7 +60,15 @@ INDEX_BUFFER = "index_k_with_scale_buffer"
 
 #: Pool attributes that hold the KV cache, one tensor per local layer (SGLang's names), in
 #: the order failures and reports name them.
-KV_BUFFER_ATTRIBUTES: tuple[str, ...] = ("k_buffer", "v_buffer", "kv_buffer", INDEX_BUFFER)
+#: The DSA pool's per-request compress tails (keys, scores), one tensor per local layer.
+COMPRESS_TAIL_BUFFERS: tuple[str, ...] = ("_compress_tail_k", "_compress_tail_score")
+KV_BUFFER_ATTRIBUTES: tuple[str, ...] = (
+    "k_buffer",
+    "v_buffer",
+    "kv_buffer",
+    INDEX_BUFFER,
+    *COMPRESS_TAIL_BUFFERS,
+)
 
 #: The buffers each pool family holds.
 FAMILY_BUFFERS: Mapping[str, tuple[str, ...]] = MappingProxyType(
@@ -208,8 +220,11 @@ def tensor_nbytes(spec: PoolSpec) -> dict[str, list[int]]:
 
     MHA ``k_buffer``/``v_buffer`` hold ``size + page_size`` rows (the padding page), the
     no-op pool one placeholder page; MLA/DSA ``kv_buffer`` ``size + page_size`` latent rows;
-    DSA ``index_k_with_scale_buffer`` :func:`num_index_pages` pages on non-skip layers and
-    nothing on skip layers.
+    DSA ``index_k_with_scale_buffer`` :func:`num_index_pages` pages of
+    ``page_size // index_kpool`` index slots on non-skip layers and nothing on skip layers,
+    and with compress tails ``_compress_tail_k``/``_compress_tail_score`` of
+    ``max_running_requests + 1`` rings of ``index_kpool + tail_extra_slots`` bf16 rows each
+    (nothing on skip layers).
 
     Example:
         >>> tensor_nbytes(PoolSpec(family="dsa", size=2, page_size=2, layer_num=2,
@@ -229,9 +244,14 @@ def tensor_nbytes(spec: PoolSpec) -> dict[str, list[int]]:
             raise ValueError(
                 f"spec.skip_topk_layers has {len(spec.skip_mask)} entries, layer_num={layers}"
             )
-        page = spec.page_size * index_token_bytes(spec.index_head_dim)
+        page = spec.index_page_size * index_token_bytes(spec.index_head_dim)
         full = num_index_pages(spec) * page
         result[INDEX_BUFFER] = [0 if skip else full for skip in spec.skip_mask]
+        if spec.compress_tails:
+            ring = spec.tail_width * spec.index_head_dim * _BF16_BYTES
+            tail = spec.tail_requests * ring
+            for name in COMPRESS_TAIL_BUFFERS:
+                result[name] = [0 if skip else tail for skip in spec.skip_mask]
     return result
 
 

@@ -5,12 +5,13 @@ per pool family. Each example draws a small pool spec, builds the target's pool 
 :class:`~kvcheck.reference.ReferencePool` from it, then runs the same random operations
 on both, every one drawn from :mod:`kvcheck.strategies.ops`: KV writes in the pool's
 dtype and in the caller's (with ``k_scale``/``v_scale``), ``set_mla_kv_buffer`` and
-prefix-valid writes, DSA index-K writes, moves (sources repeated and overlapping targets),
-host copies and reloads of request-shaped index sets, and invalid operations. Every call
-must leave the caller's tensors unchanged. After every step an invariant compares every
-buffer byte for byte, raw and through the read API, checks the layer range, the byte
-accounting and transfer descriptors (:mod:`kvcheck.properties.accounting`) and calls the
-pool's own ``check_valid()`` where it has one. A pool must raise exactly when the
+prefix-valid writes, DSA index-K and compress-tail writes, moves (sources repeated and
+overlapping targets), host copies and reloads of request-shaped index sets, and invalid
+operations. Every call must leave the caller's tensors unchanged. After every step an
+invariant compares every buffer byte for byte, raw and through the read API (DSA compress
+tails through ``get_compress_tail_buffers``), checks the layer range, the byte accounting
+and transfer descriptors (:mod:`kvcheck.properties.accounting`) and calls the pool's own
+``check_valid()`` where it has one. A pool must raise exactly when the
 reference says the contract demands it. A failure carries the spec and every operation
 so far (``PropertyFailure.reproduction``), from which ``kvcheck verify`` writes a
 standalone script; a failure matching one of the target's declared findings is steered
@@ -45,6 +46,7 @@ from kvcheck.properties.accounting import assert_accounting, assert_contiguous_b
 from kvcheck.properties.assertions import failure
 from kvcheck.properties.ops import apply_op_like_reference
 from kvcheck.properties.pool_state import (
+    assert_compress_tails_match_reference,
     assert_layer_range,
     assert_pool_matches_reference,
     assert_read_api_matches_reference,
@@ -80,6 +82,7 @@ MACHINE_CAPABILITIES: tuple[str, ...] = (
     "mla_write",
     "prefix_valid_write",
     "contiguous_buf_infos",
+    "compress_tail",
 )
 
 #: Step kind -> the capability it needs (None: every target), in shrink order.
@@ -93,6 +96,7 @@ _STEP_KINDS: tuple[tuple[str, str | None], ...] = (
     ("cast_write_kv", "cast_write"),
     ("write_mla", "mla_write"),
     ("write_prefix_valid", "prefix_valid_write"),
+    ("write_compress_tail", "compress_tail"),
     ("invalid", "input_validation"),
 )
 
@@ -109,13 +113,20 @@ _STEP_KINDS: tuple[tuple[str, str | None], ...] = (
 #: ``write_mla:slot0``
 #:     ``set_mla_kv_buffer`` never targets slot 0 (the padding slot);
 #: ``FAMILY:host_copy:partial_pages``
-#:     host copies and reloads of ``FAMILY`` take whole pages only.
+#:     host copies and reloads of ``FAMILY`` take whole pages only;
+#: ``dsa:accounting:compress_tails``
+#:     ``get_kv_size_bytes`` and ``mem_usage`` are expected to leave out the DSA compress
+#:     tails (every other byte is still checked);
+#: ``FAMILY:host_copy:request``
+#:     host copies and reloads of ``FAMILY`` never name a request slot (DSA compress tails).
 STEER_TAGS: tuple[str, ...] = (
     *(f"{variant}:{kind}" for variant in POOL_VARIANTS for kind, _ in _STEP_KINDS[1:]),
     *(f"{variant}:contiguous_buf_infos" for variant in POOL_VARIANTS),
     "cast_write:scales",
     "write_mla:slot0",
     *(f"{family}:host_copy:partial_pages" for family in POOL_FAMILIES),
+    *(f"{family}:host_copy:request" for family in POOL_FAMILIES),
+    "dsa:accounting:compress_tails",
 )
 
 #: Tiny pools keep every step cheap: few layers, small heads, at most 32 tokens.
@@ -255,6 +266,8 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.spec is not None
         applies = {
             "write_index_k": bool(draws.indexed_layers(self.spec, skip=False)),
+            "write_compress_tail": self.spec.compress_tails
+            and bool(draws.indexed_layers(self.spec, skip=False)),
             "write_mla": self.family in ("mla", "dsa"),
             "write_prefix_valid": self.family in ("mha", "noop"),
             # A scaled latent row is written only from its bf16 parts (set_mla_kv_buffer).
@@ -295,21 +308,25 @@ class PoolMachine(RuleBasedStateMachine):
         """The operation of ``kind`` (None: a reload while nothing has been copied)."""
         spec = self.spec
         assert spec is not None
+        requests = f"{self.family}:host_copy:request" not in self.steer
         if kind == "host_copy":
             whole = f"{self.family}:host_copy:partial_pages" in self.steer
             strategy: st.SearchStrategy[Any] = draws.host_copy_ops(
-                spec, self._next_copy_name(), whole_pages=whole
+                spec, self._next_copy_name(), whole_pages=whole, requests=requests
             )
         elif kind == "host_reload":
             if not self.copied:
                 return None
-            strategy = draws.host_reload_ops(spec, self.copied)
+            strategy = draws.host_reload_ops(spec, self.copied, requests=requests)
         elif kind == "invalid":
             counts = {name: count for name, (count, _) in self.copied.items()}
             strategy = draws.invalid_ops(spec, counts, skipped=self.skipped)
         elif kind == "write_index_k":
             layers = draws.indexed_layers(spec, skip=False)
             strategy = draws.write_index_k_ops(spec, layer_ids=layers)
+        elif kind == "write_compress_tail":
+            layers = draws.indexed_layers(spec, skip=False)
+            strategy = draws.write_compress_tail_ops(spec, layer_ids=layers)
         elif kind == "cast_write_kv":
             strategy = draws.cast_write_kv_ops(spec, scales="cast_write:scales" not in self.steer)
         elif kind == "write_mla":
@@ -352,8 +369,15 @@ class PoolMachine(RuleBasedStateMachine):
             )
         assert_layer_range(self.pool, spec, call=call)
         assert_accounting(
-            self.pool, spec, call=call, state_buf_infos="state_buf_infos" not in skipped
+            self.pool,
+            spec,
+            call=call,
+            state_buf_infos="state_buf_infos" not in skipped,
+            compress_tails="compress_tail" not in skipped,
+            tails_counted="dsa:accounting:compress_tails" not in self.steer,
         )
+        if spec.compress_tails and "compress_tail" not in skipped:
+            assert_compress_tails_match_reference(self.pool, self.reference, call=call)
         if (
             "contiguous_buf_infos" not in skipped
             and f"{spec.variant}:contiguous_buf_infos" not in self.steer

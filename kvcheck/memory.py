@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -42,7 +42,9 @@ __all__ = [
     "CUDA_BLOCK_BYTES",
     "CUDA_SMALL_REQUEST_BYTES",
     "BufferStorage",
+    "BufferTensor",
     "buffer_storages",
+    "buffer_tensors",
     "cuda_allocator_config_problem",
     "cuda_block_bytes",
     "expected_cuda_allocation_bytes",
@@ -77,12 +79,33 @@ class BufferStorage:
     shared_with: str | None
 
 
-def _iter_buffers(pool: Any) -> Iterator[tuple[str, int, torch.Tensor]]:
+class BufferTensor(NamedTuple):
+    """One KV buffer tensor of a pool: attribute name, local layer, the tensor."""
+
+    name: str
+    layer: int
+    tensor: torch.Tensor
+
+
+def buffer_tensors(pool: Any) -> list[BufferTensor]:
+    """Every KV buffer tensor of ``pool`` (:data:`kvcheck.geometry.KV_BUFFER_ATTRIBUTES`),
+    in attribute order.
+
+    Example:
+        >>> from kvcheck.pools import MLATokenToKVPool
+        >>> pool = MLATokenToKVPool(size=2, page_size=1, dtype=torch.float16,
+        ...                         kv_lora_rank=2, qk_rope_head_dim=2, layer_num=1,
+        ...                         device="meta")
+        >>> [(item.name, item.layer) for item in buffer_tensors(pool)]
+        [('kv_buffer', 0)]
+    """
+    found = []
     for name in KV_BUFFER_ATTRIBUTES:
         for layer, tensor in enumerate(getattr(pool, name, None) or ()):
             if not isinstance(tensor, torch.Tensor):
                 raise ValueError(f"pool.{name}[{layer}]={tensor!r} is not a torch.Tensor")
-            yield name, layer, tensor
+            found.append(BufferTensor(name, layer, tensor))
+    return found
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
@@ -104,7 +127,7 @@ def buffer_storages(pool: Any) -> list[BufferStorage]:
     """
     seen: dict[int, str] = {}
     found: list[BufferStorage] = []
-    for name, layer, tensor in _iter_buffers(pool):
+    for name, layer, tensor in buffer_tensors(pool):
         key = _storage_key(tensor)
         storage_nbytes = int(tensor.untyped_storage().nbytes())
         found.append(
@@ -141,7 +164,7 @@ def shape_bytes(pool: Any) -> int:
         ...                              head_num=8, head_dim=128, layer_num=36, device="meta"))
         154628259840
     """
-    return sum(tensor.numel() * tensor.element_size() for _, _, tensor in _iter_buffers(pool))
+    return sum(tensor.numel() * tensor.element_size() for _, _, tensor in buffer_tensors(pool))
 
 
 def cuda_block_bytes(nbytes: int) -> int:

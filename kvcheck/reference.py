@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from kvcheck.specs import (
+    COMPRESS_TAIL_ITEMSIZE,
     DSA_QUANT_BLOCK,
     DTYPE_ITEMSIZE,
     HostCopy,
@@ -34,6 +35,7 @@ from kvcheck.specs import (
     Move,
     Op,
     PoolSpec,
+    WriteCompressTail,
     WriteIndexK,
     WriteKV,
     WriteMLA,
@@ -47,6 +49,7 @@ __all__ = [
     "PrefillOnlyRule",
     "ReferencePool",
     "expected_buffer_bytes",
+    "expected_compress_tail_buf_infos",
     "expected_kv_size_bytes",
     "expected_mem_usage",
     "expected_num_index_pages",
@@ -206,8 +209,24 @@ def _has_non_finite_bf16(data: bytes) -> bool:
 
 
 def _index_page_row_bytes(spec: PoolSpec) -> int:
+    # A page row holds the page's index slots: one per index_kpool tokens.
     d = spec.index_head_dim
-    return spec.page_size * (index_k_row_bytes(d) + index_scale_row_bytes(d))
+    return spec.index_page_size * (index_k_row_bytes(d) + index_scale_row_bytes(d))
+
+
+def _index_slot_limit(spec: PoolSpec) -> int:
+    """Index slots the pool's tokens map to: slot ``t // index_kpool`` for token ``t``."""
+    return -(-spec.num_slots // spec.index_kpool)
+
+
+def _tail_row_bytes(spec: PoolSpec) -> int:
+    return spec.index_head_dim * COMPRESS_TAIL_ITEMSIZE
+
+
+def _tail_bytes_per_layer(spec: PoolSpec) -> list[int]:
+    """Bytes of one layer's key tail (the score tail is the same size); 0 on skip layers."""
+    full = spec.tail_requests * spec.tail_width * _tail_row_bytes(spec)
+    return [0 if skip else full for skip in spec.skip_mask] if spec.compress_tails else []
 
 
 def expected_num_index_pages(spec: PoolSpec) -> int:
@@ -236,7 +255,8 @@ def expected_kv_size_bytes(spec: PoolSpec) -> tuple[int, int] | int:
     ``head_dim`` K and V share one allocation per layer, each half padded to whole pages,
     and the padding is allocated too); NoOp: ``(0, 0)`` (its placeholders are not
     counted); MLA: the latent bytes as one int; DSA: latent bytes plus the index-K bytes of
-    every non-skip layer, as one int (SGLang 0.5.23 returns a single int for both).
+    every non-skip layer, plus both compress tails of every layer where the pool keeps
+    them, as one int (SGLang 0.5.23 returns a single int, without the tails).
 
     Example:
         >>> expected_kv_size_bytes(PoolSpec(family="mha", size=2, page_size=2, layer_num=3,
@@ -254,7 +274,25 @@ def expected_kv_size_bytes(spec: PoolSpec) -> tuple[int, int] | int:
     latent = spec.layer_num * spec.num_slots * _latent_row_bytes(spec)
     if spec.family == "mla":
         return latent
-    return latent + sum(_index_bytes_per_layer(spec))
+    return latent + sum(_index_bytes_per_layer(spec)) + 2 * sum(_tail_bytes_per_layer(spec))
+
+
+def expected_compress_tail_buf_infos(spec: PoolSpec) -> tuple[list[int], list[int]]:
+    """``(lens, item_lens)`` of ``get_compress_tail_buf_infos()``: every layer's key tail,
+    then every layer's score tail; a skip layer's entries are ``0, 0``; ``([], [])`` when
+    the pool keeps no tails. An item is one request's ring.
+
+    Example:
+        >>> spec = PoolSpec(family="dsa", size=4, page_size=4, layer_num=2, dtype="bfloat16",
+        ...                 skip_topk_layers=(False, True), index_kpool=2,
+        ...                 index_kpool_compress=True, max_running_requests=1)
+        >>> expected_compress_tail_buf_infos(spec)
+        ([1024, 0, 1024, 0], [512, 0, 512, 0])
+    """
+    lens = _tail_bytes_per_layer(spec)
+    item = spec.tail_width * _tail_row_bytes(spec)
+    item_lens = [0 if skip else item for skip in spec.skip_mask] if spec.compress_tails else []
+    return lens * 2, item_lens * 2
 
 
 def expected_buffer_bytes(spec: PoolSpec) -> int:
@@ -317,8 +355,11 @@ class _LayerState:
 
     k: dict[int, bytes] = field(default_factory=dict)  # MHA K, or MLA/DSA latent
     v: dict[int, bytes] = field(default_factory=dict)  # MHA V only
-    index_key: dict[int, bytes] = field(default_factory=dict)  # DSA, per token
-    index_scale: dict[int, bytes] = field(default_factory=dict)  # DSA, per token
+    index_key: dict[int, bytes] = field(default_factory=dict)  # DSA, per index slot
+    index_scale: dict[int, bytes] = field(default_factory=dict)  # DSA, per index slot
+    # DSA compress tails: (request slot, ring slot) -> one bf16 row
+    tail_key: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    tail_score: dict[tuple[int, int], bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -329,6 +370,11 @@ class _TokenSnapshot:
     v: tuple[bytes, ...]
     index_key: tuple[bytes | None, ...]  # None where the layer skips index-K
     index_scale: tuple[bytes | None, ...]
+
+
+#: One request's compress tails in every layer, as a host copy carries them: per layer
+#: ``(key rows, score rows)`` by ring slot, or None where the layer has no tails.
+_TailSnapshot = tuple[tuple[tuple[bytes | None, ...], tuple[bytes | None, ...]] | None, ...]
 
 
 class ReferencePool:
@@ -365,6 +411,7 @@ class ReferencePool:
         self.spec = spec
         self._layers = [_LayerState() for _ in range(spec.layer_num)]
         self._host_copies: dict[str, tuple[_TokenSnapshot, ...]] = {}
+        self._tail_copies: dict[str, _TailSnapshot | None] = {}
 
     # -- validation: which exception the contract demands for an op ----------------------
 
@@ -385,6 +432,15 @@ class ReferencePool:
         Host copies are token-granular on every family: any index set (a request's slots
         with a partial last page, several requests at once, runs crossing page
         boundaries) copies exactly the listed tokens, and a reload writes exactly them.
+
+        DSA index kpool (``index_kpool > 1``): index-K writes address index slots in
+        ``[0, ceil((size + page_size) / index_kpool))``; a token's host copy carries its
+        slot ``t // index_kpool`` (a reload writes slots in order, the later token wins);
+        a non-empty move -> ValueError (pooled keys would need regrouping) and changes
+        nothing. Compress tails: a tail write to a pool without tails, to a skip layer, of
+        a request outside ``[0, max_running_requests + 1)``, of more rows than the ring
+        has slots, with a negative start or rows of the wrong length -> ValueError; so is a
+        host copy or reload naming a request outside that range.
 
         Example:
             >>> ref = ReferencePool(PoolSpec(family="noop", size=4, page_size=1, layer_num=1,
@@ -407,7 +463,9 @@ class ReferencePool:
 
     def _problem(self, op: Op) -> tuple[type[Exception], str] | None:
         spec = self.spec
-        writes = isinstance(op, WriteKV | WriteMLA | WritePrefixValid | WriteIndexK | HostReload)
+        writes = isinstance(
+            op, WriteKV | WriteMLA | WritePrefixValid | WriteIndexK | WriteCompressTail | HostReload
+        )
         if spec.family == "noop":
             if writes:
                 return RuntimeError, f"NoOpMHATokenToKVPool rejects every write, got {op!r}"
@@ -420,21 +478,33 @@ class ReferencePool:
             return self._write_prefix_valid_problem(op)
         if isinstance(op, WriteIndexK):
             return self._write_index_k_problem(op)
+        if isinstance(op, WriteCompressTail):
+            return self._write_compress_tail_problem(op)
         if isinstance(op, Move):
             if len(op.tgt) != len(op.src):
                 return ValueError, f"len(tgt)={len(op.tgt)} != len(src)={len(op.src)}"
-            return self._locs_problem("tgt", op.tgt, distinct=True) or self._locs_problem(
+            problem = self._locs_problem("tgt", op.tgt, distinct=True) or self._locs_problem(
                 "src", op.src, distinct=False
             )
+            if problem is None and op.tgt and spec.index_kpool > 1:
+                return ValueError, (
+                    f"index_kpool={spec.index_kpool}: moving pooled index keys needs"
+                    " regrouping tokens, so a move is refused (and changes nothing)"
+                )
+            return problem
         if isinstance(op, HostCopy):
-            return self._locs_problem("indices", op.indices, distinct=False)
+            return self._locs_problem(
+                "indices", op.indices, distinct=False
+            ) or self._request_problem("req_pool_index", op.req_pool_index)
         if isinstance(op, HostReload):
             if op.name not in self._host_copies:
                 return ValueError, f"name={op.name!r} was never copied"
             copied = len(self._host_copies[op.name])
             if len(op.indices) != copied:
                 return ValueError, f"len(indices)={len(op.indices)} != copied tokens {copied}"
-            return self._locs_problem("indices", op.indices, distinct=True)
+            return self._locs_problem(
+                "indices", op.indices, distinct=True
+            ) or self._request_problem("req_pool_index", op.req_pool_index)
         raise TypeError(f"op={op!r} is not an operation from kvcheck.specs")
 
     def _noop_problem(self, op: Op) -> tuple[type[Exception], str] | None:
@@ -456,9 +526,9 @@ class ReferencePool:
         return None
 
     def _locs_problem(
-        self, name: str, locs: Sequence[int], *, distinct: bool
+        self, name: str, locs: Sequence[int], *, distinct: bool, limit: int | None = None
     ) -> tuple[type[Exception], str] | None:
-        limit = self.spec.num_slots
+        limit = self.spec.num_slots if limit is None else limit
         for loc in locs:
             if not isinstance(loc, int) or not 0 <= loc < limit:
                 return ValueError, f"{name}={tuple(locs)!r}: {loc!r} not in [0, {limit})"
@@ -579,9 +649,51 @@ class ReferencePool:
         d = spec.index_head_dim
         count = len(op.locs)
         return (
-            self._locs_problem("locs", op.locs, distinct=True)
+            self._locs_problem("locs", op.locs, distinct=True, limit=_index_slot_limit(spec))
             or self._rows_problem("key_rows", op.key_rows, count, index_k_row_bytes(d))
             or self._rows_problem("scale_rows", op.scale_rows, count, index_scale_row_bytes(d))
+        )
+
+    def _request_problem(
+        self, name: str, request: int | None
+    ) -> tuple[type[Exception], str] | None:
+        """A request slot must name a row of the tails; without tails it is ignored."""
+        if request is None or not self.spec.compress_tails:
+            return None
+        rows = self.spec.tail_requests
+        if isinstance(request, bool) or not isinstance(request, int) or not 0 <= request < rows:
+            return ValueError, f"{name}={request!r} not in [0, {rows}) (max_running_requests + 1)"
+        return None
+
+    def _write_compress_tail_problem(
+        self, op: WriteCompressTail
+    ) -> tuple[type[Exception], str] | None:
+        spec = self.spec
+        if not spec.compress_tails:
+            return ValueError, (
+                "the pool keeps no compress tails (they need family='dsa', index_kpool > 1"
+                f" and index_kpool_compress=True; got {spec.variant!r},"
+                f" index_kpool_compress={spec.index_kpool_compress})"
+            )
+        problem = self._layer_problem(op.layer_id)
+        if problem is not None:
+            return problem
+        if spec.skip_mask[op.layer_id - spec.start_layer]:
+            return ValueError, f"layer_id={op.layer_id} is a skip-topk layer without tails"
+        problem = self._request_problem("req_pool_idx", op.req_pool_idx)
+        if problem is not None:
+            return problem
+        count, width = len(op.key_rows), spec.tail_width
+        if count > width:
+            return ValueError, (
+                f"n_remain={count} > the ring's {width} slots (index_kpool + tail_extra_slots):"
+                " a slot would be written twice"
+            )
+        if isinstance(op.start, bool) or not isinstance(op.start, int) or op.start < 0:
+            return ValueError, f"dst_logical_start={op.start!r} must be an int >= 0"
+        row = _tail_row_bytes(spec)
+        return self._rows_problem("key_rows", op.key_rows, count, row) or self._rows_problem(
+            "score_rows", op.score_rows, count, row
         )
 
     # -- applying operations -----------------------------------------------------------------
@@ -631,6 +743,12 @@ class ReferencePool:
             for i, loc in enumerate(op.locs):
                 layer.index_key[loc] = bytes(op.key_rows[i])
                 layer.index_scale[loc] = bytes(op.scale_rows[i])
+        elif isinstance(op, WriteCompressTail):
+            layer = self._layer(op.layer_id)
+            for i, (key, score) in enumerate(zip(op.key_rows, op.score_rows, strict=True)):
+                ring_slot = (op.start + i) % self.spec.tail_width
+                layer.tail_key[op.req_pool_idx, ring_slot] = bytes(key)
+                layer.tail_score[op.req_pool_idx, ring_slot] = bytes(score)
         elif isinstance(op, Move):
             # Gather every source first, then scatter: a target that is also a source must
             # still give out its old bytes.
@@ -639,9 +757,14 @@ class ReferencePool:
                 self._restore(tgt, snapshot)
         elif isinstance(op, HostCopy):
             self._host_copies[op.name] = tuple(self._snapshot(i) for i in op.indices)
+            self._tail_copies[op.name] = self._tail_snapshot(op.req_pool_index)
         elif isinstance(op, HostReload):
+            # In order: where two tokens share an index slot (index_kpool > 1), the later wins.
             for index, snapshot in zip(op.indices, self._host_copies[op.name], strict=True):
                 self._restore(index, snapshot)
+            tails = self._tail_copies[op.name]
+            if tails is not None and op.req_pool_index is not None:
+                self._restore_tails(op.req_pool_index, tails)
 
     def _layer(self, layer_id: int) -> _LayerState:
         return self._layers[layer_id - self.spec.start_layer]
@@ -652,10 +775,11 @@ class ReferencePool:
     def _snapshot(self, slot: int) -> _TokenSnapshot:
         keys: list[bytes | None] = []
         scales: list[bytes | None] = []
+        index_slot = slot // self.spec.index_kpool
         for local, layer in enumerate(self._layers):
             indexed = self._has_index_k(local)
-            keys.append(layer.index_key.get(slot) if indexed else None)
-            scales.append(layer.index_scale.get(slot) if indexed else None)
+            keys.append(layer.index_key.get(index_slot) if indexed else None)
+            scales.append(layer.index_scale.get(index_slot) if indexed else None)
         return _TokenSnapshot(
             k=tuple(layer.k.get(slot, b"") for layer in self._layers),
             v=tuple(layer.v.get(slot, b"") for layer in self._layers),
@@ -665,12 +789,36 @@ class ReferencePool:
 
     def _restore(self, slot: int, snapshot: _TokenSnapshot) -> None:
         # An empty or None entry means "never written": the slot goes back to zeros.
+        index_slot = slot // self.spec.index_kpool
         for local, layer in enumerate(self._layers):
             _put(layer.k, slot, snapshot.k[local])
             _put(layer.v, slot, snapshot.v[local])
             if self._has_index_k(local):
-                _put(layer.index_key, slot, snapshot.index_key[local])
-                _put(layer.index_scale, slot, snapshot.index_scale[local])
+                _put(layer.index_key, index_slot, snapshot.index_key[local])
+                _put(layer.index_scale, index_slot, snapshot.index_scale[local])
+
+    def _tail_snapshot(self, request: int | None) -> _TailSnapshot | None:
+        """Request ``request``'s tails in every layer (None: nothing to copy)."""
+        if request is None or not self.spec.compress_tails:
+            return None
+        ring = range(self.spec.tail_width)
+        return tuple(
+            (
+                tuple(layer.tail_key.get((request, i)) for i in ring),
+                tuple(layer.tail_score.get((request, i)) for i in ring),
+            )
+            if self._has_index_k(local)
+            else None
+            for local, layer in enumerate(self._layers)
+        )
+
+    def _restore_tails(self, request: int, tails: _TailSnapshot) -> None:
+        for layer, saved in zip(self._layers, tails, strict=True):
+            if saved is None:
+                continue
+            for i, (key, score) in enumerate(zip(*saved, strict=True)):
+                _put(layer.tail_key, (request, i), key)
+                _put(layer.tail_score, (request, i), score)
 
     # -- expected storage --------------------------------------------------------------------
 
@@ -748,7 +896,7 @@ class ReferencePool:
         spec = self.spec
         d = index_k_row_bytes(spec.index_head_dim)
         s = index_scale_row_bytes(spec.index_head_dim)
-        page_size = spec.page_size
+        page_size = spec.index_page_size
         if spec.skip_mask[local]:
             return np.zeros((0, _index_page_row_bytes(spec)), dtype=np.uint8)
         layer = self._layers[local]
@@ -765,6 +913,35 @@ class ReferencePool:
                     start = page_size * d + offset * s
                     out[page, start : start + s] = np.frombuffer(scale, np.uint8)
         return out
+
+    def expected_compress_tails(self, layer_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """DSA compress tails of one layer, as ``get_compress_tail_buffers`` returns them:
+        ``(key, score)``, each ``[max_running_requests + 1, width * index_head_dim * 2]``
+        uint8 (a request's ring slots in order, bf16 values); zero rows on a skip layer.
+
+        Example:
+            >>> spec = PoolSpec(family="dsa", size=4, page_size=4, layer_num=1,
+            ...                 dtype="bfloat16", index_kpool=2, index_kpool_compress=True,
+            ...                 max_running_requests=1)
+            >>> [tail.shape for tail in ReferencePool(spec).expected_compress_tails(0)]
+            [(2, 512), (2, 512)]
+        """
+        local = self._check_family(layer_id, ("dsa",), "compress tails")
+        spec = self.spec
+        if not spec.compress_tails:
+            raise ValueError(f"spec {spec.variant!r} keeps no compress tails")
+        row, width = _tail_row_bytes(spec), spec.tail_width
+        rows = 0 if spec.skip_mask[local] else spec.tail_requests
+        layer = self._layers[local]
+        tails = []
+        for values in (layer.tail_key, layer.tail_score):
+            out = np.zeros((rows, width * row), dtype=np.uint8)
+            for (request, ring_slot), data in values.items():
+                out[request, ring_slot * row : (ring_slot + 1) * row] = np.frombuffer(
+                    data, np.uint8
+                )
+            tails.append(out)
+        return tails[0], tails[1]
 
     def expected_buffers(self) -> dict[str, list[np.ndarray]]:
         """Every expected buffer, keyed by the pool attribute that holds it, one per local layer.
@@ -799,7 +976,7 @@ def _committed(op: WritePrefixValid) -> tuple[int, ...]:
     )
 
 
-def _put(values: dict[int, bytes], slot: int, data: bytes | None) -> None:
+def _put(values: dict[Any, bytes], slot: object, data: bytes | None) -> None:
     if data:
         values[slot] = data
     else:

@@ -50,6 +50,10 @@ POOL_VARIANTS: tuple[str, ...] = (
     "dsa:kpool",
     "dsa:scaled:kpool",
 )
+#: DSA index kpools the strategies draw (SGLang 0.5.23 takes any divisor of the page
+#: size; its CUDA kernels need 64-token index pages, so a target like sglang pairs kpool
+#: k with ``page_size = 64 * k`` through its ``pool_spec_limits``).
+INDEX_KPOOLS: tuple[int, ...] = (1, 2, 4)
 #: Compress-tail rows (one request's ring slot) are bf16: 2 bytes per index channel.
 COMPRESS_TAIL_ITEMSIZE = 2
 
@@ -149,6 +153,11 @@ class PoolSpec:
         return self.page_size // self.index_kpool
 
     @property
+    def index_slots(self) -> int:
+        """Index slots the pool's tokens map to (token ``t`` -> slot ``t // index_kpool``)."""
+        return -(-self.num_slots // self.index_kpool)
+
+    @property
     def tail_requests(self) -> int:
         """Request slots of each compress-tail buffer: ``max_running_requests + 1``
         (SGLang keeps one for invalid request ids); 0 without tails."""
@@ -176,7 +185,7 @@ class PoolSpec:
         """The family, with the buffer layout when it is not the default (``"mha:hnd"``,
         ``"dsa:scaled"``) and ``kpool`` for a DSA index kpool above 1 (``"dsa:kpool"``):
         what a failure's signature names, so a finding can be about one variant only."""
-        parts = [self.family]
+        parts: list[str] = [self.family]
         if self.latent_layout != "raw":
             parts.append(self.latent_layout)
         elif self.kv_layout != "nhd":

@@ -23,11 +23,12 @@ import math
 from typing import Any
 
 from kvcheck.failures import FailureSignature
-from kvcheck.geometry import allocated_bytes, buffer_bytes
+from kvcheck.geometry import COMPRESS_TAIL_BUFFERS, allocated_bytes, buffer_bytes, tensor_nbytes
 from kvcheck.memory import buffer_storages, storage_bytes
 from kvcheck.properties.assertions import assert_equal, fail
 from kvcheck.reference import (
     expected_buffer_bytes,
+    expected_compress_tail_buf_infos,
     expected_kv_size_bytes,
     expected_mem_usage,
     expected_state_buf_infos,
@@ -36,6 +37,7 @@ from kvcheck.specs import PoolSpec
 
 __all__ = [
     "assert_accounting",
+    "assert_compress_tail_buf_infos",
     "assert_contiguous_buf_infos",
     "assert_held_bytes",
     "assert_kv_size_bytes",
@@ -83,9 +85,13 @@ def assert_held_bytes(pool: Any, spec: PoolSpec, *, call: str = "pool constructi
 
 
 def _reported_kind(reported_total: float, spec: PoolSpec) -> str:
-    """How a wrong report differs: leaving out fused K/V padding is a kind of its own."""
+    """How a wrong report differs: leaving out fused K/V padding, or the DSA compress
+    tails, is a kind of its own."""
     if spec.family != "noop" and reported_total == buffer_bytes(spec) != allocated_bytes(spec):
         return "fused K/V page padding unreported"
+    tails = _tail_bytes(spec)
+    if tails and reported_total == buffer_bytes(spec) - tails:
+        return "compress tails unreported"
     return "reported bytes differ"
 
 
@@ -98,9 +104,19 @@ def _signature(call: str, reported_total: float, spec: PoolSpec) -> FailureSigna
     )
 
 
-def assert_kv_size_bytes(pool: Any, spec: PoolSpec, *, call: str = "pool construction") -> None:
+def _tail_bytes(spec: PoolSpec) -> int:
+    if not spec.compress_tails:
+        return 0
+    return sum(sum(tensor_nbytes(spec)[name]) for name in COMPRESS_TAIL_BUFFERS)
+
+
+def assert_kv_size_bytes(
+    pool: Any, spec: PoolSpec, *, call: str = "pool construction", tails_counted: bool = True
+) -> None:
     """``get_kv_size_bytes()`` equals the formula and, except for NoOp, the bytes held
-    (the allocations behind the buffers, fused K/V padding included).
+    (the allocations behind the buffers, fused K/V padding included). With
+    ``tails_counted=False`` (a target's declared finding) both leave out the DSA compress
+    tails, and every other byte is still checked.
 
     Example:
         >>> from kvcheck.targets import resolve_target
@@ -111,10 +127,14 @@ def assert_kv_size_bytes(pool: Any, spec: PoolSpec, *, call: str = "pool constru
     __tracebackhide__ = True
     reported = _normalized(pool.get_kv_size_bytes())
     total = reported_total_bytes(reported)
-    checks = [(reported, expected_kv_size_bytes(spec), "")]
+    left_out = 0 if tails_counted else _tail_bytes(spec)
+    expected = expected_kv_size_bytes(spec)
+    if left_out:
+        expected = reported_total_bytes(expected) - left_out
+    checks = [(reported, expected, "")]
     if spec.family != "noop":
         detail = "the reported total must equal the bytes the buffers' storages hold"
-        checks.append((total, storage_bytes(pool), detail))
+        checks.append((total, storage_bytes(pool) - left_out, detail))
     for got, expected, detail in checks:
         if got != expected:  # the signature (geometry sums) only for a failure: a hot path
             raise fail(
@@ -126,8 +146,11 @@ def assert_kv_size_bytes(pool: Any, spec: PoolSpec, *, call: str = "pool constru
             )
 
 
-def assert_mem_usage(pool: Any, spec: PoolSpec, *, call: str = "pool construction") -> None:
-    """``mem_usage`` is the reported bytes in GiB (``0.0`` for NoOp).
+def assert_mem_usage(
+    pool: Any, spec: PoolSpec, *, call: str = "pool construction", tails_counted: bool = True
+) -> None:
+    """``mem_usage`` is the reported bytes in GiB (``0.0`` for NoOp; without the DSA
+    compress tails when ``tails_counted`` is false).
 
     Example:
         >>> from kvcheck.targets import resolve_target
@@ -136,7 +159,7 @@ def assert_mem_usage(pool: Any, spec: PoolSpec, *, call: str = "pool constructio
     """
     __tracebackhide__ = True
     got = float(pool.mem_usage)
-    expected = expected_mem_usage(spec)
+    expected = expected_mem_usage(spec) - (0 if tails_counted else _tail_bytes(spec) / _GIB)
     if not math.isclose(got, expected, rel_tol=1e-12, abs_tol=0.0):
         raise fail(
             got=got,
@@ -242,10 +265,19 @@ def assert_contiguous_buf_infos(
 
 
 def assert_accounting(
-    pool: Any, spec: PoolSpec, *, call: str = "pool construction", state_buf_infos: bool = True
+    pool: Any,
+    spec: PoolSpec,
+    *,
+    call: str = "pool construction",
+    state_buf_infos: bool = True,
+    compress_tails: bool = True,
+    tails_counted: bool = True,
 ) -> None:
     """All accounting properties at once: held bytes, ``get_kv_size_bytes``, ``mem_usage``
-    and, for DSA when ``state_buf_infos`` is true, ``get_state_buf_infos``.
+    and, for DSA when ``state_buf_infos`` is true, ``get_state_buf_infos``; for a DSA pool
+    with compress tails when ``compress_tails`` is true, ``get_compress_tail_buf_infos``.
+    ``tails_counted=False`` expects the reports to leave the tails out (see
+    :func:`assert_kv_size_bytes`).
 
     Example:
         >>> from kvcheck.targets import resolve_target
@@ -254,7 +286,37 @@ def assert_accounting(
     """
     __tracebackhide__ = True
     assert_held_bytes(pool, spec, call=call)
-    assert_kv_size_bytes(pool, spec, call=call)
-    assert_mem_usage(pool, spec, call=call)
+    assert_kv_size_bytes(pool, spec, call=call, tails_counted=tails_counted)
+    assert_mem_usage(pool, spec, call=call, tails_counted=tails_counted)
     if state_buf_infos and spec.family == "dsa":
         assert_state_buf_infos(pool, spec, call=call)
+    if compress_tails and spec.compress_tails:
+        assert_compress_tail_buf_infos(pool, spec, call=call)
+
+
+def assert_compress_tail_buf_infos(
+    pool: Any, spec: PoolSpec, *, call: str = "pool construction"
+) -> None:
+    """DSA ``get_compress_tail_buf_infos()``: every layer's key tail, then every layer's
+    score tail, each the real tensor's pointer and bytes and one request's ring as the
+    item; ``(0, 0, 0)`` for skip layers (their 0-row tensors keep layer offsets aligned).
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = PoolSpec(family="dsa", size=4, page_size=4, layer_num=2, dtype="bfloat16",
+        ...                 skip_topk_layers=(True, False), index_kpool=2,
+        ...                 index_kpool_compress=True, max_running_requests=1)
+        >>> pool = resolve_target("kvcheck").make_pool(spec, device="cpu")
+        >>> assert_compress_tail_buf_infos(pool, spec)
+    """
+    __tracebackhide__ = True
+    where = f"pool.get_compress_tail_buf_infos() after {call}"
+    ptrs, lens, item_lens = (list(part) for part in pool.get_compress_tail_buf_infos())
+    expected_lens, expected_item_lens = expected_compress_tail_buf_infos(spec)
+    assert_equal(lens, expected_lens, call=where, detail="lens (key tails, then score tails)")
+    assert_equal(item_lens, expected_item_lens, call=where, detail="item_lens (one request)")
+    tails = [pool.get_compress_tail_buffers(layer_id) for layer_id in spec.layer_ids]
+    tensors = [pair[0] for pair in tails] + [pair[1] for pair in tails]
+    actual = [tensor.data_ptr() if tensor.shape[0] else None for tensor in tensors]
+    wanted = [None if length == 0 else ptr for ptr, length in zip(ptrs, lens, strict=True)]
+    assert_equal(wanted, actual, call=where, detail="ptrs of the non-empty tails")

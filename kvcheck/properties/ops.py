@@ -27,7 +27,8 @@ import torch
 
 from kvcheck.calls import OpEncodingError, describe_op, encode_op, op_method, run_call
 from kvcheck.failures import FailureSignature
-from kvcheck.properties.assertions import failure
+from kvcheck.memory import buffer_tensors
+from kvcheck.properties.assertions import fail, failure
 from kvcheck.properties.caller_tensors import (
     TensorSnapshot,
     assert_tensors_unchanged,
@@ -37,7 +38,7 @@ from kvcheck.properties.caller_tensors import (
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import HostCopy, Op
 
-__all__ = ["apply_op", "apply_op_like_reference"]
+__all__ = ["apply_op", "apply_op_like_reference", "assert_host_copy_is_a_copy"]
 
 
 def apply_op(
@@ -138,9 +139,53 @@ def apply_op_like_reference(
             ),
         )
     if isinstance(op, HostCopy):
+        assert_host_copy_is_a_copy(pool, result, call=call, family=family)
         copies[op.name] = result
     reference.apply(op)
     return True
+
+
+def assert_host_copy_is_a_copy(pool: Any, host_copy: Any, *, call: str, family: str) -> None:
+    """No tensor in what ``get_cpu_copy`` returned shares memory with a pool buffer: a
+    view would change with later pool writes, and a retracted request would come back
+    with another request's bytes. (On a GPU ``.to("cpu")`` always copies; on a CPU pool
+    it returns the tensor itself, so a pool that relies on it aliases there.)
+
+    Example:
+        >>> from kvcheck.pools import MLATokenToKVPool
+        >>> pool = MLATokenToKVPool(size=2, page_size=1, dtype=torch.float16,
+        ...                         kv_lora_rank=2, qk_rope_head_dim=2, layer_num=1,
+        ...                         device="cpu")
+        >>> assert_host_copy_is_a_copy(pool, [pool.kv_buffer[0][1:]], call="c", family="mla")
+        Traceback (most recent call last):
+        ...
+        kvcheck.failures.PropertyFailure: got 'a view of kv_buffer[0]' but should be 'a copy' [c]
+        copy[0] shares memory with the pool
+    """
+    __tracebackhide__ = True
+    owners = {
+        int(item.tensor.untyped_storage().data_ptr()): f"{item.name}[{item.layer}]"
+        for item in buffer_tensors(pool)
+        if item.tensor.numel()
+    }
+    for path, tensor in collect_tensors(host_copy, "copy").items():
+        if not tensor.numel() or tensor.device.type == "meta":
+            continue
+        owner = owners.get(int(tensor.untyped_storage().data_ptr()))
+        if owner is not None:
+            name = owner.split("[")[0]
+            raise fail(
+                got=f"a view of {owner}",
+                expected="a copy",
+                call=call,
+                detail=f"{path} shares memory with the pool",
+                signature=FailureSignature(
+                    check="host_copy",
+                    call="get_cpu_copy",
+                    kind=f"copy shares memory with {name}",
+                    family=family,
+                ),
+            )
 
 
 def _rejection_reason(reference: ReferencePool, op: Op) -> str:

@@ -36,6 +36,7 @@ from kvcheck.specs import PoolSpec
 
 __all__ = [
     "PoolBytes",
+    "assert_compress_tails_match_reference",
     "assert_layer_range",
     "assert_pool_matches_reference",
     "assert_read_api_matches_reference",
@@ -120,12 +121,13 @@ def _index_k_position(reference: ReferencePool, page: int, column: int) -> str:
     spec = reference.spec
     key = index_k_row_bytes(spec.index_head_dim)
     scale = index_scale_row_bytes(spec.index_head_dim)
-    keys_end = spec.page_size * key
+    keys_end = spec.index_page_size * key
     if column < keys_end:
         offset, part, byte = column // key, "key", column % key
     else:
         offset, part, byte = (column - keys_end) // scale, "scale", (column - keys_end) % scale
-    return f"token {page * spec.page_size + offset} {part} byte {byte}"
+    what = "token" if spec.index_kpool == 1 else "index slot"
+    return f"{what} {page * spec.index_page_size + offset} {part} byte {byte}"
 
 
 def _compare_layers(
@@ -309,6 +311,39 @@ def _reads(
             )
         )
     return reads
+
+
+def assert_compress_tails_match_reference(
+    pool: Any, reference: ReferencePool, *, call: str
+) -> None:
+    """Every layer's compress tails, read through ``get_compress_tail_buffers`` (what the
+    DSA indexer reads), equal the reference byte for byte: keys, then scores.
+
+    Example:
+        >>> from kvcheck.specs import PoolSpec
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = PoolSpec(family="dsa", size=4, page_size=4, layer_num=1, dtype="bfloat16",
+        ...                 index_kpool=2, index_kpool_compress=True, max_running_requests=1)
+        >>> pool = resolve_target("kvcheck").make_pool(spec, device="cpu")
+        >>> assert_compress_tails_match_reference(pool, ReferencePool(spec), call="construction")
+    """
+    __tracebackhide__ = True
+    spec = reference.spec
+    signature = FailureSignature(
+        check="read_api", call="get_compress_tail_buffers", kind="bytes differ", family=spec.variant
+    )
+    for layer_id in spec.layer_ids:
+        label = f"pool.get_compress_tail_buffers({layer_id})"
+        tails = pool.get_compress_tail_buffers(layer_id)
+        expected = reference.expected_compress_tails(layer_id)
+        for part, got, wanted in zip(("key", "score"), tails, expected, strict=True):
+            assert_bytes_equal(
+                read_buffer(got),
+                wanted,
+                what=f"{label} {part} tail after {call}",
+                call=label,
+                signature=signature,
+            )
 
 
 def assert_read_api_matches_reference(

@@ -793,7 +793,8 @@ def _pool_bytes_for(
         and (device != "meta" or supports(target, "meta_device", family=family))
         # A layout the target refuses (sglang asserts 64-token DSA pages) is measured by
         # the formula instead.
-        and page_size in limits.get("page_size", (page_size,))
+        # (pools built here have index kpool 1: their index pages are their pages)
+        and page_size in limits.get("page_size", limits.get("index_page_size", (page_size,)))
         and model.index_head_dim in limits.get("index_head_dim", (model.index_head_dim,))
     )
     if not can_build:

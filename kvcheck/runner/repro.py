@@ -51,6 +51,7 @@ from kvcheck.specs import (
     Op,
     Payload,
     PoolSpec,
+    WriteCompressTail,
     WriteIndexK,
     WriteKV,
     WriteMLA,
@@ -561,15 +562,39 @@ class _ScriptWriter:
             if self.flavour.kind == "module":
                 return prep, label, "target.write_index_k", ["pool", *args]
             return prep, label, "pool.set_index_k_scale_buffer", args
+        if isinstance(op, WriteCompressTail):
+            dim = self.spec.index_head_dim
+            prep = [
+                f"key_tail = {_rows_expr('bfloat16', (dim,), op.key_rows, '')}",
+                f"score_tail = {_rows_expr('bfloat16', (dim,), op.score_rows, '')}",
+            ]
+            label = (
+                f"set_compress_tail_for_request(layer_id={op.layer_id}, "
+                f"req_pool_idx={op.req_pool_idx}, n_remain={len(op.key_rows)}, "
+                f"dst_logical_start={op.start})"
+            )
+            args = [
+                str(op.layer_id),
+                str(op.req_pool_idx),
+                "key_tail",
+                "score_tail",
+                str(len(op.key_rows)),
+                str(op.start),
+            ]
+            return prep, label, "pool.set_compress_tail_for_request", args
         if isinstance(op, Move):
             label = f"move_kv_cache(tgt_loc={_list(op.tgt)}, src_loc={_list(op.src)})"
             return [], label, "pool.move_kv_cache", [_locs(op.tgt), _locs(op.src)]
+        request = [] if op.req_pool_index is None else [f"req_pool_index={op.req_pool_index}"]
         if isinstance(op, HostCopy):
-            label = f"get_cpu_copy(indices={_list(op.indices)})"
-            return [], label, "pool.get_cpu_copy", [_locs(op.indices)]
+            label = f"get_cpu_copy(indices={_list(op.indices)}{''.join(', ' + r for r in request)})"
+            return [], label, "pool.get_cpu_copy", [_locs(op.indices), *request]
         if isinstance(op, HostReload):
-            label = f"load_cpu_copy(copies[{op.name!r}], indices={_list(op.indices)})"
-            args = [f"copies[{op.name!r}]", _locs(op.indices)]
+            label = (
+                f"load_cpu_copy(copies[{op.name!r}], indices={_list(op.indices)}"
+                f"{''.join(', ' + r for r in request)})"
+            )
+            args = [f"copies[{op.name!r}]", _locs(op.indices), *request]
             return [], label, "pool.load_cpu_copy", args
         raise ValueError(f"op={op!r} is not an operation from kvcheck.specs")
 

@@ -27,7 +27,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvcheck.specs import KV_LAYOUTS, LATENT_LAYOUTS, POOL_FAMILIES, PoolSpec
+from kvcheck.specs import INDEX_KPOOLS, KV_LAYOUTS, LATENT_LAYOUTS, POOL_FAMILIES, PoolSpec
 from kvcheck.validation import check_type
 
 __all__ = [
@@ -45,6 +45,9 @@ __all__ = [
 PoolSpecLimits = Mapping[str, Mapping[str, tuple[Any, ...]]]
 
 _SPEC_FIELDS = frozenset(field.name for field in dataclasses.fields(PoolSpec)) - {"family"}
+#: What a limit may name: a field, or ``index_page_size`` (``page_size // index_kpool``,
+#: the token count of one DSA index page, which SGLang's kernels fix at 64).
+_LIMIT_NAMES = _SPEC_FIELDS | {"index_page_size"}
 
 
 def pool_spec_limit_problems(limits: object) -> list[str]:
@@ -67,7 +70,7 @@ def pool_spec_limit_problems(limits: object) -> list[str]:
             problems.append(f"{where}: {fields!r} (expected a mapping field -> values)")
             continue
         for name, values in fields.items():
-            if name not in _SPEC_FIELDS:
+            if name not in _LIMIT_NAMES:
                 problems.append(f"{where}: {name!r} is not a PoolSpec field")
             elif not isinstance(values, tuple) or not values:
                 problems.append(f"{where}[{name!r}]: {values!r} (expected a non-empty tuple)")
@@ -80,21 +83,26 @@ LAYOUT_DECLARATIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "kv_layouts": ("mha", "kv_layout", KV_LAYOUTS),
     "latent_layouts": ("dsa", "latent_layout", LATENT_LAYOUTS),
 }
+#: Target attribute declaring the DSA index kpools it builds (default ``(1,)``: kpool 1
+#: only, so a target written before kpools existed is never handed one).
+KPOOL_DECLARATION = "index_kpools"
 
 
 def pool_spec_limits_of(target: object) -> PoolSpecLimits:
     """The target's ``pool_spec_limits`` (empty when it declares none), plus the MHA
     and DSA layouts it builds: a layout beyond token-major NHD is opt-in, through the
     target's ``kv_layouts`` (default ``("nhd",)``), and one beyond the raw DSA latent row
-    through its ``latent_layouts`` (default ``("raw",)``), so a target written before a
-    layout existed is never handed one it would silently build as another.
+    through its ``latent_layouts`` (default ``("raw",)``), and a DSA index kpool above 1
+    through its ``index_kpools`` (default ``(1,)``), so a target written before a layout
+    existed is never handed one it would silently build as another.
 
     Example:
         >>> from types import SimpleNamespace
-        >>> pool_spec_limits_of(object())
-        {'mha': {'kv_layout': ('nhd',)}, 'dsa': {'latent_layout': ('raw',)}}
+        >>> pool_spec_limits_of(object())["dsa"]
+        {'latent_layout': ('raw',), 'index_kpool': (1,)}
         >>> pool_spec_limits_of(SimpleNamespace(kv_layouts=("nhd", "hnd"),
-        ...                                     latent_layouts=("raw", "scaled")))
+        ...                                     latent_layouts=("raw", "scaled"),
+        ...                                     index_kpools=(1, 2, 4)))
         {}
     """
     declared = getattr(target, "pool_spec_limits", None) or {}
@@ -106,6 +114,14 @@ def pool_spec_limits_of(target: object) -> PoolSpecLimits:
             raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
         if set(layouts) != set(every):
             merged.setdefault(family, {}).setdefault(field, layouts)
+    kpools = getattr(target, KPOOL_DECLARATION, None) or (1,)
+    if not isinstance(kpools, tuple) or 1 not in kpools or set(kpools) - set(INDEX_KPOOLS):
+        raise InvalidArgument(
+            f"target {getattr(target, 'name', target)!r}: {KPOOL_DECLARATION}={kpools!r}"
+            f" must be a tuple with 1, of {INDEX_KPOOLS}"
+        )
+    if set(kpools) != set(INDEX_KPOOLS):
+        merged.setdefault("dsa", {}).setdefault("index_kpool", kpools)
     return merged
 
 
@@ -148,7 +164,9 @@ def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
     """``spec`` with ``values`` replaced, keeping what depends on them consistent.
 
     A new ``page_size`` keeps the number of pages: ``size`` becomes ``pages * page_size``
-    and an ``index_buf_size`` keeps its extra pages beyond ``size``.
+    and an ``index_buf_size`` keeps its extra pages beyond ``size``. ``index_page_size``
+    sets ``page_size`` to it times the (new) ``index_kpool``; a kpool of 1 drops the
+    compress-tail fields.
 
     Example:
         >>> spec = PoolSpec(family="dsa", size=8, page_size=4, layer_num=1, dtype="bfloat16",
@@ -158,10 +176,18 @@ def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
         (128, 192)
     """
     check_type(PoolSpec, spec, "spec", what="a kvcheck.specs.PoolSpec", error=ValueError)
-    unknown = sorted(set(values) - _SPEC_FIELDS)
+    unknown = sorted(set(values) - _LIMIT_NAMES)
     if unknown:
         raise ValueError(f"values: {unknown} are not PoolSpec fields")
     changes = dict(values)
+    kpool = changes.get("index_kpool", spec.index_kpool)
+    if kpool == 1:
+        changes.update(index_kpool_compress=False, max_running_requests=None, tail_extra_slots=0)
+    index_page_size = changes.pop("index_page_size", None)
+    if index_page_size is not None:
+        changes["page_size"] = index_page_size * kpool
+    elif spec.page_size % kpool:
+        changes["page_size"] = spec.page_size * kpool
     page_size = changes.get("page_size", spec.page_size)
     if page_size != spec.page_size:
         pages = max(1, spec.size // spec.page_size)

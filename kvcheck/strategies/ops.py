@@ -41,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -51,6 +52,7 @@ from hypothesis.errors import InvalidArgument
 
 from kvcheck.geometry import index_k_row_bytes, index_scale_row_bytes, row_bytes, row_elements
 from kvcheck.specs import (
+    COMPRESS_TAIL_ITEMSIZE,
     DSA_QUANT_BLOCK,
     DTYPE_ITEMSIZE,
     HostCopy,
@@ -59,6 +61,7 @@ from kvcheck.specs import (
     Op,
     Payload,
     PoolSpec,
+    WriteCompressTail,
     WriteIndexK,
     WriteKV,
     WriteMLA,
@@ -226,13 +229,15 @@ OP_KINDS: tuple[str, ...] = (
     "cast_write_kv",
     "write_mla",
     "write_prefix_valid",
+    "write_compress_tail",
 )
 
 
 def family_op_kinds(spec: PoolSpec) -> tuple[str, ...]:
     """The operation kinds that apply to ``spec``'s family (index-K writes only where a
     layer has index-K; ``set_mla_kv_buffer`` for MLA/DSA; prefix-valid writes for MHA;
-    no ``set_kv_buffer`` for a scaled latent layout).
+    no ``set_kv_buffer`` for a scaled latent layout; compress-tail writes where a layer
+    keeps tails; no moves with an index kpool, which refuses them).
 
     Example:
         >>> family_op_kinds(PoolSpec(family="mla", size=2, page_size=1, layer_num=1,
@@ -241,6 +246,10 @@ def family_op_kinds(spec: PoolSpec) -> tuple[str, ...]:
     """
     applies = {
         "write_index_k": bool(indexed_layers(spec, skip=False)),
+        "write_compress_tail": spec.compress_tails and bool(indexed_layers(spec, skip=False)),
+        # A pool with an index kpool refuses every non-empty move (the machines still
+        # draw moves there, to check that the refusal changes nothing).
+        "move": spec.index_kpool == 1,
         "write_mla": spec.family in ("mla", "dsa"),
         "write_prefix_valid": spec.family in ("mha", "noop"),
         # A scaled latent row is written only from its bf16 parts (set_mla_kv_buffer).
@@ -262,17 +271,23 @@ def _draw_crowded(draw: st.DrawFn, count: int, what: str) -> int:
 
 
 def _draw_locs(
-    draw: st.DrawFn, spec: PoolSpec, min_size: int = 1, count: int | None = None
+    draw: st.DrawFn,
+    spec: PoolSpec,
+    min_size: int = 1,
+    count: int | None = None,
+    slots: int | None = None,
 ) -> tuple[int, ...]:
-    """``count`` (default 1-4, at least ``min_size``) distinct slots, often crowded ones."""
+    """``count`` (default 1-4, at least ``min_size``) distinct slots of ``slots`` (default:
+    the pool's token slots), often crowded ones."""
+    slots = spec.num_slots if slots is None else slots
     if count is None:
-        count = draw(_ints(min_size, min(MAX_TOKENS_PER_OP, spec.num_slots)), label="tokens")
+        count = draw(_ints(min_size, min(MAX_TOKENS_PER_OP, slots)), label="tokens")
     chosen: list[int] = []
     for _ in range(count):
-        slot = _draw_crowded(draw, spec.num_slots, "slot")
+        slot = _draw_crowded(draw, slots, "slot")
         if slot in chosen:
-            # A repeat: take the lowest free slot instead (count <= num_slots, so one is).
-            slot = min(set(range(spec.num_slots)) - set(chosen))
+            # A repeat: take the lowest free slot instead (count <= slots, so one is).
+            slot = min(set(range(slots)) - set(chosen))
         chosen.append(slot)
     return tuple(chosen)
 
@@ -487,7 +502,7 @@ def write_prefix_valid_ops(spec: PoolSpec) -> st.SearchStrategy[WritePrefixValid
 @st.composite
 def _write_index_k_ops(draw: st.DrawFn, spec: PoolSpec, layer_ids: tuple[int, ...]) -> WriteIndexK:
     layer_id = draw(choice(layer_ids), label="layer_id")
-    locs = _draw_locs(draw, spec)
+    locs = _draw_locs(draw, spec, slots=spec.index_slots)
     dim = spec.index_head_dim
     keys = draw(payload_rows("float8_e4m3fn", len(locs), index_k_row_bytes(dim)), label="keys")
     scales = draw(payload_rows("float32", len(locs), index_scale_row_bytes(dim)), label="scales")
@@ -498,11 +513,63 @@ def _write_index_k_ops(draw: st.DrawFn, spec: PoolSpec, layer_ids: tuple[int, ..
 def write_index_k_ops(
     spec: PoolSpec, *, layer_ids: tuple[int, ...]
 ) -> st.SearchStrategy[WriteIndexK]:
-    """DSA ``set_index_k_scale_buffer`` of 1-4 tokens on one of ``layer_ids`` (fp8 keys,
-    fp32 scales, all finite). Shrinks towards one token at slot 0 of ``layer_ids[0]``."""
+    """DSA ``set_index_k_scale_buffer`` of 1-4 index slots (token ids; with an index kpool
+    the slots of token groups) on one of ``layer_ids`` (fp8 keys, fp32 scales, all
+    finite). Shrinks towards one token at slot 0 of ``layer_ids[0]``."""
     if not layer_ids:
         raise InvalidArgument(f"layer_ids={layer_ids!r} must name at least one layer")
     return _write_index_k_ops(_checked(spec), layer_ids)
+
+
+@st.composite
+def _write_compress_tail_ops(
+    draw: st.DrawFn, spec: PoolSpec, layer_ids: tuple[int, ...], extra_rows: int
+) -> WriteCompressTail:
+    layer_id = draw(choice(layer_ids), label="layer_id")
+    request = _draw_crowded(draw, spec.tail_requests, "request slot")
+    count = draw(_ints(1, spec.tail_width), label="n_remain") + extra_rows
+    # Starts past the ring's end wrap around, as a request's logical positions do.
+    start = draw(_ints(0, 2 * spec.tail_width + 1), label="dst_logical_start")
+    row = spec.index_head_dim * COMPRESS_TAIL_ITEMSIZE
+    keys = draw(payload_rows("bfloat16", count, row), label="key tail")
+    scores = draw(payload_rows("bfloat16", count, row), label="score tail")
+    return WriteCompressTail(
+        layer_id=layer_id, req_pool_idx=request, key_rows=keys, score_rows=scores, start=start
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def write_compress_tail_ops(
+    spec: PoolSpec, *, layer_ids: tuple[int, ...], extra_rows: int = 0
+) -> st.SearchStrategy[WriteCompressTail]:
+    """DSA ``set_compress_tail_for_request``: 1 to ``tail_width`` bf16 key and score rows
+    for one request slot (often a crowded one) on one of ``layer_ids``, at a ring start
+    that often wraps; ``extra_rows`` more rows than drawn (an invalid, too-long tail).
+    Shrinks towards one row for request 0 at start 0 of ``layer_ids[0]``.
+
+    Example:
+        >>> from hypothesis import find
+        >>> spec = PoolSpec(family="dsa", size=4, page_size=4, layer_num=1, dtype="bfloat16",
+        ...                 index_kpool=2, index_kpool_compress=True, max_running_requests=1)
+        >>> op = find(write_compress_tail_ops(spec, layer_ids=(0,)), lambda op: True)
+        >>> op.req_pool_idx, op.start, len(op.key_rows), len(op.key_rows[0])
+        (0, 0, 1, 256)
+    """
+    checked = _checked(spec)
+    if not checked.compress_tails:
+        raise InvalidArgument(f"spec {checked.variant!r} keeps no compress tails")
+    if not layer_ids:
+        raise InvalidArgument(f"layer_ids={layer_ids!r} must name at least one layer")
+    return _write_compress_tail_ops(checked, layer_ids, extra_rows)
+
+
+def _draw_request(draw: st.DrawFn, spec: PoolSpec, requests: bool) -> int | None:
+    """A host copy's request slot: none, or (on a pool with tails, ``requests`` true) often one."""
+    if not (requests and spec.compress_tails) or not draw(
+        st.booleans(), label="with a request slot"
+    ):
+        return None
+    return _draw_crowded(draw, spec.tail_requests, "request slot")
 
 
 @st.composite
@@ -525,27 +592,31 @@ def move_ops(spec: PoolSpec) -> st.SearchStrategy[Move]:
 
 
 @st.composite
-def _host_copy_ops(draw: st.DrawFn, spec: PoolSpec, name: str, whole_pages: bool) -> HostCopy:
+def _host_copy_ops(
+    draw: st.DrawFn, spec: PoolSpec, name: str, whole_pages: bool, requests: bool
+) -> HostCopy:
     if whole_pages:
-        requests = draw(_ints(1, min(2, spec.num_slots // spec.page_size)), label="requests")
-        layout: CopyLayout = tuple(spec.page_size for _ in range(requests))
+        runs = draw(_ints(1, min(2, spec.num_slots // spec.page_size)), label="requests")
+        layout: CopyLayout = tuple(spec.page_size for _ in range(runs))
     else:
         layout = _draw_copy_layout(draw, spec)
-    if layout is None:
-        return HostCopy(name=name, indices=_draw_locs(draw, spec))
-    return HostCopy(name=name, indices=_draw_runs(draw, spec, layout))
+    indices = _draw_locs(draw, spec) if layout is None else _draw_runs(draw, spec, layout)
+    request = _draw_request(draw, spec, requests)
+    return HostCopy(name=name, indices=indices, req_pool_index=request)
 
 
 @functools.lru_cache(maxsize=4096)
 def host_copy_ops(
-    spec: PoolSpec, name: str, *, whole_pages: bool = False
+    spec: PoolSpec, name: str, *, whole_pages: bool = False, requests: bool = True
 ) -> st.SearchStrategy[HostCopy]:
     """``get_cpu_copy`` remembered under ``name``: about a third each of one request's
     slots (page-aligned: whole pages, then a partial last page), two requests' slots at
     once, and 1-4 arbitrary tokens; with ``whole_pages`` one or two whole pages only.
+    On a DSA pool with compress tails, half the copies also name a request slot (none
+    with ``requests=False``).
     Use :func:`copy_layout` on the op to draw a matching reload.
     Shrinks towards one request holding the first slot of the first page drawn."""
-    return _host_copy_ops(_checked(spec), name, whole_pages)
+    return _host_copy_ops(_checked(spec), name, whole_pages, requests)
 
 
 def copy_layout(spec: PoolSpec, indices: tuple[int, ...]) -> CopyLayout:
@@ -578,32 +649,40 @@ def copy_layout(spec: PoolSpec, indices: tuple[int, ...]) -> CopyLayout:
 
 @st.composite
 def _host_reload_ops(
-    draw: st.DrawFn, spec: PoolSpec, copies: tuple[tuple[str, int, CopyLayout], ...]
+    draw: st.DrawFn,
+    spec: PoolSpec,
+    copies: tuple[tuple[str, int, CopyLayout], ...],
+    requests: bool,
 ) -> HostReload:
     name, count, layout = draw(choice(copies), label="copy")
     if layout is None:
-        return HostReload(name=name, indices=_draw_locs(draw, spec, count=count))
-    return HostReload(name=name, indices=_draw_runs(draw, spec, layout))
+        indices = _draw_locs(draw, spec, count=count)
+    else:
+        indices = _draw_runs(draw, spec, layout)
+    request = _draw_request(draw, spec, requests)
+    return HostReload(name=name, indices=indices, req_pool_index=request)
 
 
 def host_reload_ops(
-    spec: PoolSpec, copies: Mapping[str, tuple[int, CopyLayout]]
+    spec: PoolSpec, copies: Mapping[str, tuple[int, CopyLayout]], *, requests: bool = True
 ) -> st.SearchStrategy[HostReload]:
     """``load_cpu_copy`` of one of ``copies`` (name -> (copied tokens, layout), in the order
     they were taken) to the same or other slots of the same shape: a request's copy goes
     back to page-aligned runs of the same lengths, as the scheduler reloads a retracted
-    request into newly allocated pages. Shrinks towards the first copy."""
+    request into newly allocated pages (on a DSA pool with tails, half the reloads name a
+    request slot, which may differ from the copy's; none with ``requests=False``).
+    Shrinks towards the first copy."""
     if not copies:
         raise InvalidArgument("copies must name at least one host copy")
     items = tuple((name, count, layout) for name, (count, layout) in copies.items())
-    return _cached_host_reload_ops(_checked(spec), items)
+    return _cached_host_reload_ops(_checked(spec), items, requests)
 
 
 @functools.lru_cache(maxsize=4096)
 def _cached_host_reload_ops(
-    spec: PoolSpec, copies: tuple[tuple[str, int, CopyLayout], ...]
+    spec: PoolSpec, copies: tuple[tuple[str, int, CopyLayout], ...], requests: bool
 ) -> st.SearchStrategy[HostReload]:
-    return _host_reload_ops(spec, copies)
+    return _host_reload_ops(spec, copies, requests)
 
 
 # --- invalid operations ------------------------------------------------------------------
@@ -618,6 +697,9 @@ INVALID_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("move_target_repeated", ("move",)),
     ("move_target_out_of_range", ("move",)),
     ("index_k_to_skip_layer", ("index_k_write",)),
+    ("compress_tail_too_long", ("compress_tail",)),
+    ("compress_tail_request_out_of_range", ("compress_tail",)),
+    ("compress_tail_to_skip_layer", ("compress_tail",)),
     ("reload_length_mismatch", ("host_copy",)),
 )
 
@@ -627,8 +709,13 @@ def _invalid_kinds(
 ) -> tuple[str, ...]:
     # reload_length_mismatch comes last: it appears once a copy exists, and being last it
     # does not shift the other kinds' indices when it does.
+    tails = spec.compress_tails and bool(indexed_layers(spec, skip=False))
     possible = {
         "index_k_to_skip_layer": bool(indexed_layers(spec, skip=True)),
+        "compress_tail_too_long": tails,
+        "compress_tail_request_out_of_range": tails,
+        "compress_tail_to_skip_layer": spec.compress_tails
+        and bool(indexed_layers(spec, skip=True)),
         "reload_length_mismatch": bool(copies),
     }
     return tuple(
@@ -672,6 +759,15 @@ def _invalid_ops(
         return Move(tgt=(draw(bad_slot, label="bad target"),), src=(draw(slot, label="source"),))
     if kind == "index_k_to_skip_layer":
         return draw(write_index_k_ops(spec, layer_ids=indexed_layers(spec, skip=True)))
+    if kind.startswith("compress_tail"):
+        skip = kind == "compress_tail_to_skip_layer"
+        layers = indexed_layers(spec, skip=skip)
+        extra = 1 if kind == "compress_tail_too_long" else 0
+        op = draw(write_compress_tail_ops(spec, layer_ids=layers, extra_rows=extra))
+        if kind == "compress_tail_request_out_of_range":
+            bad = draw(choice((spec.tail_requests, -1)), label="bad request slot")
+            op = dataclasses.replace(op, req_pool_idx=bad)
+        return op
     name, count = draw(choice(copies), label="copy")
     wrong = draw(choice((count - 1, *((count + 1,) if count < limit else ()))), label="count")
     return HostReload(name=name, indices=tuple(range(wrong)))
@@ -682,11 +778,13 @@ def invalid_ops(
 ) -> st.SearchStrategy[Op]:
     """Operations the hardening contract rejects with ``ValueError``: out-of-range or
     repeated locations, K rows one head-dim element too long, layers outside the pool,
-    bad moves, index-K writes to skip layers, reloads of the wrong length (``copies``:
+    bad moves, index-K writes to skip layers, compress tails too long, for a request slot
+    outside the tails or to a skip layer, reloads of the wrong length (``copies``:
     name -> copied tokens). On NoOp some of these are accepted moves:
     :meth:`ReferencePool.expected_error` is the authority.
 
-    ``skipped`` capabilities (``move``, ``host_copy``, ``index_k_write``) are left out.
+    ``skipped`` capabilities (``move``, ``host_copy``, ``index_k_write``,
+    ``compress_tail``) are left out.
     Shrinks towards the first kind, an out-of-range slot after no others.
     """
     return _cached_invalid_ops(_checked(spec), tuple(copies.items()), frozenset(skipped))

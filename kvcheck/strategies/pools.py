@@ -17,6 +17,7 @@ from hypothesis.errors import InvalidArgument
 from kvcheck.specs import (
     DTYPE_ITEMSIZE,
     FP8_DTYPES,
+    INDEX_KPOOLS,
     KV_LAYOUTS,
     LATENT_LAYOUTS,
     POOL_FAMILIES,
@@ -229,10 +230,28 @@ def _pool_specs(
     return PoolSpec(
         **common,
         **latent,
+        **draw(_index_kpools(page_size)),
         index_head_dim=INDEX_HEAD_DIM,
         skip_topk_layers=draw(layer_masks(layers=layer_num)),
         index_buf_size=None if extra_pages is None else size + extra_pages * page_size,
     )
+
+
+@st.composite
+def _index_kpools(draw: Callable[..., Any], page_size: int) -> dict[str, Any]:
+    """The DSA index kpool fields: kpool 1 (nothing else), or a kpool dividing
+    ``page_size``, often with per-request compress tails."""
+    kpool = draw(st.sampled_from([k for k in INDEX_KPOOLS if page_size % k == 0]), label="kpool")
+    if kpool == 1:
+        return {}
+    if not draw(st.booleans(), label="compress tails"):
+        return {"index_kpool": kpool}
+    return {
+        "index_kpool": kpool,
+        "index_kpool_compress": True,
+        "max_running_requests": draw(st.integers(0, 3), label="max_running_requests"),
+        "tail_extra_slots": draw(st.integers(0, 2), label="tail_extra_slots"),
+    }
 
 
 def pool_specs(
@@ -250,7 +269,9 @@ def pool_specs(
     ``dtype_names=None`` means every dtype the chosen families accept. ``size`` is up to
     ``max_size`` tokens: whole pages for DSA, sometimes a partial last page for the other
     families (shrinking to whole pages); MHA specs of whole pages may take the head-major
-    ``kv_layout="hnd"`` (shrinking to ``"nhd"``); float8_e4m3fn DSA specs may take
+    ``kv_layout="hnd"`` (shrinking to ``"nhd"``); DSA specs may take an ``index_kpool``
+    of 2 or 4 dividing the page size, half of those with compress tails for up to 4
+    requests (shrinking to kpool 1); float8_e4m3fn DSA specs may take
     SGLang's scaled latent row, ``latent_layout="scaled"`` with ``kv_lora_rank`` 128 or
     256 and ``qk_rope_head_dim`` 64 or 0 (shrinking to ``"raw"``); ``page_size`` is at most
     ``min(max_page_size, max_size)`` (powers of two for DSA). MHA/NoOp specs may carry a

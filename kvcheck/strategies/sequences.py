@@ -69,6 +69,9 @@ def _draw_op(
         op = draw(_ops.host_copy_ops(spec, name))
     elif kind == "write_index_k":
         op = draw(_ops.write_index_k_ops(spec, layer_ids=_ops.indexed_layers(spec, skip=False)))
+    elif kind == "write_compress_tail":
+        layers = _ops.indexed_layers(spec, skip=False)
+        op = draw(_ops.write_compress_tail_ops(spec, layer_ids=layers))
     else:
         op = draw(getattr(_ops, f"{kind}_ops")(spec))
     if isinstance(op, HostCopy) and op.name not in copies:
@@ -93,6 +96,7 @@ def op_sequences(
     - ``WriteKV`` with a payload in another dtype (``cast_write_kv``), with and without
       ``k_scale``/``v_scale``; ``WriteMLA`` (MLA/DSA); ``WritePrefixValid`` (MHA/NoOp);
     - ``WriteIndexK`` (DSA, non-skip layers) with fp8 keys and fp32 scales, both finite;
+    - ``WriteCompressTail`` (DSA with compress tails, non-skip layers): bf16 ring rows;
     - ``Move`` with distinct targets; sources may repeat and overlap the targets;
     - ``HostCopy`` of one request's slots (whole pages plus a partial last page), of two
       requests at once or of arbitrary tokens, and later ``HostReload`` of an earlier copy

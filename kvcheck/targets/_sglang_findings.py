@@ -48,6 +48,11 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "M1": "set_mla_kv_buffer drops every write to slot 0",
         "H1": "DSA host copies move index-K by whole pages: a partial last page's other "
         "tokens are overwritten, and a second request's pages can be missed",
+        "T1": "move_kv_cache on a DSA pool with index_kpool > 1 moves the latent rows, then "
+        "fails an assert on the index keys: AssertionError with half a move done",
+        "T2": "DSA get_kv_size_bytes and mem_usage leave out the kpool compress tails",
+        "T3": "on a CPU pool, get_cpu_copy hands out views of a request's compress tails "
+        "(.to('cpu') does not copy there): later tail writes change the saved copy",
         "I": "pool calls do not validate input: no ValueError for bad locations, layers, "
         "shapes or lengths (I1-I10)",
     }
@@ -237,6 +242,30 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     _finding(
         "C4",
         kind="raised AssertionError (dsa float8_e4m3fn*",
+    ),
+    # T1 before I: its AssertionError also reads as "instead of ValueError".
+    _finding(
+        "T1",
+        check="raises",
+        call="move_kv_cache",
+        kind="AssertionError instead of ValueError",
+        family="*kpool",
+        steer=frozenset({"dsa:kpool:move", "dsa:scaled:kpool:move"}),
+    ),
+    _finding(
+        "T2",
+        check="accounting",
+        kind="compress tails unreported",
+        family="*kpool",
+        steer=frozenset({"dsa:accounting:compress_tails"}),
+    ),
+    _finding(
+        "T3",
+        check="host_copy",
+        call="get_cpu_copy",
+        kind="copy shares memory with _compress_tail_*",
+        family="*kpool",
+        steer=frozenset({"dsa:host_copy:request"}),
     ),
     _finding(
         "I",

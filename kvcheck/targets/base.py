@@ -59,6 +59,7 @@ CAPABILITIES: tuple[str, ...] = (
     "move",  # move_kv_cache: no move steps
     "host_copy",  # get_cpu_copy / load_cpu_copy: no host copy or reload steps
     "index_k_write",  # DSA set_index_k_scale_buffer: no index-K write steps
+    "compress_tail",  # DSA kpool compress tails: no tail writes, reads or tail infos
     "state_buf_infos",  # DSA get_state_buf_infos: not compared with the buffers
     "read_api",  # get_key_buffer / get_value_buffer / get_kv_buffer (and DSA index-K reads)
     "cast_write",  # set_kv_buffer with the caller's payload in another dtype (+ k/v scales)
@@ -98,6 +99,10 @@ FAMILY_SEPARATOR = ":"
 #:     The DSA latent row layouts (:data:`kvcheck.specs.LATENT_LAYOUTS`) the target builds;
 #:     default ``("raw",)``. ``"scaled"`` (SGLang 0.5.23's fp8 row: fp8 values, an fp32
 #:     scale per 128, bf16 rope) is opt-in for the same reason.
+#: ``index_kpools: tuple[int, ...]``
+#:     The DSA index kpools (:data:`kvcheck.specs.INDEX_KPOOLS`) the target builds;
+#:     default ``(1,)``. A kpool above 1 (one index key per that many tokens, with
+#:     per-request compress tails when ``index_kpool_compress``) is opt-in likewise.
 #: ``expected_failures: Mapping[str, str]``
 #:     pytest node-id pattern -> reason. Tests of the suite that match (see
 #:     :func:`kvcheck.targets.expected_failure_reason`) run as strict expected failures:
@@ -114,6 +119,7 @@ OPTIONAL_MEMBERS: tuple[str, ...] = (
     "pool_spec_limits",
     "kv_layouts",
     "latent_layouts",
+    "index_kpools",
     "expected_failures",
     "findings",
 )

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 import kvcheck
-from kvcheck.specs import KV_LAYOUTS, LATENT_LAYOUTS, POOL_FAMILIES, PoolSpec
+from kvcheck.specs import INDEX_KPOOLS, KV_LAYOUTS, LATENT_LAYOUTS, POOL_FAMILIES, PoolSpec
 
 #: Pool class name -> family, most specific first (NoOp derives from MHA, DSA from MLA).
 _FAMILY_OF_CLASS: tuple[tuple[str, str], ...] = (
@@ -64,6 +64,13 @@ class KVCheckTarget:
         if type(self).make_pool is KVCheckTarget.make_pool:
             return LATENT_LAYOUTS
         return ("raw",)
+
+    @property
+    def index_kpools(self) -> tuple[int, ...]:
+        """The DSA index kpools this target builds, opt-in as :attr:`kv_layouts`."""
+        if type(self).make_pool is KVCheckTarget.make_pool:
+            return INDEX_KPOOLS
+        return (1,)
 
     # --- pools ----------------------------------------------------------------------------
 

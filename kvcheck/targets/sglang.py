@@ -21,7 +21,7 @@ Example, where sglang is installed::
 What sglang 0.5.23 cannot serve is known without importing it:
 
     >>> dict(POOL_SPEC_LIMITS["dsa"])
-    {'page_size': (64,), 'index_head_dim': (128,)}
+    {'index_page_size': (64,), 'index_head_dim': (128,)}
 """
 
 from __future__ import annotations
@@ -87,11 +87,15 @@ UNSUPPORTED: Mapping[str, str] = MappingProxyType(
     }
 )
 
-#: Layouts sglang 0.5.23 asserts: ``DSATokenToKVPool`` takes 64-token pages ("DSA requires
-#: 64-token physical pages") and 128-byte index keys; the suite draws DSA specs inside them.
+#: Layouts sglang 0.5.23 asserts: ``DSATokenToKVPool`` takes 64-token index pages ("DSA
+#: requires 64-token physical pages": ``page_size // index_kpool == 64``) and 128-byte index
+#: keys; the suite draws DSA specs inside them.
 POOL_SPEC_LIMITS: Mapping[str, Mapping[str, tuple[int, ...]]] = MappingProxyType(
-    {"dsa": MappingProxyType({"page_size": (64,), "index_head_dim": (128,)})}
+    {"dsa": MappingProxyType({"index_page_size": (64,), "index_head_dim": (128,)})}
 )
+#: DSA index kpools drawn for sglang: 2 already takes 128-token pages; 4 (256) only makes
+#: every example slower without reaching other code.
+INDEX_KPOOLS: tuple[int, ...] = (1, 2)
 
 #: Capability -> how the target serves it on CPU, where that differs from a GPU server.
 CPU_NOTES: Mapping[str, str] = MappingProxyType(
@@ -184,6 +188,7 @@ class SGLangTarget:
         self.pool_spec_limits: Mapping[str, Mapping[str, tuple[int, ...]]] = POOL_SPEC_LIMITS
         self.kv_layouts: tuple[str, ...] = KV_LAYOUTS
         self.latent_layouts: tuple[str, ...] = LATENT_LAYOUTS
+        self.index_kpools: tuple[int, ...] = INDEX_KPOOLS
         self.findings = SGLANG_FINDINGS
         self.expected_failures: Mapping[str, str] = EXPECTED_FAILURES
         self.cpu_notes: Mapping[str, str] = CPU_NOTES
@@ -216,7 +221,8 @@ class SGLangTarget:
         configurator does. DSA pools get ``kv_cache_dim`` of the spec's latent row (raw:
         ``kv_lora_rank + qk_rope_head_dim``; scaled: the fp8 row's bytes, which makes
         sglang store scaled fp8 rows, as its configurator's ``calculate_mla_kv_cache_dim``
-        does) and need a page size of 64, which sglang asserts. On CPU, MHA pools use
+        does) and the spec's index kpool and compress-tail sizes, and need 64-token index
+        pages (``page_size == 64 * index_kpool``), which sglang asserts. On CPU, MHA pools use
         sglang's native move; MLA/DSA pool methods run with single-rank parallel widths
         (see :mod:`._sglang_env`).
         """
@@ -249,6 +255,10 @@ class SGLangTarget:
                     kv_cache_dim=_kv_cache_dim(spec),
                     index_buf_size=spec.index_buf_size,
                     skip_topk_layers=list(spec.skip_mask),
+                    index_kpool=spec.index_kpool,
+                    index_kpool_compress=spec.index_kpool_compress,
+                    tail_extra_slots=spec.tail_extra_slots,
+                    max_running_requests=spec.max_running_requests,
                 )
         methods = _MLA_SCOPED_METHODS if spec.family == "mla" else _DSA_SCOPED_METHODS
         on_cpu = not _is_cuda(device)

@@ -25,7 +25,10 @@ from kvcheck.properties.accounting import assert_accounting, assert_contiguous_b
 from kvcheck.properties.inputs import assert_rejected_call_changes_nothing
 from kvcheck.properties.noop import assert_noop_write_raises
 from kvcheck.properties.ops import apply_op_like_reference
-from kvcheck.properties.pool_state import assert_pool_matches_reference
+from kvcheck.properties.pool_state import (
+    assert_compress_tails_match_reference,
+    assert_pool_matches_reference,
+)
 from kvcheck.properties.serving import (
     check_capacity_fits_budget,
     check_cell_size,
@@ -41,6 +44,7 @@ from kvcheck.specs import (
     Op,
     Payload,
     PoolSpec,
+    WriteCompressTail,
     WriteIndexK,
     WriteKV,
     WriteMLA,
@@ -338,6 +342,73 @@ def test_h1_partial_page_reload_leaves_the_pages_other_tokens(
     assert pool.size == spec.size
 
 
+# --- T1-T3: the DSA index kpool and its compress tails ----------------------------------------
+
+KPOOL = PoolSpec(
+    family="dsa",
+    size=4,
+    page_size=4,
+    layer_num=1,
+    dtype="bfloat16",
+    kv_lora_rank=1,
+    qk_rope_head_dim=1,
+    index_kpool=2,
+    index_kpool_compress=True,
+    max_running_requests=1,
+)
+TAIL_ROWS = (bytes([1, 63]) * 128,)
+
+
+def kpool_spec(target: Any) -> PoolSpec:
+    """:data:`KPOOL` with the index page size the target accepts (sglang: 64, so 128-token
+    pages), else 2."""
+    page = pool_spec_limits_of(target).get("dsa", {}).get("index_page_size", (2,))[0]
+    return fit_spec(KPOOL, index_page_size=page)
+
+
+@pytest.mark.kvcheck_needs("dsa_pool", "move")
+def test_t1_kpool_move_is_refused_whole(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """T1: a move on a kpool pool (pooled index keys cannot follow single tokens) is refused
+    with ValueError before anything changes: the written latent row stays where it was."""
+    spec = kpool_spec(kvcheck_target)
+    ops: tuple[Op, ...] = (
+        WriteKV(layer_id=0, locs=(1,), k_rows=(bytes([1, 2, 3, 4]),)),
+        Move(tgt=(2,), src=(1,)),
+    )
+    pool = _run_ops(kvcheck_target, kvcheck_device, spec, ops)
+    assert pool.size == spec.size
+
+
+@pytest.mark.kvcheck_needs("dsa_pool", "compress_tail")
+def test_t2_reported_bytes_include_the_compress_tails(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """T2: get_kv_size_bytes and mem_usage of a pool with compress tails count them."""
+    spec = kpool_spec(kvcheck_target)
+    assert_accounting(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
+
+
+@pytest.mark.kvcheck_needs("dsa_pool", "compress_tail", "host_copy")
+def test_t3_tail_host_copy_survives_later_tail_writes(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """T3: a request's tails copied to the host, overwritten in the pool and reloaded come
+    back as they were copied (the copy holds no view of the pool)."""
+    spec = kpool_spec(kvcheck_target)
+    later = (bytes([2, 64]) * 128,)
+    ops: tuple[Op, ...] = (
+        WriteCompressTail(layer_id=0, req_pool_idx=1, key_rows=TAIL_ROWS, score_rows=TAIL_ROWS),
+        HostCopy(name="request", indices=(0, 1), req_pool_index=1),
+        WriteCompressTail(layer_id=0, req_pool_idx=1, key_rows=later, score_rows=later),
+        HostReload(name="request", indices=(0, 1), req_pool_index=1),
+    )
+    pool = _run_ops(kvcheck_target, kvcheck_device, spec, ops)
+    reference = ReferencePool(spec)
+    for op in ops:
+        reference.apply(op)
+    assert_compress_tails_match_reference(pool, reference, call="the reload")
+
+
 # --- I1-I10: bad input gets a ValueError, never silent corruption --------------------------
 
 SPECS = {
@@ -481,5 +552,6 @@ def test_i9_float_location_is_rejected(
 
 
 def kvcheck_target_dsa_page(target: Any) -> int:
-    """The DSA page size the target accepts (sglang: 64), else 2."""
-    return int(pool_spec_limits_of(target).get("dsa", {}).get("page_size", (2,))[0])
+    """The DSA page size (of index kpool 1) the target accepts (sglang: 64), else 2."""
+    limits = pool_spec_limits_of(target).get("dsa", {})
+    return int(limits.get("page_size", limits.get("index_page_size", (2,)))[0])
