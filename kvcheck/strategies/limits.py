@@ -34,6 +34,7 @@ __all__ = [
     "LAYOUT_DECLARATIONS",
     "PoolSpecLimits",
     "fit_spec",
+    "kpools_problem",
     "layouts_problem",
     "pool_spec_limit_problems",
     "pool_spec_limits_of",
@@ -115,11 +116,9 @@ def pool_spec_limits_of(target: object) -> PoolSpecLimits:
         if set(layouts) != set(every):
             merged.setdefault(family, {}).setdefault(field, layouts)
     kpools = getattr(target, KPOOL_DECLARATION, None) or (1,)
-    if not isinstance(kpools, tuple) or 1 not in kpools or set(kpools) - set(INDEX_KPOOLS):
-        raise InvalidArgument(
-            f"target {getattr(target, 'name', target)!r}: {KPOOL_DECLARATION}={kpools!r}"
-            f" must be a tuple with 1, of {INDEX_KPOOLS}"
-        )
+    problem = kpools_problem(kpools)
+    if problem:
+        raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
     if set(kpools) != set(INDEX_KPOOLS):
         merged.setdefault("dsa", {}).setdefault("index_kpool", kpools)
     return merged
@@ -138,6 +137,18 @@ def layouts_problem(attribute: str, layouts: object) -> str | None:
     every = LAYOUT_DECLARATIONS[attribute][2]
     if not isinstance(layouts, tuple) or every[0] not in layouts or set(layouts) - set(every):
         return f"{attribute}={layouts!r} must be a tuple with {every[0]!r}, of {every}"
+    return None
+
+
+def kpools_problem(kpools: object) -> str | None:
+    """What is wrong with a target's ``index_kpools`` declaration, or None.
+
+    Example:
+        >>> kpools_problem((1, 2)), kpools_problem((2,))
+        (None, 'index_kpools=(2,) must be a tuple with 1, of (1, 2, 4)')
+    """
+    if not isinstance(kpools, tuple) or 1 not in kpools or set(kpools) - set(INDEX_KPOOLS):
+        return f"{KPOOL_DECLARATION}={kpools!r} must be a tuple with 1, of {INDEX_KPOOLS}"
     return None
 
 

@@ -325,13 +325,22 @@ def _optional_member_problems(target: object) -> list[str]:
         from kvcheck.strategies.limits import pool_spec_limit_problems
 
         problems.extend(pool_spec_limit_problems(limits))
-    from kvcheck.strategies.limits import LAYOUT_DECLARATIONS, layouts_problem
+    from kvcheck.strategies.limits import (
+        KPOOL_DECLARATION,
+        LAYOUT_DECLARATIONS,
+        kpools_problem,
+        layouts_problem,
+    )
 
     for attribute in LAYOUT_DECLARATIONS:
         layouts = getattr(target, attribute, None)
         problem = None if layouts is None else layouts_problem(attribute, layouts)
         if problem:
             problems.append(problem)
+    kpools = getattr(target, KPOOL_DECLARATION, None)
+    problem = None if kpools is None else kpools_problem(kpools)
+    if problem:
+        problems.append(problem)
     return problems
 
 

@@ -442,7 +442,7 @@ def test_a_layout_is_drawn_only_for_targets_that_declare_it() -> None:
     hnd = lambda spec: spec.kv_layout == "hnd"  # noqa: E731
     assert pool_spec_limits_of(OwnPools()) == {
         "mha": {"kv_layout": ("nhd",)},
-        "dsa": {"latent_layout": ("raw",)},
+        "dsa": {"latent_layout": ("raw",), "index_kpool": (1,)},
     }
     with pytest.raises(NoSuchExample):
         find(pool_specs(families=("mha",), target=OwnPools()), hnd, settings=SEARCH)
@@ -472,7 +472,7 @@ def test_a_scaled_latent_layout_is_drawn_only_for_targets_that_declare_it() -> N
         find(specs(OwnPools()), scaled, settings=SEARCH)
     for target in (KVCheckTarget(), SimpleNamespace(name="t", latent_layouts=("raw", "scaled"))):
         spec = find(specs(target), scaled, settings=SEARCH)
-        assert spec.variant == "dsa:scaled" and spec.kv_lora_rank == 128
+        assert spec.variant.startswith("dsa:scaled") and spec.kv_lora_rank == 128
     with pytest.raises(InvalidArgument, match="latent_layouts="):
         specs(SimpleNamespace(name="t", latent_layouts=("scaled",)))
 
@@ -480,3 +480,34 @@ def test_a_scaled_latent_layout_is_drawn_only_for_targets_that_declare_it() -> N
         latent_layouts = ("scaled",)  # type: ignore[assignment]
 
     assert any(problem.startswith("latent_layouts=") for problem in check_target(ScaledOnly()))
+
+
+def test_an_index_kpool_is_drawn_only_for_targets_that_declare_it() -> None:
+    """A target that builds its own pools and declares no index_kpools gets kpool 1 only;
+    kvcheck's own target gets kpools with compress tails; a target declaring 64-token index
+    pages (sglang) gets ``page_size = 64 * index_kpool``; a declaration without 1 is refused."""
+
+    class OwnPools(KVCheckTarget):
+        def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
+            return super().make_pool(spec, device=device)
+
+    def specs(target: object) -> Any:
+        return pool_specs(families=("dsa",), target=target)
+
+    kpool = lambda spec: spec.index_kpool > 1  # noqa: E731
+    with pytest.raises(NoSuchExample):
+        find(specs(OwnPools()), kpool, settings=SEARCH)
+    spec = find(specs(KVCheckTarget()), lambda s: s.compress_tails, settings=SEARCH)
+    assert spec.variant == "dsa:kpool" and spec.tail_requests >= 1
+    paged = SimpleNamespace(
+        name="t", index_kpools=(1, 2), pool_spec_limits={"dsa": {"index_page_size": (64,)}}
+    )
+    spec = find(specs(paged), kpool, settings=SEARCH)
+    assert (spec.index_kpool, spec.page_size, spec.index_page_size) == (2, 128, 64)
+    with pytest.raises(InvalidArgument, match="index_kpools="):
+        specs(SimpleNamespace(name="t", index_kpools=(2,)))
+
+    class KpoolOnly(KVCheckTarget):
+        index_kpools = (2,)  # type: ignore[assignment]
+
+    assert any(problem.startswith("index_kpools=") for problem in check_target(KpoolOnly()))
