@@ -32,6 +32,7 @@ from kvcheck.specs import (
     Move,
     Payload,
     PoolSpec,
+    WriteCompressTail,
     WriteIndexK,
     WriteKV,
     WriteMLA,
@@ -227,8 +228,11 @@ def _every_kind_of_op() -> Reproduction:
             v_rows=(b"\x02",) * 4,
         ),
         WriteIndexK(layer_id=3, locs=(2,), key_rows=(KEY,), scale_rows=(SCALE,)),
+        WriteCompressTail(
+            layer_id=3, req_pool_idx=1, key_rows=(b"\x07",), score_rows=(b"\x08",), start=4
+        ),
         Move(tgt=(1, 2), src=(2, 2)),
-        HostCopy(name="a", indices=()),
+        HostCopy(name="a", indices=(), req_pool_index=1),
         HostReload(name="a", indices=(5, 6)),
     )
     spec = PoolSpec(
@@ -241,7 +245,7 @@ def _every_kind_of_op() -> Reproduction:
         skip_topk_layers=(False, True),
         index_buf_size=6,
     )
-    return Reproduction(spec, ops, note="got 1\nbut should be 0", failing_op=4, check="c", test="t")
+    return Reproduction(spec, ops, note="got 1\nbut should be 0", failing_op=5, check="c", test="t")
 
 
 def test_json_round_trip_is_exact_for_every_op_kind() -> None:
@@ -485,6 +489,48 @@ SCALED_WRITE = WriteMLA(
 SCALED_OPS = (SCALED_WRITE, Move(tgt=(5,), src=(1,)), HostCopy("a", (2,)), HostReload("a", (9,)))
 
 
+#: A DSA pool with index kpool 2 and compress tails (sglang's 64-token index pages): an
+#: index-K write to slot 65, a tail write that wraps, a copy of a page and its reload.
+KPOOL_DSA = PoolSpec(
+    family="dsa",
+    size=256,
+    page_size=128,
+    layer_num=1,
+    dtype="bfloat16",
+    kv_lora_rank=2,
+    qk_rope_head_dim=1,
+    index_kpool=2,
+    index_kpool_compress=True,
+    tail_extra_slots=1,
+    max_running_requests=1,
+)
+KPOOL_OPS = (
+    WriteIndexK(layer_id=0, locs=(65,), key_rows=(KEY,), scale_rows=(SCALE,)),
+    WriteCompressTail(
+        layer_id=0,
+        req_pool_idx=1,
+        key_rows=(b"\x80\x3f" * 128, b"\x00\x40" * 128),
+        score_rows=(b"\x40\x40" * 128, b"\x80\x40" * 128),
+        start=2,
+    ),
+    HostCopy("a", tuple(range(128, 256))),
+    HostReload("a", tuple(range(0, 128))),
+)
+
+
+def test_kpool_scripts_replay_on_kvcheck_pools() -> None:
+    """A kpool DSA reproduction builds the pool with its kpool and tail sizes, writes a
+    tail and checks the tails' bytes, and replays cleanly on kvcheck's pools."""
+    script = render_script(
+        reproduction_to_json(Reproduction(KPOOL_DSA, KPOOL_OPS)), target="kvcheck"
+    )
+    assert "index_kpool=2" in script and '"_compress_tail_score": [' in script
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(script, "repro.py", "exec"), {"__name__": "__main__"})
+    assert out.getvalue() == "OK: no discrepancy\n"
+
+
 def test_scaled_latent_scripts_replay_on_kvcheck_pools() -> None:
     """A scaled fp8 DSA reproduction passes the pool kv_cache_dim and bf16 parts and
     replays cleanly on kvcheck's pools."""
@@ -534,6 +580,7 @@ def test_sglang_scripts_run_without_kvcheck(tmp_path: Path) -> None:
             ),
         ),
         "dsa_scaled": Reproduction(SCALED_DSA, SCALED_OPS),
+        "dsa_kpool": Reproduction(KPOOL_DSA, KPOOL_OPS),
     }
     paths = [
         write_script(reproduction_to_json(rep), target="sglang", directory=tmp_path, test=name)

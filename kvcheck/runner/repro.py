@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from kvcheck.failures import Reproduction, reproduction_from_json
-from kvcheck.geometry import latent_row_bytes, latent_width
+from kvcheck.geometry import COMPRESS_TAIL_BUFFERS, latent_row_bytes, latent_width
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import (
     DSA_QUANT_BLOCK,
@@ -633,6 +633,11 @@ class _ScriptWriter:
             '# a run "offset:hex" gives the bytes from that offset; every other byte is zero.',
             "EXPECTED = {",
         ]
+        if self.spec.compress_tails:
+            # The pool's per-request compress tails (keys, then scores), under SGLang's names.
+            tails = [self.reference.expected_compress_tails(i) for i in self.spec.layer_ids]
+            for part, name in enumerate(COMPRESS_TAIL_BUFFERS):
+                buffers = {**buffers, name: [pair[part] for pair in tails]}
         for name, layers in buffers.items():
             lines.append(f'    "{name}": [')
             lines += [_expected_layer(layer, "        ") for layer in layers]
@@ -722,6 +727,13 @@ def _pool_arguments(spec: PoolSpec, *, sglang: bool) -> list[tuple[str, str]]:
             scaled = spec.latent_layout == "scaled"
             dim = latent_row_bytes(spec) if scaled else latent_width(spec)
             args.append(("kv_cache_dim", str(dim)))
+        if spec.index_kpool != 1:
+            args += [
+                ("index_kpool", str(spec.index_kpool)),
+                ("index_kpool_compress", repr(spec.index_kpool_compress)),
+                ("tail_extra_slots", str(spec.tail_extra_slots)),
+                ("max_running_requests", repr(spec.max_running_requests)),
+            ]
     return args
 
 
