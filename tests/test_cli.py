@@ -181,6 +181,20 @@ def test_memory_report_shows_both_fp8_dsa_latent_layouts(
     assert "scaled 656" not in capsys.readouterr().out
 
 
+def test_memory_report_shows_index_kpools(capsys: pytest.CaptureFixture[str]) -> None:
+    """DSA models get their cell size with an index kpool of 2 and 4 (61 indexer layers of
+    DeepSeek-V3.2 at 132, 66, 33 index bytes) and the tails of one request slot."""
+    assert (
+        main(["memory-report", "--model", "deepseek-ai/DeepSeek-V3.2", "--dtype", "float8_e4m3fn"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "kpool 1 43,188; kpool 2 39,162 (-9.3%); kpool 4 37,149 (-14.0%)" in out
+    assert "kpool 4 tails 124,928 B per request slot" in out  # 61 x 2 x 4 x 128 x 2
+    assert main(["memory-report", "--model", "Qwen/Qwen3-Embedding-8B"]) == 0
+    assert "kpool" not in capsys.readouterr().out
+
+
 def test_memory_report_one_model(capsys: pytest.CaptureFixture[str]) -> None:
     """--model restricts the report to that model."""
     assert main(["memory-report", "--model", "Qwen/Qwen3-Embedding-8B", "--dtype", "float16"]) == 0

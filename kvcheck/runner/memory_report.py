@@ -137,7 +137,75 @@ def render_memory_report(
     if layouts:
         lines += ["", "fp8 DSA latent layouts, bytes/token (kvcheck's pools use the raw one):"]
         lines += layouts
+    kpools = _index_kpools(rows, dtype)
+    if kpools:
+        lines += [
+            "",
+            "DSA index kpool (one index key per k tokens), bytes/token with skip layers; the",
+            "compress tails are per request slot, outside the cell size (as in sglang 0.5.23):",
+        ]
+        lines += kpools
     return "\n".join(lines)
+
+
+def _index_kpools(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
+    """For DSA models (skip layers honoured), the cell size with an index kpool of 2 and 4,
+    and the compress tails one request slot adds (bf16 keys and scores, ``kpool`` ring
+    slots per indexer layer, no draft slots). Sizes come from :mod:`kvcheck.geometry`."""
+    from kvcheck.serving import MODELS
+
+    lines = []
+    for row in rows:
+        model = MODELS[row.model]
+        if not model.is_dsa or row.variant != "skip layers honoured":
+            continue
+        index_1, _ = _kpool_bytes(model.index_head_dim, dtype, 1)
+        indexer_layers = (row.cell_bytes - _latent_bytes(model, dtype)) // index_1
+        parts = [f"kpool 1 {row.cell_bytes:,}"]
+        tail_note = ""
+        for kpool in (2, 4):
+            index, tails = _kpool_bytes(model.index_head_dim, dtype, kpool)
+            cell = row.cell_bytes - indexer_layers * (index_1 - index)
+            change = 100 * (cell - row.cell_bytes) / row.cell_bytes
+            parts.append(f"kpool {kpool} {cell:,} ({change:+.1f}%)")
+            tail_note = f"; kpool {kpool} tails {indexer_layers * tails:,} B per request slot"
+        lines.append(f"  {row.model}: {'; '.join(parts)}{tail_note}")
+    return lines
+
+
+def _kpool_bytes(index_head_dim: int, dtype: str, kpool: int) -> tuple[int, int]:
+    """(index-K bytes per token, compress-tail bytes per request slot) of one indexer
+    layer with index kpool ``kpool``, from a one-page pool's geometry."""
+    from kvcheck.geometry import COMPRESS_TAIL_BUFFERS, INDEX_BUFFER, tensor_nbytes
+    from kvcheck.specs import PoolSpec
+
+    spec = PoolSpec(
+        family="dsa",
+        size=0,
+        page_size=64 * kpool,
+        layer_num=1,
+        dtype=dtype,
+        index_head_dim=index_head_dim,
+        index_buf_size=0,
+        index_kpool=kpool,
+        index_kpool_compress=kpool > 1,
+        max_running_requests=0 if kpool > 1 else None,
+    )
+    nbytes = tensor_nbytes(spec)
+    index = nbytes[INDEX_BUFFER][0] // spec.page_size  # one page row: index_buf_size 0
+    tails = sum(nbytes[name][0] for name in COMPRESS_TAIL_BUFFERS if name in nbytes)
+    return index, tails
+
+
+def _latent_bytes(model: Any, dtype: str) -> int:
+    """Latent bytes of one token over every layer (the raw layout)."""
+    from kvcheck.specs import DTYPE_ITEMSIZE
+
+    return (
+        model.num_hidden_layers
+        * (model.kv_lora_rank + model.qk_rope_head_dim)
+        * DTYPE_ITEMSIZE[dtype]
+    )
 
 
 def _fp8_latent_layouts(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
