@@ -521,27 +521,26 @@ KPOOL_OPS = (
 def test_kpool_scripts_replay_on_kvcheck_pools() -> None:
     """A kpool DSA reproduction builds the pool with its kpool and tail sizes, writes a
     tail and checks the tails' bytes, and replays cleanly on kvcheck's pools."""
-    script = render_script(
-        reproduction_to_json(Reproduction(KPOOL_DSA, KPOOL_OPS)), target="kvcheck"
-    )
+    script, output = _replay_on_kvcheck(Reproduction(KPOOL_DSA, KPOOL_OPS))
     assert "index_kpool=2" in script and '"_compress_tail_score": [' in script
+    assert output == "OK: no discrepancy\n"
+
+
+def _replay_on_kvcheck(rep: Reproduction) -> tuple[str, str]:
+    """The kvcheck script of ``rep`` and what it prints, run in this process."""
+    script = render_script(reproduction_to_json(rep), target="kvcheck")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         exec(compile(script, "repro.py", "exec"), {"__name__": "__main__"})
-    assert out.getvalue() == "OK: no discrepancy\n"
+    return script, out.getvalue()
 
 
 def test_scaled_latent_scripts_replay_on_kvcheck_pools() -> None:
     """A scaled fp8 DSA reproduction passes the pool kv_cache_dim and bf16 parts and
     replays cleanly on kvcheck's pools."""
-    script = render_script(
-        reproduction_to_json(Reproduction(SCALED_DSA, SCALED_OPS)), target="kvcheck"
-    )
+    script, output = _replay_on_kvcheck(Reproduction(SCALED_DSA, SCALED_OPS))
     assert "kv_cache_dim=264" in script and "rows(torch.bfloat16" in script
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(script, "repro.py", "exec"), {"__name__": "__main__"})
-    assert out.getvalue() == "OK: no discrepancy\n"
+    assert output == "OK: no discrepancy\n"
 
 
 @pytest.mark.sglang

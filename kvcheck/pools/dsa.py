@@ -870,29 +870,26 @@ class DSATokenToKVPool(MLATokenToKVPool):
             )
         start = require_int("dst_logical_start", dst_logical_start, minimum=0)
         shape = (count, self.index_head_dim)
-        key = check_payload(
-            "key_tail",
-            key_tail,
-            shape=shape,
-            dtypes=(TAIL_DTYPE,),
-            device=self._torch_device,
-            where=where,
-        )
-        score = check_payload(
-            "score_tail",
-            score_tail,
-            shape=shape,
-            dtypes=(TAIL_DTYPE,),
-            device=self._torch_device,
-            where=where,
-        )
+        rows = [
+            check_payload(
+                name,
+                value,
+                shape=shape,
+                dtypes=(TAIL_DTYPE,),
+                device=self._torch_device,
+                where=where,
+            )
+            for name, value in (("key_tail", key_tail), ("score_tail", score_tail))
+        ]
         if count == 0 or self.is_meta:
             return
         assert self._compress_tail_k is not None and self._compress_tail_score is not None
         slots = (torch.arange(count, device=self._torch_device) + start) % width
         # Indexed assignment copies the rows in; distinct slots since count <= width.
-        self._compress_tail_k[local][request, slots] = key.to(self._torch_device)
-        self._compress_tail_score[local][request, slots] = score.to(self._torch_device)
+        for tails, part in zip(
+            (self._compress_tail_k, self._compress_tail_score), rows, strict=True
+        ):
+            tails[local][request, slots] = part.to(self._torch_device)
 
     def get_compress_tail_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
         """Transfer descriptors of the compress tails, as SGLang's: every layer's key

@@ -275,7 +275,8 @@ def assert_accounting(
 ) -> None:
     """All accounting properties at once: held bytes, ``get_kv_size_bytes``, ``mem_usage``
     and, for DSA when ``state_buf_infos`` is true, ``get_state_buf_infos``; for a DSA pool
-    with compress tails when ``compress_tails`` is true, ``get_compress_tail_buf_infos``.
+    with compress tails (or any DSA pool that has the method) when ``compress_tails`` is
+    true, ``get_compress_tail_buf_infos``.
     ``tails_counted=False`` expects the reports to leave the tails out (see
     :func:`assert_kv_size_bytes`).
 
@@ -290,7 +291,9 @@ def assert_accounting(
     assert_mem_usage(pool, spec, call=call, tails_counted=tails_counted)
     if state_buf_infos and spec.family == "dsa":
         assert_state_buf_infos(pool, spec, call=call)
-    if compress_tails and spec.compress_tails:
+    # A DSA pool without tails that has the method must describe none.
+    describes = callable(getattr(pool, "get_compress_tail_buf_infos", None))
+    if compress_tails and spec.family == "dsa" and (spec.compress_tails or describes):
         assert_compress_tail_buf_infos(pool, spec, call=call)
 
 
@@ -299,7 +302,8 @@ def assert_compress_tail_buf_infos(
 ) -> None:
     """DSA ``get_compress_tail_buf_infos()``: every layer's key tail, then every layer's
     score tail, each the real tensor's pointer and bytes and one request's ring as the
-    item; ``(0, 0, 0)`` for skip layers (their 0-row tensors keep layer offsets aligned).
+    item; ``(0, 0, 0)`` for skip layers (their 0-row tensors keep layer offsets aligned);
+    three empty lists for a DSA pool without tails.
 
     Example:
         >>> from kvcheck.targets import resolve_target
@@ -315,6 +319,9 @@ def assert_compress_tail_buf_infos(
     expected_lens, expected_item_lens = expected_compress_tail_buf_infos(spec)
     assert_equal(lens, expected_lens, call=where, detail="lens (key tails, then score tails)")
     assert_equal(item_lens, expected_item_lens, call=where, detail="item_lens (one request)")
+    if not spec.compress_tails:
+        assert_equal(ptrs, [], call=where, detail="ptrs (no tails)")
+        return
     tails = [pool.get_compress_tail_buffers(layer_id) for layer_id in spec.layer_ids]
     tensors = [pair[0] for pair in tails] + [pair[1] for pair in tails]
     actual = [tensor.data_ptr() if tensor.shape[0] else None for tensor in tensors]

@@ -1,8 +1,9 @@
 """Pool specs a target can serve: drawing inside ``pool_spec_limits`` instead of filtering.
 
-Some implementations assert a layout: sglang 0.5.23's DSA pool takes only 64-token pages
-and 128-byte index keys. Such a target declares ``pool_spec_limits`` (pool family ->
-:class:`~kvcheck.specs.PoolSpec` field -> the values it accepts), and the suite draws its
+Some implementations assert a layout: sglang 0.5.23's DSA pool takes only 64-token index
+pages (``page_size // index_kpool``) and 128-byte index keys. Such a target declares
+``pool_spec_limits`` (pool family -> :class:`~kvcheck.specs.PoolSpec` field, or
+``index_page_size`` -> the values it accepts), and the suite draws its
 specs with ``pool_specs(..., target=kvcheck_target)`` (:func:`kvcheck.strategies.pool_specs`),
 which moves each drawn spec into the limits with :func:`within_target_limits` instead of
 rejecting the ones outside them (a filter would discard nearly every DSA spec). Targets

@@ -88,9 +88,11 @@ FAMILY_SEPARATOR = ":"
 #:     Hypothesis test is an error). An exception stops the run, naming the target.
 #: ``pool_spec_limits: Mapping[str, Mapping[str, tuple]]``
 #:     Pool family -> PoolSpec field -> the only values the target accepts for it, for
-#:     implementations that assert a layout (sglang's DSA pool: ``{"dsa": {"page_size":
-#:     (64,), "index_head_dim": (128,)}}``). The suite draws specs inside these limits
-#:     (``pool_specs(target=...)``, :mod:`kvcheck.strategies.limits`) rather than filtering.
+#:     implementations that assert a layout (sglang's DSA pool: ``{"dsa":
+#:     {"index_page_size": (64,), "index_head_dim": (128,)}}``; ``index_page_size`` is
+#:     ``page_size // index_kpool``, the one derived name a limit may use). The suite draws
+#:     specs inside these limits (``pool_specs(target=...)``,
+#:     :mod:`kvcheck.strategies.limits`) rather than filtering.
 #: ``kv_layouts: tuple[str, ...]``
 #:     The MHA buffer layouts (:data:`kvcheck.specs.KV_LAYOUTS`) the target builds;
 #:     default ``("nhd",)``. A layout is opt-in so that a target written before it existed
