@@ -69,6 +69,8 @@ from kvcheck.specs import (
 )
 from kvcheck.validation import check_type
 
+#: A flag that is true two times in three and shrinks to false.
+MOSTLY_TRUE: st.SearchStrategy[bool] = st.sampled_from((False, True, True))
 #: Tokens one operation touches at most: enough for overlaps, small enough to read.
 MAX_TOKENS_PER_OP = 4
 #: About half of all slots (and pages) are drawn from this many first ones.
@@ -226,10 +228,10 @@ OP_KINDS: tuple[str, ...] = (
     "host_copy",
     "host_reload",
     "write_index_k",
+    "write_compress_tail",
     "cast_write_kv",
     "write_mla",
     "write_prefix_valid",
-    "write_compress_tail",
 )
 
 
@@ -564,10 +566,9 @@ def write_compress_tail_ops(
 
 
 def _draw_request(draw: st.DrawFn, spec: PoolSpec, requests: bool) -> int | None:
-    """A host copy's request slot: none, or (on a pool with tails, ``requests`` true) often one."""
-    if not (requests and spec.compress_tails) or not draw(
-        st.booleans(), label="with a request slot"
-    ):
+    """A host copy's request slot: none, or (on a pool with tails, ``requests`` true) in
+    two copies of three, as retraction always names one (shrinks to none)."""
+    if not (requests and spec.compress_tails) or not draw(MOSTLY_TRUE, label="with a request slot"):
         return None
     return _draw_crowded(draw, spec.tail_requests, "request slot")
 
@@ -612,7 +613,7 @@ def host_copy_ops(
     """``get_cpu_copy`` remembered under ``name``: about a third each of one request's
     slots (page-aligned: whole pages, then a partial last page), two requests' slots at
     once, and 1-4 arbitrary tokens; with ``whole_pages`` one or two whole pages only.
-    On a DSA pool with compress tails, half the copies also name a request slot (none
+    On a DSA pool with compress tails, two copies in three also name a request slot (none
     with ``requests=False``).
     Use :func:`copy_layout` on the op to draw a matching reload.
     Shrinks towards one request holding the first slot of the first page drawn."""
@@ -669,7 +670,7 @@ def host_reload_ops(
     """``load_cpu_copy`` of one of ``copies`` (name -> (copied tokens, layout), in the order
     they were taken) to the same or other slots of the same shape: a request's copy goes
     back to page-aligned runs of the same lengths, as the scheduler reloads a retracted
-    request into newly allocated pages (on a DSA pool with tails, half the reloads name a
+    request into newly allocated pages (on a DSA pool with tails, two reloads in three name a
     request slot, which may differ from the copy's; none with ``requests=False``).
     Shrinks towards the first copy."""
     if not copies:

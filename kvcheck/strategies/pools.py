@@ -180,11 +180,15 @@ def _pool_specs(
     max_size: int,
     max_page_size: int,
     max_start_layer: int,
+    kpools: tuple[int, ...],
 ) -> PoolSpec:
     family = draw(st.sampled_from(families))
     dtype = draw(st.sampled_from(dtype_names))
     layer_num = draw(st.integers(1, max_layers))
     page_size = draw(page_sizes(family=family, max_page_size=min(max_page_size, max_size)))
+    if family == "dsa" and 1 not in kpools:
+        # Only pooled kpools: the page must hold at least one group of tokens.
+        page_size = max(page_size, min(kpools))
     # Capacities are whole pages, as a scheduler hands them out; that also keeps every
     # token's DSA index page inside the index buffer. The other pools take any capacity
     # (a fused MHA allocation pads it to whole pages), so they sometimes get one.
@@ -230,7 +234,7 @@ def _pool_specs(
     return PoolSpec(
         **common,
         **latent,
-        **draw(_index_kpools(page_size)),
+        **draw(_index_kpools(page_size, kpools)),
         index_head_dim=INDEX_HEAD_DIM,
         skip_topk_layers=draw(layer_masks(layers=layer_num)),
         index_buf_size=None if extra_pages is None else size + extra_pages * page_size,
@@ -238,13 +242,20 @@ def _pool_specs(
 
 
 @st.composite
-def _index_kpools(draw: Callable[..., Any], page_size: int) -> dict[str, Any]:
-    """The DSA index kpool fields: kpool 1 (nothing else), or a kpool dividing
-    ``page_size``, often with per-request compress tails."""
-    kpool = draw(st.sampled_from([k for k in INDEX_KPOOLS if page_size % k == 0]), label="kpool")
-    if kpool == 1:
+def _index_kpools(
+    draw: Callable[..., Any], page_size: int, kpools: tuple[int, ...]
+) -> dict[str, Any]:
+    """The DSA index kpool fields: kpool 1 (nothing else; the shrink target), or, more
+    often, one of ``kpools`` above 1 dividing ``page_size``, two in three of those with
+    per-request compress tails (most of the variant's code)."""
+    pooled = [k for k in kpools if k > 1 and page_size % k == 0]
+    # Each pooled kpool twice: a page that allows one draws it in two examples of three.
+    first = 0 if 1 in kpools or not pooled else 1
+    choice = draw(st.integers(first, 2 * len(pooled)), label="kpool")
+    if choice == 0:
         return {}
-    if not draw(st.booleans(), label="compress tails"):
+    kpool = pooled[(choice - 1) % len(pooled)]
+    if not draw(st.sampled_from((False, True, True)), label="compress tails"):
         return {"index_kpool": kpool}
     return {
         "index_kpool": kpool,
@@ -262,6 +273,7 @@ def pool_specs(
     max_size: int = 64,
     max_page_size: int = 8,
     max_start_layer: int = 3,
+    index_kpools: Sequence[int] = INDEX_KPOOLS,
     target: object | None = None,
 ) -> st.SearchStrategy[PoolSpec]:
     """Small :class:`~kvcheck.specs.PoolSpec` values for any of ``families``.
@@ -269,9 +281,11 @@ def pool_specs(
     ``dtype_names=None`` means every dtype the chosen families accept. ``size`` is up to
     ``max_size`` tokens: whole pages for DSA, sometimes a partial last page for the other
     families (shrinking to whole pages); MHA specs of whole pages may take the head-major
-    ``kv_layout="hnd"`` (shrinking to ``"nhd"``); DSA specs may take an ``index_kpool``
-    of 2 or 4 dividing the page size, half of those with compress tails for up to 4
-    requests (shrinking to kpool 1); float8_e4m3fn DSA specs may take
+    ``kv_layout="hnd"`` (shrinking to ``"nhd"``); DSA specs take an ``index_kpool`` of
+    ``index_kpools`` (default 1, 2 and 4): above 1 (dividing the page size) in about two
+    examples of three where the page allows, two in three of those with compress tails for
+    up to 4 requests (shrinking to kpool 1; without 1 in ``index_kpools``, pages of at
+    least the smallest kpool); float8_e4m3fn DSA specs may take
     SGLang's scaled latent row, ``latent_layout="scaled"`` with ``kv_lora_rank`` 128 or
     256 and ``qk_rope_head_dim`` 64 or 0 (shrinking to ``"raw"``); ``page_size`` is at most
     ``min(max_page_size, max_size)`` (powers of two for DSA). MHA/NoOp specs may carry a
@@ -308,7 +322,10 @@ def pool_specs(
     check_valid_integer(max_size, "max_size", min_value=1)
     check_valid_integer(max_page_size, "max_page_size", min_value=1)
     check_valid_integer(max_start_layer, "max_start_layer", min_value=0)
-    specs = _pool_specs(chosen, names, max_layers, max_size, max_page_size, max_start_layer)
+    kpools = check_choices(index_kpools, "index_kpools", INDEX_KPOOLS)
+    specs = _pool_specs(
+        chosen, names, max_layers, max_size, max_page_size, max_start_layer, tuple(kpools)
+    )
     return specs if target is None else within_target_limits(target, specs)
 
 
