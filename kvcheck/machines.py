@@ -329,9 +329,6 @@ class PoolMachine(RuleBasedStateMachine):
         elif kind == "write_index_k":
             layers = draws.indexed_layers(spec, skip=False)
             strategy = draws.write_index_k_ops(spec, layer_ids=layers)
-        elif kind == "write_compress_tail":
-            layers = draws.indexed_layers(spec, skip=False)
-            strategy = draws.write_compress_tail_ops(spec, layer_ids=layers)
         elif kind == "cast_write_kv":
             strategy = draws.cast_write_kv_ops(spec, scales="cast_write:scales" not in self.steer)
         elif kind == "write_mla":

@@ -542,11 +542,12 @@ def _write_compress_tail_ops(
 
 @functools.lru_cache(maxsize=4096)
 def write_compress_tail_ops(
-    spec: PoolSpec, *, layer_ids: tuple[int, ...], extra_rows: int = 0
+    spec: PoolSpec, *, layer_ids: tuple[int, ...] | None = None, extra_rows: int = 0
 ) -> st.SearchStrategy[WriteCompressTail]:
     """DSA ``set_compress_tail_for_request``: 1 to ``tail_width`` bf16 key and score rows
-    for one request slot (often a crowded one) on one of ``layer_ids``, at a ring start
-    that often wraps; ``extra_rows`` more rows than drawn (an invalid, too-long tail).
+    for one request slot (often a crowded one) on one of ``layer_ids`` (default: the
+    layers that keep tails), at a ring start that often wraps; ``extra_rows`` more rows
+    than drawn (an invalid, too-long tail).
     Shrinks towards one row for request 0 at start 0 of ``layer_ids[0]``.
 
     Example:
@@ -560,6 +561,8 @@ def write_compress_tail_ops(
     checked = _checked(spec)
     if not checked.compress_tails:
         raise InvalidArgument(f"spec {checked.variant!r} keeps no compress tails")
+    if layer_ids is None:
+        layer_ids = indexed_layers(checked, skip=False)
     if not layer_ids:
         raise InvalidArgument(f"layer_ids={layer_ids!r} must name at least one layer")
     return _write_compress_tail_ops(checked, layer_ids, extra_rows)

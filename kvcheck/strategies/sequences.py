@@ -69,9 +69,6 @@ def _draw_op(
         op = draw(_ops.host_copy_ops(spec, name))
     elif kind == "write_index_k":
         op = draw(_ops.write_index_k_ops(spec, layer_ids=_ops.indexed_layers(spec, skip=False)))
-    elif kind == "write_compress_tail":
-        layers = _ops.indexed_layers(spec, skip=False)
-        op = draw(_ops.write_compress_tail_ops(spec, layer_ids=layers))
     else:
         op = draw(getattr(_ops, f"{kind}_ops")(spec))
     if isinstance(op, HostCopy) and op.name not in copies:

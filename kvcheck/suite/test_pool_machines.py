@@ -6,8 +6,9 @@ other slots, and invalid operations, with every buffer compared byte for byte, t
 accounting checked and ``check_valid()`` called after every step. The MHA machine draws
 pools with a V head dim of their own and pools starting at a global layer above 0; the
 DSA machine draws every kind of skip mask and index kpool, and a second DSA run draws
-pooled index keys (kpool 2 or 4, most with compress tails) only. Rules for capabilities the target declares
-unsupported (host copies, index-K writes, input validation, ...) are left out.
+pooled index keys (kpool 2 or 4, most with compress tails) only. Rules for capabilities
+the target declares unsupported (host copies, index-K writes, input validation, ...) are
+left out.
 """
 
 from __future__ import annotations
