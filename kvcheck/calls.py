@@ -50,6 +50,7 @@ __all__ = [
     "encode_op",
     "loc_tensor",
     "op_method",
+    "request_kwargs",
     "rows_tensor",
     "run_call",
 ]
@@ -230,15 +231,26 @@ def encode_op(pool: Any, op: Op, *, device: str | torch.device, copies: dict[str
     if isinstance(op, Move):
         tgt, src = loc_tensor(op.tgt, device=device), loc_tensor(op.src, device=device)
         return PoolCall("move_kv_cache", (tgt, src))
-    request = () if op.req_pool_index is None else (("req_pool_index", op.req_pool_index),)
     if isinstance(op, HostCopy):
-        return PoolCall("get_cpu_copy", (loc_tensor(op.indices, device=device),), kwargs=request)
+        indices = loc_tensor(op.indices, device=device)
+        return PoolCall("get_cpu_copy", (indices,), kwargs=request_kwargs(op))
     if isinstance(op, HostReload):
         if op.name not in copies:
             raise ValueError(f"name={op.name!r} was never copied: there is no copy to reload")
         indices = loc_tensor(op.indices, device=device)
-        return PoolCall("load_cpu_copy", (copies[op.name], indices), kwargs=request)
+        return PoolCall("load_cpu_copy", (copies[op.name], indices), kwargs=request_kwargs(op))
     raise OpEncodingError(f"op={op!r} is not an operation from kvcheck.specs")
+
+
+def request_kwargs(op: HostCopy | HostReload) -> tuple[tuple[str, int], ...]:
+    """A host copy's or reload's keyword arguments: ``req_pool_index`` only when the op
+    names a request slot, so a pool without that parameter still takes the call.
+
+    Example:
+        >>> request_kwargs(HostCopy("a", (1,))), request_kwargs(HostCopy("a", (1,), 2))
+        ((), (('req_pool_index', 2),))
+    """
+    return () if op.req_pool_index is None else (("req_pool_index", op.req_pool_index),)
 
 
 def _encode_write_kv(pool: Any, op: WriteKV, *, device: str | torch.device) -> PoolCall:
@@ -322,10 +334,10 @@ def describe_op(op: Op) -> str:
         )
     if isinstance(op, Move):
         return f"pool.move_kv_cache(tgt_loc={list(op.tgt)}, src_loc={list(op.src)})"
-    request = "" if op.req_pool_index is None else f", req_pool_index={op.req_pool_index}"
-    if isinstance(op, HostCopy):
-        return f"{op.name} = pool.get_cpu_copy(indices={list(op.indices)}{request})"
-    if isinstance(op, HostReload):
+    if isinstance(op, HostCopy | HostReload):
+        request = "".join(f", {name}={value}" for name, value in request_kwargs(op))
+        if isinstance(op, HostCopy):
+            return f"{op.name} = pool.get_cpu_copy(indices={list(op.indices)}{request})"
         return f"pool.load_cpu_copy({op.name}, indices={list(op.indices)}{request})"
     return repr(op)
 

@@ -269,21 +269,14 @@ class PoolMachine(RuleBasedStateMachine):
     def _kinds(self) -> tuple[str, ...]:
         """Operation kinds this example draws from; ``pause`` first, as the shrink target."""
         assert self.spec is not None
-        applies = {
-            "write_index_k": bool(draws.indexed_layers(self.spec, skip=False)),
-            "write_compress_tail": self.spec.compress_tails
-            and bool(draws.indexed_layers(self.spec, skip=False)),
-            "write_mla": self.family in ("mla", "dsa"),
-            "write_prefix_valid": self.family in ("mha", "noop"),
-            # A scaled latent row is written only from its bf16 parts (set_mla_kv_buffer).
-            "write_kv": self.spec.latent_layout == "raw",
-            "cast_write_kv": self.spec.latent_layout == "raw",
-        }
+        # The spec's own op kinds, plus moves even where the pool refuses them (a kpool
+        # pool: the refusal must change nothing), the do-nothing step and invalid ops.
+        applies = {*draws.family_op_kinds(self.spec), "pause", "move", "invalid"}
         return tuple(
             kind
             for kind, needs in _STEP_KINDS
             if needs not in self.skipped
-            and applies.get(kind, True)
+            and kind in applies
             and f"{self.family}:{kind}" not in self.steer
             and f"{self.spec.variant}:{kind}" not in self.steer
         )

@@ -130,6 +130,7 @@ KVCHECK_TWINS: tuple[Twin, ...] = (
     _pool_twin("token-page-index-kpool-dsa", "dsa", "TokenPageIndexKpoolDSA"),
     _pool_twin("half-move-kpool-dsa", "dsa", "HalfMoveKpoolDSA"),
     _pool_twin("uncounted-tails-dsa", "dsa", "UncountedTailsDSA"),
+    _pool_twin("whole-tail-item-dsa", "dsa", "WholeTailItemDSA"),
     _pool_twin("aliased-tail-copy-dsa", "dsa", "AliasedTailCopyDSA"),
     _pool_twin("ring-start-tail-dsa", "dsa", "RingStartTailDSA"),
     # Two bugs, one declared as a finding by the twin test: here both are undeclared.

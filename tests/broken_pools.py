@@ -270,6 +270,15 @@ class UncountedTailsDSA(DSATokenToKVPool):
         )
 
 
+class WholeTailItemDSA(DSATokenToKVPool):
+    """``get_compress_tail_buf_infos`` gives each layer's whole tail as the item, not one
+    request's ring (a transfer would then move every request's tail per request)."""
+
+    def get_compress_tail_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        ptrs, lens, _ = super().get_compress_tail_buf_infos()
+        return ptrs, lens, list(lens)
+
+
 class AliasedTailCopyDSA(DSATokenToKVPool):
     """The host copy's tails are views of the pool's tail rows (``.to("cpu")`` of a CPU
     tensor is the tensor itself), so later tail writes change the saved copy."""

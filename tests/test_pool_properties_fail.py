@@ -50,6 +50,7 @@ from broken_pools import (
     UncountedTailsDSA,
     UnpaddedReportMHA,
     ValidatingMoveNoOp,
+    WholeTailItemDSA,
 )
 from hypothesis import HealthCheck, Phase, find, settings
 from hypothesis import strategies as st
@@ -60,6 +61,7 @@ from kvcheck.geometry import latent_row_bytes
 from kvcheck.machines import MACHINE_CAPABILITIES, pool_machine
 from kvcheck.properties.accounting import (
     assert_accounting,
+    assert_compress_tail_buf_infos,
     assert_held_bytes,
     assert_kv_size_bytes,
     assert_mem_usage,
@@ -669,6 +671,31 @@ def test_kv_size_property_catches_uncounted_compress_tails() -> None:
     )
     spec = shrunk(specs, lambda s: assert_kv_size_bytes(target.make_pool(s, device=CPU), s))
     assert spec.compress_tails and spec.layer_num == 1 and spec.max_running_requests == 0
+
+
+def test_kv_size_property_without_the_tails_still_checks_every_other_byte() -> None:
+    """With ``tails_counted=False`` (a target's declared finding) a report that leaves out
+    exactly the tails passes, and one that counts them, or leaves out more, fails."""
+    uncounted = BrokenTarget("dsa", UncountedTailsDSA).make_pool(KPOOL_SPEC, device=CPU)
+    assert_kv_size_bytes(uncounted, KPOOL_SPEC, tails_counted=False)
+    counted = resolve_target("kvcheck").make_pool(KPOOL_SPEC, device=CPU)
+    with pytest.raises(PropertyFailure, match="get_kv_size_bytes"):
+        assert_kv_size_bytes(counted, KPOOL_SPEC, tails_counted=False)
+    skip_counting = BrokenTarget("dsa", SkipCountingDSA)
+    spec = dataclasses.replace(KPOOL_SPEC, layer_num=2, skip_topk_layers=(False, True))
+    with pytest.raises(PropertyFailure, match="get_kv_size_bytes"):
+        assert_kv_size_bytes(skip_counting.make_pool(spec, device=CPU), spec, tails_counted=False)
+
+
+def test_tail_descriptor_property_catches_whole_tails_as_items() -> None:
+    """get_compress_tail_buf_infos must give one request's ring as the item: a pool that
+    gives the whole tail fails, kvcheck's own passes."""
+    assert_compress_tail_buf_infos(
+        resolve_target("kvcheck").make_pool(KPOOL_SPEC, device=CPU), KPOOL_SPEC
+    )
+    broken = BrokenTarget("dsa", WholeTailItemDSA).make_pool(KPOOL_SPEC, device=CPU)
+    with pytest.raises(PropertyFailure, match="item_lens"):
+        assert_compress_tail_buf_infos(broken, KPOOL_SPEC)
 
 
 # --- the failure messages --------------------------------------------------------------------

@@ -164,7 +164,7 @@ def assert_host_copy_is_a_copy(pool: Any, host_copy: Any, *, call: str, family: 
     """
     __tracebackhide__ = True
     owners = {
-        int(item.tensor.untyped_storage().data_ptr()): f"{item.name}[{item.layer}]"
+        int(item.tensor.untyped_storage().data_ptr()): item
         for item in buffer_tensors(pool)
         if item.tensor.numel()
     }
@@ -173,9 +173,9 @@ def assert_host_copy_is_a_copy(pool: Any, host_copy: Any, *, call: str, family: 
             continue
         owner = owners.get(int(tensor.untyped_storage().data_ptr()))
         if owner is not None:
-            name = owner.split("[")[0]
+            name = owner.name
             raise fail(
-                got=f"a view of {owner}",
+                got=f"a view of {name}[{owner.layer}]",
                 expected="a copy",
                 call=call,
                 detail=f"{path} shares memory with the pool",

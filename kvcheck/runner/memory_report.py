@@ -152,6 +152,7 @@ def _index_kpools(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
     """For DSA models (skip layers honoured), the cell size with an index kpool of 2 and 4,
     and the compress tails one request slot adds (bf16 keys and scores, ``kpool`` ring
     slots per indexer layer, no draft slots). Sizes come from :mod:`kvcheck.geometry`."""
+    from kvcheck.reference import reference_skip_mask
     from kvcheck.serving import MODELS
 
     lines = []
@@ -160,16 +161,16 @@ def _index_kpools(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
         if not model.is_dsa or row.variant != "skip layers honoured":
             continue
         index_1, _ = _kpool_bytes(model.index_head_dim, dtype, 1)
-        indexer_layers = (row.cell_bytes - _latent_bytes(model, dtype)) // index_1
+        indexer_layers = reference_skip_mask(model).count(False)
         parts = [f"kpool 1 {row.cell_bytes:,}"]
-        tail_note = ""
         for kpool in (2, 4):
             index, tails = _kpool_bytes(model.index_head_dim, dtype, kpool)
             cell = row.cell_bytes - indexer_layers * (index_1 - index)
             change = 100 * (cell - row.cell_bytes) / row.cell_bytes
             parts.append(f"kpool {kpool} {cell:,} ({change:+.1f}%)")
-            tail_note = f"; kpool {kpool} tails {indexer_layers * tails:,} B per request slot"
-        lines.append(f"  {row.model}: {'; '.join(parts)}{tail_note}")
+        # The tails of the last (largest) kpool, per request slot.
+        parts.append(f"kpool {kpool} tails {indexer_layers * tails:,} B per request slot")
+        lines.append(f"  {row.model}: {'; '.join(parts)}")
     return lines
 
 
@@ -195,17 +196,6 @@ def _kpool_bytes(index_head_dim: int, dtype: str, kpool: int) -> tuple[int, int]
     index = nbytes[INDEX_BUFFER][0] // spec.page_size  # one page row: index_buf_size 0
     tails = sum(nbytes[name][0] for name in COMPRESS_TAIL_BUFFERS if name in nbytes)
     return index, tails
-
-
-def _latent_bytes(model: Any, dtype: str) -> int:
-    """Latent bytes of one token over every layer (the raw layout)."""
-    from kvcheck.specs import DTYPE_ITEMSIZE
-
-    return (
-        model.num_hidden_layers
-        * (model.kv_lora_rank + model.qk_rope_head_dim)
-        * DTYPE_ITEMSIZE[dtype]
-    )
 
 
 def _fp8_latent_layouts(rows: Sequence[MemoryRow], dtype: str) -> list[str]:

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcheck.calls import request_kwargs
 from kvcheck.failures import Reproduction, reproduction_from_json
 from kvcheck.geometry import COMPRESS_TAIL_BUFFERS, latent_row_bytes, latent_width
 from kvcheck.reference import ReferencePool
@@ -585,15 +586,13 @@ class _ScriptWriter:
         if isinstance(op, Move):
             label = f"move_kv_cache(tgt_loc={_list(op.tgt)}, src_loc={_list(op.src)})"
             return [], label, "pool.move_kv_cache", [_locs(op.tgt), _locs(op.src)]
-        request = [] if op.req_pool_index is None else [f"req_pool_index={op.req_pool_index}"]
-        if isinstance(op, HostCopy):
-            label = f"get_cpu_copy(indices={_list(op.indices)}{''.join(', ' + r for r in request)})"
-            return [], label, "pool.get_cpu_copy", [_locs(op.indices), *request]
-        if isinstance(op, HostReload):
-            label = (
-                f"load_cpu_copy(copies[{op.name!r}], indices={_list(op.indices)}"
-                f"{''.join(', ' + r for r in request)})"
-            )
+        if isinstance(op, HostCopy | HostReload):
+            request = [f"{name}={value}" for name, value in request_kwargs(op)]
+            shown = "".join(f", {argument}" for argument in request)
+            if isinstance(op, HostCopy):
+                label = f"get_cpu_copy(indices={_list(op.indices)}{shown})"
+                return [], label, "pool.get_cpu_copy", [_locs(op.indices), *request]
+            label = f"load_cpu_copy(copies[{op.name!r}], indices={_list(op.indices)}{shown})"
             args = [f"copies[{op.name!r}]", _locs(op.indices), *request]
             return [], label, "pool.load_cpu_copy", args
         raise ValueError(f"op={op!r} is not an operation from kvcheck.specs")
@@ -633,12 +632,13 @@ class _ScriptWriter:
             '# a run "offset:hex" gives the bytes from that offset; every other byte is zero.',
             "EXPECTED = {",
         ]
+        checked = dict(buffers)
         if self.spec.compress_tails:
             # The pool's per-request compress tails (keys, then scores), under SGLang's names.
             tails = [self.reference.expected_compress_tails(i) for i in self.spec.layer_ids]
             for part, name in enumerate(COMPRESS_TAIL_BUFFERS):
-                buffers = {**buffers, name: [pair[part] for pair in tails]}
-        for name, layers in buffers.items():
+                checked[name] = [pair[part] for pair in tails]
+        for name, layers in checked.items():
             lines.append(f'    "{name}": [')
             lines += [_expected_layer(layer, "        ") for layer in layers]
             lines.append("    ],")

@@ -196,11 +196,12 @@ def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
     if kpool == 1:
         changes.update(index_kpool_compress=False, max_running_requests=None, tail_extra_slots=0)
     index_page_size = changes.pop("index_page_size", None)
-    if index_page_size is not None:
-        changes["page_size"] = index_page_size * kpool
-    elif spec.page_size % kpool:
-        changes["page_size"] = spec.page_size * kpool
     page_size = changes.get("page_size", spec.page_size)
+    if index_page_size is not None:
+        page_size = index_page_size * kpool
+    elif page_size % kpool:
+        page_size *= kpool  # the (new) page must hold whole groups of kpool tokens
+    changes["page_size"] = page_size
     if page_size != spec.page_size:
         pages = max(1, spec.size // spec.page_size)
         changes.setdefault("size", pages * page_size)

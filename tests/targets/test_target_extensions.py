@@ -511,3 +511,23 @@ def test_an_index_kpool_is_drawn_only_for_targets_that_declare_it() -> None:
         index_kpools = (2,)  # type: ignore[assignment]
 
     assert any(problem.startswith("index_kpools=") for problem in check_target(KpoolOnly()))
+
+
+def test_fit_spec_keeps_pages_whole_groups_of_the_kpool() -> None:
+    """A new page size or kpool keeps the page a multiple of the kpool: an index page size
+    sets the page to it times the kpool, a page the kpool does not divide is multiplied by
+    it, and kpool 1 drops the compress-tail fields."""
+    spec = PoolSpec(
+        family="dsa",
+        size=8,
+        page_size=4,
+        layer_num=1,
+        dtype="bfloat16",
+        index_kpool=4,
+        index_kpool_compress=True,
+        max_running_requests=1,
+    )
+    assert fit_spec(spec, page_size=6).page_size == 24
+    assert fit_spec(spec, index_page_size=64, index_kpool=2).page_size == 128
+    plain = fit_spec(spec, index_kpool=1)
+    assert (plain.page_size, plain.compress_tails, plain.max_running_requests) == (4, False, None)
