@@ -49,11 +49,18 @@ POOL_VARIANTS: tuple[str, ...] = (
     "dsa:scaled",
     "dsa:kpool",
     "dsa:scaled:kpool",
+    "mla:dcp",
+    "dsa:dcp",
+    "dsa:scaled:dcp",
+    "dsa:kpool:dcp",
+    "dsa:scaled:kpool:dcp",
 )
 #: DSA index kpools the strategies draw (SGLang 0.5.23 takes any divisor of the page
 #: size; its CUDA kernels need 64-token index pages, so a target like sglang pairs kpool
 #: k with ``page_size = 64 * k`` through its ``pool_spec_limits``).
 INDEX_KPOOLS: tuple[int, ...] = (1, 2, 4)
+#: Decode-context-parallel widths the strategies draw (SGLang's ``--dcp-size``; 1 is off).
+DCP_SIZES: tuple[int, ...] = (1, 2, 4)
 #: Compress-tail rows (one request's ring slot) are bf16: 2 bytes per index channel.
 COMPRESS_TAIL_ITEMSIZE = 2
 
@@ -99,11 +106,19 @@ class PoolSpec:
     index_kpool_compress: bool = False
     tail_extra_slots: int = 0
     max_running_requests: int | None = None
+    # MLA / DSA decode context parallel (SGLang's ``--dcp-size``): the pool is rank
+    # ``dcp_rank`` of ``dcp_size``. Callers name tokens by widened id ``w`` in
+    # ``[0, (size + page_size) * dcp_size)``; this rank keeps ``w``'s latent row at
+    # ``w // dcp_size`` when ``w % dcp_size == dcp_rank``. DSA index keys are not split:
+    # every rank keeps one per widened id.
+    dcp_size: int = 1
+    dcp_rank: int = 0
 
     def __post_init__(self) -> None:
-        # Only the layout and kpool fields are checked here: the rest stays plain data,
-        # checked by the reference and the pools, as before.
+        # Only the layout, kpool and DCP fields are checked here: the rest stays plain
+        # data, checked by the reference and the pools, as before.
         self._check_kpool()
+        self._check_dcp()
         if self.latent_layout not in LATENT_LAYOUTS:
             raise ValueError(f"latent_layout={self.latent_layout!r} not in {LATENT_LAYOUTS}")
         if self.latent_layout == "raw":
@@ -141,6 +156,35 @@ class PoolSpec:
                 f" max_running_requests an int >= 0, got {requests!r}"
             )
 
+    def _check_dcp(self) -> None:
+        size, rank = self.dcp_size, self.dcp_rank
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"dcp_size={size!r} must be an int >= 1")
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+            raise ValueError(f"dcp_rank={rank!r} must be an int in [0, dcp_size={size})")
+        if size == 1:
+            return
+        if self.family not in ("mla", "dsa"):
+            raise ValueError(f"dcp_size={size} needs family 'mla' or 'dsa', got {self.family!r}")
+        if not isinstance(self.page_size, int) or not isinstance(self.size, int):
+            return  # the reference and the pools report the bad size or page size
+        if self.page_size < 1 or self.size % self.page_size:
+            raise ValueError(
+                f"dcp_size={size} needs whole pages: size={self.size!r} is not a multiple of"
+                f" page_size={self.page_size!r} (the allocator hands out widened pages of"
+                " page_size * dcp_size ids, and DSA sizes its index keys for whole pages)"
+            )
+
+    @property
+    def token_slots(self) -> int:
+        """Token ids callers may name: ``num_slots``, times ``dcp_size`` (widened ids)."""
+        return self.num_slots * self.dcp_size
+
+    @property
+    def token_page_size(self) -> int:
+        """Ids in one allocator page: ``page_size``, times ``dcp_size`` (a widened page)."""
+        return self.page_size * self.dcp_size
+
     @property
     def compress_tails(self) -> bool:
         """Whether the pool keeps per-request compress tails (SGLang: kpool > 1 and
@@ -154,8 +198,9 @@ class PoolSpec:
 
     @property
     def index_slots(self) -> int:
-        """Index slots the pool's tokens map to (token ``t`` -> slot ``t // index_kpool``)."""
-        return -(-self.num_slots // self.index_kpool)
+        """Index slots the pool's tokens map to (token ``t`` -> slot ``t // index_kpool``;
+        under DCP every widened id has one)."""
+        return -(-self.token_slots // self.index_kpool)
 
     @property
     def tail_requests(self) -> int:
@@ -183,7 +228,8 @@ class PoolSpec:
     @property
     def variant(self) -> str:
         """The family, with the buffer layout when it is not the default (``"mha:hnd"``,
-        ``"dsa:scaled"``) and ``kpool`` for a DSA index kpool above 1 (``"dsa:kpool"``):
+        ``"dsa:scaled"``), ``kpool`` for a DSA index kpool above 1 (``"dsa:kpool"``) and
+        ``dcp`` for decode context parallel (``"mla:dcp"``):
         what a failure's signature names, so a finding can be about one variant only."""
         parts: list[str] = [self.family]
         if self.latent_layout != "raw":
@@ -192,6 +238,8 @@ class PoolSpec:
             parts.append(self.kv_layout)
         if self.index_kpool > 1:
             parts.append("kpool")
+        if self.dcp_size > 1:
+            parts.append("dcp")
         return ":".join(parts)
 
     @property
@@ -211,7 +259,11 @@ class PoolSpec:
 
     @property
     def effective_index_buf_size(self) -> int:
-        return self.size if self.index_buf_size is None else self.index_buf_size
+        """``index_buf_size``, by default SGLang's: ``(size + page_size) * dcp_size -
+        page_size`` (``size`` without DCP)."""
+        if self.index_buf_size is not None:
+            return self.index_buf_size
+        return self.token_slots - self.page_size
 
 
 # --- operations -------------------------------------------------------------------------
