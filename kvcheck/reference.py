@@ -215,8 +215,9 @@ def _index_page_row_bytes(spec: PoolSpec) -> int:
 
 
 def _index_slot_limit(spec: PoolSpec) -> int:
-    """Index slots the pool's tokens map to: slot ``t // index_kpool`` for token ``t``."""
-    return -(-spec.num_slots // spec.index_kpool)
+    """Index slots the pool's tokens map to: slot ``t // index_kpool`` for token ``t``
+    (under DCP, for every widened id ``t``: index keys are not split across ranks)."""
+    return -(-(spec.num_slots * spec.dcp_size) // spec.index_kpool)
 
 
 def _tail_row_bytes(spec: PoolSpec) -> int:
@@ -442,6 +443,17 @@ class ReferencePool:
         has slots, with a negative start or rows of the wrong length -> ValueError; so is a
         host copy or reload naming a request outside that range.
 
+        Decode context parallel (``dcp_size = D > 1``; the pool is rank ``r``): every call
+        names tokens by widened id ``w`` in ``[0, (size + page_size) * D)``. The rank keeps
+        ``w``'s latent row at ``w // D`` when ``w % D == r``; writes of other ranks' ids
+        are dropped. ``set_kv_buffer`` -> RuntimeError (it has no DCP-aware path) once its
+        arguments are valid. A move pair whose target and source belong to different ranks
+        -> ValueError (a rank cannot fetch another's row). A host copy or reload whose
+        ``indices[j] % D != j % D`` for some position ``j`` -> ValueError: SGLang's
+        precondition that each run starts page-aligned, which lets it take a rank's share
+        as ``indices[r::D] // D``. Index keys stay whole: every rank writes, moves and
+        copies every widened id's key.
+
         Example:
             >>> ref = ReferencePool(PoolSpec(family="noop", size=4, page_size=1, layer_num=1,
             ...                              dtype="float16"))
@@ -491,20 +503,24 @@ class ReferencePool:
                     f"index_kpool={spec.index_kpool}: moving pooled index keys needs"
                     " regrouping tokens, so a move is refused (and changes nothing)"
                 )
-            return problem
+            return problem or self._move_owner_problem(op)
         if isinstance(op, HostCopy):
-            return self._locs_problem(
-                "indices", op.indices, distinct=False
-            ) or self._request_problem("req_pool_index", op.req_pool_index)
+            return (
+                self._locs_problem("indices", op.indices, distinct=False)
+                or self._rank_share_problem(op.indices)
+                or self._request_problem("req_pool_index", op.req_pool_index)
+            )
         if isinstance(op, HostReload):
             if op.name not in self._host_copies:
                 return ValueError, f"name={op.name!r} was never copied"
             copied = len(self._host_copies[op.name])
             if len(op.indices) != copied:
                 return ValueError, f"len(indices)={len(op.indices)} != copied tokens {copied}"
-            return self._locs_problem(
-                "indices", op.indices, distinct=True
-            ) or self._request_problem("req_pool_index", op.req_pool_index)
+            return (
+                self._locs_problem("indices", op.indices, distinct=True)
+                or self._rank_share_problem(op.indices)
+                or self._request_problem("req_pool_index", op.req_pool_index)
+            )
         raise TypeError(f"op={op!r} is not an operation from kvcheck.specs")
 
     def _noop_problem(self, op: Op) -> tuple[type[Exception], str] | None:
@@ -519,6 +535,28 @@ class ReferencePool:
             return self._locs_problem("indices", op.indices, distinct=False)
         return None
 
+    def _move_owner_problem(self, op: Move) -> tuple[type[Exception], str] | None:
+        ranks = self.spec.dcp_size
+        for tgt, src in zip(op.tgt, op.src, strict=True):
+            if tgt % ranks != src % ranks:
+                return ValueError, (
+                    f"move {src} -> {tgt}: under dcp_size={ranks} the two ids belong to"
+                    f" ranks {src % ranks} and {tgt % ranks}; a rank cannot fetch another's row"
+                )
+        return None
+
+    def _rank_share_problem(self, indices: Sequence[int]) -> tuple[type[Exception], str] | None:
+        """Under DCP, position ``j`` of a host copy's ids must belong to rank ``j % D``."""
+        ranks = self.spec.dcp_size
+        for position, token in enumerate(indices):
+            if token % ranks != position % ranks:
+                return ValueError, (
+                    f"indices={tuple(indices)!r}: id {token} at position {position} is not"
+                    f" rank {position % ranks}'s (dcp_size={ranks}): each run must start"
+                    " page-aligned"
+                )
+        return None
+
     def _layer_problem(self, layer_id: int) -> tuple[type[Exception], str] | None:
         ids = self.spec.layer_ids
         if not isinstance(layer_id, int) or layer_id not in ids:
@@ -528,7 +566,8 @@ class ReferencePool:
     def _locs_problem(
         self, name: str, locs: Sequence[int], *, distinct: bool, limit: int | None = None
     ) -> tuple[type[Exception], str] | None:
-        limit = self.spec.num_slots if limit is None else limit
+        # Callers name tokens by id: the pool's slots, or under DCP its widened ids.
+        limit = self.spec.num_slots * self.spec.dcp_size if limit is None else limit
         for loc in locs:
             if not isinstance(loc, int) or not 0 <= loc < limit:
                 return ValueError, f"{name}={tuple(locs)!r}: {loc!r} not in [0, {limit})"
@@ -568,7 +607,13 @@ class ReferencePool:
                 " write it with set_mla_kv_buffer from bf16 nope and rope values"
             )
         # MLA/DSA: the latent row is the whole entry; v_rows are ignored like cache_v.
-        return self._rows_problem("k_rows", op.k_rows, len(op.locs), _latent_row_bytes(spec))
+        problem = self._rows_problem("k_rows", op.k_rows, len(op.locs), _latent_row_bytes(spec))
+        if problem is None and spec.dcp_size > 1:
+            return RuntimeError, (
+                f"set_kv_buffer has no decode-context-parallel path (dcp_size={spec.dcp_size}):"
+                " its rows would land at widened ids; write with set_mla_kv_buffer"
+            )
+        return problem
 
     def _payload_problem(self, op: WriteKV) -> tuple[type[Exception], str] | None:
         """A payload in another dtype holds the same number of values as the stored rows."""
@@ -726,10 +771,13 @@ class ReferencePool:
         elif isinstance(op, WriteMLA):
             layer = self._layer(op.layer_id)
             for i, loc in enumerate(op.locs):
+                row = self._latent_row(loc)
+                if row is None:
+                    continue  # another DCP rank's token
                 if self.spec.latent_layout == "scaled":
-                    layer.k[loc] = reference_scaled_latent_row(op.nope_rows[i], op.rope_rows[i])
+                    layer.k[row] = reference_scaled_latent_row(op.nope_rows[i], op.rope_rows[i])
                 else:
-                    layer.k[loc] = bytes(op.nope_rows[i]) + bytes(op.rope_rows[i])
+                    layer.k[row] = bytes(op.nope_rows[i]) + bytes(op.rope_rows[i])
         elif isinstance(op, WritePrefixValid):
             layer = self._layer(op.layer_id)
             width = len(op.loc_grid[0]) if op.loc_grid else 0
@@ -769,6 +817,11 @@ class ReferencePool:
     def _layer(self, layer_id: int) -> _LayerState:
         return self._layers[layer_id - self.spec.start_layer]
 
+    def _latent_row(self, token: int) -> int | None:
+        """The latent row holding ``token`` on this rank, or None (another DCP rank's)."""
+        ranks = self.spec.dcp_size
+        return token // ranks if token % ranks == self.spec.dcp_rank else None
+
     def _has_index_k(self, local: int) -> bool:
         return self.spec.family == "dsa" and not self.spec.skip_mask[local]
 
@@ -780,9 +833,12 @@ class ReferencePool:
             indexed = self._has_index_k(local)
             keys.append(layer.index_key.get(index_slot) if indexed else None)
             scales.append(layer.index_scale.get(index_slot) if indexed else None)
+        # Another DCP rank's token has no row here: its latent part is empty, and the
+        # owner rules make sure it is only ever restored to another rank's token.
+        row = self._latent_row(slot)
         return _TokenSnapshot(
-            k=tuple(layer.k.get(slot, b"") for layer in self._layers),
-            v=tuple(layer.v.get(slot, b"") for layer in self._layers),
+            k=tuple(b"" if row is None else layer.k.get(row, b"") for layer in self._layers),
+            v=tuple(b"" if row is None else layer.v.get(row, b"") for layer in self._layers),
             index_key=tuple(keys),
             index_scale=tuple(scales),
         )
@@ -790,9 +846,11 @@ class ReferencePool:
     def _restore(self, slot: int, snapshot: _TokenSnapshot) -> None:
         # An empty or None entry means "never written": the slot goes back to zeros.
         index_slot = slot // self.spec.index_kpool
+        row = self._latent_row(slot)
         for local, layer in enumerate(self._layers):
-            _put(layer.k, slot, snapshot.k[local])
-            _put(layer.v, slot, snapshot.v[local])
+            if row is not None:
+                _put(layer.k, row, snapshot.k[local])
+                _put(layer.v, row, snapshot.v[local])
             if self._has_index_k(local):
                 _put(layer.index_key, index_slot, snapshot.index_key[local])
                 _put(layer.index_scale, index_slot, snapshot.index_scale[local])

@@ -157,7 +157,7 @@ def _bad_calls(draw: st.DrawFn, spec: PoolSpec, device: str) -> BadCall:
         if kind == "move_src_2d":
             return BadCall(kind, PoolCall("move_kv_cache", (loc, src.view(n, 1))))
         bad_src = src.clone()
-        bad_src[-1] = spec.num_slots
+        bad_src[-1] = spec.token_slots
         return BadCall(kind, PoolCall("move_kv_cache", (loc, bad_src)))
     if kind == "copy_indices_float":
         return BadCall(kind, PoolCall("get_cpu_copy", (loc.to(torch.float32),)))
@@ -187,7 +187,7 @@ def _bad_index_call(
         return BadCall(kind, index_write(scale_arg=torch.cat([scale, scale[:1]])))
     if kind == "index_loc_out_of_range":
         bad = loc.clone()
-        bad[-1] = spec.num_slots
+        bad[-1] = spec.token_slots
         return BadCall(kind, index_write(loc_arg=bad))
     if n < 2:
         repeated = torch.cat([loc, loc])

@@ -28,12 +28,20 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvcheck.specs import INDEX_KPOOLS, KV_LAYOUTS, LATENT_LAYOUTS, POOL_FAMILIES, PoolSpec
+from kvcheck.specs import (
+    DCP_SIZES,
+    INDEX_KPOOLS,
+    KV_LAYOUTS,
+    LATENT_LAYOUTS,
+    POOL_FAMILIES,
+    PoolSpec,
+)
 from kvcheck.validation import check_type
 
 __all__ = [
     "LAYOUT_DECLARATIONS",
     "PoolSpecLimits",
+    "dcp_sizes_problem",
     "fit_spec",
     "kpools_problem",
     "layouts_problem",
@@ -88,6 +96,9 @@ LAYOUT_DECLARATIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
 #: Target attribute declaring the DSA index kpools it builds (default ``(1,)``: kpool 1
 #: only, so a target written before kpools existed is never handed one).
 KPOOL_DECLARATION = "index_kpools"
+#: Target attribute declaring the decode-context-parallel widths its MLA and DSA pools
+#: take (default ``(1,)``: a target written before DCP existed is never handed one).
+DCP_DECLARATION = "dcp_sizes"
 
 
 def pool_spec_limits_of(target: object) -> PoolSpecLimits:
@@ -95,16 +106,17 @@ def pool_spec_limits_of(target: object) -> PoolSpecLimits:
     and DSA layouts it builds: a layout beyond token-major NHD is opt-in, through the
     target's ``kv_layouts`` (default ``("nhd",)``), and one beyond the raw DSA latent row
     through its ``latent_layouts`` (default ``("raw",)``), and a DSA index kpool above 1
-    through its ``index_kpools`` (default ``(1,)``), so a target written before a layout
-    existed is never handed one it would silently build as another.
+    through its ``index_kpools`` (default ``(1,)``), and a decode-context-parallel width
+    above 1 for MLA and DSA through its ``dcp_sizes`` (default ``(1,)``), so a target
+    written before a layout existed is never handed one it would silently build as another.
 
     Example:
         >>> from types import SimpleNamespace
         >>> pool_spec_limits_of(object())["dsa"]
-        {'latent_layout': ('raw',), 'index_kpool': (1,)}
+        {'latent_layout': ('raw',), 'index_kpool': (1,), 'dcp_size': (1,)}
         >>> pool_spec_limits_of(SimpleNamespace(kv_layouts=("nhd", "hnd"),
         ...                                     latent_layouts=("raw", "scaled"),
-        ...                                     index_kpools=(1, 2, 4)))
+        ...                                     index_kpools=(1, 2, 4), dcp_sizes=(1, 2, 4)))
         {}
     """
     declared = getattr(target, "pool_spec_limits", None) or {}
@@ -122,6 +134,13 @@ def pool_spec_limits_of(target: object) -> PoolSpecLimits:
         raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
     if set(kpools) != set(INDEX_KPOOLS):
         merged.setdefault("dsa", {}).setdefault("index_kpool", kpools)
+    widths = getattr(target, DCP_DECLARATION, None) or (1,)
+    problem = dcp_sizes_problem(widths)
+    if problem:
+        raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
+    if set(widths) != set(DCP_SIZES):
+        for family in ("mla", "dsa"):
+            merged.setdefault(family, {}).setdefault("dcp_size", widths)
     return merged
 
 
@@ -153,6 +172,18 @@ def kpools_problem(kpools: object) -> str | None:
     return None
 
 
+def dcp_sizes_problem(widths: object) -> str | None:
+    """What is wrong with a target's ``dcp_sizes`` declaration, or None.
+
+    Example:
+        >>> dcp_sizes_problem((1, 2)), dcp_sizes_problem((2,))
+        (None, 'dcp_sizes=(2,) must be a tuple with 1, of (1, 2, 4)')
+    """
+    if not isinstance(widths, tuple) or 1 not in widths or set(widths) - set(DCP_SIZES):
+        return f"{DCP_DECLARATION}={widths!r} must be a tuple with 1, of {DCP_SIZES}"
+    return None
+
+
 def spec_limit_violations(target: object, spec: PoolSpec) -> list[str]:
     """Fields of ``spec`` outside the target's limits, as ``"page_size=4 not in (64,)"``.
 
@@ -178,7 +209,7 @@ def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
     A new ``page_size`` keeps the number of pages: ``size`` becomes ``pages * page_size``
     and an ``index_buf_size`` keeps its extra pages beyond ``size``. ``index_page_size``
     sets ``page_size`` to it times the (new) ``index_kpool``; a kpool of 1 drops the
-    compress-tail fields.
+    compress-tail fields; a new ``dcp_size`` keeps the rank inside it (rank modulo width).
 
     Example:
         >>> spec = PoolSpec(family="dsa", size=8, page_size=4, layer_num=1, dtype="bfloat16",
@@ -195,6 +226,8 @@ def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
     kpool = changes.get("index_kpool", spec.index_kpool)
     if kpool == 1:
         changes.update(index_kpool_compress=False, max_running_requests=None, tail_extra_slots=0)
+    if "dcp_size" in changes and "dcp_rank" not in changes:
+        changes["dcp_rank"] = spec.dcp_rank % changes["dcp_size"]
     index_page_size = changes.pop("index_page_size", None)
     page_size = changes.get("page_size", spec.page_size)
     if index_page_size is not None:

@@ -280,8 +280,8 @@ def _draw_locs(
     slots: int | None = None,
 ) -> tuple[int, ...]:
     """``count`` (default 1-4, at least ``min_size``) distinct slots of ``slots`` (default:
-    the pool's token slots), often crowded ones."""
-    slots = spec.num_slots if slots is None else slots
+    the token ids callers name, widened under DCP), often crowded ones."""
+    slots = spec.token_slots if slots is None else slots
     if count is None:
         count = draw(_ints(min_size, min(MAX_TOKENS_PER_OP, slots)), label="tokens")
     chosen: list[int] = []
@@ -295,7 +295,7 @@ def _draw_locs(
 
 
 def _draw_pages(draw: st.DrawFn, spec: PoolSpec, count: int) -> list[int]:
-    """``count`` distinct pages (count <= the pages the buffers hold)."""
+    """``count`` distinct allocator pages (count <= the pages the buffers hold)."""
     num_pages = spec.num_slots // spec.page_size
     pages: list[int] = []
     for _ in range(count):
@@ -308,33 +308,44 @@ def _draw_pages(draw: st.DrawFn, spec: PoolSpec, count: int) -> list[int]:
 
 #: How a host copy's index set is laid out: ``None`` for arbitrary tokens, else the run
 #: length of each request segment, every run starting on a page boundary (one request:
-#: its whole pages, then a partial last page).
+#: its whole pages, then a partial last page). Pages are the allocator's: under DCP,
+#: widened pages of ``page_size * dcp_size`` ids.
 CopyLayout = tuple[int, ...] | None
 
 
 def _draw_runs(draw: st.DrawFn, spec: PoolSpec, runs: tuple[int, ...]) -> tuple[int, ...]:
     """Slots for page-aligned runs of the given lengths on distinct pages."""
-    pages_per_run = [-(-length // spec.page_size) for length in runs]
+    page_size = spec.token_page_size
+    pages_per_run = [-(-length // page_size) for length in runs]
     pages = _draw_pages(draw, spec, sum(pages_per_run))
     slots: list[int] = []
     for length, count in zip(runs, pages_per_run, strict=True):
         own, pages = pages[:count], pages[count:]
-        run = [page * spec.page_size + offset for page in own for offset in range(spec.page_size)]
+        run = [page * page_size + offset for page in own for offset in range(page_size)]
         slots += run[:length]
     return tuple(slots)
 
 
 def _draw_copy_layout(draw: st.DrawFn, spec: PoolSpec) -> CopyLayout:
-    """Arbitrary tokens, one request, or two requests (each whole pages + a partial page)."""
+    """Arbitrary tokens, one request, or two requests (each whole pages + a partial page).
+
+    Under DCP a rank takes its share of the ids as ``indices[rank::dcp_size]``, which SGLang
+    allows when each run starts page-aligned; so there are no arbitrary tokens, and a run
+    followed by another has a whole number of ``dcp_size`` ids."""
     num_pages = spec.num_slots // spec.page_size
     shape = draw(choice(("request", "tokens", "requests")), label="index set")
+    if shape == "tokens" and spec.dcp_size > 1:
+        shape = "request"
     if shape == "tokens" or (num_pages < 2 and shape == "requests"):
         return None
     requests = 1 if shape == "request" else 2
     pages_each = min(2, num_pages // requests)
-    return tuple(
-        draw(_ints(1, pages_each * spec.page_size), label="request tokens") for _ in range(requests)
-    )
+    runs = [
+        draw(_ints(1, pages_each * spec.token_page_size), label="request tokens")
+        for _ in range(requests)
+    ]
+    ranks = spec.dcp_size
+    return (*(-(-run // ranks) * ranks for run in runs[:-1]), runs[-1])
 
 
 # --- valid operations --------------------------------------------------------------------
@@ -429,7 +440,7 @@ def _write_mla_ops(draw: st.DrawFn, spec: PoolSpec, padding_slot: bool) -> Write
     locs = _draw_locs(draw, spec)
     if not padding_slot and 0 in locs:
         # Slot 0 becomes the lowest free slot (or is dropped when none is free).
-        free = sorted(set(range(1, spec.num_slots)) - set(locs))
+        free = sorted(set(range(1, spec.token_slots)) - set(locs))
         locs = (
             tuple(free[0] if loc == 0 else loc for loc in locs)
             if free
@@ -583,7 +594,15 @@ def _move_ops(draw: st.DrawFn, spec: PoolSpec) -> Move:
     window = _draw_locs(draw, spec, min_size=min(2, spec.num_slots))
     count = draw(_ints(1, len(window)), label="count")
     tgt = tuple(draw(_permutations(window), label="targets")[:count])
-    src = tuple(draw(_choices(window, count), label="sources"))
+    if spec.dcp_size == 1:
+        src = tuple(draw(_choices(window, count), label="sources"))
+        return Move(tgt=tgt, src=src)
+    # Under DCP a rank moves only its own rows: each source shares its target's rank.
+    ranks = spec.dcp_size
+    src = tuple(
+        draw(choice(tuple(w for w in window if w % ranks == t % ranks)), label="source")
+        for t in tgt
+    )
     return Move(tgt=tgt, src=src)
 
 
@@ -601,7 +620,7 @@ def _host_copy_ops(
 ) -> HostCopy:
     if whole_pages:
         runs = draw(_ints(1, min(2, spec.num_slots // spec.page_size)), label="requests")
-        layout: CopyLayout = tuple(spec.page_size for _ in range(runs))
+        layout: CopyLayout = tuple(spec.token_page_size for _ in range(runs))
     else:
         layout = _draw_copy_layout(draw, spec)
     indices = _draw_locs(draw, spec) if layout is None else _draw_runs(draw, spec, layout)
@@ -635,7 +654,8 @@ def copy_layout(spec: PoolSpec, indices: tuple[int, ...]) -> CopyLayout:
         >>> copy_layout(PoolSpec(family="mla", size=2, page_size=3, layer_num=1,
         ...                      dtype="bfloat16"), (0, 3))
     """
-    whole_pages_end = spec.num_slots // spec.page_size * spec.page_size
+    page_size = spec.token_page_size
+    whole_pages_end = spec.token_slots // page_size * page_size
     runs: list[int] = []
     previous = None
     for slot in indices:
@@ -643,7 +663,7 @@ def copy_layout(spec: PoolSpec, indices: tuple[int, ...]) -> CopyLayout:
             return None
         if previous is not None and slot == previous + 1:
             runs[-1] += 1
-        elif slot % spec.page_size == 0:
+        elif slot % page_size == 0:
             runs.append(1)
         else:
             return None
@@ -737,7 +757,7 @@ def _invalid_ops(
     skipped: frozenset[str],
 ) -> Op:
     kind = draw(choice(_invalid_kinds(spec, copies, skipped)), label="invalid kind")
-    limit = spec.num_slots
+    limit = spec.token_slots
     slot = _ints(0, limit - 1)
     bad_slot = choice((limit, -1, limit + 7))
     if kind == "write_loc_out_of_range":

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from kvcheck.specs import (
+    DCP_SIZES,
     DTYPE_ITEMSIZE,
     FP8_DTYPES,
     INDEX_KPOOLS,
@@ -181,6 +182,7 @@ def _pool_specs(
     max_page_size: int,
     max_start_layer: int,
     kpools: tuple[int, ...],
+    dcp_sizes: tuple[int, ...],
 ) -> PoolSpec:
     family = draw(st.sampled_from(families))
     dtype = draw(st.sampled_from(dtype_names))
@@ -229,7 +231,10 @@ def _pool_specs(
             "qk_rope_head_dim": draw(st.integers(1, 4)),
         }
     if family == "mla":
-        return PoolSpec(**common, **latent)
+        dcp = draw(_dcp_fields(dcp_sizes))
+        if dcp:
+            common["size"] = -(-size // page_size) * page_size  # DCP takes whole pages
+        return PoolSpec(**common, **latent, **dcp)
     extra_pages = draw(st.none() | st.integers(0, 2))
     return PoolSpec(
         **common,
@@ -238,7 +243,20 @@ def _pool_specs(
         index_head_dim=INDEX_HEAD_DIM,
         skip_topk_layers=draw(layer_masks(layers=layer_num)),
         index_buf_size=None if extra_pages is None else size + extra_pages * page_size,
+        **draw(_dcp_fields(dcp_sizes)),
     )
+
+
+@st.composite
+def _dcp_fields(draw: Callable[..., Any], dcp_sizes: tuple[int, ...]) -> dict[str, Any]:
+    """Decode context parallel: none (the shrink target) or, in about half the examples,
+    one of the widths above 1 in ``dcp_sizes`` at any rank. Nothing is drawn when
+    ``dcp_sizes`` has no width above 1, so such specs draw as before DCP existed."""
+    wide = tuple(size for size in dcp_sizes if size > 1)
+    if not wide or not draw(st.booleans(), label="decode context parallel"):
+        return {}
+    dcp_size = draw(st.sampled_from(wide), label="dcp_size")
+    return {"dcp_size": dcp_size, "dcp_rank": draw(st.integers(0, dcp_size - 1), label="rank")}
 
 
 @st.composite
@@ -274,6 +292,7 @@ def pool_specs(
     max_page_size: int = 8,
     max_start_layer: int = 3,
     index_kpools: Sequence[int] = INDEX_KPOOLS,
+    dcp_sizes: Sequence[int] = DCP_SIZES,
     target: object | None = None,
 ) -> st.SearchStrategy[PoolSpec]:
     """Small :class:`~kvcheck.specs.PoolSpec` values for any of ``families``.
@@ -285,7 +304,9 @@ def pool_specs(
     ``index_kpools`` (default 1, 2 and 4): above 1 (dividing the page size) in about two
     examples of three where the page allows, two in three of those with compress tails for
     up to 4 requests (shrinking to kpool 1; without 1 in ``index_kpools``, pages of at
-    least the smallest kpool); float8_e4m3fn DSA specs may take
+    least the smallest kpool); MLA and DSA specs run decode context parallel in about half
+    the examples, at a width of ``dcp_sizes`` above 1 (default 2 and 4) and any rank, with
+    whole pages (shrinking to ``dcp_size=1``); float8_e4m3fn DSA specs may take
     SGLang's scaled latent row, ``latent_layout="scaled"`` with ``kv_lora_rank`` 128 or
     256 and ``qk_rope_head_dim`` 64 or 0 (shrinking to ``"raw"``); ``page_size`` is at most
     ``min(max_page_size, max_size)`` (powers of two for DSA). MHA/NoOp specs may carry a
@@ -323,8 +344,16 @@ def pool_specs(
     check_valid_integer(max_page_size, "max_page_size", min_value=1)
     check_valid_integer(max_start_layer, "max_start_layer", min_value=0)
     kpools = check_choices(index_kpools, "index_kpools", INDEX_KPOOLS)
+    widths = check_choices(dcp_sizes, "dcp_sizes", DCP_SIZES)
     specs = _pool_specs(
-        chosen, names, max_layers, max_size, max_page_size, max_start_layer, tuple(kpools)
+        chosen,
+        names,
+        max_layers,
+        max_size,
+        max_page_size,
+        max_start_layer,
+        tuple(kpools),
+        tuple(widths),
     )
     return specs if target is None else within_target_limits(target, specs)
 

@@ -326,8 +326,10 @@ def _optional_member_problems(target: object) -> list[str]:
 
         problems.extend(pool_spec_limit_problems(limits))
     from kvcheck.strategies.limits import (
+        DCP_DECLARATION,
         KPOOL_DECLARATION,
         LAYOUT_DECLARATIONS,
+        dcp_sizes_problem,
         kpools_problem,
         layouts_problem,
     )
@@ -339,6 +341,10 @@ def _optional_member_problems(target: object) -> list[str]:
             problems.append(problem)
     kpools = getattr(target, KPOOL_DECLARATION, None)
     problem = None if kpools is None else kpools_problem(kpools)
+    if problem:
+        problems.append(problem)
+    widths = getattr(target, DCP_DECLARATION, None)
+    problem = None if widths is None else dcp_sizes_problem(widths)
     if problem:
         problems.append(problem)
     return problems

@@ -26,7 +26,7 @@ import os
 import sys
 import types
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,13 +39,20 @@ TORCHVISION = "torchvision"
 NATIVE_MOVE_ENV = "SGLANG_NATIVE_MOVE_KV_CACHE"
 HND_LAYOUT_ENV = "SGLANG_USE_HND_KVCACHE"
 
+
 #: Parallel widths for one process serving every attention head: what sglang's
 #: launcher publishes for a single-GPU server without decode context parallelism.
-SINGLE_RANK_PARALLEL: Mapping[str, Any] = {
-    "attn_dcp_size": 1,
-    "dcp_enabled": False,
-    "attn_dcp_rank": 0,
-}
+def dcp_parallel_widths(dcp_size: int, dcp_rank: int) -> dict[str, Any]:
+    """The parallel fields sglang's MLA/DSA pools read, for one rank of ``dcp_size``
+    (1: a single-GPU server; the unprefixed ``dcp_*`` fields are set alike, as sglang's
+    publish step derives them)."""
+    return {
+        "attn_dcp_size": dcp_size,
+        "dcp_size": dcp_size,
+        "dcp_enabled": dcp_size > 1,
+        "attn_dcp_rank": dcp_rank,
+        "dcp_rank": dcp_rank,
+    }
 
 
 class TorchvisionStandInError(RuntimeError):
@@ -221,8 +228,9 @@ def hnd_kv_layout() -> Iterator[None]:
 
 
 @contextmanager
-def single_rank_parallel() -> Iterator[None]:
-    """Give sglang's MLA/DSA code the parallel widths of a single-GPU server.
+def dcp_parallel(dcp_size: int = 1, dcp_rank: int = 0) -> Iterator[None]:
+    """Give sglang's MLA/DSA code the parallel widths of rank ``dcp_rank`` of a server
+    with ``--dcp-size dcp_size`` (the defaults: a single-GPU server).
 
     The MLA and DSA pools read ``attn_dcp_size``, ``dcp_enabled`` and ``attn_dcp_rank``
     from sglang's runtime context, which only a launched server publishes. sglang's
@@ -230,7 +238,7 @@ def single_rank_parallel() -> Iterator[None]:
     """
     from sglang.srt.runtime_context import get_parallel
 
-    with get_parallel().override(**SINGLE_RANK_PARALLEL):
+    with get_parallel().override(**dcp_parallel_widths(dcp_size, dcp_rank)):
         yield
 
 

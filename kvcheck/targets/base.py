@@ -105,6 +105,10 @@ FAMILY_SEPARATOR = ":"
 #:     The DSA index kpools (:data:`kvcheck.specs.INDEX_KPOOLS`) the target builds;
 #:     default ``(1,)``. A kpool above 1 (one index key per that many tokens, with
 #:     per-request compress tails when ``index_kpool_compress``) is opt-in likewise.
+#: ``dcp_sizes: tuple[int, ...]``
+#:     The decode-context-parallel widths (:data:`kvcheck.specs.DCP_SIZES`) the target's
+#:     MLA and DSA pools take; default ``(1,)``. Above 1 the pool is one rank
+#:     (``PoolSpec.dcp_rank``) and every call names widened token ids; opt-in likewise.
 #: ``expected_failures: Mapping[str, str]``
 #:     pytest node-id pattern -> reason. Tests of the suite that match (see
 #:     :func:`kvcheck.targets.expected_failure_reason`) run as strict expected failures:
@@ -122,6 +126,7 @@ OPTIONAL_MEMBERS: tuple[str, ...] = (
     "kv_layouts",
     "latent_layouts",
     "index_kpools",
+    "dcp_sizes",
     "expected_failures",
     "findings",
 )

@@ -21,7 +21,14 @@ from types import MappingProxyType
 from typing import Any
 
 import kvcheck
-from kvcheck.specs import INDEX_KPOOLS, KV_LAYOUTS, LATENT_LAYOUTS, POOL_FAMILIES, PoolSpec
+from kvcheck.specs import (
+    DCP_SIZES,
+    INDEX_KPOOLS,
+    KV_LAYOUTS,
+    LATENT_LAYOUTS,
+    POOL_FAMILIES,
+    PoolSpec,
+)
 
 #: Pool class name -> family, most specific first (NoOp derives from MHA, DSA from MLA).
 _FAMILY_OF_CLASS: tuple[tuple[str, str], ...] = (
@@ -70,6 +77,14 @@ class KVCheckTarget:
         """The DSA index kpools this target builds, opt-in as :attr:`kv_layouts`."""
         if type(self).make_pool is KVCheckTarget.make_pool:
             return INDEX_KPOOLS
+        return (1,)
+
+    @property
+    def dcp_sizes(self) -> tuple[int, ...]:
+        """The decode-context-parallel widths this target's MLA and DSA pools take,
+        opt-in as :attr:`kv_layouts`."""
+        if type(self).make_pool is KVCheckTarget.make_pool:
+            return DCP_SIZES
         return (1,)
 
     # --- pools ----------------------------------------------------------------------------

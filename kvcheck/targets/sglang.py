@@ -96,6 +96,8 @@ POOL_SPEC_LIMITS: Mapping[str, Mapping[str, tuple[int, ...]]] = MappingProxyType
 #: DSA index kpools drawn for sglang: 2 already takes 128-token pages; 4 (256) only makes
 #: every example slower without reaching other code.
 INDEX_KPOOLS: tuple[int, ...] = (1, 2)
+#: Decode-context-parallel widths: every width kvcheck draws (sglang asserts none).
+DCP_SIZES: tuple[int, ...] = (1, 2, 4)
 
 #: Capability -> how the target serves it on CPU, where that differs from a GPU server.
 CPU_NOTES: Mapping[str, str] = MappingProxyType(
@@ -189,6 +191,7 @@ class SGLangTarget:
         self.kv_layouts: tuple[str, ...] = KV_LAYOUTS
         self.latent_layouts: tuple[str, ...] = LATENT_LAYOUTS
         self.index_kpools: tuple[int, ...] = INDEX_KPOOLS
+        self.dcp_sizes: tuple[int, ...] = DCP_SIZES
         self.findings = SGLANG_FINDINGS
         self.expected_failures: Mapping[str, str] = EXPECTED_FAILURES
         self.cpu_notes: Mapping[str, str] = CPU_NOTES
@@ -223,8 +226,9 @@ class SGLangTarget:
         sglang store scaled fp8 rows, as its configurator's ``calculate_mla_kv_cache_dim``
         does) and the spec's index kpool and compress-tail sizes, and need 64-token index
         pages (``page_size == 64 * index_kpool``), which sglang asserts. On CPU, MHA pools use
-        sglang's native move; MLA/DSA pool methods run with single-rank parallel widths
-        (see :mod:`._sglang_env`).
+        sglang's native move. MLA/DSA pools are built, and their methods run, with the
+        parallel widths of rank ``dcp_rank`` of ``dcp_size`` (1 of 1 without DCP), as on a
+        server launched with ``--dcp-size`` (see :mod:`._sglang_env`).
         """
         if not isinstance(spec, PoolSpec):
             raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
@@ -244,7 +248,7 @@ class SGLangTarget:
         if spec.family in ("mha", "noop"):
             return self._make_mha_pool(memory_pool, spec, common, device)
         latent = {"kv_lora_rank": spec.kv_lora_rank, "qk_rope_head_dim": spec.qk_rope_head_dim}
-        with env.single_rank_parallel():
+        with env.dcp_parallel(spec.dcp_size, spec.dcp_rank):
             if spec.family == "mla":
                 pool = memory_pool.MLATokenToKVPool(**common, **latent)
             else:
@@ -262,7 +266,10 @@ class SGLangTarget:
                 )
         methods = _MLA_SCOPED_METHODS if spec.family == "mla" else _DSA_SCOPED_METHODS
         on_cpu = not _is_cuda(device)
-        _run_methods_in_scope(pool, methods, functools.partial(_latent_pool_scope, cpu=on_cpu))
+        scope = functools.partial(
+            _latent_pool_scope, cpu=on_cpu, dcp_size=spec.dcp_size, dcp_rank=spec.dcp_rank
+        )
+        _run_methods_in_scope(pool, methods, scope)
         return pool
 
     @staticmethod
@@ -474,10 +481,11 @@ def _published(server_args: Any) -> Iterator[Any]:
 
 
 @contextmanager
-def _latent_pool_scope(*, cpu: bool) -> Iterator[None]:
-    """What one MLA/DSA pool call needs: parallel widths; on CPU, CUDA sync and index kernel."""
+def _latent_pool_scope(*, cpu: bool, dcp_size: int, dcp_rank: int) -> Iterator[None]:
+    """What one MLA/DSA pool call needs: the pool's parallel widths (its DCP rank); on
+    CPU, CUDA sync and index kernel."""
     with ExitStack() as stack:
-        stack.enter_context(env.single_rank_parallel())
+        stack.enter_context(env.dcp_parallel(dcp_size, dcp_rank))
         if cpu:
             stack.enter_context(env.cpu_cuda_synchronize())
             stack.enter_context(env.cpu_index_k_kernel())
