@@ -53,6 +53,10 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "T2": "DSA get_kv_size_bytes and mem_usage leave out the kpool compress tails",
         "T3": "on a CPU pool, get_cpu_copy hands out views of a request's compress tails "
         "(.to('cpu') does not copy there): later tail writes change the saved copy",
+        "D1": "under decode context parallel, MLA/DSA set_kv_buffer is refused by an assert "
+        "(AssertionError, and no refusal at all under python -O), not an error",
+        "D2": "under decode context parallel, move_kv_cache takes physical rows while writes "
+        "and host copies take widened ids (its speculative-decoding callers pass widened ids)",
         "I": "pool calls do not validate input: no ValueError for bad locations, layers, "
         "shapes or lengths (I1-I10)",
     }
@@ -249,14 +253,22 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         check="raises",
         call="move_kv_cache",
         kind="AssertionError instead of ValueError",
-        family="*kpool",
-        steer=frozenset({"dsa:kpool:move", "dsa:scaled:kpool:move"}),
+        family="*kpool*",
+        steer=frozenset(
+            f"{variant}:move"
+            for variant in (
+                "dsa:kpool",
+                "dsa:scaled:kpool",
+                "dsa:kpool:dcp",
+                "dsa:scaled:kpool:dcp",
+            )
+        ),
     ),
     _finding(
         "T2",
         check="accounting",
         kind="compress tails unreported",
-        family="*kpool",
+        family="*kpool*",
         steer=frozenset({"dsa:accounting:compress_tails"}),
     ),
     _finding(
@@ -264,8 +276,28 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         check="host_copy",
         call="get_cpu_copy",
         kind="copy shares memory with _compress_tail_*",
-        family="*kpool",
+        family="*kpool*",
         steer=frozenset({"dsa:host_copy:request"}),
+    ),
+    _finding(
+        "D1",
+        check="raises",
+        call="set_kv_buffer",
+        kind="AssertionError instead of RuntimeError",
+        family="*dcp",
+        steer=frozenset(
+            f"{variant}:{kind}"
+            for variant in ("mla:dcp", "dsa:dcp", "dsa:kpool:dcp")
+            for kind in ("write_kv", "cast_write_kv")
+        ),
+    ),
+    # Any failure of a move on a DCP pool: treating widened ids as rows shows as an
+    # IndexError (an id past the rows) or as the wrong rows moved (a bytes difference).
+    _finding(
+        "D2",
+        call="move_kv_cache",
+        family="*dcp",
+        steer=frozenset({"mla:dcp:move", "dsa:dcp:move", "dsa:scaled:dcp:move"}),
     ),
     _finding(
         "I",

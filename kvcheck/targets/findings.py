@@ -62,9 +62,10 @@ class Finding:
 
     ``check``, ``call``, ``kind`` and ``family`` must each equal the failure's
     :class:`FailureSignature` field where they are non-empty; a value may end in ``*`` to
-    match a prefix, or start with ``*`` to match a suffix. ``steer`` names generation tags
-    the suite avoids for this target (see :data:`kvcheck.machines.STEER_TAGS`); ``pinned``
-    the tests that pin the minimal case.
+    match a prefix, start with ``*`` to match a suffix, or both, to match what it
+    contains (``family="*kpool*"``: every variant with an index kpool). ``steer`` names
+    generation tags the suite avoids for this target (see
+    :data:`kvcheck.machines.STEER_TAGS`); ``pinned`` the tests that pin the minimal case.
     """
 
     id: str
@@ -83,11 +84,16 @@ class Finding:
             >>> Finding("X", "x", kind="no exception*").matches(
             ...     FailureSignature(kind="no exception instead of ValueError"))
             True
+            >>> kpool = Finding("T", "t", family="*kpool*")
+            >>> kpool.matches(FailureSignature(family="dsa:kpool:dcp"))
+            True
         """
         for name in SIGNATURE_FIELDS:
             wanted = getattr(self, name)
             got = getattr(signature, name)
             if not wanted:
+                continue
+            if len(wanted) > 1 and wanted[0] == wanted[-1] == "*" and wanted[1:-1] in got:
                 continue
             if wanted.endswith("*") and got.startswith(wanted[:-1]):
                 continue
