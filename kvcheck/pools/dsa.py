@@ -102,7 +102,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
     ``index_k_with_scale_buffer[i]`` is ``[num_index_pages, index_page_size * (D + S)]``
     with ``D = index_head_dim`` fp8 key bytes and ``S = index_head_dim // 128 * 4`` fp32
     scale bytes per token (per index slot, below), ``num_index_pages = (index_buf_size +
-    page_size + 1) // page_size`` (``index_buf_size`` defaults to ``size``) and
+    page_size + 1) // page_size`` (``index_buf_size`` defaults to SGLang's ``(size +
+    page_size) * dcp_size - page_size``, ``size`` without DCP) and
     ``index_page_size = page_size`` without an index kpool. A page row holds its keys, then
     their scales (see :mod:`kvcheck.pools._index_k`). Index-K covers token ids
     ``[0, num_index_pages * page_size)``; index writes, moves and host copies refuse
@@ -120,7 +121,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
     index_kpool``. Rows stay pages of ``page_size`` tokens and hold ``index_page_size =
     page_size // index_kpool`` slots, so a row is ``index_page_size * (D + S)`` bytes and
     slot ``s`` sits in row ``s // index_page_size`` at offset ``s % index_page_size``.
-    Index writes and paged reads address slots (``[0, ceil(num_slots / index_kpool))``);
+    Index writes and paged reads address slots (``[0, ceil(token_slots / index_kpool))``);
     host copies carry each token's slot (a reload writes slot ``indices[i] // index_kpool``,
     the later token winning when two share one); a non-empty move raises ``ValueError``
     and changes nothing (a token's key cannot move without its slot's other tokens).
@@ -146,6 +147,14 @@ class DSATokenToKVPool(MLATokenToKVPool):
     multiple of 128. SGLang's CUDA kernels require ``page_size == 64`` and
     ``index_head_dim == 128``; this pool copies bytes with torch indexing instead, so it
     is not bound to those values.
+
+    Decode context parallel (``dcp_size``, ``dcp_rank``): the latent rows follow MLA's
+    rules (widened ids, this rank's rows only; see :class:`MLATokenToKVPool`), but index
+    keys are replicated: every rank keeps one per widened id, so the default index-K
+    buffer covers ``token_slots`` ids, index writes take slots in ``[0,
+    ceil(token_slots / index_kpool))``, a move copies the index keys of every pair (the
+    latent rows of this rank's pairs only) and a host copy carries the index keys of
+    every position (the latent rows of this rank's positions only).
 
     Example:
         >>> import torch
@@ -177,6 +186,18 @@ class DSATokenToKVPool(MLATokenToKVPool):
         Traceback (most recent call last):
         ...
         ValueError: move_kv_cache: index_kpool=2: moving pooled index keys needs ...
+
+    Rank 0 of 2: index keys for all 24 widened ids, latent rows for ids 0, 2, 4, ...
+
+        >>> pool = DSATokenToKVPool(size=8, page_size=4, kv_lora_rank=4, dtype=torch.bfloat16,
+        ...                         qk_rope_head_dim=2, layer_num=1, device="cpu",
+        ...                         index_head_dim=128, dcp_size=2, dcp_rank=0)
+        >>> pool.index_buf_size, pool.num_index_pages, pool.kv_buffer[0].shape[0]
+        (20, 6, 12)
+        >>> pool.set_index_k_scale_buffer(0, torch.tensor([23]), key, torch.ones(1, 1))
+        >>> pool.move_kv_cache(tgt_loc=torch.tensor([1]), src_loc=torch.tensor([23]))
+        >>> pool.get_index_k_with_scale_buffer(0)[0, 128:256].unique().tolist()
+        [7]
     """
 
     def __init__(
@@ -199,6 +220,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
         index_kpool_compress: bool = False,
         tail_extra_slots: int = 0,
         max_running_requests: int | None = None,
+        dcp_size: int = 1,
+        dcp_rank: int = 0,
     ) -> None:
         # Validate the DSA arguments before the latent buffers are allocated.
         kpool = _check_kpool(
@@ -226,10 +249,15 @@ class DSATokenToKVPool(MLATokenToKVPool):
             enable_memory_saver,
             start_layer,
             end_layer,
+            dcp_size=dcp_size,
+            dcp_rank=dcp_rank,
         )
         self.index_head_dim = checked_head_dim
         self.skip_topk_layers = checked_mask
-        self.index_buf_size = self.size if checked_buf_size is None else checked_buf_size
+        # SGLang's default: index keys for every widened id (size without DCP).
+        self.index_buf_size = (
+            self.token_slots - self.page_size if checked_buf_size is None else checked_buf_size
+        )
         self.index_kpool = kpool.index_kpool
         self.index_kpool_compress = kpool.index_kpool_compress
         self.tail_extra_slots = kpool.tail_extra_slots
@@ -364,30 +392,33 @@ class DSATokenToKVPool(MLATokenToKVPool):
         """Local layers that hold index keys."""
         return [i for i, skip in enumerate(self.skip_topk_layers) if not skip]
 
-    def _index_token_limit(self) -> tuple[int | None, str]:
-        """Location bound for operations that touch index-K (``None``: the slot bound).
+    def _index_token_limit(self) -> tuple[int, str]:
+        """Location bound (and its reason) for operations that touch index-K: the widened
+        ids, ``token_slots``, or fewer when index-K holds fewer tokens.
 
         Token ``t`` uses index slot ``t // index_kpool``, so the bound is the same for
         every ``index_kpool``: ``num_index_pages * page_size`` tokens."""
         capacity = self.num_index_pages * self.page_size
-        if not self._index_layers or capacity >= self.num_slots:
-            return None, ""
+        if not self._index_layers or capacity >= self.token_slots:
+            return self._token_bound()
         return capacity, (
             f"index-K holds token ids [0, {capacity}): num_index_pages={self.num_index_pages}"
             f" of page_size={self.page_size} for index_buf_size={self.index_buf_size}"
         )
 
-    def _index_slot_limit(self) -> tuple[int | None, str]:
+    def _index_slot_limit(self) -> tuple[int, str]:
         """Bound of the index slots ``set_index_k_scale_buffer`` takes: the slots of the
-        pool's tokens, ``ceil(num_slots / index_kpool)``, and the slots index-K holds,
-        ``num_index_pages * index_page_size`` (``None``: the token slot bound)."""
+        pool's token ids, ``ceil(token_slots / index_kpool)``, and the slots index-K
+        holds, ``num_index_pages * index_page_size``."""
         if self.index_kpool == 1:
             return self._index_token_limit()
-        slots = -(-self.num_slots // self.index_kpool)
+        tokens = self.token_slots
+        slots = -(-tokens // self.index_kpool)
         capacity = self.num_index_pages * self.index_page_size
+        named = "num_slots" if self.dcp_size == 1 else "token_slots (widened)"
         return min(slots, capacity), (
-            f"index slots: one per index_kpool={self.index_kpool} tokens of num_slots="
-            f"{self.num_slots} is {slots}; index-K holds num_index_pages={self.num_index_pages}"
+            f"index slots: one per index_kpool={self.index_kpool} tokens of {named}="
+            f"{tokens} is {slots}; index-K holds num_index_pages={self.num_index_pages}"
             f" rows of index_page_size={self.index_page_size}, {capacity} slots"
         )
 
@@ -419,7 +450,9 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
         A slot is a token id when ``index_kpool == 1``; otherwise slot ``s`` holds the key
         of tokens ``[s * index_kpool, (s + 1) * index_kpool)`` and ``loc`` lies in
-        ``[0, ceil(num_slots / index_kpool))`` (and in index-K's slots). Slot ``s`` sits
+        ``[0, ceil(token_slots / index_kpool))`` (and in index-K's slots; ``token_slots``
+        is ``num_slots`` without DCP, the widened ids with it: every rank keeps every
+        id's index key). Slot ``s`` sits
         in row ``s // index_page_size`` at offset ``s % index_page_size``.
 
         ``index_k``: ``[n, index_head_dim]`` float8_e4m3fn or uint8. ``index_k_scale``:
@@ -491,9 +524,15 @@ class DSATokenToKVPool(MLATokenToKVPool):
         All sources are read before any target is written; targets must be distinct.
         With ``index_kpool > 1`` a non-empty move raises ``ValueError`` (after the
         location checks) and changes nothing; an empty one does nothing.
+
+        Locations are widened ids; with ``dcp_size > 1`` each pair must have one owner
+        (checked before anything moves), the latent rows of this rank's pairs move (row
+        ``tgt // dcp_size`` takes row ``src // dcp_size``) and the index keys of every
+        pair move (index keys are replicated on every rank).
         """
         limit, reason = self._index_token_limit()
         tgt, src = self._move_locations(tgt_loc, src_loc, limit=limit, limit_reason=reason)
+        self._check_move_owners(tgt, src)
         if tgt.numel() == 0:
             return
         if self.index_kpool > 1:
@@ -507,7 +546,8 @@ class DSATokenToKVPool(MLATokenToKVPool):
             )
         if self.is_meta:
             return
-        move_rows(self.kv_buffer, tgt=tgt, src=src)
+        tgt_rows, src_rows = self._owned_move(tgt, src)
+        move_rows(self.kv_buffer, tgt=tgt_rows, src=src_rows)
         for i in self._index_layers:
             self.index_layout.move(self.index_k_with_scale_buffer[i], tgt=tgt, src=src)
 
@@ -546,6 +586,11 @@ class DSATokenToKVPool(MLATokenToKVPool):
         zero-row entries. ``indices`` must lie in index-K's tokens while any layer has
         index keys.
 
+        ``indices`` are widened ids; with ``dcp_size > 1`` the run must start
+        page-aligned (``indices[j] % dcp_size == j % dcp_size``, else ``ValueError``),
+        the latent part holds this rank's positions only (as MLA's) and the index-K part
+        every position.
+
         ``req_pool_index`` (SGLang's name), on a pool with compress tails, also copies
         request ``req_pool_index``'s tail keys and scores of every layer (``None`` for a
         skip layer); it must lie in ``[0, max_running_requests + 1)``. A pool without
@@ -564,6 +609,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
         """
         where = "get_cpu_copy"
         idx = self._copy_indices(indices, distinct=False, where=where)
+        self._check_run(idx, where=where)
         request = self._tail_request(req_pool_index, where=where)
         # Meta rows are shapes only (and torch's meta floor division imports its refs).
         slots = idx if self.is_meta else self._index_slots(idx)
@@ -582,7 +628,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
         return KVHostCopy(
             source=type(self).__name__,
             num_tokens=idx.numel(),
-            parts={"kv": self._copy_latent_rows(idx), "index_k": index_rows},
+            parts={"kv": self._copy_latent_rows(self._run_rows(idx)), "index_k": index_rows},
             tails={} if request is None else self._copy_tails(request),
         )
 
@@ -619,9 +665,14 @@ class DSATokenToKVPool(MLATokenToKVPool):
 
         ``req_pool_index``, on a pool with compress tails, writes the tails the copy holds
         (if it was taken with a request) to that request slot; a pool without tails
-        ignores it. Everything is checked before anything is written."""
+        ignores it. Everything is checked before anything is written.
+
+        With ``dcp_size > 1`` ``indices`` follow :meth:`get_cpu_copy`'s run rule; the
+        latent rows of this rank's positions and the index keys of every position are
+        written."""
         where = "load_cpu_copy"
         idx = self._copy_indices(indices, distinct=True, where=where)
+        self._check_run(idx, where=where)
         request = self._tail_request(req_pool_index, where=where)
         copy = check_host_copy(
             kv_cache_cpu,
@@ -634,7 +685,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
         tails = None if request is None else self._checked_tails(copy, where=where)
         if self.is_meta:
             return
-        self._load_latent_rows(copy.parts["kv"], idx)
+        self._load_latent_rows(copy.parts["kv"], self._run_rows(idx))
         slots, rows = self._last_per_slot(idx)
         for i in self._index_layers:
             layer_rows = copy.parts["index_k"][i].to(self._torch_device)

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from kvcheck.pools import _dcp
 from kvcheck.pools._checks import require_int
 from kvcheck.pools._dtypes import SUPPORTED_DTYPES
 from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
@@ -23,6 +24,18 @@ class MLATokenToKVPool(KVCache):
     ``get_mla_kv_buffer`` reads them back as fresh tensors. Payloads of another floating
     dtype are converted with ``.to(dtype)``.
 
+    Decode context parallel (SGLang's ``--dcp-size``): the pool is rank ``dcp_rank`` of
+    ``dcp_size`` ranks (``D``; default 1, off; with ``D > 1`` ``size`` is a multiple of
+    ``page_size``). Its buffers keep ``size + page_size`` rows, but writes, moves and host
+    copies name tokens by *widened* id ``w`` in ``[0, token_slots)``, ``token_slots =
+    (size + page_size) * D``: the rank owns ``w`` when ``w % D == dcp_rank`` and keeps
+    its row at ``w // D``. ``set_mla_kv_buffer`` drops the ids of other ranks (as
+    SGLang's kernel does), ``set_kv_buffer`` refuses (SGLang has no DCP-aware path for
+    it), a move pair must have one owner, and a host-copy run must start page-aligned
+    (``indices[j] % D == j % D``). Reads (``get_key_buffer``, ``get_value_buffer``,
+    ``get_kv_buffer``, ``get_mla_kv_buffer``) take this rank's physical rows, as
+    SGLang's attention reads collapsed ids.
+
     Example:
         >>> import torch
         >>> from types import SimpleNamespace
@@ -36,6 +49,19 @@ class MLATokenToKVPool(KVCache):
         [[0.0, 1.0, 2.0, 3.0]]
         >>> pool.get_kv_size_bytes()  # one int: all latent buffers
         288
+
+    Rank 1 of 2: widened ids 2 and 3 are written, only 3 (row 3 // 2 = 1) is this rank's.
+
+        >>> pool = MLATokenToKVPool(size=4, page_size=2, dtype=torch.float32, kv_lora_rank=2,
+        ...                         qk_rope_head_dim=1, layer_num=1, device="cpu",
+        ...                         dcp_size=2, dcp_rank=1)
+        >>> pool.token_slots, pool.kv_buffer[0].shape[0]
+        (12, 6)
+        >>> nope = torch.tensor([[[1.0, 1.0]], [[2.0, 2.0]]])
+        >>> pool.set_mla_kv_buffer(None, torch.tensor([2, 3]), nope, torch.zeros(2, 1, 1),
+        ...                        layer_id_override=0)
+        >>> pool.kv_buffer[0][:, 0, 0].tolist()
+        [0.0, 2.0, 0.0, 0.0, 0.0, 0.0]
     """
 
     def __init__(
@@ -50,6 +76,8 @@ class MLATokenToKVPool(KVCache):
         enable_memory_saver: bool = False,
         start_layer: int | None = None,
         end_layer: int | None = None,
+        dcp_size: int = 1,
+        dcp_rank: int = 0,
     ) -> None:
         super().__init__(
             size,
@@ -64,6 +92,9 @@ class MLATokenToKVPool(KVCache):
         self.kv_lora_rank = require_int("kv_lora_rank", kv_lora_rank, minimum=1)
         # SGLang allows a model without a rope part (qk_rope_head_dim == 0).
         self.qk_rope_head_dim = require_int("qk_rope_head_dim", qk_rope_head_dim, minimum=0)
+        self.dcp_size, self.dcp_rank = _dcp.check_dcp_args(
+            self.size, self.page_size, dcp_size, dcp_rank
+        )
         self.kv_cache_dim = self._latent_row_width()
         self.kv_buffer = [
             self._zeros((self.num_slots, 1, self.kv_cache_dim)) for _ in range(self.layer_num)
@@ -72,6 +103,38 @@ class MLATokenToKVPool(KVCache):
     def _latent_row_width(self) -> int:
         """Storage elements of one latent row: ``kv_lora_rank + qk_rope_head_dim``."""
         return self.kv_lora_rank + self.qk_rope_head_dim
+
+    # --- decode context parallel ---------------------------------------------------------
+
+    @property
+    def token_slots(self) -> int:
+        """Token ids writes, moves and host copies take: ``(size + page_size) *
+        dcp_size`` widened ids (``num_slots`` without DCP)."""
+        return self.num_slots * self.dcp_size
+
+    @property
+    def token_page_size(self) -> int:
+        """Widened ids in one allocator page: ``page_size * dcp_size``."""
+        return self.page_size * self.dcp_size
+
+    def _token_bound(self) -> tuple[int, str]:
+        """``(token_slots, reason)``: the bound of widened ids and how an error says it."""
+        return self.token_slots, _dcp.bound_reason(self.size, self.page_size, self.dcp_size)
+
+    def _refuse_dcp_write(self, where: str) -> None:
+        if self.dcp_size > 1:
+            raise RuntimeError(
+                f"{where}: dcp_size={self.dcp_size}: there is no DCP-aware write path for"
+                " whole latent rows (SGLang asserts the same); use set_mla_kv_buffer, which"
+                " takes widened ids and keeps this rank's"
+            )
+
+    def _check_run(self, idx: torch.Tensor, *, where: str) -> None:
+        _dcp.check_run("indices", idx, dcp_size=self.dcp_size, where=where)
+
+    def _run_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """This rank's physical rows of a checked host-copy run."""
+        return _dcp.run_rows(idx, dcp_size=self.dcp_size, dcp_rank=self.dcp_rank)
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -102,7 +165,9 @@ class MLATokenToKVPool(KVCache):
         ``[0, size + page_size)``. ``cache_k`` is on the pool's device, in the pool's dtype
         (fp8 pools also take raw ``uint8`` bytes: stored bit for bit) or in another
         supported floating dtype, converted with ``.to(dtype)`` (no scales, as SGLang).
-        ``cache_v`` is ignored (the latent row holds both), and may be ``None``.
+        ``cache_v`` is ignored (the latent row holds both), and may be ``None``. With
+        ``dcp_size > 1`` it raises ``RuntimeError`` after the argument checks and writes
+        nothing: use :meth:`set_mla_kv_buffer`.
 
         Example:
             >>> pool = MLATokenToKVPool(size=4, page_size=2, dtype=torch.float16,
@@ -119,6 +184,7 @@ class MLATokenToKVPool(KVCache):
         rows = self._cache_payload(
             "cache_k", cache_k, (loc.numel(), 1, self.kv_cache_dim), where=where
         )
+        self._refuse_dcp_write(where)
         if self.is_meta:
             return
         scatter_rows(self.kv_buffer[local], loc, self._stored_rows(rows, None))
@@ -138,7 +204,9 @@ class MLATokenToKVPool(KVCache):
         Both on the pool's device, either both native (the pool's dtype, or raw ``uint8``
         for fp8 pools: stored bit for bit) or both of one other supported floating dtype
         (converted with ``.to(dtype)``). Layer and ``loc`` rules are those of
-        :meth:`set_kv_buffer`.
+        :meth:`set_kv_buffer`, except that ``loc`` holds widened ids in ``[0,
+        token_slots)``: with ``dcp_size > 1`` an id this rank owns writes row ``loc[i] //
+        dcp_size`` and the others are dropped (see the class docstring).
 
         Example:
             >>> pool = MLATokenToKVPool(size=4, page_size=2, dtype=torch.float32,
@@ -153,7 +221,10 @@ class MLATokenToKVPool(KVCache):
         """
         where = "set_mla_kv_buffer"
         local = self._write_layer(layer, layer_id_override, where=where, reads_layer=False)
-        loc = self._locations("loc", loc, distinct=True, where=where)
+        limit, reason = self._token_bound()
+        loc = self._locations(
+            "loc", loc, distinct=True, where=where, limit=limit, limit_reason=reason
+        )
         n = loc.numel()
         nope = self._mla_part("cache_k_nope", cache_k_nope, (n, 1, self.kv_lora_rank), where=where)
         rope_shape = (n, 1, self.qk_rope_head_dim)
@@ -170,7 +241,11 @@ class MLATokenToKVPool(KVCache):
                 self._check_pair_dtypes(("cache_k_nope", nope), ("cache_k_rope", rope), where=where)
         if self.is_meta:
             return
-        scatter_rows(self.kv_buffer[local], loc, self._latent_rows(nope, rope, where=where))
+        rows = self._latent_rows(nope, rope, where=where)
+        if self.dcp_size > 1:
+            owned = _dcp.owned_mask(loc, dcp_size=self.dcp_size, dcp_rank=self.dcp_rank)
+            loc, rows = loc[owned] // self.dcp_size, rows[owned]
+        scatter_rows(self.kv_buffer[local], loc, rows)
 
     def _mla_part(
         self, name: str, value: object, shape: tuple[int, ...], *, where: str
@@ -191,7 +266,8 @@ class MLATokenToKVPool(KVCache):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Read latent rows ``loc`` of ``layer.layer_id`` as ``(nope, rope)``; reads only.
 
-        ``loc``: 1-D int32/int64 in ``[0, size + page_size)`` (repeats allowed).
+        ``loc``: 1-D int32/int64 in ``[0, size + page_size)`` (repeats allowed): physical
+        rows of this rank also under DCP (SGLang's attention reads collapsed ids).
         Returns fresh tensors on the pool's device: ``nope`` ``[len(loc), 1, kv_lora_rank]``
         and ``rope`` ``[len(loc), 1, qk_rope_head_dim]`` (``None`` when
         ``qk_rope_head_dim == 0``), holding the stored values (read in the pool's dtype;
@@ -235,16 +311,43 @@ class MLATokenToKVPool(KVCache):
 
         All sources are read before any target is written, so sources may repeat and
         overlap targets; targets must be distinct. Empty locations are a no-op.
+        Locations are widened ids in ``[0, token_slots)``; with ``dcp_size > 1`` each pair
+        must have one owner (``tgt % dcp_size == src % dcp_size``, else ``ValueError``
+        before anything moves) and only this rank's pairs move, row ``tgt // dcp_size``
+        taking row ``src // dcp_size``.
+
+        Example:
+            >>> pool = MLATokenToKVPool(size=4, page_size=2, dtype=torch.float32,
+            ...                         kv_lora_rank=1, qk_rope_head_dim=0, layer_num=1,
+            ...                         device="cpu", dcp_size=2, dcp_rank=0)
+            >>> pool.kv_buffer[0][:, 0, 0] = torch.arange(6.0)
+            >>> pool.move_kv_cache(torch.tensor([0, 1]), torch.tensor([10, 3]))
+            >>> pool.kv_buffer[0][:, 0, 0].tolist()  # row 0 took row 5; id 1 is rank 1's
+            [5.0, 1.0, 2.0, 3.0, 4.0, 5.0]
         """
-        tgt, src = self._move_locations(tgt_loc, src_loc)
+        limit, reason = self._token_bound()
+        tgt, src = self._move_locations(tgt_loc, src_loc, limit=limit, limit_reason=reason)
+        self._check_move_owners(tgt, src)
         if self.is_meta or tgt.numel() == 0:
             return
-        move_rows(self.kv_buffer, tgt=tgt, src=src)
+        tgt_rows, src_rows = self._owned_move(tgt, src)
+        move_rows(self.kv_buffer, tgt=tgt_rows, src=src_rows)
+
+    def _check_move_owners(self, tgt: torch.Tensor, src: torch.Tensor) -> None:
+        _dcp.check_same_owner(tgt, src, dcp_size=self.dcp_size, where="move_kv_cache")
+
+    def _owned_move(
+        self, tgt: torch.Tensor, src: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The physical ``(tgt, src)`` rows of this rank's pairs of a checked move."""
+        return _dcp.owned_pairs(tgt, src, dcp_size=self.dcp_size, dcp_rank=self.dcp_rank)
 
     # --- host copies ---------------------------------------------------------------------
 
     def _latent_host_layout(self, num_tokens: int) -> list[tuple[int, ...]]:
-        return [(num_tokens, 1, self.kv_cache_dim)] * self.layer_num
+        """Latent rows of a host copy of ``num_tokens`` ids: this rank's positions."""
+        rows = _dcp.run_count(num_tokens, dcp_size=self.dcp_size, dcp_rank=self.dcp_rank)
+        return [(rows, 1, self.kv_cache_dim)] * self.layer_num
 
     def _copy_latent_rows(self, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(self._to_host(gather_rows(buffer, idx)) for buffer in self.kv_buffer)
@@ -254,18 +357,46 @@ class MLATokenToKVPool(KVCache):
             scatter_rows(buffer, idx, layer_rows.to(self._torch_device))
 
     def get_cpu_copy(self, indices: torch.Tensor) -> KVHostCopy:
-        """Copy slots ``indices`` (may repeat) of every layer's latent buffer to the CPU."""
-        idx = self._locations("indices", indices, distinct=False, where="get_cpu_copy")
+        """Copy slots ``indices`` (may repeat) of every layer's latent buffer to the CPU.
+
+        ``indices`` are widened ids in ``[0, token_slots)``. With ``dcp_size > 1`` the run
+        must start page-aligned (``indices[j] % dcp_size == j % dcp_size``, else
+        ``ValueError``) and the copy holds this rank's positions ``j % dcp_size ==
+        dcp_rank`` only, rows ``indices[j] // dcp_size``.
+
+        Example:
+            >>> pool = MLATokenToKVPool(size=4, page_size=2, dtype=torch.float32,
+            ...                         kv_lora_rank=1, qk_rope_head_dim=0, layer_num=1,
+            ...                         device="cpu", dcp_size=2, dcp_rank=1)
+            >>> pool.kv_buffer[0][:, 0, 0] = torch.arange(6.0)
+            >>> copy = pool.get_cpu_copy(torch.tensor([4, 5, 6, 7, 8]))
+            >>> copy.num_tokens, copy.parts["kv"][0][:, 0, 0].tolist()  # ids 5 and 7
+            (5, [2.0, 3.0])
+        """
+        where = "get_cpu_copy"
+        limit, reason = self._token_bound()
+        idx = self._locations(
+            "indices", indices, distinct=False, where=where, limit=limit, limit_reason=reason
+        )
+        self._check_run(idx, where=where)
         return KVHostCopy(
             source=type(self).__name__,
             num_tokens=idx.numel(),
-            parts={"kv": self._copy_latent_rows(idx)},
+            parts={"kv": self._copy_latent_rows(self._run_rows(idx))},
         )
 
     def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
-        """Write copied token ``i`` to slot ``indices[i]`` (distinct, same count as copied)."""
+        """Write copied token ``i`` to slot ``indices[i]`` (distinct, same count as copied).
+
+        ``indices`` follow :meth:`get_cpu_copy`'s rules (widened, a page-aligned run under
+        DCP); with ``dcp_size > 1`` only this rank's positions are written, to rows
+        ``indices[j] // dcp_size``."""
         where = "load_cpu_copy"
-        idx = self._locations("indices", indices, distinct=True, where=where)
+        limit, reason = self._token_bound()
+        idx = self._locations(
+            "indices", indices, distinct=True, where=where, limit=limit, limit_reason=reason
+        )
+        self._check_run(idx, where=where)
         copy = check_host_copy(
             kv_cache_cpu,
             source=type(self).__name__,
@@ -276,13 +407,14 @@ class MLATokenToKVPool(KVCache):
         )
         if self.is_meta:
             return
-        self._load_latent_rows(copy.parts["kv"], idx)
+        self._load_latent_rows(copy.parts["kv"], self._run_rows(idx))
 
     # --- accounting ----------------------------------------------------------------------
 
     def get_kv_size_bytes(self) -> int:
         """Bytes of all latent buffers, one ``int`` (SGLang 0.5.23 returns one number
-        for MLA: ``layer_num * (size + page_size) * kv_cache_dim * itemsize``)."""
+        for MLA: ``layer_num * (size + page_size) * kv_cache_dim * itemsize``, per rank
+        also under DCP)."""
         return sum(buffer.nbytes for buffer in self.kv_buffer)
 
     def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
@@ -310,6 +442,10 @@ class MLATokenToKVPool(KVCache):
     def check_valid(self) -> None:
         """Assert one latent buffer per layer with the documented shape and dtype."""
         self._check_common_invariants({"kv_buffer": self.kv_buffer})
+        self._invariant(
+            0 <= self.dcp_rank < self.dcp_size,
+            f"dcp_rank={self.dcp_rank} not in [0, dcp_size={self.dcp_size})",
+        )
         expected = (self.num_slots, 1, self.kv_cache_dim)
         for i, buffer in enumerate(self.kv_buffer):
             self._invariant(

@@ -127,7 +127,11 @@ class KVCheckTarget:
             )
         if spec.family == "mla":
             return pools.MLATokenToKVPool(
-                kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim, **common
+                kv_lora_rank=spec.kv_lora_rank,
+                qk_rope_head_dim=spec.qk_rope_head_dim,
+                dcp_size=spec.dcp_size,
+                dcp_rank=spec.dcp_rank,
+                **common,
             )
         return pools.DSATokenToKVPool(
             kv_lora_rank=spec.kv_lora_rank,
@@ -142,6 +146,8 @@ class KVCheckTarget:
             index_kpool_compress=spec.index_kpool_compress,
             tail_extra_slots=spec.tail_extra_slots,
             max_running_requests=spec.max_running_requests,
+            dcp_size=spec.dcp_size,
+            dcp_rank=spec.dcp_rank,
             **common,
         )
 
