@@ -446,7 +446,8 @@ class ReferencePool:
         Decode context parallel (``dcp_size = D > 1``; the pool is rank ``r``): every call
         names tokens by widened id ``w`` in ``[0, (size + page_size) * D)``. The rank keeps
         ``w``'s latent row at ``w // D`` when ``w % D == r``; writes of other ranks' ids
-        are dropped. ``set_kv_buffer`` -> RuntimeError (it has no DCP-aware path) once its
+        are dropped. ``set_kv_buffer`` (whose locations are the rank's rows,
+        ``[0, size + page_size)``) -> RuntimeError (it has no DCP-aware path) once its
         arguments are valid. A move pair whose target and source belong to different ranks
         -> ValueError (a rank cannot fetch another's row). A host copy or reload whose
         ``indices[j] % D != j % D`` for some position ``j`` -> ValueError: SGLang's
@@ -588,8 +589,9 @@ class ReferencePool:
 
     def _write_kv_problem(self, op: WriteKV) -> tuple[type[Exception], str] | None:
         spec = self.spec
+        # set_kv_buffer addresses the pool's own rows (under DCP it is refused below).
         problem = self._layer_problem(op.layer_id) or self._locs_problem(
-            "locs", op.locs, distinct=True
+            "locs", op.locs, distinct=True, limit=spec.num_slots
         )
         if problem is not None:
             return problem

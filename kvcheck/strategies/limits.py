@@ -238,10 +238,16 @@ def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
     if page_size != spec.page_size:
         pages = max(1, spec.size // spec.page_size)
         changes.setdefault("size", pages * page_size)
-        if spec.index_buf_size is not None and "index_buf_size" not in changes:
-            extra_pages = max(0, spec.index_buf_size - spec.size) // spec.page_size
-            changes["index_buf_size"] = changes["size"] + extra_pages * page_size
+    if spec.index_buf_size is not None and "index_buf_size" not in changes:
+        # Keep the extra pages beyond SGLang's default, (size + page) * dcp_size - page.
+        extra_pages = max(0, spec.index_buf_size - _default_index_buf(spec)) // spec.page_size
+        fitted = dataclasses.replace(spec, index_buf_size=None, **changes)
+        changes["index_buf_size"] = _default_index_buf(fitted) + extra_pages * page_size
     return dataclasses.replace(spec, **changes)
+
+
+def _default_index_buf(spec: PoolSpec) -> int:
+    return (spec.size + spec.page_size) * spec.dcp_size - spec.page_size
 
 
 @st.composite

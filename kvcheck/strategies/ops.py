@@ -361,7 +361,7 @@ def _write_kv_ops(
 ) -> WriteKV:
     layer_id = draw(choice(layer_ids or tuple(spec.layer_ids)), label="layer_id")
     if locs is None:
-        locs = _draw_locs(draw, spec)
+        locs = _draw_locs(draw, spec, slots=spec.num_slots)
     k_bytes, v_bytes = row_bytes(spec)
     k_rows = draw(payload_rows(spec.dtype, len(locs), k_bytes + extra_k_bytes), label="k_rows")
     v_rows = draw(payload_rows(spec.dtype, len(locs), v_bytes), label="v_rows") if v_bytes else ()
@@ -403,7 +403,7 @@ def _cast_rows(
 @st.composite
 def _cast_write_kv_ops(draw: st.DrawFn, spec: PoolSpec, scales: bool) -> WriteKV:
     layer_id = draw(choice(tuple(spec.layer_ids)), label="layer_id")
-    locs = _draw_locs(draw, spec)
+    locs = _draw_locs(draw, spec, slots=spec.num_slots)
     caller = draw(choice(tuple(d for d in CALLER_DTYPES if d != spec.dtype)), label="dtype")
     k_values, v_values = row_elements(spec)
     # SGLang's MLA/DSA writes convert without scales; MHA divides by them first.

@@ -236,14 +236,19 @@ def _pool_specs(
             common["size"] = -(-size // page_size) * page_size  # DCP takes whole pages
         return PoolSpec(**common, **latent, **dcp)
     extra_pages = draw(st.none() | st.integers(0, 2))
+    kpool = draw(_index_kpools(page_size, kpools))
+    skip_topk_layers = draw(layer_masks(layers=layer_num))
+    dcp = draw(_dcp_fields(dcp_sizes))
+    # SGLang's default index buffer covers every widened id: (size + page) * dcp - page.
+    default_index_buf = (size + page_size) * dcp.get("dcp_size", 1) - page_size
     return PoolSpec(
         **common,
         **latent,
-        **draw(_index_kpools(page_size, kpools)),
+        **kpool,
         index_head_dim=INDEX_HEAD_DIM,
-        skip_topk_layers=draw(layer_masks(layers=layer_num)),
-        index_buf_size=None if extra_pages is None else size + extra_pages * page_size,
-        **draw(_dcp_fields(dcp_sizes)),
+        skip_topk_layers=skip_topk_layers,
+        index_buf_size=None if extra_pages is None else default_index_buf + extra_pages * page_size,
+        **dcp,
     )
 
 
