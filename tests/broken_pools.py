@@ -306,6 +306,64 @@ class RingStartTailDSA(DSATokenToKVPool):
         )
 
 
+# --- decode context parallel ----------------------------------------------------------------
+
+
+class OwnerBlindDcpMLA(MLATokenToKVPool):
+    """Under DCP, ``set_mla_kv_buffer`` keeps every widened id at row ``id // dcp_size``,
+    other ranks' ids too (the owner rule forgotten: they overwrite this rank's rows)."""
+
+    def set_mla_kv_buffer(self, *args: Any, **kwargs: Any) -> None:
+        rank = self.dcp_rank
+        try:
+            for owner in range(self.dcp_size):
+                self.dcp_rank = owner
+                super().set_mla_kv_buffer(*args, **kwargs)
+        finally:
+            self.dcp_rank = rank
+
+
+class UnrefusedKVWriteDcpMLA(MLATokenToKVPool):
+    """Under DCP, ``set_kv_buffer`` writes its rows at the given rows instead of refusing
+    (what SGLang does under ``python -O``, where its refusing assert is gone)."""
+
+    def _refuse_dcp_write(self, where: str) -> None:
+        return None
+
+
+class RankBlindCopyDcpDSA(DSATokenToKVPool):
+    """Under DCP, a host copy takes rank 0's share of the ids (``indices[0::D] // D``)
+    whatever the pool's rank: SGLang's strided view with the rank left out."""
+
+    def _run_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        return idx[:: self.dcp_size] // self.dcp_size
+
+
+class NarrowIndexDcpDSA(DSATokenToKVPool):
+    """Under DCP, index keys sized for this rank's rows (``index_buf_size = size``), not
+    for every widened id (SGLang's ``(size + page_size) * dcp_size - page_size``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("index_buf_size") is None:
+            kwargs["index_buf_size"] = kwargs["size"]
+        super().__init__(*args, **kwargs)
+
+
+class OwnedIndexMoveDcpDSA(DSATokenToKVPool):
+    """Under DCP, a move carries the index keys of this rank's pairs only, so the index
+    keys every rank keeps for every widened id drift apart between ranks."""
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        if self.dcp_size == 1:
+            super().move_kv_cache(tgt_loc, src_loc)
+            return
+        limit, reason = self._index_token_limit()
+        tgt, src = self._move_locations(tgt_loc, src_loc, limit=limit, limit_reason=reason)
+        self._check_move_owners(tgt, src)
+        owned = tgt % self.dcp_size == self.dcp_rank
+        super().move_kv_cache(tgt[owned], src[owned])
+
+
 # --- serving them --------------------------------------------------------------------------
 
 
@@ -332,6 +390,8 @@ def pool_kwargs(spec: PoolSpec, *, device: str) -> dict[str, Any]:
         **common,
         "kv_lora_rank": spec.kv_lora_rank,
         "qk_rope_head_dim": spec.qk_rope_head_dim,
+        "dcp_size": spec.dcp_size,
+        "dcp_rank": spec.dcp_rank,
     }
     if spec.family == "mla":
         return latent

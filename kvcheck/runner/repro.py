@@ -333,12 +333,24 @@ with warnings.catch_warnings():  # sglang warns about CPU-only features at impor
     from sglang.srt.mem_cache import memory_pool
     from sglang.srt.runtime_context import get_parallel
 
-# MLA/DSA pools read parallel widths that a launched server publishes: one rank here.
-get_parallel().override_permanently(attn_dcp_size=1, dcp_enabled=False, attn_dcp_rank=0)
+# MLA/DSA pools read parallel widths that a launched server publishes: RANK_WIDTHS.
+get_parallel().override_permanently(PARALLEL_WIDTHS)
 if not torch.cuda.is_available():
     # DSA host copies call torch.cuda.synchronize(); CPU work has nothing to wait for.
     torch.cuda.synchronize = lambda device=None: None
 '''
+
+def _sglang_setup(spec: PoolSpec) -> str:
+    """The sglang script's setup, publishing the parallel widths of the spec's DCP rank."""
+    ranks, rank = spec.dcp_size, spec.dcp_rank
+    widths = (
+        f"attn_dcp_size={ranks}, dcp_size={ranks}, dcp_enabled={ranks > 1},"
+        f" attn_dcp_rank={rank}, dcp_rank={rank}"
+    )
+    which = "one rank here" if ranks == 1 else f"rank {rank} of --dcp-size {ranks} here"
+    setup = _SGLANG_SETUP.strip("\n").replace("PARALLEL_WIDTHS", widths)
+    return setup.replace("RANK_WIDTHS", which)
+
 
 _SGLANG_INDEX_K = '''
 
@@ -452,7 +464,7 @@ class _ScriptWriter:
             names = ["importlib.abc", "importlib.machinery", "math", "os", "sys", "types"]
             names.append("warnings")
             lines = [*(f"import {name}" for name in names), "", "import torch", "", ""]
-            lines += _SGLANG_SETUP.strip("\n").splitlines()
+            lines += _sglang_setup(self.spec).splitlines()
             if any(isinstance(op, WriteIndexK) for op in self.rep.ops):
                 lines += _SGLANG_INDEX_K.rstrip("\n").splitlines()
             if self.spec.latent_layout == "scaled":
@@ -715,6 +727,8 @@ def _pool_arguments(spec: PoolSpec, *, sglang: bool) -> list[tuple[str, str]]:
         ("kv_lora_rank", str(spec.kv_lora_rank)),
         ("qk_rope_head_dim", str(spec.qk_rope_head_dim)),
     ]
+    if spec.dcp_size > 1 and not sglang:  # sglang reads its rank from the published widths
+        args += [("dcp_size", str(spec.dcp_size)), ("dcp_rank", str(spec.dcp_rank))]
     if spec.family == "dsa":
         mask = spec.skip_topk_layers
         args += [
