@@ -270,8 +270,11 @@ class PoolMachine(RuleBasedStateMachine):
         """Operation kinds this example draws from; ``pause`` first, as the shrink target."""
         assert self.spec is not None
         # The spec's own op kinds, plus moves even where the pool refuses them (a kpool
-        # pool: the refusal must change nothing), the do-nothing step and invalid ops.
+        # pool: the refusal must change nothing), set_kv_buffer under DCP (refused too),
+        # the do-nothing step and invalid ops.
         applies = {*draws.family_op_kinds(self.spec), "pause", "move", "invalid"}
+        if self.spec.dcp_size > 1 and self.spec.latent_layout == "raw":
+            applies.add("write_kv")
         return tuple(
             kind
             for kind, needs in _STEP_KINDS

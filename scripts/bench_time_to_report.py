@@ -133,6 +133,11 @@ KVCHECK_TWINS: tuple[Twin, ...] = (
     _pool_twin("whole-tail-item-dsa", "dsa", "WholeTailItemDSA"),
     _pool_twin("aliased-tail-copy-dsa", "dsa", "AliasedTailCopyDSA"),
     _pool_twin("ring-start-tail-dsa", "dsa", "RingStartTailDSA"),
+    _pool_twin("owner-blind-dcp-mla", "mla", "OwnerBlindDcpMLA"),
+    _pool_twin("unrefused-kv-write-dcp-mla", "mla", "UnrefusedKVWriteDcpMLA"),
+    _pool_twin("uncollapsed-copy-dcp-dsa", "dsa", "UncollapsedCopyDcpDSA"),
+    _pool_twin("narrow-index-dcp-dsa", "dsa", "NarrowIndexDcpDSA"),
+    _pool_twin("owned-index-move-dcp-dsa", "dsa", "OwnedIndexMoveDcpDSA"),
     # Two bugs, one declared as a finding by the twin test: here both are undeclared.
     _pool_twin("silent-reload-moving-noop", "noop", "SilentReloadMovingNoOp"),
     _pool_twin("silent-reload-noop", "noop", "SilentReloadNoOp"),

@@ -62,7 +62,10 @@ class SequentialMoveMLA(MLATokenToKVPool):
     after it was overwritten (moves must gather every source first)."""
 
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
-        tgt, src = self._move_locations(tgt_loc, src_loc)
+        limit, reason = self._token_bound()
+        tgt, src = self._move_locations(tgt_loc, src_loc, limit=limit, limit_reason=reason)
+        self._check_move_owners(tgt, src)
+        tgt, src = self._owned_move(tgt, src)
         for buffer in self.kv_buffer:
             for t, s in zip(tgt.tolist(), src.tolist(), strict=True):
                 buffer[t] = buffer[s]
@@ -81,7 +84,8 @@ class HostCopyDropsIndexK(DSATokenToKVPool):
                 f"load_cpu_copy: {idx.numel()} indices for a copy of "
                 f"{kv_cache_cpu.num_tokens} tokens"
             )
-        self._load_latent_rows(kv_cache_cpu.parts["kv"], idx)
+        self._check_run(idx, where="load_cpu_copy")
+        self._load_latent_rows(kv_cache_cpu.parts["kv"], self._run_rows(idx))
 
 
 # --- skip layers and accounting ------------------------------------------------------------
@@ -331,12 +335,13 @@ class UnrefusedKVWriteDcpMLA(MLATokenToKVPool):
         return None
 
 
-class RankBlindCopyDcpDSA(DSATokenToKVPool):
-    """Under DCP, a host copy takes rank 0's share of the ids (``indices[0::D] // D``)
-    whatever the pool's rank: SGLang's strided view with the rank left out."""
+class UncollapsedCopyDcpDSA(DSATokenToKVPool):
+    """Under DCP, a host copy takes the rank's share of the ids, ``indices[rank::D]``, but
+    uses those widened ids as rows (the ``// D`` of SGLang's ``maybe_dcp_kernel_indices``
+    left out): it reads and reloads the wrong rows."""
 
     def _run_rows(self, idx: torch.Tensor) -> torch.Tensor:
-        return idx[:: self.dcp_size] // self.dcp_size
+        return idx[self.dcp_rank :: self.dcp_size]
 
 
 class NarrowIndexDcpDSA(DSATokenToKVPool):

@@ -28,6 +28,9 @@ from broken_pools import (
     HostCopyDropsIndexK,
     LocSortingMHA,
     MoveIgnoresV,
+    NarrowIndexDcpDSA,
+    OwnedIndexMoveDcpDSA,
+    OwnerBlindDcpMLA,
     PageGranularReloadMHA,
     PageRowMoveDSA,
     RawWidthScaledDSA,
@@ -46,9 +49,11 @@ from broken_pools import (
     SwappedBlockScalesDSA,
     TokenMajorMoveMHA,
     TokenPageIndexKpoolDSA,
+    UncollapsedCopyDcpDSA,
     UncommittedWritingMHA,
     UncountedTailsDSA,
     UnpaddedReportMHA,
+    UnrefusedKVWriteDcpMLA,
     ValidatingMoveNoOp,
     WholeTailItemDSA,
 )
@@ -94,6 +99,7 @@ from kvcheck.specs import (
     WriteCompressTail,
     WriteIndexK,
     WriteKV,
+    WriteMLA,
 )
 from kvcheck.strategies import (
     bad_calls,
@@ -741,3 +747,92 @@ def test_matching_pool_passes_after_the_same_writes() -> None:
         pool.index_k_with_scale_buffer[0][1, 2 * 128 + 4 :].view(torch.float32),
         torch.tensor([0.5]),
     )
+
+
+# --- decode context parallel --------------------------------------------------------------
+
+#: Rank 1 of 2: widened ids 0..11, of which the odd ones are this rank's rows 0..5.
+DCP_MLA_SPEC = PoolSpec(
+    family="mla",
+    size=4,
+    page_size=2,
+    layer_num=1,
+    dtype="bfloat16",
+    kv_lora_rank=2,
+    qk_rope_head_dim=1,
+    dcp_size=2,
+    dcp_rank=1,
+)
+DCP_DSA_SPEC = dataclasses.replace(DCP_MLA_SPEC, family="dsa")
+
+
+def _latent_write(*locs: int) -> WriteMLA:
+    return WriteMLA(
+        layer_id=0,
+        locs=locs,
+        nope_rows=tuple(bytes([loc + 1, 0, loc + 2, 0]) for loc in locs),
+        rope_rows=tuple(bytes([loc + 3, 0]) for loc in locs),
+    )
+
+
+def dcp_failure(spec: PoolSpec, pool_class: type, ops: tuple[Op, ...]) -> str:
+    """Run ``ops`` on ``pool_class`` and on the reference, comparing after each; return the
+    failure message. The same ops pass on kvcheck's own pool (the control)."""
+    for target in (resolve_target("kvcheck"), BrokenTarget(spec.family, pool_class)):
+        pool, reference = target.make_pool(spec, device=CPU), ReferencePool(spec)
+        copies: dict[str, Any] = {}
+        try:
+            for op in ops:
+                apply_op_like_reference(target, pool, reference, op, device=CPU, copies=copies)
+                assert_pool_matches_reference(pool, reference, call=type(op).__name__)
+        except PropertyFailure as caught:
+            assert isinstance(target, BrokenTarget), caught
+            return str(caught)
+    raise AssertionError(f"{pool_class.__name__} passed {ops}")
+
+
+def test_dcp_pool_catches_a_write_that_keeps_other_ranks_ids() -> None:
+    """Widened id 2 is rank 0's: rank 1 must drop it, not keep it at row 1."""
+    message = dcp_failure(DCP_MLA_SPEC, OwnerBlindDcpMLA, (_latent_write(2),))
+    assert "kv_buffer" in message and "WriteMLA" in message
+
+
+def test_dcp_pool_catches_set_kv_buffer_that_is_not_refused() -> None:
+    """set_kv_buffer has no DCP path: a pool that writes instead fails the raises check."""
+    row = bytes(range(latent_row_bytes(DCP_MLA_SPEC)))
+    write = WriteKV(layer_id=0, locs=(1,), k_rows=(row,))
+    assert "RuntimeError" in dcp_failure(DCP_MLA_SPEC, UnrefusedKVWriteDcpMLA, (write,))
+
+
+def test_dcp_pool_catches_a_host_copy_that_does_not_collapse_ids() -> None:
+    """A copy of widened ids 0..3 holds rank 1's rows 0 and 1, and reloads to rows 2, 3."""
+    ops = (
+        _latent_write(1, 3),
+        HostCopy(name="a", indices=(0, 1, 2, 3)),
+        HostReload(name="a", indices=(4, 5, 6, 7)),
+    )
+    # The copy reads rows 1 and 3 (widened ids as rows) and the reload reaches past row 5.
+    assert "load_cpu_copy" in dcp_failure(DCP_DSA_SPEC, UncollapsedCopyDcpDSA, ops)
+
+
+def test_dcp_pool_catches_a_move_that_keeps_other_ranks_index_keys_in_place() -> None:
+    """Index keys are kept for every widened id: moving rank 0's ids 2 -> 4 moves the key
+    on rank 1 too, although no latent row of rank 1 moves."""
+    key = WriteIndexK(
+        layer_id=0,
+        locs=(2,),
+        key_rows=(bytes(range(128)),),
+        scale_rows=(np.float32(0.5).tobytes(),),
+    )
+    message = dcp_failure(DCP_DSA_SPEC, OwnedIndexMoveDcpDSA, (key, Move(tgt=(4,), src=(2,))))
+    assert "index_k_with_scale_buffer" in message and "Move" in message
+
+
+def test_kv_size_property_catches_index_keys_sized_for_one_rank() -> None:
+    """Index keys for this rank's rows only: the accounting and index-K size checks fail."""
+    assert_kv_size_bytes(
+        resolve_target("kvcheck").make_pool(DCP_DSA_SPEC, device=CPU), DCP_DSA_SPEC
+    )
+    broken = BrokenTarget("dsa", NarrowIndexDcpDSA).make_pool(DCP_DSA_SPEC, device=CPU)
+    with pytest.raises(PropertyFailure, match="get_kv_size_bytes"):
+        assert_kv_size_bytes(broken, DCP_DSA_SPEC)

@@ -340,6 +340,7 @@ if not torch.cuda.is_available():
     torch.cuda.synchronize = lambda device=None: None
 '''
 
+
 def _sglang_setup(spec: PoolSpec) -> str:
     """The sglang script's setup, publishing the parallel widths of the spec's DCP rank."""
     ranks, rank = spec.dcp_size, spec.dcp_rank

@@ -238,8 +238,9 @@ OP_KINDS: tuple[str, ...] = (
 def family_op_kinds(spec: PoolSpec) -> tuple[str, ...]:
     """The operation kinds that apply to ``spec``'s family (index-K writes only where a
     layer has index-K; ``set_mla_kv_buffer`` for MLA/DSA; prefix-valid writes for MHA;
-    no ``set_kv_buffer`` for a scaled latent layout; compress-tail writes where a layer
-    keeps tails; no moves with an index kpool, which refuses them).
+    no ``set_kv_buffer`` for a scaled latent layout or under decode context parallel;
+    compress-tail writes where a layer keeps tails; no moves with an index kpool, which
+    refuses them).
 
     Example:
         >>> family_op_kinds(PoolSpec(family="mla", size=2, page_size=1, layer_num=1,
@@ -254,9 +255,10 @@ def family_op_kinds(spec: PoolSpec) -> tuple[str, ...]:
         "move": spec.index_kpool == 1,
         "write_mla": spec.family in ("mla", "dsa"),
         "write_prefix_valid": spec.family in ("mha", "noop"),
-        # A scaled latent row is written only from its bf16 parts (set_mla_kv_buffer).
-        "write_kv": spec.latent_layout == "raw",
-        "cast_write_kv": spec.latent_layout == "raw",
+        # A scaled latent row is written only from its bf16 parts (set_mla_kv_buffer);
+        # under decode context parallel set_kv_buffer is refused (no DCP-aware path).
+        "write_kv": spec.latent_layout == "raw" and spec.dcp_size == 1,
+        "cast_write_kv": spec.latent_layout == "raw" and spec.dcp_size == 1,
     }
     return tuple(kind for kind in OP_KINDS if applies.get(kind, True))
 
