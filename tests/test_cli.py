@@ -195,6 +195,17 @@ def test_memory_report_shows_index_kpools(capsys: pytest.CaptureFixture[str]) ->
     assert "kpool" not in capsys.readouterr().out
 
 
+def test_memory_report_shows_decode_context_parallel(capsys: pytest.CaptureFixture[str]) -> None:
+    """MLA/DSA models get one rank's bytes per widened token at dcp 2 and 4: DeepSeek-V3.2
+    at fp8 keeps 61 x 132 index bytes whole and splits 61 x 576 latent bytes."""
+    args = ["memory-report", "--model", "deepseek-ai/DeepSeek-V3.2", "--dtype", "float8_e4m3fn"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "dcp 1 43,188; dcp 2 25,620 (-40.7%); dcp 4 16,836 (-61.0%)" in out
+    assert main(["memory-report", "--model", "Qwen/Qwen3-Embedding-8B"]) == 0
+    assert "dcp 2" not in capsys.readouterr().out
+
+
 def test_memory_report_one_model(capsys: pytest.CaptureFixture[str]) -> None:
     """--model restricts the report to that model."""
     assert main(["memory-report", "--model", "Qwen/Qwen3-Embedding-8B", "--dtype", "float16"]) == 0

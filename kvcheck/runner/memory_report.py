@@ -6,7 +6,9 @@ capacity on torch's ``meta`` device (shapes without memory, so production scale 
 laptop), checked against the configurator's formula. DSA models are reported twice: with
 their skip layers (the indexer buffer only on non-skip layers) and with every layer
 allocated (what a draft worker or ``--enable-hisparse`` gets), which shows what the skip
-layers save.
+layers save. Where the dtype and the family make a difference, it also prints the fp8 DSA
+latent layouts side by side, DSA index kpools, and one decode-context-parallel rank's
+bytes per widened token.
 
 Example:
     >>> rows = memory_rows(["GLM-5.2-like"], budget_bytes=8 << 30, dtype="bfloat16",
@@ -145,7 +147,42 @@ def render_memory_report(
             "compress tails are per request slot, outside the cell size (as in sglang 0.5.23):",
         ]
         lines += kpools
+    widths = _dcp_widths(rows, dtype)
+    if widths:
+        lines += [
+            "",
+            "Decode context parallel (--dcp-size D), one rank's bytes per widened token: the",
+            "latent rows are split across the D ranks, the DSA index keys are not:",
+        ]
+        lines += widths
     return "\n".join(lines)
+
+
+def _dcp_widths(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
+    """For MLA and DSA models (skip layers honoured), one rank's bytes per widened token
+    at ``dcp_size`` 2 and 4: ``latent / D + index keys`` (each rank keeps every widened
+    id's index key, and ``1 / D`` of the latent rows)."""
+    from kvcheck.reference import reference_skip_mask
+    from kvcheck.serving import MODELS
+
+    lines = []
+    for row in rows:
+        model = MODELS[row.model]
+        # MHA models split their heads by tensor parallel, not DCP.
+        if not model.uses_latent_cache or row.variant == "every layer allocated":
+            continue
+        index = 0
+        if model.is_dsa:
+            index_token = _kpool_bytes(model.index_head_dim, dtype, 1)[0]
+            index = reference_skip_mask(model).count(False) * index_token
+        latent = row.cell_bytes - index
+        parts = [f"dcp 1 {row.cell_bytes:,}"]
+        for width in (2, 4):
+            cell = -(-latent // width) + index
+            change = 100 * (cell - row.cell_bytes) / row.cell_bytes
+            parts.append(f"dcp {width} {cell:,} ({change:+.1f}%)")
+        lines.append(f"  {row.model}: {'; '.join(parts)}")
+    return lines
 
 
 def _index_kpools(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
