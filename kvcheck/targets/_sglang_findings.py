@@ -53,9 +53,9 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "T2": "DSA get_kv_size_bytes and mem_usage leave out the kpool compress tails",
         "T3": "on a CPU pool, get_cpu_copy hands out views of a request's compress tails "
         "(.to('cpu') does not copy there): later tail writes change the saved copy",
-        "D1": "under decode context parallel, MLA/DSA set_kv_buffer is refused by an assert "
+        "R1": "under decode context parallel, MLA/DSA set_kv_buffer is refused by an assert "
         "(AssertionError, and no refusal at all under python -O), not an error",
-        "D2": "under decode context parallel, move_kv_cache takes physical rows while writes "
+        "R2": "under decode context parallel, move_kv_cache takes physical rows while writes "
         "and host copies take widened ids (its speculative-decoding callers pass widened ids)",
         "I": "pool calls do not validate input: no ValueError for bad locations, layers, "
         "shapes or lengths (I1-I10)",
@@ -280,7 +280,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         steer=frozenset({"dsa:host_copy:request"}),
     ),
     _finding(
-        "D1",
+        "R1",
         check="raises",
         call="set_kv_buffer",
         kind="AssertionError instead of RuntimeError",
@@ -294,7 +294,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     # Any failure of a move on a DCP pool: treating widened ids as rows shows as an
     # IndexError (an id past the rows) or as the wrong rows moved (a bytes difference).
     _finding(
-        "D2",
+        "R2",
         call="move_kv_cache",
         family="*dcp",
         steer=frozenset({"mla:dcp:move", "dsa:dcp:move", "dsa:scaled:dcp:move"}),

@@ -409,6 +409,45 @@ def test_t3_tail_host_copy_survives_later_tail_writes(
     assert_compress_tails_match_reference(pool, reference, call="the reload")
 
 
+# --- R1-R2: decode context parallel --------------------------------------------------------
+
+#: Rank 1 of --dcp-size 2: widened ids 0..11; the odd ones are this rank's rows 0..5.
+DCP_MLA = PoolSpec(
+    family="mla",
+    size=4,
+    page_size=2,
+    layer_num=1,
+    dtype="bfloat16",
+    kv_lora_rank=2,
+    qk_rope_head_dim=1,
+    dcp_size=2,
+    dcp_rank=1,
+)
+
+
+@pytest.mark.kvcheck_needs("mla_pool")
+def test_r1_set_kv_buffer_under_dcp_is_refused_with_an_error(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """R1: set_kv_buffer, which has no DCP-aware path, raises RuntimeError (an error that
+    ``python -O`` keeps), and the pool is unchanged."""
+    write = WriteKV(layer_id=0, locs=(1,), k_rows=(bytes(range(6)),))
+    pool = _run_ops(kvcheck_target, kvcheck_device, DCP_MLA, (write,))
+    assert pool.size == DCP_MLA.size
+
+
+@pytest.mark.kvcheck_needs("mla_pool", "mla_write", "move")
+def test_r2_move_under_dcp_takes_widened_ids(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """R2: widened id 3 written by set_mla_kv_buffer lands in rank 1's row 1; a move of
+    widened id 3 to widened id 5 (both rank 1's) carries it to row 2, as the write and
+    the host copies would address it."""
+    write = WriteMLA(
+        layer_id=0, locs=(3,), nope_rows=(bytes([1, 2, 3, 4]),), rope_rows=(bytes([5, 6]),)
+    )
+    pool = _run_ops(kvcheck_target, kvcheck_device, DCP_MLA, (write, Move(tgt=(5,), src=(3,))))
+    assert pool.size == DCP_MLA.size
+
+
 # --- I1-I10: bad input gets a ValueError, never silent corruption --------------------------
 
 SPECS = {
