@@ -52,7 +52,15 @@ from kvcheck.properties.pool_state import (
     assert_read_api_matches_reference,
 )
 from kvcheck.reference import ReferencePool
-from kvcheck.specs import INDEX_KPOOLS, POOL_FAMILIES, POOL_VARIANTS, HostCopy, Op, PoolSpec
+from kvcheck.specs import (
+    DCP_SIZES,
+    INDEX_KPOOLS,
+    POOL_FAMILIES,
+    POOL_VARIANTS,
+    HostCopy,
+    Op,
+    PoolSpec,
+)
 from kvcheck.strategies import ops as draws
 from kvcheck.strategies import pool_specs
 from kvcheck.strategies.limits import within_target_limits
@@ -158,13 +166,18 @@ def supported_op_kinds(target: Any, family: str) -> tuple[str, ...]:
 
 
 def default_machine_specs(
-    family: str, *, index_kpools: tuple[int, ...] = INDEX_KPOOLS
+    family: str,
+    *,
+    index_kpools: tuple[int, ...] = INDEX_KPOOLS,
+    dcp_sizes: tuple[int, ...] = DCP_SIZES,
 ) -> st.SearchStrategy[PoolSpec]:
     """The small pool specs a machine for ``family`` draws when none are given.
 
     Any dtype; up to 3 layers starting at a global layer up to 3; at most 32 tokens in
     pages of up to 4; MHA/NoOp sometimes with a V head dim of its own; DSA with every kind
-    of skip mask and an index kpool of ``index_kpools`` (``(2, 4)``: pooled ones only).
+    of skip mask and an index kpool of ``index_kpools`` (``(2, 4)``: pooled ones only);
+    MLA/DSA one rank of a decode-context-parallel width of ``dcp_sizes`` (``(2, 4)``:
+    always DCP).
     Shrinks towards one bfloat16 layer at layer 0, page_size=1, one page.
 
     Example:
@@ -181,6 +194,7 @@ def default_machine_specs(
         max_size=_MAX_SIZE,
         max_page_size=_MAX_PAGE_SIZE,
         index_kpools=index_kpools,
+        dcp_sizes=dcp_sizes,
     )
 
 

@@ -611,7 +611,8 @@ def _move_ops(draw: st.DrawFn, spec: PoolSpec) -> Move:
 @functools.lru_cache(maxsize=1024)
 def move_ops(spec: PoolSpec) -> st.SearchStrategy[Move]:
     """A move inside one small window of slots: distinct targets, sources that repeat and
-    overlap targets often; about one move in eight is empty (a no-op).
+    overlap targets often; about one move in eight is empty (a no-op). Under decode
+    context parallel the slots are widened ids and each source shares its target's rank.
     Shrinks towards a one-token move inside the first slots."""
     return _move_ops(_checked(spec))
 
@@ -637,6 +638,9 @@ def host_copy_ops(
     """``get_cpu_copy`` remembered under ``name``: about a third each of one request's
     slots (page-aligned: whole pages, then a partial last page), two requests' slots at
     once, and 1-4 arbitrary tokens; with ``whole_pages`` one or two whole pages only.
+    Under decode context parallel pages are widened (``page_size * dcp_size`` ids), there
+    are no arbitrary tokens, and a run followed by another holds whole groups of
+    ``dcp_size`` ids, as SGLang's ``maybe_dcp_kernel_indices`` requires.
     On a DSA pool with compress tails, two copies in three also name a request slot (none
     with ``requests=False``).
     Use :func:`copy_layout` on the op to draw a matching reload.

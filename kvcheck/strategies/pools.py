@@ -252,13 +252,20 @@ def _pool_specs(
     )
 
 
+#: False three times in four; shrinks to False.
+_QUARTER = (False, False, False, True)
+
+
 @st.composite
 def _dcp_fields(draw: Callable[..., Any], dcp_sizes: tuple[int, ...]) -> dict[str, Any]:
-    """Decode context parallel: none (the shrink target) or, in about half the examples,
-    one of the widths above 1 in ``dcp_sizes`` at any rank. Nothing is drawn when
-    ``dcp_sizes`` has no width above 1, so such specs draw as before DCP existed."""
+    """Decode context parallel: none (the shrink target) or, in about a quarter of the
+    examples, one of the widths above 1 in ``dcp_sizes`` at any rank (always, without 1
+    in ``dcp_sizes``). Nothing is drawn when ``dcp_sizes`` has no width above 1, so such
+    specs draw as before DCP existed."""
     wide = tuple(size for size in dcp_sizes if size > 1)
-    if not wide or not draw(st.booleans(), label="decode context parallel"):
+    if not wide:
+        return {}
+    if 1 in dcp_sizes and not draw(st.sampled_from(_QUARTER), label="decode context parallel"):
         return {}
     dcp_size = draw(st.sampled_from(wide), label="dcp_size")
     return {"dcp_size": dcp_size, "dcp_rank": draw(st.integers(0, dcp_size - 1), label="rank")}
@@ -309,9 +316,10 @@ def pool_specs(
     ``index_kpools`` (default 1, 2 and 4): above 1 (dividing the page size) in about two
     examples of three where the page allows, two in three of those with compress tails for
     up to 4 requests (shrinking to kpool 1; without 1 in ``index_kpools``, pages of at
-    least the smallest kpool); MLA and DSA specs run decode context parallel in about half
-    the examples, at a width of ``dcp_sizes`` above 1 (default 2 and 4) and any rank, with
-    whole pages (shrinking to ``dcp_size=1``); float8_e4m3fn DSA specs may take
+    least the smallest kpool); MLA and DSA specs run decode context parallel in about a
+    quarter of the examples (every one without 1 in ``dcp_sizes``), at a width of
+    ``dcp_sizes`` above 1 (default 2 and 4) and any rank, with whole pages (shrinking to
+    ``dcp_size=1``); float8_e4m3fn DSA specs may take
     SGLang's scaled latent row, ``latent_layout="scaled"`` with ``kv_lora_rank`` 128 or
     256 and ``qk_rope_head_dim`` 64 or 0 (shrinking to ``"raw"``); ``page_size`` is at most
     ``min(max_page_size, max_size)`` (powers of two for DSA). MHA/NoOp specs may carry a

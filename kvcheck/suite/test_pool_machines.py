@@ -6,7 +6,8 @@ other slots, and invalid operations, with every buffer compared byte for byte, t
 accounting checked and ``check_valid()`` called after every step. The MHA machine draws
 pools with a V head dim of their own and pools starting at a global layer above 0; the
 DSA machine draws every kind of skip mask and index kpool, and a second DSA run draws
-pooled index keys (kpool 2 or 4, most with compress tails) only. Rules for capabilities
+pooled index keys (kpool 2 or 4, most with compress tails) only, and a third MLA and DSA
+run one decode-context-parallel rank only. Rules for capabilities
 the target declares unsupported (host copies, index-K writes, input validation, ...) are
 left out.
 """
@@ -60,6 +61,27 @@ def test_kpool_pool_matches_reference_after_every_step(
     machine = pool_machine(kvcheck_target, device=kvcheck_device, family="dsa", specs=specs)
     run_state_machine_as_test(machine, settings=machine.TestCase.settings)
     assert machine.__name__ == "DSAPoolMachine"
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        pytest.param(family, marks=pytest.mark.kvcheck_needs(f"{family}_pool"))
+        for family in ("mla", "dsa")
+    ],
+)
+def test_dcp_pool_matches_reference_after_every_step(
+    kvcheck_target: Any, kvcheck_device: str, family: str
+) -> None:
+    """The MLA and DSA machines on one rank of a decode-context-parallel pool only (width
+    2 or 4, widened ids): in the machines above they are one pool in four. Skipped for a
+    target that declares no width above 1 (``dcp_sizes``)."""
+    if pool_spec_limits_of(kvcheck_target).get(family, {}).get("dcp_size") == (1,):
+        pytest.skip("the target builds no decode-context-parallel pool (it declares no dcp_sizes)")
+    specs = default_machine_specs(family, dcp_sizes=(2, 4))
+    machine = pool_machine(kvcheck_target, device=kvcheck_device, family=family, specs=specs)
+    run_state_machine_as_test(machine, settings=machine.TestCase.settings)
+    assert machine.__name__.lower().startswith(family)
 
 
 @pytest.mark.parametrize(
