@@ -69,7 +69,8 @@ SCOPES: tuple[Scope, ...] = (
 GPU_ONLY = "CUDA/HIP/XPU only: a GPU kernel (Triton, AITER, CUDA graph capture) or stream"
 VARIANT = (
     "a pool variant kvcheck does not model (fp4/mxfp8/quantized KV, the vectorized_5d "
-    "layout or an explicit kv_cache_layout label, DCP, post-capture VMM "
+    "layout or an explicit kv_cache_layout label, DCP's replicated and resolved-loc modes "
+    "and FP4 DCP mask, post-capture VMM "
     "backing, unified pools, zero-layer or layer-sharded pools)"
 )
 SERVING_ONLY = (
