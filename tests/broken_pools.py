@@ -527,7 +527,16 @@ class RopeDroppingMLA(MLATokenToKVPool):
         local = layer.layer_id - self.start_layer
         rank = self.kv_lora_rank
         rows = cache_k_nope.reshape(cache_k_nope.shape[0], -1).view(self.store_dtype)
-        self.kv_buffer[local][loc.long(), 0, :rank] = rows
+        own, owned = _owned_rows(self, loc)
+        self.kv_buffer[local][own, 0, :rank] = rows[owned]
+
+
+def _owned_rows(pool: MLATokenToKVPool, loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rows, mask)``: the pool's rows of the widened ids in ``loc`` its DCP rank owns
+    (every id, as its own row, without DCP), so a twin breaks only its own rule."""
+    loc = loc.long()
+    owned = loc % pool.dcp_size == pool.dcp_rank
+    return loc[owned] // pool.dcp_size, owned
 
 
 class SwappedBlockScalesDSA(DSATokenToKVPool):
@@ -540,10 +549,11 @@ class SwappedBlockScalesDSA(DSATokenToKVPool):
             return
         local = getattr(layer, "layer_id", kwargs.get("layer_id_override", 0)) - self.start_layer
         rank, blocks = self.kv_lora_rank, self.kv_lora_rank // 128
-        rows = self.kv_buffer[local][loc.long(), 0]
+        own, _ = _owned_rows(self, loc)
+        rows = self.kv_buffer[local][own, 0]
         scales = rows[:, rank : rank + 4 * blocks].reshape(-1, blocks, 4).flip(1)
         rows[:, rank : rank + 4 * blocks] = scales.reshape(-1, 4 * blocks)
-        self.kv_buffer[local][loc.long(), 0] = rows
+        self.kv_buffer[local][own, 0] = rows
 
 
 class RawWidthScaledDSA(DSATokenToKVPool):
@@ -565,7 +575,8 @@ class RawWidthScaledDSA(DSATokenToKVPool):
         count = cache_k_nope.shape[0]
         rows = quantize_rows(cache_k_nope.reshape(count, -1), cache_k_rope.reshape(count, -1))
         width = self.kv_buffer[0].shape[-1]
-        self.kv_buffer[layer.layer_id - self.start_layer][loc.long(), 0] = rows[:, :width]
+        own, owned = _owned_rows(self, loc)
+        self.kv_buffer[layer.layer_id - self.start_layer][own, 0] = rows[owned, :width]
 
 
 class UncommittedWritingMHA(MHATokenToKVPool):
