@@ -801,3 +801,51 @@ def test_scaled_write_quantizes_each_block_and_keeps_the_rope_bytes() -> None:
     assert scales.tolist() == [np.float32(1) / np.float32(448), np.float32(4) / np.float32(448)]
     assert row[264:].tolist() == [0x12, 0x34]
     assert ref.expected_error(WriteKV(layer_id=0, locs=(1,), k_rows=(bytes(266),))) is ValueError
+
+
+# --- decode context parallel ---------------------------------------------------------------
+
+#: Rank 1 of 2: widened ids 0..11, the odd ones at rows 0..5; raw fp8 rows of 2 bytes.
+DCP = PoolSpec(
+    family="dsa",
+    size=4,
+    page_size=2,
+    layer_num=1,
+    dtype="float8_e5m2",
+    kv_lora_rank=1,
+    qk_rope_head_dim=1,
+    dcp_size=2,
+    dcp_rank=1,
+)
+
+
+def test_dcp_write_keeps_the_ranks_own_ids_at_their_rows() -> None:
+    """Widened id 3 lands in row 1; id 2 (rank 0's) is dropped; id 12 is out of range."""
+    ref = ReferencePool(DCP)
+    ref.apply(WriteMLA(layer_id=0, locs=(2, 3), nope_rows=(b"a", b"b"), rope_rows=(b"x", b"y")))
+    assert ref.expected_kv_buffer(0)[:, 0].tolist() == [0, ord("b"), 0, 0, 0, 0]
+    assert ref.rejects(WriteMLA(layer_id=0, locs=(12,), nope_rows=(b"a",), rope_rows=(b"x",)))
+
+
+def test_dcp_refuses_set_kv_buffer_and_cross_rank_moves_and_misaligned_copies() -> None:
+    """set_kv_buffer: RuntimeError; a move across ranks and a copy whose position 0 is not
+    rank 0's: ValueError; a same-rank move and an aligned copy are accepted."""
+    ref = ReferencePool(DCP)
+    assert ref.expected_error(WriteKV(layer_id=0, locs=(1,), k_rows=(b"ab",))) is RuntimeError
+    assert ref.expected_error(Move(tgt=(4,), src=(3,))) is ValueError
+    assert ref.expected_error(Move(tgt=(5,), src=(3,))) is None
+    assert ref.expected_error(HostCopy(name="a", indices=(1, 2))) is ValueError
+    assert ref.expected_error(HostCopy(name="a", indices=(4, 5, 6))) is None
+
+
+def test_dcp_index_keys_cover_every_widened_id() -> None:
+    """Index keys are not split: (4 + 2) * 2 - 2 = 10 ids of index_buf_size, so 6 pages
+    of 2 (every widened id), and a move of rank 0's ids moves the key on rank 1 too."""
+    ref = ReferencePool(DCP)
+    assert DCP.effective_index_buf_size == 10 and expected_num_index_pages(DCP) == 6
+    key, scale = bytes(range(128)), bytes(4)
+    ref.apply(WriteIndexK(layer_id=0, locs=(11,), key_rows=(key,), scale_rows=(scale,)))
+    ref.apply(Move(tgt=(2,), src=(0,)))
+    ref.apply(Move(tgt=(9,), src=(11,)))
+    pages = ref.expected_index_k_buffer(0)
+    assert pages[4, 128:256].tolist() == list(key) and pages[5, 128:256].tolist() == list(key)

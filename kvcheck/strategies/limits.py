@@ -206,10 +206,12 @@ def spec_limit_violations(target: object, spec: PoolSpec) -> list[str]:
 def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
     """``spec`` with ``values`` replaced, keeping what depends on them consistent.
 
-    A new ``page_size`` keeps the number of pages: ``size`` becomes ``pages * page_size``
-    and an ``index_buf_size`` keeps its extra pages beyond ``size``. ``index_page_size``
-    sets ``page_size`` to it times the (new) ``index_kpool``; a kpool of 1 drops the
-    compress-tail fields; a new ``dcp_size`` keeps the rank inside it (rank modulo width).
+    A new ``page_size`` keeps the number of pages: ``size`` becomes ``pages * page_size``,
+    and an ``index_buf_size`` keeps its extra pages beyond SGLang's default (``size``, or
+    ``(size + page_size) * dcp_size - page_size`` under decode context parallel).
+    ``index_page_size`` sets ``page_size`` to it times the (new) ``index_kpool``; a kpool
+    of 1 drops the compress-tail fields; a new ``dcp_size`` keeps the rank inside it (rank
+    modulo width).
 
     Example:
         >>> spec = PoolSpec(family="dsa", size=8, page_size=4, layer_num=1, dtype="bfloat16",
