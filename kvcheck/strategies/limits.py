@@ -167,9 +167,7 @@ def kpools_problem(kpools: object) -> str | None:
         >>> kpools_problem((1, 2)), kpools_problem((2,))
         (None, 'index_kpools=(2,) must be a tuple with 1, of (1, 2, 4)')
     """
-    if not isinstance(kpools, tuple) or 1 not in kpools or set(kpools) - set(INDEX_KPOOLS):
-        return f"{KPOOL_DECLARATION}={kpools!r} must be a tuple with 1, of {INDEX_KPOOLS}"
-    return None
+    return _tuple_with_one_problem(KPOOL_DECLARATION, kpools, INDEX_KPOOLS)
 
 
 def dcp_sizes_problem(widths: object) -> str | None:
@@ -179,8 +177,13 @@ def dcp_sizes_problem(widths: object) -> str | None:
         >>> dcp_sizes_problem((1, 2)), dcp_sizes_problem((2,))
         (None, 'dcp_sizes=(2,) must be a tuple with 1, of (1, 2, 4)')
     """
-    if not isinstance(widths, tuple) or 1 not in widths or set(widths) - set(DCP_SIZES):
-        return f"{DCP_DECLARATION}={widths!r} must be a tuple with 1, of {DCP_SIZES}"
+    return _tuple_with_one_problem(DCP_DECLARATION, widths, DCP_SIZES)
+
+
+def _tuple_with_one_problem(name: str, values: object, every: tuple[int, ...]) -> str | None:
+    # A numeric declaration always includes 1, the value every target builds.
+    if not isinstance(values, tuple) or 1 not in values or set(values) - set(every):
+        return f"{name}={values!r} must be a tuple with 1, of {every}"
     return None
 
 
