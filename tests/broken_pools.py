@@ -23,6 +23,7 @@ from kvcheck.pools import (
     NoOpMHATokenToKVPool,
 )
 from kvcheck.pools._checks import check_payload, require_int
+from kvcheck.pools._dcp import owned_mask
 from kvcheck.pools._dtypes import as_storage, payload_dtypes
 from kvcheck.pools._host_copy import KVHostCopy
 from kvcheck.pools._index_k import IndexKPageLayout
@@ -365,7 +366,7 @@ class OwnedIndexMoveDcpDSA(DSATokenToKVPool):
         limit, reason = self._index_token_limit()
         tgt, src = self._move_locations(tgt_loc, src_loc, limit=limit, limit_reason=reason)
         self._check_move_owners(tgt, src)
-        owned = tgt % self.dcp_size == self.dcp_rank
+        owned = owned_mask(tgt, dcp_size=self.dcp_size, dcp_rank=self.dcp_rank)
         super().move_kv_cache(tgt[owned], src[owned])
 
 
@@ -535,7 +536,7 @@ def _owned_rows(pool: MLATokenToKVPool, loc: torch.Tensor) -> tuple[torch.Tensor
     """``(rows, mask)``: the pool's rows of the widened ids in ``loc`` its DCP rank owns
     (every id, as its own row, without DCP), so a twin breaks only its own rule."""
     loc = loc.long()
-    owned = loc % pool.dcp_size == pool.dcp_rank
+    owned = owned_mask(loc, dcp_size=pool.dcp_size, dcp_rank=pool.dcp_rank)
     return loc[owned] // pool.dcp_size, owned
 
 

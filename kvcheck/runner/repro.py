@@ -343,10 +343,11 @@ if not torch.cuda.is_available():
 
 def _sglang_setup(spec: PoolSpec) -> str:
     """The sglang script's setup, publishing the parallel widths of the spec's DCP rank."""
+    from kvcheck.targets._sglang_env import dcp_parallel_widths
+
     ranks, rank = spec.dcp_size, spec.dcp_rank
-    widths = (
-        f"attn_dcp_size={ranks}, dcp_size={ranks}, dcp_enabled={ranks > 1},"
-        f" attn_dcp_rank={rank}, dcp_rank={rank}"
+    widths = ", ".join(
+        f"{name}={value!r}" for name, value in dcp_parallel_widths(ranks, rank).items()
     )
     which = "one rank here" if ranks == 1 else f"rank {rank} of --dcp-size {ranks} here"
     setup = _SGLANG_SETUP.strip("\n").replace("PARALLEL_WIDTHS", widths)

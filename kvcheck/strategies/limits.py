@@ -40,11 +40,11 @@ from kvcheck.validation import check_type
 
 __all__ = [
     "LAYOUT_DECLARATIONS",
+    "NUMBER_DECLARATIONS",
     "PoolSpecLimits",
-    "dcp_sizes_problem",
     "fit_spec",
-    "kpools_problem",
     "layouts_problem",
+    "numbers_problem",
     "pool_spec_limit_problems",
     "pool_spec_limits_of",
     "spec_limit_violations",
@@ -99,6 +99,12 @@ KPOOL_DECLARATION = "index_kpools"
 #: Target attribute declaring the decode-context-parallel widths its MLA and DSA pools
 #: take (default ``(1,)``: a target written before DCP existed is never handed one).
 DCP_DECLARATION = "dcp_sizes"
+#: Target attribute declaring numbers it builds -> (pool families, PoolSpec field, every
+#: value; 1, the default every target builds, is always among them).
+NUMBER_DECLARATIONS: dict[str, tuple[tuple[str, ...], str, tuple[int, ...]]] = {
+    KPOOL_DECLARATION: (("dsa",), "index_kpool", INDEX_KPOOLS),
+    DCP_DECLARATION: (("mla", "dsa"), "dcp_size", DCP_SIZES),
+}
 
 
 def pool_spec_limits_of(target: object) -> PoolSpecLimits:
@@ -128,19 +134,14 @@ def pool_spec_limits_of(target: object) -> PoolSpecLimits:
             raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
         if set(layouts) != set(every):
             merged.setdefault(family, {}).setdefault(field, layouts)
-    kpools = getattr(target, KPOOL_DECLARATION, None) or (1,)
-    problem = kpools_problem(kpools)
-    if problem:
-        raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
-    if set(kpools) != set(INDEX_KPOOLS):
-        merged.setdefault("dsa", {}).setdefault("index_kpool", kpools)
-    widths = getattr(target, DCP_DECLARATION, None) or (1,)
-    problem = dcp_sizes_problem(widths)
-    if problem:
-        raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
-    if set(widths) != set(DCP_SIZES):
-        for family in ("mla", "dsa"):
-            merged.setdefault(family, {}).setdefault("dcp_size", widths)
+    for attribute, (families, field, every_number) in NUMBER_DECLARATIONS.items():
+        numbers = getattr(target, attribute, None) or (1,)
+        problem = numbers_problem(attribute, numbers)
+        if problem:
+            raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
+        if set(numbers) != set(every_number):
+            for family in families:
+                merged.setdefault(family, {}).setdefault(field, numbers)
     return merged
 
 
@@ -160,30 +161,17 @@ def layouts_problem(attribute: str, layouts: object) -> str | None:
     return None
 
 
-def kpools_problem(kpools: object) -> str | None:
-    """What is wrong with a target's ``index_kpools`` declaration, or None.
+def numbers_problem(attribute: str, numbers: object) -> str | None:
+    """What is wrong with a target's declaration ``attribute`` (a key of
+    :data:`NUMBER_DECLARATIONS`), or None: a tuple with 1, of the values kvcheck draws.
 
     Example:
-        >>> kpools_problem((1, 2)), kpools_problem((2,))
-        (None, 'index_kpools=(2,) must be a tuple with 1, of (1, 2, 4)')
+        >>> numbers_problem("dcp_sizes", (1, 8))
+        'dcp_sizes=(1, 8) must be a tuple with 1, of (1, 2, 4)'
     """
-    return _tuple_with_one_problem(KPOOL_DECLARATION, kpools, INDEX_KPOOLS)
-
-
-def dcp_sizes_problem(widths: object) -> str | None:
-    """What is wrong with a target's ``dcp_sizes`` declaration, or None.
-
-    Example:
-        >>> dcp_sizes_problem((1, 2)), dcp_sizes_problem((2,))
-        (None, 'dcp_sizes=(2,) must be a tuple with 1, of (1, 2, 4)')
-    """
-    return _tuple_with_one_problem(DCP_DECLARATION, widths, DCP_SIZES)
-
-
-def _tuple_with_one_problem(name: str, values: object, every: tuple[int, ...]) -> str | None:
-    # A numeric declaration always includes 1, the value every target builds.
-    if not isinstance(values, tuple) or 1 not in values or set(values) - set(every):
-        return f"{name}={values!r} must be a tuple with 1, of {every}"
+    every = NUMBER_DECLARATIONS[attribute][2]
+    if not isinstance(numbers, tuple) or 1 not in numbers or set(numbers) - set(every):
+        return f"{attribute}={numbers!r} must be a tuple with 1, of {every}"
     return None
 
 
@@ -244,15 +232,12 @@ def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
         pages = max(1, spec.size // spec.page_size)
         changes.setdefault("size", pages * page_size)
     if spec.index_buf_size is not None and "index_buf_size" not in changes:
-        # Keep the extra pages beyond SGLang's default, (size + page) * dcp_size - page.
-        extra_pages = max(0, spec.index_buf_size - _default_index_buf(spec)) // spec.page_size
+        # Keep the extra pages beyond SGLang's default (effective_index_buf_size of None).
+        default = dataclasses.replace(spec, index_buf_size=None).effective_index_buf_size
+        extra_pages = max(0, spec.index_buf_size - default) // spec.page_size
         fitted = dataclasses.replace(spec, index_buf_size=None, **changes)
-        changes["index_buf_size"] = _default_index_buf(fitted) + extra_pages * page_size
+        changes["index_buf_size"] = fitted.effective_index_buf_size + extra_pages * page_size
     return dataclasses.replace(spec, **changes)
-
-
-def _default_index_buf(spec: PoolSpec) -> int:
-    return (spec.size + spec.page_size) * spec.dcp_size - spec.page_size
 
 
 @st.composite

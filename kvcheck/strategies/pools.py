@@ -8,6 +8,7 @@ given ``target=`` (:mod:`kvcheck.strategies.limits`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -239,17 +240,19 @@ def _pool_specs(
     kpool = draw(_index_kpools(page_size, kpools))
     skip_topk_layers = draw(layer_masks(layers=layer_num))
     dcp = draw(_dcp_fields(dcp_sizes))
-    # SGLang's default index buffer covers every widened id: (size + page) * dcp - page.
-    default_index_buf = (size + page_size) * dcp.get("dcp_size", 1) - page_size
-    return PoolSpec(
+    spec = PoolSpec(
         **common,
         **latent,
         **kpool,
         index_head_dim=INDEX_HEAD_DIM,
         skip_topk_layers=skip_topk_layers,
-        index_buf_size=None if extra_pages is None else default_index_buf + extra_pages * page_size,
         **dcp,
     )
+    if extra_pages is None:
+        return spec
+    # A page or two beyond SGLang's default index buffer (widened under DCP).
+    extra = spec.effective_index_buf_size + extra_pages * page_size
+    return dataclasses.replace(spec, index_buf_size=extra)
 
 
 #: False three times in four; shrinks to False.

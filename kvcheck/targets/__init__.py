@@ -326,12 +326,10 @@ def _optional_member_problems(target: object) -> list[str]:
 
         problems.extend(pool_spec_limit_problems(limits))
     from kvcheck.strategies.limits import (
-        DCP_DECLARATION,
-        KPOOL_DECLARATION,
         LAYOUT_DECLARATIONS,
-        dcp_sizes_problem,
-        kpools_problem,
+        NUMBER_DECLARATIONS,
         layouts_problem,
+        numbers_problem,
     )
 
     for attribute in LAYOUT_DECLARATIONS:
@@ -339,14 +337,11 @@ def _optional_member_problems(target: object) -> list[str]:
         problem = None if layouts is None else layouts_problem(attribute, layouts)
         if problem:
             problems.append(problem)
-    kpools = getattr(target, KPOOL_DECLARATION, None)
-    problem = None if kpools is None else kpools_problem(kpools)
-    if problem:
-        problems.append(problem)
-    widths = getattr(target, DCP_DECLARATION, None)
-    problem = None if widths is None else dcp_sizes_problem(widths)
-    if problem:
-        problems.append(problem)
+    for attribute in NUMBER_DECLARATIONS:
+        numbers = getattr(target, attribute, None)
+        problem = None if numbers is None else numbers_problem(attribute, numbers)
+        if problem:
+            problems.append(problem)
     return problems
 
 

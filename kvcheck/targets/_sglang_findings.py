@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from kvcheck.specs import POOL_VARIANTS
 from kvcheck.targets.findings import Finding
 
 FINDINGS_DOC = "docs/sglang-findings.md"
@@ -254,15 +255,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="move_kv_cache",
         kind="AssertionError instead of ValueError",
         family="*kpool*",
-        steer=frozenset(
-            f"{variant}:move"
-            for variant in (
-                "dsa:kpool",
-                "dsa:scaled:kpool",
-                "dsa:kpool:dcp",
-                "dsa:scaled:kpool:dcp",
-            )
-        ),
+        steer=frozenset(f"{variant}:move" for variant in POOL_VARIANTS if "kpool" in variant),
     ),
     _finding(
         "T2",
@@ -285,9 +278,11 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="set_kv_buffer",
         kind="AssertionError instead of RuntimeError",
         family="*dcp",
+        # set_kv_buffer is drawn on raw latent rows only (a scaled row refuses it anyway).
         steer=frozenset(
             f"{variant}:{kind}"
-            for variant in ("mla:dcp", "dsa:dcp", "dsa:kpool:dcp")
+            for variant in POOL_VARIANTS
+            if variant.endswith(":dcp") and "scaled" not in variant
             for kind in ("write_kv", "cast_write_kv")
         ),
     ),
@@ -297,7 +292,12 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         "R2",
         call="move_kv_cache",
         family="*dcp",
-        steer=frozenset({"mla:dcp:move", "dsa:dcp:move", "dsa:scaled:dcp:move"}),
+        # DCP pools with a kpool refuse moves (T1 steers those).
+        steer=frozenset(
+            f"{variant}:move"
+            for variant in POOL_VARIANTS
+            if variant.endswith(":dcp") and "kpool" not in variant
+        ),
     ),
     _finding(
         "I",

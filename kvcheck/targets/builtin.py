@@ -57,35 +57,31 @@ class KVCheckTarget:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, version={self.version!r})"
 
+    def _builds_kvcheck_pools(self) -> bool:
+        """Whether this target's pools are kvcheck's own (a subclass may build others)."""
+        return type(self).make_pool is KVCheckTarget.make_pool
+
     @property
     def kv_layouts(self) -> tuple[str, ...]:
         """The MHA layouts this target builds: all of kvcheck's, unless a subclass builds
         its own pools (it opts in to more than token-major NHD by declaring its own)."""
-        if type(self).make_pool is KVCheckTarget.make_pool:
-            return KV_LAYOUTS
-        return ("nhd",)
+        return KV_LAYOUTS if self._builds_kvcheck_pools() else ("nhd",)
 
     @property
     def latent_layouts(self) -> tuple[str, ...]:
         """The DSA latent row layouts this target builds, opt-in as :attr:`kv_layouts`."""
-        if type(self).make_pool is KVCheckTarget.make_pool:
-            return LATENT_LAYOUTS
-        return ("raw",)
+        return LATENT_LAYOUTS if self._builds_kvcheck_pools() else ("raw",)
 
     @property
     def index_kpools(self) -> tuple[int, ...]:
         """The DSA index kpools this target builds, opt-in as :attr:`kv_layouts`."""
-        if type(self).make_pool is KVCheckTarget.make_pool:
-            return INDEX_KPOOLS
-        return (1,)
+        return INDEX_KPOOLS if self._builds_kvcheck_pools() else (1,)
 
     @property
     def dcp_sizes(self) -> tuple[int, ...]:
         """The decode-context-parallel widths this target's MLA and DSA pools take,
         opt-in as :attr:`kv_layouts`."""
-        if type(self).make_pool is KVCheckTarget.make_pool:
-            return DCP_SIZES
-        return (1,)
+        return DCP_SIZES if self._builds_kvcheck_pools() else (1,)
 
     # --- pools ----------------------------------------------------------------------------
 

@@ -532,3 +532,49 @@ def test_fit_spec_keeps_pages_whole_groups_of_the_kpool() -> None:
     assert fit_spec(spec, index_page_size=64, index_kpool=2).page_size == 128
     plain = fit_spec(spec, index_kpool=1)
     assert (plain.page_size, plain.compress_tails, plain.max_running_requests) == (4, False, None)
+
+
+def test_decode_context_parallel_is_drawn_only_for_targets_that_declare_it() -> None:
+    """A target that builds its own pools and declares no dcp_sizes gets dcp_size 1 only
+    (MLA and DSA); kvcheck's own target gets DCP ranks; a declaration without 1, or with a
+    width kvcheck does not draw, is refused."""
+
+    class OwnPools(KVCheckTarget):
+        def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
+            return super().make_pool(spec, device=device)
+
+    def specs(target: object) -> Any:
+        return pool_specs(families=("mla", "dsa"), target=target)
+
+    dcp = lambda spec: spec.dcp_size > 1  # noqa: E731
+    with pytest.raises(NoSuchExample):
+        find(specs(OwnPools()), dcp, settings=SEARCH)
+    spec = find(specs(KVCheckTarget()), lambda s: s.dcp_size == 4, settings=SEARCH)
+    assert spec.variant.endswith(":dcp") and 0 <= spec.dcp_rank < 4
+    for bad in ((2,), (1, 8)):
+        with pytest.raises(InvalidArgument, match="dcp_sizes="):
+            specs(SimpleNamespace(name="t", dcp_sizes=bad))
+
+    class WidthsOnly(KVCheckTarget):
+        dcp_sizes = (2, 4)  # type: ignore[assignment]
+
+    assert any(problem.startswith("dcp_sizes=") for problem in check_target(WidthsOnly()))
+
+
+def test_fit_spec_keeps_the_dcp_rank_and_the_extra_index_pages() -> None:
+    """A new dcp_size keeps the rank inside it; an explicit index_buf_size keeps its extra
+    pages beyond SGLang's default, which is widened under DCP."""
+    spec = PoolSpec(
+        family="dsa",
+        size=8,
+        page_size=4,
+        layer_num=1,
+        dtype="bfloat16",
+        dcp_size=4,
+        dcp_rank=3,
+        index_buf_size=(8 + 4) * 4 - 4 + 2 * 4,
+    )
+    narrower = fit_spec(spec, dcp_size=2)
+    assert (narrower.dcp_rank, narrower.index_buf_size) == (1, (8 + 4) * 2 - 4 + 2 * 4)
+    single = fit_spec(spec, dcp_size=1)
+    assert (single.dcp_rank, single.index_buf_size) == (0, 8 + 2 * 4)
