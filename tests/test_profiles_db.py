@@ -21,6 +21,7 @@ from kvcheck.runner.db import (
     DatabaseSpecError,
     RecordingDatabase,
     StrictDirectoryDatabase,
+    TargetDatabase,
     check_writable,
     database_from_spec,
     describe_database,
@@ -219,13 +220,16 @@ def test_ci_profile_keeps_the_database_hypothesis_ci_drops() -> None:
 def test_register_profiles_reads_kvcheck_db(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Without a database argument the profiles use KVCHECK_DB, wrapped for recording."""
+    """Without a database argument the profiles use KVCHECK_TARGET's share of KVCHECK_DB,
+    wrapped for recording."""
     monkeypatch.setenv("KVCHECK_DB", str(tmp_path / "db"))
+    monkeypatch.setenv("KVCHECK_TARGET", "mypkg:pool")
     profiles.register_profiles()
     db = settings.get_profile(profiles.DEV).database
     assert isinstance(db, RecordingDatabase)
-    assert isinstance(db.inner, DirectoryBasedExampleDatabase)
-    assert db.inner.path == tmp_path / "db"
+    assert isinstance(db.inner, TargetDatabase) and db.inner.target == "mypkg:pool"
+    assert isinstance(db.inner.inner, DirectoryBasedExampleDatabase)
+    assert db.inner.inner.path == tmp_path / "db"
 
 
 def test_register_profiles_rejects_non_database() -> None:

@@ -10,11 +10,13 @@ import selectors
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import two_targets
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
@@ -26,6 +28,7 @@ from kvcheck.runner.db import (
     database_from_spec,
     describe_database,
     recording_test,
+    scan_database,
     stored_examples_fetched,
 )
 
@@ -176,7 +179,7 @@ def test_plugin_header_shows_redis(
         settings._profiles.update(saved)
         settings.load_profile(current)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([f"kvcheck database: redis {flushed}"])
+    result.stdout.fnmatch_lines([f"kvcheck database: redis {flushed} (examples of target *)"])
 
 
 def test_server_dir_is_the_temp_dir(
@@ -185,3 +188,66 @@ def test_server_dir_is_the_temp_dir(
     """The server keeps its working files in the test's temp dir (nothing outside it)."""
     config = redis.Redis.from_url(redis_url).config_get("dir")
     assert Path(config["dir"]).is_relative_to(tmp_path_factory.getbasetemp())
+
+
+# --- two targets sharing one server ----------------------------------------------------------
+
+
+def _run_target(root: Path, url: str, target: str, *, profile: str) -> subprocess.Popen[bytes]:
+    """A pytest run of the two-target project against the Redis database, as a runner does."""
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(root),
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--kvcheck-target={target}",
+        f"--kvcheck-profile={profile}",
+        "--kvcheck-device=cpu",
+    ]
+    return subprocess.Popen(
+        command,
+        cwd=root,
+        env=two_targets.environment(root, url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _finish(run: subprocess.Popen[bytes]) -> tuple[int, str]:
+    output, _ = run.communicate(timeout=300)
+    return run.returncode, output.decode(errors="replace")
+
+
+def _buggy_examples(url: str) -> int:
+    return scan_database(database_from_spec(url)).holdings(two_targets.BUGGY).entries
+
+
+@pytest.mark.parametrize("concurrently", [False, True], ids=["one-after-the-other", "at-once"])
+def test_two_targets_share_a_server_without_losing_a_failure(
+    flushed: str, tmp_path: Path, concurrently: bool
+) -> None:
+    """The buggy target's failure survives runs of the healthy target on the same server, run
+    after it or beside it, and replays from there."""
+    root = two_targets.write_project(tmp_path / "project")
+    if concurrently:
+        buggy = _run_target(root, flushed, two_targets.BUGGY, profile=profiles.DEV)
+        healthy = _run_target(root, flushed, "kvcheck", profile=profiles.DEV)
+        (buggy_status, output), (healthy_status, _) = _finish(buggy), _finish(healthy)
+    else:
+        buggy_status, output = _finish(
+            _run_target(root, flushed, two_targets.BUGGY, profile=profiles.DEV)
+        )
+    assert buggy_status == 1, output
+    stored = _buggy_examples(flushed)
+    assert stored >= 1
+    if not concurrently:
+        healthy_status, _ = _finish(_run_target(root, flushed, "kvcheck", profile=profiles.DEV))
+    assert healthy_status == 0
+    replayed, _ = _finish(_run_target(root, flushed, "kvcheck", profile=profiles.REPLAY))
+    assert replayed == 0
+    assert _buggy_examples(flushed) >= stored
+    status, output = _finish(_run_target(root, flushed, two_targets.BUGGY, profile=profiles.REPLAY))
+    assert status == 1 and two_targets.FAILING_TEST in output

@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -288,22 +289,87 @@ def _verify(options: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def _replay(options: argparse.Namespace, extra: Sequence[str]) -> int:
+    """Replay one target's stored examples, or, without ``--target``, each target's in turn.
+
+    A database may hold several targets' examples (kvcheck keys them by target); each is
+    replayed against its own target, never another's, and named before its run.
+    """
     from kvcheck.runner.profiles import REPLAY
 
-    return _run_suite(options, extra, command="replay", profile=REPLAY)
+    targets = _targets_to_replay(options.target)
+    if len(targets) == 1:
+        return _run_suite(options, extra, command="replay", profile=REPLAY, target=targets[0])
+    for option, value in (("--json", options.json_path), ("--junit-xml", options.junit_xml)):
+        if value is not None:
+            raise UsageProblem(
+                f"the database holds examples of {len(targets)} targets "
+                f"({', '.join(map(repr, targets))}), and {option} takes one target's results: "
+                "choose one with --target"
+            )
+    statuses = []
+    for number, name in enumerate(targets, start=1):
+        print(f"kvcheck replay: target {number} of {len(targets)}: {name!r}", flush=True)
+        statuses.append(
+            _run_suite(
+                argparse.Namespace(
+                    **{
+                        **vars(options),
+                        "results_dir": _target_results_dir(Path(options.results_dir), name),
+                    }
+                ),
+                extra,
+                command="replay",
+                profile=REPLAY,
+                target=name,
+            )
+        )
+        if statuses[-1] == EXIT_INTERRUPTED:
+            return EXIT_INTERRUPTED
+    return max(statuses)
+
+
+def _targets_to_replay(option: str | None) -> list[str]:
+    """``--target`` (or ``KVCHECK_TARGET``); else every target with stored examples; else the
+    default target, which also reads examples an older kvcheck stored without a target."""
+    from kvcheck.runner.db import scan_database
+    from kvcheck.targets import DEFAULT_TARGET, TARGET_ENV_VAR, target_spec
+
+    if (option and option.strip()) or os.environ.get(TARGET_ENV_VAR, "").strip():
+        return [target_spec(option)]
+    scan = scan_database(_check_database(writable=False))
+    holding = [held.target for held in scan.targets if held.entries]
+    return holding or [DEFAULT_TARGET]
+
+
+def _target_results_dir(results_dir: Path, target: str) -> str:
+    """One target's results under ``results_dir`` when several are replayed in one command.
+
+    Example:
+        >>> _target_results_dir(Path(".kvcheck"), "mypkg.pools:buggy")
+        '.kvcheck/replay-mypkg.pools-buggy'
+    """
+    slug = re.sub(r"[^A-Za-z0-9_.]+", "-", target).strip("-") or "target"
+    return str(results_dir / f"replay-{slug}")
 
 
 def _run_suite(
-    options: argparse.Namespace, extra: Sequence[str], *, command: str, profile: str | None
+    options: argparse.Namespace,
+    extra: Sequence[str],
+    *,
+    command: str,
+    profile: str | None,
+    target: str | None = None,
 ) -> int:
-    """Check the settings here (fast, clear errors), then run pytest and summarize."""
+    """Check the settings here (fast, clear errors), then run pytest and summarize.
+
+    ``target`` overrides ``options.target`` (replay names each stored target)."""
     from kvcheck.runner.profiles import unknown_env_warnings
     from kvcheck.runner.results import load_results
     from kvcheck.runner.summary import EXIT_USAGE, exit_code_for, render_replay, render_verify
 
     for warning in unknown_env_warnings():
         print(f"kvcheck: warning: {warning}", file=sys.stderr)
-    target = _checked_target(options.target)
+    target = _checked_target(options.target if target is None else target)
     device = _checked_device(options.device)
     # Replay reads first: a mistyped path must not be created (and then found empty).
     database = _check_database(writable=command != "replay")
@@ -315,7 +381,7 @@ def _run_suite(
     repro_dir = Path(options.repro_dir) if options.repro_dir else results_dir / "repros"
     scan = None
     if command == "replay":
-        scan = _scan_for_replay(database)
+        scan = _scan_for_replay(database, target=target)
         _check_database(writable=True)
     results_path = results_dir / "results.json"
     log_path = results_dir / "pytest.log"
@@ -359,7 +425,12 @@ def _run_suite(
     }
     if command == "replay":
         text = render_replay(
-            results, exit_code=exit_code, verbosity=verbosity, scan=scan, locations=locations
+            results,
+            exit_code=exit_code,
+            verbosity=verbosity,
+            scan=scan,
+            target=target,
+            locations=locations,
         )
     else:
         text = render_verify(
@@ -582,12 +653,22 @@ def _check_database(*, writable: bool) -> Any:
         raise UsageProblem(str(exc)) from exc
 
 
-def _scan_for_replay(database: Any) -> Any:
-    """What replay will find; nothing (missing, empty, all undecodable) is a usage error."""
+def _scan_for_replay(database: Any, *, target: str) -> Any:
+    """What replay of ``target`` will find; nothing (missing, empty, all undecodable, only
+    other targets' examples) is a usage error."""
     from kvcheck.runner.db import describe_database, scan_database
 
     scan = scan_database(database)
     where = describe_database(database)
+    held = scan.holdings(target)
+    others = [f"{h.target!r} ({h.entries})" for h in scan.targets if h.entries and h is not held]
+    if not held.entries and not scan.legacy and others:
+        first = next(h.target for h in scan.targets if h.entries and h is not held)
+        raise UsageProblem(
+            f"nothing to replay for target {target!r}: the example database ({where}) holds "
+            f"stored examples of {', '.join(others)} only; replay them with "
+            f"`kvcheck replay --target {shlex.quote(first)}`, or without --target for all"
+        )
     if not scan.scanned:
         return scan
     if scan.entries == 0:

@@ -10,6 +10,15 @@ the next run. ``KVCHECK_DB`` says where they are stored:
 - ``redis://host:port/db``: a Redis server several runners share (needs
   ``pip install 'kvcheck[redis]'``).
 
+Stored examples are the user's data, and one database may serve several targets (a CI
+runner's Redis server checks ``kvcheck``, ``sglang`` and a team's own pool). So every run
+sees the database through :class:`TargetDatabase`, which keys each example by the target
+it failed on as well as by the test: a run of one target never replays, shrinks or deletes
+another target's examples. The database also lists which targets stored examples in it
+(:func:`stored_targets`), which is how ``kvcheck replay`` without ``--target`` knows what
+to replay. Examples an older kvcheck stored (keyed by test only) are read by every target
+and never deleted.
+
 :class:`RecordingDatabase` wraps any of them and counts, per running test, how many stored
 examples the test fetched, which is how ``kvcheck replay`` knows what had something to
 replay.
@@ -18,7 +27,7 @@ A database that cannot be written is never silent: :func:`check_writable` (run b
 suite) creates the directory and a probe file, and :class:`RecordingDatabase` records, per
 test, every save that failed (Hypothesis's own directory database drops write errors), which
 the plugin and ``kvcheck verify`` then report. :func:`scan_database` counts what a database
-holds, and how much of it cannot be decoded, before ``kvcheck replay`` runs.
+holds, per target, and how much of it cannot be decoded, before ``kvcheck replay`` runs.
 
 Example:
     >>> db = database_from_spec("/tmp/kvcheck-db")
@@ -53,6 +62,8 @@ __all__ = [
     "DatabaseSpecError",
     "RecordingDatabase",
     "StrictDirectoryDatabase",
+    "TargetDatabase",
+    "TargetHoldings",
     "check_writable",
     "database_from_env",
     "database_from_spec",
@@ -62,6 +73,7 @@ __all__ = [
     "save_errors",
     "scan_database",
     "stored_examples_fetched",
+    "stored_targets",
 ]
 
 DATABASE_ENV_VAR = "KVCHECK_DB"
@@ -177,6 +189,8 @@ def describe_database(db: Any) -> str:
         return "none (examples are not saved)"
     if isinstance(db, RecordingDatabase):
         return describe_database(db.inner)
+    if isinstance(db, TargetDatabase):
+        return f"{describe_database(db.inner)} (examples of target {db.target!r})"
     if isinstance(db, DirectoryBasedExampleDatabase):
         return f"directory {db.path}"
     # Hypothesis keeps the wrapped databases in ``_wrapped``; fall back to repr without it.
@@ -229,36 +243,71 @@ def probe_directory(directory: Path) -> None:
 
 
 @dataclass(frozen=True)
-class DatabaseScan:
-    """What a database holds: directories read, entries and undecodable entries.
+class TargetHoldings:
+    """The stored examples of one target: how many, and how many cannot be decoded."""
 
-    ``missing`` lists the directories that do not exist; ``scanned`` is False for
-    databases that cannot be listed (Redis), whose counts are then zero.
+    target: str
+    entries: int = 0
+    undecodable: int = 0
+
+
+@dataclass(frozen=True)
+class DatabaseScan:
+    """What a database holds: entries (all of them), undecodable entries, per target.
+
+    ``targets`` lists every target that stored examples, with its counts (a target whose
+    examples were all fixed and deleted shows 0). ``legacy`` counts the examples an older
+    kvcheck stored without a target (``None`` where they cannot be counted: Redis).
+    ``missing`` lists the directories that do not exist; ``scanned`` is False where the
+    total cannot be counted (Redis), whose ``entries`` and ``undecodable`` then count the
+    targets' examples only.
     """
 
     entries: int = 0
     undecodable: int = 0
     missing: tuple[str, ...] = ()
     scanned: bool = True
+    targets: tuple[TargetHoldings, ...] = ()
+    legacy: int | None = 0
+
+    def holdings(self, target: str) -> TargetHoldings:
+        """``target``'s counts (zero when it stored nothing).
+
+        Example:
+            >>> DatabaseScan().holdings("kvcheck")
+            TargetHoldings(target='kvcheck', entries=0, undecodable=0)
+        """
+        for held in self.targets:
+            if held.target == target:
+                return held
+        return TargetHoldings(target)
 
 
 def scan_database(db: ExampleDatabase) -> DatabaseScan:
-    """Count the stored examples in ``db``'s directories and those that cannot be decoded.
+    """Count the stored examples in ``db``, per target, and those that cannot be decoded.
 
     Hypothesis deletes an entry it cannot decode when it meets it, so a corrupted database
-    must be counted before a run. Hypothesis's index of keys is not an example; skipped.
+    must be counted before a run. A directory is counted file by file; what no target's
+    index accounts for is an older kvcheck's (``legacy``). Hypothesis's index of keys and
+    kvcheck's own index of targets are not examples; they are left out.
 
     Example:
         >>> import tempfile
         >>> db = database_from_spec(tempfile.mkdtemp())
-        >>> db.save(b"key", b"\\xff")  # not a serialized example
-        >>> scan_database(db)
-        DatabaseScan(entries=1, undecodable=1, missing=(), scanned=True)
+        >>> db.save(b"key", b"\\xff")  # not a serialized example, and no target recorded
+        >>> scan = scan_database(db)
+        >>> scan.entries, scan.undecodable, scan.legacy
+        (1, 1, 1)
     """
     directories = _directories(db, written=False)
+    targets = tuple(_holdings(db, name) for name in stored_targets(db))
+    held = sum(t.entries for t in targets)
+    held_undecodable = sum(t.undecodable for t in targets)
     if directories is None:
-        return DatabaseScan(scanned=False)
-    index = getattr(DirectoryBasedExampleDatabase, "_metakeys_hash", None)
+        return DatabaseScan(
+            entries=held, undecodable=held_undecodable, scanned=False, targets=targets, legacy=None
+        )
+    index_entries, index_undecodable = _count(_index_values(db))
     entries = undecodable = 0
     missing: list[str] = []
     for directory in directories:
@@ -266,12 +315,21 @@ def scan_database(db: ExampleDatabase) -> DatabaseScan:
             missing.append(str(directory))
             continue
         for key_dir in directory.iterdir():
-            if not key_dir.is_dir() or key_dir.name == index:
+            if not key_dir.is_dir() or key_dir.name == _HYPOTHESIS_KEY_INDEX:
                 continue
             values = [value for value in key_dir.iterdir() if value.is_file()]
             entries += len(values)
-            undecodable += sum(not _decodes(value) for value in values)
-    return DatabaseScan(entries=entries, undecodable=undecodable, missing=tuple(missing))
+            undecodable += sum(not _file_decodes(value) for value in values)
+    entries -= index_entries
+    undecodable -= index_undecodable
+    return DatabaseScan(
+        entries=entries,
+        undecodable=undecodable,
+        missing=tuple(missing),
+        targets=targets,
+        # A value in both parts of a LOCAL:SHARED pair is one fetch but two files.
+        legacy=max(entries - held, 0),
+    )
 
 
 # --- recording which tests had stored examples ----------------------------------------------
@@ -384,6 +442,125 @@ class RecordingDatabase(ExampleDatabase):
         self.inner.remove_listener(self._broadcast_change)
 
 
+# --- one target's share of a database ---------------------------------------------------------
+
+#: The key under which a database lists, as values, the targets that stored examples in it.
+TARGETS_KEY = b"kvcheck-targets"
+#: Hypothesis's own index of keys in a directory database (not an example).
+_HYPOTHESIS_KEY_INDEX = getattr(DirectoryBasedExampleDatabase, "_metakeys_hash", None)
+
+
+def _target_prefix(target: str) -> bytes:
+    # NUL cannot occur in a target name, so one target's keys never prefix another's.
+    return b"kvcheck-target\x00" + target.encode() + b"\x00"
+
+
+def _keys_key(target: str) -> bytes:
+    """Where a database lists, as values, the keys ``target`` stored examples under."""
+    return b"kvcheck-target-keys\x00" + target.encode()
+
+
+def stored_targets(db: ExampleDatabase) -> list[str]:
+    """The targets that stored examples in ``db`` (sorted), whether or not any are left.
+
+    Example:
+        >>> from hypothesis.database import InMemoryExampleDatabase
+        >>> shared = InMemoryExampleDatabase()
+        >>> TargetDatabase(shared, "sglang").save(b"test", b"example")
+        >>> stored_targets(shared)
+        ['sglang']
+    """
+    inner = _unwrapped(db)
+    names = {value.decode(errors="replace") for value in inner.fetch(TARGETS_KEY)}
+    return sorted(names)
+
+
+class TargetDatabase(ExampleDatabase):
+    """One target's examples inside a database that several targets may share.
+
+    Every key is prefixed with the target's name, so a run of one target never fetches,
+    shrinks, moves or deletes another target's examples. The first save under a key also
+    records the target (:func:`stored_targets`) and the key, so that what a target holds can
+    be counted without running it. Examples stored by an older kvcheck, under the bare key,
+    are fetched too (``read_legacy``) but never deleted: they may be another target's.
+
+    Example:
+        >>> from hypothesis.database import InMemoryExampleDatabase
+        >>> shared = InMemoryExampleDatabase()
+        >>> TargetDatabase(shared, "mypkg:buggy").save(b"test", b"failing example")
+        >>> list(TargetDatabase(shared, "kvcheck").fetch(b"test"))
+        []
+        >>> list(TargetDatabase(shared, "mypkg:buggy").fetch(b"test"))
+        [b'failing example']
+    """
+
+    def __init__(self, inner: ExampleDatabase, target: str, *, read_legacy: bool = True) -> None:
+        super().__init__()
+        if not isinstance(inner, ExampleDatabase):
+            raise ValueError(f"inner={inner!r} is not a Hypothesis ExampleDatabase")
+        if not isinstance(target, str) or not target.strip() or "\x00" in target:
+            raise ValueError(f"target={target!r} must be a non-empty target name without NUL")
+        self.inner = inner
+        self.target = target
+        self.read_legacy = read_legacy
+        self._prefix = _target_prefix(target)
+        self._recorded: set[bytes] = set()
+
+    def __repr__(self) -> str:
+        return f"TargetDatabase({self.inner!r}, {self.target!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TargetDatabase) and (
+            self.inner,
+            self.target,
+            self.read_legacy,
+        ) == (other.inner, other.target, other.read_legacy)
+
+    def __hash__(self) -> int:
+        return hash((TargetDatabase, id(self.inner), self.target))
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        seen: set[bytes] = set()
+        for value in self.inner.fetch(self._prefix + key):
+            seen.add(value)
+            yield value
+        if self.read_legacy and not _is_kvcheck_key(key):
+            for value in self.inner.fetch(key):
+                if value not in seen:
+                    yield value
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self._record(key)
+        self.inner.save(self._prefix + key, value)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        # Only this target's copy: a legacy value stays for the target it belongs to.
+        self.inner.delete(self._prefix + key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self._record(dest)
+        self.inner.move(self._prefix + src, self._prefix + dest, value)
+
+    def _record(self, key: bytes) -> None:
+        if key in self._recorded:
+            return
+        if not self._recorded:
+            self.inner.save(TARGETS_KEY, self.target.encode())
+        self.inner.save(_keys_key(self.target), key)
+        self._recorded.add(key)
+
+    def _start_listening(self) -> None:
+        self.inner.add_listener(self._forward)
+
+    def _stop_listening(self) -> None:
+        self.inner.remove_listener(self._forward)
+
+    def _forward(self, event: Any) -> None:
+        kind, (key, *rest) = event
+        if isinstance(key, bytes) and key.startswith(self._prefix):
+            self._broadcast_change((kind, (key[len(self._prefix) :], *rest)))
+
+
 # --- helpers ----------------------------------------------------------------------------------
 
 
@@ -405,7 +582,7 @@ def _directory(text: str, base: Path, *, role: str) -> Path:
 def _directories(db: Any, *, written: bool) -> list[Path] | None:
     """The directories ``db`` writes (``written``) or reads; None when part of what it reads
     is not a directory. Read-only parts are never written; Redis was pinged when built."""
-    if isinstance(db, RecordingDatabase):
+    if isinstance(db, (RecordingDatabase, TargetDatabase)):
         return _directories(db.inner, written=written)
     if isinstance(db, DirectoryBasedExampleDatabase):
         return [Path(db.path)]
@@ -418,11 +595,54 @@ def _directories(db: Any, *, written: bool) -> list[Path] | None:
     return [] if written else None
 
 
-def _decodes(path: Path) -> bool:
+def _decodes(value: bytes) -> bool:
+    return choices_from_bytes(value) is not None
+
+
+def _file_decodes(path: Path) -> bool:
     try:
-        return choices_from_bytes(path.read_bytes()) is not None
+        return _decodes(path.read_bytes())
     except OSError:
         return False
+
+
+def _count(values: Iterable[bytes]) -> tuple[int, int]:
+    """(values, undecodable values)."""
+    entries = undecodable = 0
+    for value in values:
+        entries += 1
+        undecodable += not _decodes(value)
+    return entries, undecodable
+
+
+def _unwrapped(db: Any) -> ExampleDatabase:
+    """The database under kvcheck's wrappers: the one every target shares."""
+    while isinstance(db, (RecordingDatabase, TargetDatabase)):
+        db = db.inner
+    return db
+
+
+def _is_kvcheck_key(key: bytes) -> bool:
+    return key == TARGETS_KEY or key.startswith((b"kvcheck-target\x00", b"kvcheck-target-keys\x00"))
+
+
+def _index_values(db: ExampleDatabase) -> Iterator[bytes]:
+    """kvcheck's own index entries in ``db``: the targets, and each target's keys."""
+    inner = _unwrapped(db)
+    targets = list(inner.fetch(TARGETS_KEY))
+    yield from targets
+    for name in targets:
+        yield from inner.fetch(_keys_key(name.decode(errors="replace")))
+
+
+def _holdings(db: ExampleDatabase, target: str) -> TargetHoldings:
+    inner = _unwrapped(db)
+    prefix = _target_prefix(target)
+    keys = set(inner.fetch(_keys_key(target)))
+    entries, undecodable = _count(
+        value for key in sorted(keys) for value in inner.fetch(prefix + key)
+    )
+    return TargetHoldings(target, entries, undecodable)
 
 
 def _redis_database(url: str, *, check_connection: bool) -> ExampleDatabase:

@@ -409,7 +409,9 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
     source = f"{target_spec(target_option)!r}, {source}"
 
     record_results = bool(config.getoption("kvcheck_results"))
-    database, profile, everywhere, unchosen = _load_profile(config, record_results=record_results)
+    database, profile, everywhere, unchosen = _load_profile(
+        config, target_name=target_spec(target_option), record_results=record_results
+    )
     session = KVCheckSession(
         target=target,
         target_source=source,
@@ -441,14 +443,16 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
 
 
 def _load_profile(
-    config: pytest.Config, *, record_results: bool
+    config: pytest.Config, *, target_name: str, record_results: bool
 ) -> tuple[Any, str | None, bool, tuple[Any, ...]]:
     """Register kvcheck's profiles and settle which applies where.
 
-    Returns the database, the kvcheck profile in effect (None when the project chose its
-    own Hypothesis profile), whether it is loaded for the whole run (any
-    ``--kvcheck-*`` option given, ``KVCHECK_PROFILE``, the kvcheck command, kvcheck's checkout)
-    rather than around each test that uses kvcheck, and Hypothesis's own profile objects.
+    The database is ``target_name``'s share of the one ``KVCHECK_DB`` names, so this run
+    never touches another target's stored examples. Returns the database, the kvcheck
+    profile in effect (None when the project chose its own Hypothesis profile), whether it
+    is loaded for the whole run (any ``--kvcheck-*`` option given, ``KVCHECK_PROFILE``, the
+    kvcheck command, kvcheck's checkout) rather than around each test that uses kvcheck, and
+    Hypothesis's own profile objects.
     """
     from hypothesis import settings
     from hypothesis.errors import InvalidArgument
@@ -457,6 +461,7 @@ def _load_profile(
         DATABASE_ENV_VAR,
         DatabaseSpecError,
         RecordingDatabase,
+        TargetDatabase,
         database_from_env,
     )
     from kvcheck.runner.profiles import (
@@ -479,7 +484,7 @@ def _load_profile(
         inner = database_from_env(writable=asked)
     except DatabaseSpecError as exc:
         raise pytest.UsageError(f"kvcheck: {exc}") from exc
-    database = RecordingDatabase(inner)
+    database = RecordingDatabase(TargetDatabase(inner, target_name))
     config.stash[_RESTORE_PROFILES] = _snapshot_profiles(settings)
     register_profiles(database)
     chosen = choose_profile_to_load(

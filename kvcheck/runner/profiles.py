@@ -43,7 +43,12 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import ExampleDatabase
 
-from kvcheck.runner.db import DATABASE_ENV_VAR, RecordingDatabase, database_from_env
+from kvcheck.runner.db import (
+    DATABASE_ENV_VAR,
+    RecordingDatabase,
+    TargetDatabase,
+    database_from_env,
+)
 
 __all__ = [
     "CI",
@@ -146,8 +151,9 @@ def register_profiles(
 ) -> None:
     """Register every kvcheck profile with ``database`` (re-registering replaces them).
 
-    ``None`` builds the database ``KVCHECK_DB`` names, wrapped in a
-    :class:`~kvcheck.runner.db.RecordingDatabase`. Raises
+    ``None`` builds the target's share (:class:`~kvcheck.runner.db.TargetDatabase`, the
+    target ``KVCHECK_TARGET`` names, default ``kvcheck``) of the database ``KVCHECK_DB`` names,
+    wrapped in a :class:`~kvcheck.runner.db.RecordingDatabase`. Raises
     :class:`kvcheck.runner.db.DatabaseSpecError` (a ``ValueError``) when ``KVCHECK_DB`` is
     unusable. ``explain`` is passed to :func:`profile_options`.
 
@@ -156,7 +162,9 @@ def register_profiles(
         >>> register_profiles(InMemoryExampleDatabase())
     """
     if database is None:
-        database = RecordingDatabase(database_from_env())
+        from kvcheck.targets import target_spec
+
+        database = RecordingDatabase(TargetDatabase(database_from_env(), target_spec()))
     elif not isinstance(database, ExampleDatabase):
         raise ValueError(f"database={database!r} is not a Hypothesis ExampleDatabase")
     for name in PROFILE_NAMES:

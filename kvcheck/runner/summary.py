@@ -132,21 +132,20 @@ def render_replay(
     exit_code: int,
     verbosity: int = 0,
     scan: Any = None,
+    target: str | None = None,
     locations: Mapping[str, str] | None = None,
 ) -> str:
     """The replay summary: per test with stored examples, still failing or fixed.
 
     ``scan`` (a :class:`kvcheck.runner.db.DatabaseScan`) adds what the database held before the
-    run, and how many of its examples could not be decoded.
+    run, for ``target`` (the name it was run as) and in all, and how many of its examples
+    could not be decoded.
     """
     tests = list(results.get("tests", ()))
     verdicts = replay_verdicts(tests)
     lines = [_heading("kvcheck replay", results), ""]
-    if scan is not None and getattr(scan, "scanned", False):
-        held = f"the database held {_plural(scan.entries, 'stored example')}"
-        if scan.undecodable:
-            held += f"; {scan.undecodable} stored examples could not be decoded"
-        lines += [held, ""]
+    if scan is not None:
+        lines += [_held(scan, target), ""]
     lines += _collection_errors(results)
     if verdicts:
         lines.append(f"{'VERDICT':<14} {'REPLAYED':>8}  PROPERTY")
@@ -178,6 +177,30 @@ def render_replay(
 
 
 # --- pieces -----------------------------------------------------------------------------------
+
+
+def _held(scan: Any, target: str | None) -> str:
+    """What the database held before a replay: this target's, an older kvcheck's, in all.
+
+    Example:
+        >>> from kvcheck.runner.db import DatabaseScan, TargetHoldings
+        >>> scan = DatabaseScan(entries=5, targets=(TargetHoldings("a", 3),), legacy=2)
+        >>> _held(scan, "a")
+        "the database held 3 stored examples of target 'a' and 2 stored by an older ...; 5 in all"
+    """
+    parts = []
+    if target is not None:
+        parts.append(
+            f"{_plural(scan.holdings(target).entries, 'stored example')} of target {target!r}"
+        )
+    if scan.legacy:
+        parts.append(f"{scan.legacy} stored by an older kvcheck (read by every target)")
+    text = "the database held " + (" and ".join(parts) or "no stored examples of this target")
+    if scan.scanned:
+        text += f"; {scan.entries} in all"
+        if scan.undecodable:
+            text += f"; {scan.undecodable} stored examples could not be decoded"
+    return text
 
 
 def _heading(command: str, results: Mapping[str, Any]) -> str:
