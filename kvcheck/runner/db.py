@@ -218,7 +218,7 @@ def check_writable(db: ExampleDatabase) -> None:
         >>> import tempfile
         >>> check_writable(database_from_spec(tempfile.mkdtemp()))
     """
-    for directory in _directories(db, written=True) or ():
+    for directory in _written_directories(db):
         try:
             probe_directory(directory)
         except OSError as exc:
@@ -244,11 +244,13 @@ def probe_directory(directory: Path) -> None:
 
 @dataclass(frozen=True)
 class TargetHoldings:
-    """The stored examples of one target: how many, and how many cannot be decoded."""
+    """The stored examples of one target: how many, how many cannot be decoded, and how
+    many Hypothesis would have deleted (fixed, undecodable) and kvcheck archived instead."""
 
     target: str
     entries: int = 0
     undecodable: int = 0
+    archived: int = 0
 
 
 @dataclass(frozen=True)
@@ -256,7 +258,8 @@ class DatabaseScan:
     """What a database holds: entries (all of them), undecodable entries, per target.
 
     ``targets`` lists every target that stored examples, with its counts (a target whose
-    examples were all fixed and deleted shows 0). ``legacy`` counts the examples an older
+    examples all replayed as fixed shows 0 entries, and keeps them in its archive, which
+    ``entries`` leaves out). ``legacy`` counts the examples an older
     kvcheck stored without a target (``None`` where they cannot be counted: Redis).
     ``missing`` lists the directories that do not exist; ``scanned`` is False where the
     total cannot be counted (Redis), whose ``entries`` and ``undecodable`` then count the
@@ -275,7 +278,7 @@ class DatabaseScan:
 
         Example:
             >>> DatabaseScan().holdings("kvcheck")
-            TargetHoldings(target='kvcheck', entries=0, undecodable=0)
+            TargetHoldings(target='kvcheck', entries=0, undecodable=0, archived=0)
         """
         for held in self.targets:
             if held.target == target:
@@ -299,37 +302,74 @@ def scan_database(db: ExampleDatabase) -> DatabaseScan:
         >>> scan.entries, scan.undecodable, scan.legacy
         (1, 1, 1)
     """
-    directories = _directories(db, written=False)
-    targets = tuple(_holdings(db, name) for name in stored_targets(db))
+    return _merged([_scan_part(part) for part in _parts_read(db)])
+
+
+def _scan_part(part: ExampleDatabase) -> DatabaseScan:
+    """One database that is read (a directory, a Redis server): its scan."""
+    counted = [_holdings(part, name) for name in stored_targets(part)]
+    targets = tuple(held for held, _ in counted)
     held = sum(t.entries for t in targets)
     held_undecodable = sum(t.undecodable for t in targets)
-    if directories is None:
+    if not isinstance(part, DirectoryBasedExampleDatabase):
         return DatabaseScan(
             entries=held, undecodable=held_undecodable, scanned=False, targets=targets, legacy=None
         )
-    index_entries, index_undecodable = _count(_index_values(db))
-    entries = undecodable = 0
-    missing: list[str] = []
-    for directory in directories:
-        if not directory.is_dir():
-            missing.append(str(directory))
+    directory = Path(part.path)
+    if not directory.is_dir():
+        return DatabaseScan(missing=(str(directory),))
+    files = undecodable_files = 0
+    for key_dir in directory.iterdir():
+        if not key_dir.is_dir() or key_dir.name == _HYPOTHESIS_KEY_INDEX:
             continue
-        for key_dir in directory.iterdir():
-            if not key_dir.is_dir() or key_dir.name == _HYPOTHESIS_KEY_INDEX:
-                continue
-            values = [value for value in key_dir.iterdir() if value.is_file()]
-            entries += len(values)
-            undecodable += sum(not _file_decodes(value) for value in values)
-    entries -= index_entries
-    undecodable -= index_undecodable
+        values = [value for value in key_dir.iterdir() if value.is_file()]
+        files += len(values)
+        undecodable_files += sum(not _file_decodes(value) for value in values)
+    # Neither kvcheck's index nor the archive holds examples a run reads.
+    index_entries, index_undecodable = _count(_index_values(part))
+    archived = sum(t.archived for t in targets)
+    archived_undecodable = sum(undecodable for _, undecodable in counted)
+    entries = files - index_entries - archived
     return DatabaseScan(
         entries=entries,
-        undecodable=undecodable,
-        missing=tuple(missing),
+        undecodable=undecodable_files - index_undecodable - archived_undecodable,
         targets=targets,
-        # A value in both parts of a LOCAL:SHARED pair is one fetch but two files.
-        legacy=max(entries - held, 0),
+        legacy=entries - held,
     )
+
+
+def _merged(scans: list[DatabaseScan]) -> DatabaseScan:
+    """The scans of a database's parts (LOCAL and SHARED directories) added up."""
+    targets: dict[str, TargetHoldings] = {}
+    for scan in scans:
+        for held in scan.targets:
+            before = targets.get(held.target, TargetHoldings(held.target))
+            targets[held.target] = TargetHoldings(
+                held.target,
+                before.entries + held.entries,
+                before.undecodable + held.undecodable,
+                before.archived + held.archived,
+            )
+    legacies = [scan.legacy for scan in scans]
+    return DatabaseScan(
+        entries=sum(scan.entries for scan in scans),
+        undecodable=sum(scan.undecodable for scan in scans),
+        missing=tuple(path for scan in scans for path in scan.missing),
+        scanned=all(scan.scanned for scan in scans),
+        targets=tuple(targets[name] for name in sorted(targets)),
+        legacy=None if None in legacies else sum(legacy or 0 for legacy in legacies),
+    )
+
+
+def _parts_read(db: Any) -> list[ExampleDatabase]:
+    """The databases ``db`` reads from, under kvcheck's and Hypothesis's wrappers."""
+    db = _unwrapped(db)
+    wrapped = getattr(db, "_wrapped", None)
+    if isinstance(db, ReadOnlyDatabase) and wrapped is not None:
+        return _parts_read(wrapped)
+    if isinstance(db, MultiplexedDatabase) and wrapped is not None:
+        return [part for inner in wrapped for part in _parts_read(inner)]
+    return [db]
 
 
 # --- recording which tests had stored examples ----------------------------------------------
@@ -455,6 +495,11 @@ def _target_prefix(target: str) -> bytes:
     return b"kvcheck-target\x00" + target.encode() + b"\x00"
 
 
+def _archive_prefix(target: str) -> bytes:
+    """Where ``target``'s examples go when Hypothesis would delete them."""
+    return b"kvcheck-archive\x00" + target.encode() + b"\x00"
+
+
 def _keys_key(target: str) -> bytes:
     """Where a database lists, as values, the keys ``target`` stored examples under."""
     return b"kvcheck-target-keys\x00" + target.encode()
@@ -504,6 +549,7 @@ class TargetDatabase(ExampleDatabase):
         self.target = target
         self.read_legacy = read_legacy
         self._prefix = _target_prefix(target)
+        self._archive = _archive_prefix(target)
         self._recorded: set[bytes] = set()
 
     def __repr__(self) -> str:
@@ -534,8 +580,15 @@ class TargetDatabase(ExampleDatabase):
         self.inner.save(self._prefix + key, value)
 
     def delete(self, key: bytes, value: bytes) -> None:
-        # Only this target's copy: a legacy value stays for the target it belongs to.
-        self.inner.delete(self._prefix + key, value)
+        """Move the example to this target's archive: it is the user's, never deleted.
+
+        Hypothesis deletes an example that replays as fixed, one it cannot decode (after an
+        upgrade changed its format) and, while it shrinks, ones that stopped failing. Each
+        goes to the archive (:func:`scan_database` counts it), where no run reads it. A
+        legacy value (stored without a target) is left where it is, for its own target.
+        """
+        if value in self.inner.fetch(self._prefix + key):
+            self.inner.move(self._prefix + key, self._archive + key, value)
 
     def move(self, src: bytes, dest: bytes, value: bytes) -> None:
         self._record(dest)
@@ -579,20 +632,16 @@ def _directory(text: str, base: Path, *, role: str) -> Path:
     return path
 
 
-def _directories(db: Any, *, written: bool) -> list[Path] | None:
-    """The directories ``db`` writes (``written``) or reads; None when part of what it reads
-    is not a directory. Read-only parts are never written; Redis was pinged when built."""
-    if isinstance(db, (RecordingDatabase, TargetDatabase)):
-        return _directories(db.inner, written=written)
+def _written_directories(db: Any) -> list[Path]:
+    """The directories ``db`` writes to: read-only parts are never written, and Redis was
+    pinged when it was built."""
+    db = _unwrapped(db)
     if isinstance(db, DirectoryBasedExampleDatabase):
         return [Path(db.path)]
     wrapped = getattr(db, "_wrapped", None)
-    if isinstance(db, ReadOnlyDatabase) and wrapped is not None:
-        return [] if written else _directories(wrapped, written=False)
     if isinstance(db, MultiplexedDatabase) and wrapped is not None:
-        parts = [_directories(part, written=written) for part in wrapped]
-        return None if None in parts else [path for paths in parts for path in paths or ()]
-    return [] if written else None
+        return [path for part in wrapped for path in _written_directories(part)]
+    return []
 
 
 def _decodes(value: bytes) -> bool:
@@ -623,7 +672,9 @@ def _unwrapped(db: Any) -> ExampleDatabase:
 
 
 def _is_kvcheck_key(key: bytes) -> bool:
-    return key == TARGETS_KEY or key.startswith((b"kvcheck-target\x00", b"kvcheck-target-keys\x00"))
+    return key == TARGETS_KEY or key.startswith(
+        (b"kvcheck-target\x00", b"kvcheck-target-keys\x00", b"kvcheck-archive\x00")
+    )
 
 
 def _index_values(db: ExampleDatabase) -> Iterator[bytes]:
@@ -635,14 +686,16 @@ def _index_values(db: ExampleDatabase) -> Iterator[bytes]:
         yield from inner.fetch(_keys_key(name.decode(errors="replace")))
 
 
-def _holdings(db: ExampleDatabase, target: str) -> TargetHoldings:
+def _holdings(db: ExampleDatabase, target: str) -> tuple[TargetHoldings, int]:
+    """``target``'s counts, and how many of its archived examples cannot be decoded."""
     inner = _unwrapped(db)
-    prefix = _target_prefix(target)
-    keys = set(inner.fetch(_keys_key(target)))
-    entries, undecodable = _count(
-        value for key in sorted(keys) for value in inner.fetch(prefix + key)
+    prefix, archive = _target_prefix(target), _archive_prefix(target)
+    keys = sorted(set(inner.fetch(_keys_key(target))))
+    entries, undecodable = _count(value for key in keys for value in inner.fetch(prefix + key))
+    archived, archived_undecodable = _count(
+        value for key in keys for value in inner.fetch(archive + key)
     )
-    return TargetHoldings(target, entries, undecodable)
+    return TargetHoldings(target, entries, undecodable, archived), archived_undecodable
 
 
 def _redis_database(url: str, *, check_connection: bool) -> ExampleDatabase:

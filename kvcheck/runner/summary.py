@@ -190,9 +190,10 @@ def _held(scan: Any, target: str | None) -> str:
     """
     parts = []
     if target is not None:
-        parts.append(
-            f"{_plural(scan.holdings(target).entries, 'stored example')} of target {target!r}"
-        )
+        held = scan.holdings(target)
+        parts.append(f"{_plural(held.entries, 'stored example')} of target {target!r}")
+        if held.archived:
+            parts[-1] += f" ({held.archived} more archived: fixed or undecodable)"
     if scan.legacy:
         parts.append(f"{scan.legacy} stored by an older kvcheck (read by every target)")
     text = "the database held " + (" and ".join(parts) or "no stored examples of this target")
