@@ -6,7 +6,8 @@
     property its result, examples and time; per failure the minimal reproduction.
 ``kvcheck replay``
     Run only the examples stored in the database (``KVCHECK_DB``) and say, per test that had
-    some, whether it is still failing or fixed.
+    some, whether it is still failing or fixed. Examples are stored per target: ``--target``
+    chooses whose; without it, each target that has stored examples is replayed in turn.
 ``kvcheck memory-report``
     Cell sizes, token capacities and pool bytes (built on ``meta``) for real model configs.
 
