@@ -29,7 +29,7 @@ from kvcheck.pools._host_copy import KVHostCopy
 from kvcheck.pools._index_k import IndexKPageLayout
 from kvcheck.pools._rows import move_rows, scatter_rows
 from kvcheck.pools._scaled_latent import quantize_rows
-from kvcheck.specs import DCP_SIZES, INDEX_KPOOLS, KV_LAYOUTS, LATENT_LAYOUTS, PoolSpec
+from kvcheck.specs import PoolSpec
 from kvcheck.targets.builtin import KVCheckTarget
 
 # --- moves ---------------------------------------------------------------------------------
@@ -419,10 +419,6 @@ class BrokenTarget(KVCheckTarget):
     optionally declared ``findings``."""
 
     unsupported: Mapping[str, str] = MappingProxyType({})
-    kv_layouts = KV_LAYOUTS  # its pools are kvcheck's (subclassed), which build them all
-    latent_layouts = LATENT_LAYOUTS
-    index_kpools = INDEX_KPOOLS
-    dcp_sizes = DCP_SIZES
 
     def __init__(self, family: str, pool_class: type, findings: tuple[Any, ...] = ()) -> None:
         self.family = family

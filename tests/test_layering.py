@@ -11,6 +11,7 @@ import kvcheck
 #: from its own layer's package and from any layer listed before it.
 LAYERS: tuple[str, ...] = (
     "specs",
+    "surface",
     "validation",
     "pools",
     "serving",

@@ -224,6 +224,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     env_text = ", ".join(f"{name}={value!r}" for name, value in _kvcheck_env().items())
     lines = [
         f"kvcheck target: {target.name} {target.version} ({session.target_source})",
+        f"kvcheck surface: {_describe_surface(target)}",
         f"kvcheck device: {_describe_device(session)}",
         f"kvcheck hypothesis profile: {profile}",
         f"kvcheck database: {database}",
@@ -745,6 +746,16 @@ def _is_tracked(item: pytest.Item, session: KVCheckSession) -> bool:
     return session.record_results or _uses_kvcheck(item)
 
 
+def _describe_surface(target: Any) -> str:
+    """The families and variants the target declares it builds, in one line."""
+    from kvcheck.surface import surface_of
+
+    try:
+        return surface_of(target).describe()
+    except ValueError as exc:
+        return f"malformed ({exc})"
+
+
 def _kvcheck_env() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIX)}
 
@@ -757,6 +768,7 @@ def _results_context(session: KVCheckSession) -> dict[str, Any]:
             "name": session.target.name,
             "version": session.target.version,
             "source": session.target_source,
+            "surface": _describe_surface(session.target),
         },
         "device": {"requested": session.device_spec, "resolved": session.device_resolved},
         "profile": session.profile_name(),

@@ -209,10 +209,12 @@ def _heading(command: str, results: Mapping[str, Any]) -> str:
     device = results.get("device") or {}
     devices = sorted({t["device"] for t in results.get("tests", ()) if t.get("device")})
     device_text = ", ".join(devices) or device.get("resolved") or device.get("requested", "?")
+    surface = f"\nsurface: {target['surface']}" if target.get("surface") else ""
     return (
         f"{command}: target {target.get('name', '?')} {target.get('version', '')}".rstrip()
-        + f"; device {device_text}; profile {results.get('profile', '?')}\n"
-        + f"database: {results.get('database', '?')}"
+        + f"; device {device_text}; profile {results.get('profile', '?')}"
+        + surface
+        + f"\ndatabase: {results.get('database', '?')}"
     )
 
 

@@ -1,19 +1,19 @@
-"""Pool specs a target can serve: drawing inside ``pool_spec_limits`` instead of filtering.
+"""Pool specs a target can serve: drawing inside its surface instead of filtering.
 
-Some implementations assert a layout: sglang 0.5.23's DSA pool takes only 64-token index
-pages (``page_size // index_kpool``) and 128-byte index keys. Such a target declares
-``pool_spec_limits`` (pool family -> :class:`~kvcheck.specs.PoolSpec` field, or
-``index_page_size`` -> the values it accepts), and the suite draws its
-specs with ``pool_specs(..., target=kvcheck_target)`` (:func:`kvcheck.strategies.pool_specs`),
-which moves each drawn spec into the limits with :func:`within_target_limits` instead of
-rejecting the ones outside them (a filter would discard nearly every DSA spec). Targets
-check their declaration with :func:`pool_spec_limit_problems`.
+A target declares what it builds as a :class:`kvcheck.surface.Surface`: the variants it
+takes beyond the baseline, and the values it accepts for other fields (sglang 0.5.23's DSA
+pool takes only 64-token index pages, ``page_size // index_kpool``, and 128-byte index
+keys). The suite draws its specs with ``pool_specs(..., target=kvcheck_target)``
+(:func:`kvcheck.strategies.pool_specs`), which moves each drawn spec inside the surface
+with :func:`within_target_limits` instead of rejecting the ones outside it (a filter would
+discard nearly every DSA spec).
 
 Example:
     >>> from types import SimpleNamespace
     >>> from hypothesis import find
     >>> from kvcheck.strategies import pool_specs
-    >>> target = SimpleNamespace(name="t", pool_spec_limits={"dsa": {"page_size": (64,)}})
+    >>> from kvcheck.surface import Surface
+    >>> target = SimpleNamespace(name="t", surface=Surface.of(dsa={"page_size": (64,)}))
     >>> spec = find(pool_specs(families=("dsa",), target=target), lambda s: s.size > 64)
     >>> spec.page_size, spec.size
     (64, 128)
@@ -28,24 +28,13 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvcheck.specs import (
-    DCP_SIZES,
-    INDEX_KPOOLS,
-    KV_LAYOUTS,
-    LATENT_LAYOUTS,
-    POOL_FAMILIES,
-    PoolSpec,
-)
+from kvcheck.specs import PoolSpec
+from kvcheck.surface import LIMIT_NAMES, surface_of
 from kvcheck.validation import check_type
 
 __all__ = [
-    "LAYOUT_DECLARATIONS",
-    "NUMBER_DECLARATIONS",
     "PoolSpecLimits",
     "fit_spec",
-    "layouts_problem",
-    "numbers_problem",
-    "pool_spec_limit_problems",
     "pool_spec_limits_of",
     "spec_limit_violations",
     "within_target_limits",
@@ -54,125 +43,21 @@ __all__ = [
 #: family -> PoolSpec field -> accepted values.
 PoolSpecLimits = Mapping[str, Mapping[str, tuple[Any, ...]]]
 
-_SPEC_FIELDS = frozenset(field.name for field in dataclasses.fields(PoolSpec)) - {"family"}
-#: What a limit may name: a field, or ``index_page_size`` (``page_size // index_kpool``,
-#: the token count of one DSA index page, which SGLang's kernels fix at 64).
-_LIMIT_NAMES = _SPEC_FIELDS | {"index_page_size"}
-
-
-def pool_spec_limit_problems(limits: object) -> list[str]:
-    """What is wrong with ``limits`` as a ``pool_spec_limits`` declaration (empty if fine).
-
-    Example:
-        >>> pool_spec_limit_problems({"dsa": {"page_size": (64,)}})
-        []
-        >>> pool_spec_limit_problems({"dsa": {"page": (64,)}})[0]
-        "pool_spec_limits['dsa']: 'page' is not a PoolSpec field"
-    """
-    if not isinstance(limits, Mapping):
-        return [f"pool_spec_limits: {limits!r} (expected a mapping family -> field -> values)"]
-    problems: list[str] = []
-    for family, fields in limits.items():
-        where = f"pool_spec_limits[{family!r}]"
-        if family not in POOL_FAMILIES:
-            problems.append(f"{where}: family not in {POOL_FAMILIES}")
-        if not isinstance(fields, Mapping):
-            problems.append(f"{where}: {fields!r} (expected a mapping field -> values)")
-            continue
-        for name, values in fields.items():
-            if name not in _LIMIT_NAMES:
-                problems.append(f"{where}: {name!r} is not a PoolSpec field")
-            elif not isinstance(values, tuple) or not values:
-                problems.append(f"{where}[{name!r}]: {values!r} (expected a non-empty tuple)")
-    return problems
-
-
-#: Target attribute declaring the buffer layouts it builds -> (pool family, PoolSpec
-#: field, every layout; the first is the default every target builds).
-LAYOUT_DECLARATIONS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "kv_layouts": ("mha", "kv_layout", KV_LAYOUTS),
-    "latent_layouts": ("dsa", "latent_layout", LATENT_LAYOUTS),
-}
-#: Target attribute declaring the DSA index kpools it builds (default ``(1,)``: kpool 1
-#: only, so a target written before kpools existed is never handed one).
-KPOOL_DECLARATION = "index_kpools"
-#: Target attribute declaring the decode-context-parallel widths its MLA and DSA pools
-#: take (default ``(1,)``: a target written before DCP existed is never handed one).
-DCP_DECLARATION = "dcp_sizes"
-#: Target attribute declaring numbers it builds -> (pool families, PoolSpec field, every
-#: value; 1, the default every target builds, is always among them).
-NUMBER_DECLARATIONS: dict[str, tuple[tuple[str, ...], str, tuple[int, ...]]] = {
-    KPOOL_DECLARATION: (("dsa",), "index_kpool", INDEX_KPOOLS),
-    DCP_DECLARATION: (("mla", "dsa"), "dcp_size", DCP_SIZES),
-}
-
 
 def pool_spec_limits_of(target: object) -> PoolSpecLimits:
-    """The target's ``pool_spec_limits`` (empty when it declares none), plus the MHA
-    and DSA layouts it builds: a layout beyond token-major NHD is opt-in, through the
-    target's ``kv_layouts`` (default ``("nhd",)``), and one beyond the raw DSA latent row
-    through its ``latent_layouts`` (default ``("raw",)``), and a DSA index kpool above 1
-    through its ``index_kpools`` (default ``(1,)``), and a decode-context-parallel width
-    above 1 for MLA and DSA through its ``dcp_sizes`` (default ``(1,)``), so a target
-    written before a layout existed is never handed one it would silently build as another.
+    """Per family, the fields ``target``'s surface (:func:`kvcheck.surface.surface_of`)
+    narrows below what kvcheck draws: the variants it does not take and the values it
+    accepts for other fields. A malformed declaration raises ``InvalidArgument`` naming the
+    target.
 
     Example:
-        >>> from types import SimpleNamespace
         >>> pool_spec_limits_of(object())["dsa"]
         {'latent_layout': ('raw',), 'index_kpool': (1,), 'dcp_size': (1,)}
-        >>> pool_spec_limits_of(SimpleNamespace(kv_layouts=("nhd", "hnd"),
-        ...                                     latent_layouts=("raw", "scaled"),
-        ...                                     index_kpools=(1, 2, 4), dcp_sizes=(1, 2, 4)))
-        {}
     """
-    declared = getattr(target, "pool_spec_limits", None) or {}
-    merged = {family: dict(fields) for family, fields in declared.items()}
-    for attribute, (family, field, every) in LAYOUT_DECLARATIONS.items():
-        layouts = getattr(target, attribute, None) or every[:1]
-        problem = layouts_problem(attribute, layouts)
-        if problem:
-            raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
-        if set(layouts) != set(every):
-            merged.setdefault(family, {}).setdefault(field, layouts)
-    for attribute, (families, field, every_number) in NUMBER_DECLARATIONS.items():
-        numbers = getattr(target, attribute, None) or (1,)
-        problem = numbers_problem(attribute, numbers)
-        if problem:
-            raise InvalidArgument(f"target {getattr(target, 'name', target)!r}: {problem}")
-        if set(numbers) != set(every_number):
-            for family in families:
-                merged.setdefault(family, {}).setdefault(field, numbers)
-    return merged
-
-
-def layouts_problem(attribute: str, layouts: object) -> str | None:
-    """What is wrong with a target's layout declaration ``attribute`` (a key of
-    :data:`LAYOUT_DECLARATIONS`), or None.
-
-    Example:
-        >>> layouts_problem("kv_layouts", ("nhd", "hnd")), layouts_problem("kv_layouts", ("hnd",))
-        (None, "kv_layouts=('hnd',) must be a tuple with 'nhd', of ('nhd', 'hnd')")
-        >>> layouts_problem("latent_layouts", ("scaled",))
-        "latent_layouts=('scaled',) must be a tuple with 'raw', of ('raw', 'scaled')"
-    """
-    every = LAYOUT_DECLARATIONS[attribute][2]
-    if not isinstance(layouts, tuple) or every[0] not in layouts or set(layouts) - set(every):
-        return f"{attribute}={layouts!r} must be a tuple with {every[0]!r}, of {every}"
-    return None
-
-
-def numbers_problem(attribute: str, numbers: object) -> str | None:
-    """What is wrong with a target's declaration ``attribute`` (a key of
-    :data:`NUMBER_DECLARATIONS`), or None: a tuple with 1, of the values kvcheck draws.
-
-    Example:
-        >>> numbers_problem("dcp_sizes", (1, 8))
-        'dcp_sizes=(1, 8) must be a tuple with 1, of (1, 2, 4)'
-    """
-    every = NUMBER_DECLARATIONS[attribute][2]
-    if not isinstance(numbers, tuple) or 1 not in numbers or set(numbers) - set(every):
-        return f"{attribute}={numbers!r} must be a tuple with 1, of {every}"
-    return None
+    try:
+        return surface_of(target).limits()
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from exc
 
 
 def spec_limit_violations(target: object, spec: PoolSpec) -> list[str]:
@@ -180,7 +65,8 @@ def spec_limit_violations(target: object, spec: PoolSpec) -> list[str]:
 
     Example:
         >>> from types import SimpleNamespace
-        >>> target = SimpleNamespace(pool_spec_limits={"dsa": {"page_size": (64,)}})
+        >>> from kvcheck.surface import Surface
+        >>> target = SimpleNamespace(surface=Surface.of(dsa={"page_size": (64,)}))
         >>> spec = PoolSpec(family="dsa", size=4, page_size=4, layer_num=1, dtype="bfloat16")
         >>> spec_limit_violations(target, spec)
         ['page_size=4 not in (64,)']
@@ -212,7 +98,7 @@ def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
         (128, 192)
     """
     check_type(PoolSpec, spec, "spec", what="a kvcheck.specs.PoolSpec", error=ValueError)
-    unknown = sorted(set(values) - _LIMIT_NAMES)
+    unknown = sorted(set(values) - LIMIT_NAMES)
     if unknown:
         raise ValueError(f"values: {unknown} are not PoolSpec fields")
     changes = dict(values)
@@ -260,21 +146,22 @@ def _fitted(
 def within_target_limits(
     target: object, specs: st.SearchStrategy[PoolSpec]
 ) -> st.SearchStrategy[PoolSpec]:
-    """``specs`` with every drawn spec moved inside the target's limits
-    (:func:`pool_spec_limits_of`: its ``pool_spec_limits`` and the MHA layouts it builds).
+    """``specs`` with every drawn spec moved inside the target's surface
+    (:func:`pool_spec_limits_of`: the variants and values it declares).
 
     A spec whose family has limits keeps the fields already inside them; each field
     outside is redrawn from the accepted values (``page_size`` through :func:`fit_spec`,
     so capacities stay whole pages and keep their number of pages). Nothing is filtered,
-    and a target without limits (one declaring every layout) gets ``specs`` itself.
+    and a target without limits (one declaring every variant) gets ``specs`` itself.
 
-    Malformed limits raise ``InvalidArgument`` naming the target. Shrinks as ``specs``
+    A malformed surface raises ``InvalidArgument`` naming the target. Shrinks as ``specs``
     does, with each redrawn field towards its first accepted value.
 
     Example:
         >>> from types import SimpleNamespace
         >>> from hypothesis import find
-        >>> target = SimpleNamespace(name="t", pool_spec_limits={"mha": {"head_num": (4, 8)}})
+        >>> from kvcheck.surface import Surface
+        >>> target = SimpleNamespace(name="t", surface=Surface.of(mha={"head_num": (4, 8)}))
         >>> specs = st.builds(PoolSpec, family=st.just("mha"), size=st.just(2),
         ...                   page_size=st.just(1), layer_num=st.just(1), dtype=st.just("float16"))
         >>> find(within_target_limits(target, specs), lambda spec: True).head_num
@@ -282,10 +169,6 @@ def within_target_limits(
     """
     check_type(st.SearchStrategy, specs, "specs", what="a Hypothesis strategy of PoolSpec")
     limits = pool_spec_limits_of(target)
-    problems = pool_spec_limit_problems(limits)
-    if problems:
-        name = getattr(target, "name", target)
-        raise InvalidArgument(f"target {name!r}: {'; '.join(problems)}")
     if not limits:
         return specs
     return _fitted(specs, limits)

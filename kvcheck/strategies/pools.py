@@ -2,7 +2,7 @@
 
 Every strategy takes keyword-only arguments (the spec it draws for, where there is one,
 is positional), validates them with :mod:`kvcheck.validation` and says what its examples
-shrink towards. :func:`pool_specs` draws inside a target's ``pool_spec_limits`` when
+shrink towards. :func:`pool_specs` draws inside a target's surface when
 given ``target=`` (:mod:`kvcheck.strategies.limits`).
 """
 
@@ -333,7 +333,7 @@ def pool_specs(
     start_layer=0, one head of dim 1, no separate V head dim and a mask without skips.
 
     ``target`` (a :class:`kvcheck.targets.Target`, e.g. the suite's ``kvcheck_target``)
-    moves every spec inside the target's ``pool_spec_limits``, which win over
+    moves every spec inside the target's surface (:mod:`kvcheck.surface`), which wins over
     ``max_size`` and ``max_page_size``; see
     :func:`kvcheck.strategies.limits.within_target_limits`. None (or a target without
     limits) draws the specs unchanged.
@@ -344,7 +344,8 @@ def pool_specs(
         >>> spec = find(pool_specs(families=("mha",), max_layers=2), lambda s: s.layer_num == 2)
         >>> spec.family, spec.layer_num, 1 <= spec.size <= 32
         ('mha', 2, True)
-        >>> target = SimpleNamespace(name="t", pool_spec_limits={"dsa": {"page_size": (64,)}})
+        >>> from kvcheck.surface import Surface
+        >>> target = SimpleNamespace(name="t", surface=Surface.of(dsa={"page_size": (64,)}))
         >>> spec = find(pool_specs(families=("dsa",), target=target), lambda s: True)
         >>> spec.page_size, spec.size
         (64, 64)

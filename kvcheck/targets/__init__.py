@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvcheck.specs import POOL_FAMILIES
+from kvcheck.surface import surface_of
 from kvcheck.targets.base import CAPABILITIES, FAMILY_SEPARATOR, OPTIONAL_MEMBERS, Target
 
 __all__ = [
@@ -49,6 +50,9 @@ __all__ = [
     "supports",
     "target_spec",
 ]
+
+#: The capability that stands for building a family's pools -> the family.
+_FAMILY_OF_POOL_CAPABILITY = {f"{family}_pool": family for family in POOL_FAMILIES}
 
 TARGET_ENV_VAR = "KVCHECK_TARGET"
 DEFAULT_TARGET = "kvcheck"
@@ -202,7 +206,13 @@ def capability_skip_reason(
         wanted.append((capability, own_family or family))
     unsupported = target.unsupported
     missing: list[str] = []
+    surface = surface_of(target)
     for capability, capability_family in dict.fromkeys(wanted):
+        family_built = _FAMILY_OF_POOL_CAPABILITY.get(capability)
+        if family_built is not None and not surface.builds(family_built):
+            missing.append(
+                f"{capability} (its surface declares no {family_built} pool: {surface.describe()})"
+            )
         keys = [capability]
         if capability_family is not None:
             keys.append(f"{capability}{FAMILY_SEPARATOR}{capability_family}")
@@ -320,28 +330,10 @@ def _optional_member_problems(target: object) -> list[str]:
         from kvcheck.targets.findings import finding_problems
 
         problems.extend(finding_problems(findings))
-    limits = getattr(target, "pool_spec_limits", None)
-    if limits is not None:
-        from kvcheck.strategies.limits import pool_spec_limit_problems
-
-        problems.extend(pool_spec_limit_problems(limits))
-    from kvcheck.strategies.limits import (
-        LAYOUT_DECLARATIONS,
-        NUMBER_DECLARATIONS,
-        layouts_problem,
-        numbers_problem,
-    )
-
-    for attribute in LAYOUT_DECLARATIONS:
-        layouts = getattr(target, attribute, None)
-        problem = None if layouts is None else layouts_problem(attribute, layouts)
-        if problem:
-            problems.append(problem)
-    for attribute in NUMBER_DECLARATIONS:
-        numbers = getattr(target, attribute, None)
-        problem = None if numbers is None else numbers_problem(attribute, numbers)
-        if problem:
-            problems.append(problem)
+    try:
+        surface_of(target)
+    except ValueError as exc:
+        problems.append(str(exc))
     return problems
 
 

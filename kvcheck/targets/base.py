@@ -86,29 +86,17 @@ FAMILY_SEPARATOR = ":"
 #:     process, right after resolving the target and before any test, so that a test
 #:     never pays for it or sees its side effects (a changed recursion limit inside a
 #:     Hypothesis test is an error). An exception stops the run, naming the target.
-#: ``pool_spec_limits: Mapping[str, Mapping[str, tuple]]``
-#:     Pool family -> PoolSpec field -> the only values the target accepts for it, for
-#:     implementations that assert a layout (sglang's DSA pool: ``{"dsa":
-#:     {"index_page_size": (64,), "index_head_dim": (128,)}}``; ``index_page_size`` is
-#:     ``page_size // index_kpool``, the one derived name a limit may use). The suite draws
-#:     specs inside these limits (``pool_specs(target=...)``,
-#:     :mod:`kvcheck.strategies.limits`) rather than filtering.
-#: ``kv_layouts: tuple[str, ...]``
-#:     The MHA buffer layouts (:data:`kvcheck.specs.KV_LAYOUTS`) the target builds;
-#:     default ``("nhd",)``. A layout is opt-in so that a target written before it existed
-#:     is never given a spec it would silently build in another layout.
-#: ``latent_layouts: tuple[str, ...]``
-#:     The DSA latent row layouts (:data:`kvcheck.specs.LATENT_LAYOUTS`) the target builds;
-#:     default ``("raw",)``. ``"scaled"`` (SGLang 0.5.23's fp8 row: fp8 values, an fp32
-#:     scale per 128, bf16 rope) is opt-in for the same reason.
-#: ``index_kpools: tuple[int, ...]``
-#:     The DSA index kpools (:data:`kvcheck.specs.INDEX_KPOOLS`) the target builds;
-#:     default ``(1,)``. A kpool above 1 (one index key per that many tokens, with
-#:     per-request compress tails when ``index_kpool_compress``) is opt-in likewise.
-#: ``dcp_sizes: tuple[int, ...]``
-#:     The decode-context-parallel widths (:data:`kvcheck.specs.DCP_SIZES`) the target's
-#:     MLA and DSA pools take; default ``(1,)``. Above 1 the pool is one rank
-#:     (``PoolSpec.dcp_rank``) and every call names widened token ids; opt-in likewise.
+#: ``surface: kvcheck.surface.Surface``
+#:     What the target builds: the pool families, and per family the variants it takes
+#:     beyond the baseline (MHA's head-major layout, DSA's scaled latent row and index
+#:     kpool, MLA/DSA decode context parallel: :data:`kvcheck.surface.AXES`) and the values
+#:     it accepts for other fields (sglang's DSA pool: 64-token index pages). The suite draws
+#:     specs inside it (:mod:`kvcheck.strategies.limits`) and skips a family it leaves out;
+#:     ``kvcheck verify`` prints it. Default: every family, baseline variants only, so a
+#:     target written before a variant existed is never given one. A subclass inherits its
+#:     parent's. (Targets written before surfaces may still declare ``pool_spec_limits``,
+#:     ``kv_layouts``, ``latent_layouts``, ``index_kpools`` and ``dcp_sizes``; they are
+#:     read into a surface by :func:`kvcheck.surface.surface_of`.)
 #: ``expected_failures: Mapping[str, str]``
 #:     pytest node-id pattern -> reason. Tests of the suite that match (see
 #:     :func:`kvcheck.targets.expected_failure_reason`) run as strict expected failures:
@@ -122,11 +110,7 @@ FAMILY_SEPARATOR = ":"
 #:     to ``expected_failures``, which marks whole tests and so hides any other bug in them.
 OPTIONAL_MEMBERS: tuple[str, ...] = (
     "prepare",
-    "pool_spec_limits",
-    "kv_layouts",
-    "latent_layouts",
-    "index_kpools",
-    "dcp_sizes",
+    "surface",
     "expected_failures",
     "findings",
 )
@@ -146,7 +130,7 @@ class Target(Protocol):
     version: str
     #: capability, or "capability:family", -> reason it is unavailable (empty when the
     #: target can do everything). See :data:`FAMILY_SEPARATOR` and :data:`OPTIONAL_MEMBERS`
-    #: for the optional members (``prepare``, ``pool_spec_limits``, ``expected_failures``).
+    #: for the optional members (``prepare``, ``surface``, ``expected_failures``, ``findings``).
     unsupported: Mapping[str, str]
 
     def make_pool(self, spec: PoolSpec, *, device: str) -> Any:

@@ -5,7 +5,7 @@ needs them, so resolving the target (which the pytest plugin does for every run,
 print its name and version) stays cheap.
 
 Example:
-    >>> from kvcheck.specs import KV_LAYOUTS, PoolSpec
+    >>> from kvcheck.specs import PoolSpec
     >>> target = KVCheckTarget()
     >>> pool = target.make_pool(PoolSpec(family="mha", size=8, page_size=4, layer_num=2,
     ...                                  dtype="bfloat16"), device="cpu")
@@ -21,14 +21,8 @@ from types import MappingProxyType
 from typing import Any
 
 import kvcheck
-from kvcheck.specs import (
-    DCP_SIZES,
-    INDEX_KPOOLS,
-    KV_LAYOUTS,
-    LATENT_LAYOUTS,
-    POOL_FAMILIES,
-    PoolSpec,
-)
+from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.surface import Surface
 
 #: Pool class name -> family, most specific first (NoOp derives from MHA, DSA from MLA).
 _FAMILY_OF_CLASS: tuple[tuple[str, str], ...] = (
@@ -47,41 +41,19 @@ class KVCheckTarget:
     """kvcheck's own pools (:mod:`kvcheck.pools`) and serving rules (:mod:`kvcheck.serving`).
 
     Subclass it to check a variant: override :meth:`make_pool` (and ``name``/``version``)
-    and keep the serving side, as ``examples/downstream`` does.
+    and keep the serving side, as ``examples/downstream`` does; declare the ``surface`` your
+    pools build when it is narrower than kvcheck's.
     """
 
     name: str = "kvcheck"
     version: str = kvcheck.__version__
     unsupported: Mapping[str, str] = MappingProxyType({})
+    #: Every family and every variant kvcheck models; a subclass inherits it unless it
+    #: declares its own (``surface = KVCheckTarget.surface.replace(dsa=None)``, say).
+    surface: Surface = Surface.everything()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, version={self.version!r})"
-
-    def _builds_kvcheck_pools(self) -> bool:
-        """Whether this target's pools are kvcheck's own (a subclass may build others)."""
-        return type(self).make_pool is KVCheckTarget.make_pool
-
-    @property
-    def kv_layouts(self) -> tuple[str, ...]:
-        """The MHA layouts this target builds: all of kvcheck's, unless a subclass builds
-        its own pools (it opts in to more than token-major NHD by declaring its own)."""
-        return KV_LAYOUTS if self._builds_kvcheck_pools() else ("nhd",)
-
-    @property
-    def latent_layouts(self) -> tuple[str, ...]:
-        """The DSA latent row layouts this target builds, opt-in as :attr:`kv_layouts`."""
-        return LATENT_LAYOUTS if self._builds_kvcheck_pools() else ("raw",)
-
-    @property
-    def index_kpools(self) -> tuple[int, ...]:
-        """The DSA index kpools this target builds, opt-in as :attr:`kv_layouts`."""
-        return INDEX_KPOOLS if self._builds_kvcheck_pools() else (1,)
-
-    @property
-    def dcp_sizes(self) -> tuple[int, ...]:
-        """The decode-context-parallel widths this target's MLA and DSA pools take,
-        opt-in as :attr:`kv_layouts`."""
-        return DCP_SIZES if self._builds_kvcheck_pools() else (1,)
 
     # --- pools ----------------------------------------------------------------------------
 

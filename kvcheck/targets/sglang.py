@@ -20,8 +20,8 @@ Example, where sglang is installed::
 
 What sglang 0.5.23 cannot serve is known without importing it:
 
-    >>> dict(POOL_SPEC_LIMITS["dsa"])
-    {'index_page_size': (64,), 'index_head_dim': (128,)}
+    >>> SURFACE.limits()["dsa"]
+    {'index_kpool': (1, 2), 'index_page_size': (64,), 'index_head_dim': (128,)}
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from typing import Any
 import torch
 
 from kvcheck.geometry import latent_row_bytes, latent_width
-from kvcheck.specs import KV_LAYOUTS, LATENT_LAYOUTS, POOL_FAMILIES, PoolSpec
+from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.surface import Surface
 from kvcheck.targets import _sglang_adapt as adapt
 from kvcheck.targets import _sglang_env as env
 from kvcheck.targets._sglang_findings import EXPECTED_FAILURES, SGLANG_FINDINGS
@@ -87,17 +88,14 @@ UNSUPPORTED: Mapping[str, str] = MappingProxyType(
     }
 )
 
-#: Layouts sglang 0.5.23 asserts: ``DSATokenToKVPool`` takes 64-token index pages ("DSA
-#: requires 64-token physical pages": ``page_size // index_kpool == 64``) and 128-byte index
-#: keys; the suite draws DSA specs inside them.
-POOL_SPEC_LIMITS: Mapping[str, Mapping[str, tuple[int, ...]]] = MappingProxyType(
-    {"dsa": MappingProxyType({"index_page_size": (64,), "index_head_dim": (128,)})}
+#: What sglang 0.5.23 builds: every family and variant kvcheck models, inside the layouts
+#: its DSA pool asserts: 64-token index pages ("DSA requires 64-token physical pages":
+#: ``page_size // index_kpool == 64``) and 128-byte index keys. DSA index kpools 1 and 2
+#: only: 2 already takes 128-token pages; 4 (256) only makes every example slower without
+#: reaching other code.
+SURFACE = Surface.everything(
+    dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)}
 )
-#: DSA index kpools drawn for sglang: 2 already takes 128-token pages; 4 (256) only makes
-#: every example slower without reaching other code.
-INDEX_KPOOLS: tuple[int, ...] = (1, 2)
-#: Decode-context-parallel widths: every width kvcheck draws (sglang asserts none).
-DCP_SIZES: tuple[int, ...] = (1, 2, 4)
 
 #: Capability -> how the target serves it on CPU, where that differs from a GPU server.
 CPU_NOTES: Mapping[str, str] = MappingProxyType(
@@ -187,11 +185,7 @@ class SGLangTarget:
     def __init__(self) -> None:
         self.version: str = _installed_sglang_version()
         self.unsupported: Mapping[str, str] = UNSUPPORTED
-        self.pool_spec_limits: Mapping[str, Mapping[str, tuple[int, ...]]] = POOL_SPEC_LIMITS
-        self.kv_layouts: tuple[str, ...] = KV_LAYOUTS
-        self.latent_layouts: tuple[str, ...] = LATENT_LAYOUTS
-        self.index_kpools: tuple[int, ...] = INDEX_KPOOLS
-        self.dcp_sizes: tuple[int, ...] = DCP_SIZES
+        self.surface: Surface = SURFACE
         self.findings = SGLANG_FINDINGS
         self.expected_failures: Mapping[str, str] = EXPECTED_FAILURES
         self.cpu_notes: Mapping[str, str] = CPU_NOTES

@@ -7,6 +7,7 @@ inner pytest sessions (``pytester``) against a small fake target.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
@@ -20,11 +21,11 @@ from kvcheck.specs import PoolSpec
 from kvcheck.strategies import pool_specs
 from kvcheck.strategies.limits import (
     fit_spec,
-    pool_spec_limit_problems,
     pool_spec_limits_of,
     spec_limit_violations,
     within_target_limits,
 )
+from kvcheck.surface import Surface, surface_problems
 from kvcheck.targets import (
     TargetError,
     capability_skip_reason,
@@ -118,9 +119,10 @@ def test_check_target_accepts_optional_members() -> None:
         ("expected_failures", {"test_f": "bug"}, "must be a str naming a module and a test"),
         ("expected_failures", {"test_a.py::test_f": ""}, "must be a non-empty str"),
         ("expected_failures", ["test_a.py::test_f"], "expected a mapping pattern -> reason"),
-        ("pool_spec_limits", {"dsa": {"page": (64,)}}, "'page' is not a PoolSpec field"),
-        ("pool_spec_limits", {"dsa": {"page_size": 64}}, "expected a non-empty tuple"),
-        ("pool_spec_limits", {"tpu": {}}, "family not in"),
+        ("pool_spec_limits", {"dsa": {"page": (64,)}}, "['page']: not a PoolSpec field"),
+        ("pool_spec_limits", {"dsa": {"page_size": 64}}, "=64 must be a non-empty tuple"),
+        ("pool_spec_limits", {"tpu": {}}, "['tpu']: not a pool family"),
+        ("surface", {"mha": {}}, "is not a kvcheck.surface.Surface"),
         ("prepare", "not callable", "is not callable"),
     ],
     ids=[
@@ -131,6 +133,7 @@ def test_check_target_accepts_optional_members() -> None:
         "unknown-field",
         "values-not-a-tuple",
         "unknown-limit-family",
+        "surface-not-a-surface",
         "prepare-not-callable",
     ],
 )
@@ -230,7 +233,7 @@ def test_without_limits_the_strategy_is_unchanged() -> None:
 def test_limit_problems_are_reported_before_drawing() -> None:
     """Malformed limits are an InvalidArgument naming the target, raised at once."""
     target = SimpleNamespace(name="bad", pool_spec_limits={"dsa": {"page_size": []}})
-    assert pool_spec_limit_problems(target.pool_spec_limits)
+    assert surface_problems(target.pool_spec_limits)
     with pytest.raises(InvalidArgument, match="target 'bad'"):
         pool_specs(families=("dsa",), target=target)
 
@@ -431,87 +434,114 @@ def test_findings_are_matched_by_their_failure(
     result.stdout.fnmatch_lines(["*pins a finding but failed otherwise*is not finding F1*"])
 
 
-def test_a_layout_is_drawn_only_for_targets_that_declare_it() -> None:
-    """A target that builds its own pools and declares no kv_layouts gets NHD specs only;
-    kvcheck's own target, and one declaring both layouts, get HND specs too."""
+class BaselineOnly(KVCheckTarget):
+    """A target whose own pools build no variant beyond the baseline, and says so."""
+
+    surface = Surface.baseline()
+
+
+def test_a_subclass_inherits_its_parents_surface() -> None:
+    """A target subclass that overrides make_pool keeps the surface it inherits, unless it
+    declares its own; the declaration replaces the legacy opt-in tuples and limits."""
 
     class OwnPools(KVCheckTarget):
         def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
             return super().make_pool(spec, device=device)
 
-    hnd = lambda spec: spec.kv_layout == "hnd"  # noqa: E731
-    assert pool_spec_limits_of(OwnPools()) == {
+    assert pool_spec_limits_of(OwnPools()) == pool_spec_limits_of(KVCheckTarget()) == {}
+    assert pool_spec_limits_of(BaselineOnly()) == {
         "mha": {"kv_layout": ("nhd",)},
         "mla": {"dcp_size": (1,)},
         "dsa": {"latent_layout": ("raw",), "index_kpool": (1,), "dcp_size": (1,)},
     }
+    narrowed = KVCheckTarget.surface.replace(noop=None, mla=None, dsa=None)
+    assert narrowed.describe() == "mha (kv_layout nhd/hnd)"
+    target = SimpleNamespace(name="t", unsupported={}, surface=narrowed)
+    assert "declares no dsa pool" in str(capability_skip_reason(target, ["dsa_pool"]))
+    assert capability_skip_reason(target, ["mha_pool"]) is None
+
+
+def test_a_surface_names_families_fields_and_values_it_knows() -> None:
+    """Unknown families and fields, empty or non-tuple values, an axis on a family it does
+    not vary and an axis without its baseline are refused, naming family and field."""
+    cases = {
+        "surface['gqa']: not a pool family": {"gqa": {}},
+        "surface['mha']['pages']: not a PoolSpec field": {"mha": {"pages": (1,)}},
+        "surface['mha']['page_size']=[64] must be a non-empty tuple": {"mha": {"page_size": [64]}},
+        "surface['mha']['dcp_size']: dcp_size varies only for mla, dsa": {
+            "mha": {"dcp_size": (1,)}
+        },
+        "surface['dsa']['dcp_size']=(1, 8) must include the baseline 1": {
+            "dsa": {"dcp_size": (1, 8)}
+        },
+    }
+    for message, families in cases.items():
+        with pytest.raises(ValueError, match=re.escape(message)):
+            Surface(families)
+
+
+def test_a_layout_is_drawn_only_for_targets_that_declare_it() -> None:
+    """A target that declares the baseline only gets NHD specs only; kvcheck's own target,
+    and one declaring both layouts, get HND specs too."""
+    hnd = lambda spec: spec.kv_layout == "hnd"  # noqa: E731
     with pytest.raises(NoSuchExample):
-        find(pool_specs(families=("mha",), target=OwnPools()), hnd, settings=SEARCH)
+        find(pool_specs(families=("mha",), target=BaselineOnly()), hnd, settings=SEARCH)
     for target in (KVCheckTarget(), SimpleNamespace(name="t", kv_layouts=("nhd", "hnd"))):
         assert find(pool_specs(families=("mha",), target=target), hnd, settings=SEARCH)
 
     class HndOnly(KVCheckTarget):
-        kv_layouts = ("hnd",)  # type: ignore[assignment]
+        kv_layouts = ("hnd",)
 
-    assert any(problem.startswith("kv_layouts=") for problem in check_target(HndOnly()))
+    assert any("['kv_layout']=('hnd',)" in problem for problem in check_target(HndOnly()))
 
 
 def test_a_scaled_latent_layout_is_drawn_only_for_targets_that_declare_it() -> None:
-    """A target that builds its own pools and declares no latent_layouts gets raw DSA rows
-    only; kvcheck's own target, and one declaring both layouts, get scaled fp8 rows too."""
-
-    class OwnPools(KVCheckTarget):
-        def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
-            return super().make_pool(spec, device=device)
-
+    """A target that declares the baseline only gets raw DSA rows only; kvcheck's own
+    target, and one declaring both layouts, get scaled fp8 rows too."""
     scaled = lambda spec: spec.latent_layout == "scaled"  # noqa: E731
 
     def specs(target: object) -> Any:
         return pool_specs(families=("dsa",), dtype_names=("float8_e4m3fn",), target=target)
 
     with pytest.raises(NoSuchExample):
-        find(specs(OwnPools()), scaled, settings=SEARCH)
+        find(specs(BaselineOnly()), scaled, settings=SEARCH)
     for target in (KVCheckTarget(), SimpleNamespace(name="t", latent_layouts=("raw", "scaled"))):
         spec = find(specs(target), scaled, settings=SEARCH)
         assert spec.variant.startswith("dsa:scaled") and spec.kv_lora_rank in (128, 256)
-    with pytest.raises(InvalidArgument, match="latent_layouts="):
+    with pytest.raises(InvalidArgument, match="latent_layout"):
         specs(SimpleNamespace(name="t", latent_layouts=("scaled",)))
 
     class ScaledOnly(KVCheckTarget):
-        latent_layouts = ("scaled",)  # type: ignore[assignment]
+        latent_layouts = ("scaled",)
 
-    assert any(problem.startswith("latent_layouts=") for problem in check_target(ScaledOnly()))
+    assert any("['latent_layout']" in problem for problem in check_target(ScaledOnly()))
 
 
 def test_an_index_kpool_is_drawn_only_for_targets_that_declare_it() -> None:
-    """A target that builds its own pools and declares no index_kpools gets kpool 1 only;
-    kvcheck's own target gets kpools with compress tails; a target declaring 64-token index
-    pages (sglang) gets ``page_size = 64 * index_kpool``; a declaration without 1 is refused."""
-
-    class OwnPools(KVCheckTarget):
-        def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
-            return super().make_pool(spec, device=device)
+    """A target that declares the baseline only gets kpool 1 only; kvcheck's own target gets
+    kpools with compress tails; a target declaring 64-token index pages (sglang) gets
+    ``page_size = 64 * index_kpool``; a declaration without 1 is refused."""
 
     def specs(target: object) -> Any:
         return pool_specs(families=("dsa",), target=target)
 
     kpool = lambda spec: spec.index_kpool > 1  # noqa: E731
     with pytest.raises(NoSuchExample):
-        find(specs(OwnPools()), kpool, settings=SEARCH)
+        find(specs(BaselineOnly()), kpool, settings=SEARCH)
     spec = find(specs(KVCheckTarget()), lambda s: s.compress_tails, settings=SEARCH)
     assert spec.variant.startswith("dsa:kpool") and spec.tail_requests >= 1
     paged = SimpleNamespace(
-        name="t", index_kpools=(1, 2), pool_spec_limits={"dsa": {"index_page_size": (64,)}}
+        name="t", surface=Surface.of(dsa={"index_kpool": (1, 2), "index_page_size": (64,)})
     )
     spec = find(specs(paged), kpool, settings=SEARCH)
     assert (spec.index_kpool, spec.page_size, spec.index_page_size) == (2, 128, 64)
-    with pytest.raises(InvalidArgument, match="index_kpools="):
+    with pytest.raises(InvalidArgument, match="index_kpool"):
         specs(SimpleNamespace(name="t", index_kpools=(2,)))
 
     class KpoolOnly(KVCheckTarget):
-        index_kpools = (2,)  # type: ignore[assignment]
+        index_kpools = (2,)
 
-    assert any(problem.startswith("index_kpools=") for problem in check_target(KpoolOnly()))
+    assert any("['index_kpool']=(2,)" in problem for problem in check_target(KpoolOnly()))
 
 
 def test_fit_spec_keeps_pages_whole_groups_of_the_kpool() -> None:
@@ -535,30 +565,26 @@ def test_fit_spec_keeps_pages_whole_groups_of_the_kpool() -> None:
 
 
 def test_decode_context_parallel_is_drawn_only_for_targets_that_declare_it() -> None:
-    """A target that builds its own pools and declares no dcp_sizes gets dcp_size 1 only
-    (MLA and DSA); kvcheck's own target gets DCP ranks; a declaration without 1, or with a
-    width kvcheck does not draw, is refused."""
-
-    class OwnPools(KVCheckTarget):
-        def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
-            return super().make_pool(spec, device=device)
+    """A target that declares the baseline only gets dcp_size 1 only (MLA and DSA);
+    kvcheck's own target gets DCP ranks; a declaration without 1, or with a width kvcheck
+    does not draw, is refused."""
 
     def specs(target: object) -> Any:
         return pool_specs(families=("mla", "dsa"), target=target)
 
     dcp = lambda spec: spec.dcp_size > 1  # noqa: E731
     with pytest.raises(NoSuchExample):
-        find(specs(OwnPools()), dcp, settings=SEARCH)
+        find(specs(BaselineOnly()), dcp, settings=SEARCH)
     spec = find(specs(KVCheckTarget()), lambda s: s.dcp_size == 4, settings=SEARCH)
     assert spec.variant.endswith(":dcp") and 0 <= spec.dcp_rank < 4
     for bad in ((2,), (1, 8)):
-        with pytest.raises(InvalidArgument, match="dcp_sizes="):
+        with pytest.raises(InvalidArgument, match="dcp_size"):
             specs(SimpleNamespace(name="t", dcp_sizes=bad))
 
     class WidthsOnly(KVCheckTarget):
-        dcp_sizes = (2, 4)  # type: ignore[assignment]
+        dcp_sizes = (2, 4)
 
-    assert any(problem.startswith("dcp_sizes=") for problem in check_target(WidthsOnly()))
+    assert any("['dcp_size']=(2, 4)" in problem for problem in check_target(WidthsOnly()))
 
 
 def test_fit_spec_keeps_the_dcp_rank_and_the_extra_index_pages() -> None:

@@ -1,8 +1,9 @@
 """The kvcheck target for this package: ``--kvcheck-target downstream_pool:target``.
 
 It reuses kvcheck's built-in target for the serving side and swaps in the package's pool.
-What it does not implement is declared in ``unsupported``, so kvcheck's suite skips those
-properties with the reason below instead of passing them.
+What its pools build is declared in ``surface`` (MHA only) and what it does not implement
+in ``unsupported``, so kvcheck's suite skips those properties with a reason instead of
+passing them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kvcheck.specs import PoolSpec
+from kvcheck.surface import Surface
 from kvcheck.targets.builtin import KVCheckTarget
 
 from downstream_pool.pool import CountingMHAPool
@@ -23,15 +25,10 @@ class DownstreamTarget(KVCheckTarget):
 
     name = "downstream-pool"
     version = "0.1.0"
-    unsupported = MappingProxyType(
-        {
-            "noop_pool": _ONLY_MHA,
-            "mla_pool": _ONLY_MHA,
-            "dsa_pool": _ONLY_MHA,
-            "index_k_write": _ONLY_MHA,
-            "state_buf_infos": _ONLY_MHA,
-        }
-    )
+    #: What this package's pools build: MHA only, token-major (kvcheck's surface would
+    #: also hand it head-major specs, which CountingMHAPool does not take).
+    surface = Surface.of(mha={})
+    unsupported = MappingProxyType({"index_k_write": _ONLY_MHA, "state_buf_infos": _ONLY_MHA})
 
     def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
         """Build a :class:`CountingMHAPool`; other families are declared unsupported."""

@@ -1,0 +1,311 @@
+"""What a target builds, declared once as data: the pool families, and per family the
+variants and the values it takes.
+
+kvcheck's pools vary along a few *axes* (:data:`AXES`): a :class:`~kvcheck.specs.PoolSpec`
+field whose values name a variant, such as MHA's buffer layout or DSA's index kpool. Every
+target builds each axis's first value (the baseline); anything beyond it is opt-in, so a
+target written before a variant existed is never handed a spec it would silently build as
+another. A target states what it builds in one :class:`Surface`: the families, and per
+family the values of each axis it takes beyond the baseline and the values it accepts for
+any other field (an implementation that asserts a layout, such as sglang's 64-token DSA
+index pages). The strategies draw inside it (:mod:`kvcheck.strategies.limits`), the
+suite skips a family it leaves out, and ``kvcheck verify`` prints it in one line.
+
+A subclass of a target inherits its surface unless it declares its own.
+
+Adding a variant along a new axis is one row of :data:`AXES` (beside its ``PoolSpec``
+field); a target opts in by naming the axis in its surface.
+
+Example:
+    >>> surface = Surface.of(mha={"kv_layout": ("nhd", "hnd")}, dsa={"index_head_dim": (128,)})
+    >>> surface.describe()
+    'mha (kv_layout nhd/hnd), dsa (index_head_dim 128)'
+    >>> surface.values("mha", "kv_layout"), surface.values("dsa", "latent_layout")
+    (('nhd', 'hnd'), ('raw',))
+    >>> surface.builds("mla")
+    False
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from kvcheck.specs import (
+    DCP_SIZES,
+    INDEX_KPOOLS,
+    KV_LAYOUTS,
+    LATENT_LAYOUTS,
+    POOL_FAMILIES,
+    PoolSpec,
+)
+
+__all__ = [
+    "AXES",
+    "LIMIT_NAMES",
+    "Axis",
+    "FieldValues",
+    "Surface",
+    "surface_of",
+]
+
+#: PoolSpec field (or a derived name a limit may use) -> the values a target accepts.
+FieldValues = Mapping[str, tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One way pools of some families vary: a PoolSpec field and the values kvcheck models
+    (the first is the baseline every target builds)."""
+
+    field: str
+    families: tuple[str, ...]
+    values: tuple[Any, ...]
+    #: The legacy target attribute that declared it before surfaces (still read).
+    legacy_attribute: str
+
+
+#: Every variant axis, one row each. A new variant of an existing family is a new value
+#: (or a new row) here, the PoolSpec field it names, and the target's surface.
+AXES: tuple[Axis, ...] = (
+    Axis("kv_layout", ("mha",), KV_LAYOUTS, "kv_layouts"),
+    Axis("latent_layout", ("dsa",), LATENT_LAYOUTS, "latent_layouts"),
+    Axis("index_kpool", ("dsa",), INDEX_KPOOLS, "index_kpools"),
+    Axis("dcp_size", ("mla", "dsa"), DCP_SIZES, "dcp_sizes"),
+)
+_AXIS_BY_FIELD = {axis.field: axis for axis in AXES}
+_SPEC_FIELDS = frozenset(field.name for field in dataclasses.fields(PoolSpec)) - {"family"}
+#: What a surface may name besides an axis: a PoolSpec field, or ``index_page_size``
+#: (``page_size // index_kpool``, the tokens of one DSA index page, which SGLang fixes at 64).
+LIMIT_NAMES: frozenset[str] = _SPEC_FIELDS | {"index_page_size"}
+
+
+@dataclass(frozen=True)
+class Surface:
+    """The families a target builds and, per family, the values it takes.
+
+    ``families`` maps each family the target builds to its declaration: PoolSpec field ->
+    the values it accepts. For an axis (:data:`AXES`) a field left out means the baseline
+    only; any other field left out is unrestricted. Build one with :meth:`of`,
+    :meth:`everything` or :meth:`baseline`; validated on construction (``ValueError``
+    naming the family and field).
+
+    Example:
+        >>> Surface.everything().values("dsa", "index_kpool")
+        (1, 2, 4)
+        >>> Surface.of(dsa={"index_kpool": (2,)})
+        Traceback (most recent call last):
+        ...
+        ValueError: surface['dsa']['index_kpool']=(2,) must include the baseline 1, of (1, 2, 4)
+    """
+
+    families: Mapping[str, FieldValues]
+
+    def __post_init__(self) -> None:
+        problems = surface_problems(self.families)
+        if problems:
+            raise ValueError("; ".join(problems))
+        frozen = {
+            family: MappingProxyType(dict(self.families[family]))
+            for family in POOL_FAMILIES
+            if family in self.families
+        }
+        object.__setattr__(self, "families", MappingProxyType(frozen))
+
+    @classmethod
+    def of(cls, **families: FieldValues) -> Surface:
+        """A surface of the families named, each with its declaration.
+
+        Example:
+            >>> Surface.of(mha={}, noop={}).describe()
+            'mha, noop'
+        """
+        return cls(families)
+
+    @classmethod
+    def everything(cls, **limits: FieldValues) -> Surface:
+        """Every family with every value of every axis; ``limits`` adds, per family, the
+        values the target accepts for other fields.
+
+        Example:
+            >>> Surface.everything(dsa={"index_head_dim": (128,)}).values("dsa", "index_head_dim")
+            (128,)
+        """
+        families: dict[str, dict[str, tuple[Any, ...]]] = {f: {} for f in POOL_FAMILIES}
+        for axis in AXES:
+            for family in axis.families:
+                families[family][axis.field] = axis.values
+        for family, fields in limits.items():
+            families.setdefault(family, {}).update(fields)
+        return cls(families)
+
+    @classmethod
+    def baseline(cls) -> Surface:
+        """Every family, each axis at its baseline: what a target that declares nothing builds.
+
+        Example:
+            >>> Surface.baseline().values("mha", "kv_layout")
+            ('nhd',)
+        """
+        return cls({family: {} for family in POOL_FAMILIES})
+
+    def builds(self, family: str) -> bool:
+        """Whether the target builds pools of ``family``."""
+        return family in self.families
+
+    def values(self, family: str, field: str) -> tuple[Any, ...] | None:
+        """The values of ``field`` the target accepts for ``family`` (``None``: any).
+
+        Example:
+            >>> Surface.baseline().values("dsa", "page_size") is None
+            True
+        """
+        declared = self.families.get(family, {})
+        if field in declared:
+            return declared[field]
+        axis = _AXIS_BY_FIELD.get(field)
+        if axis is not None and family in axis.families:
+            return axis.values[:1]
+        return None
+
+    def limits(self) -> dict[str, dict[str, tuple[Any, ...]]]:
+        """Per family, the fields the target narrows below what kvcheck draws: the axes it
+        does not take in full and every other field it declares.
+
+        Example:
+            >>> Surface.baseline().limits()["mha"]
+            {'kv_layout': ('nhd',)}
+        """
+        narrowed: dict[str, dict[str, tuple[Any, ...]]] = {}
+        for family in self.families:
+            fields: dict[str, tuple[Any, ...]] = {}
+            for axis in AXES:
+                if family in axis.families:
+                    values = self.values(family, axis.field)
+                    if values is not None and set(values) != set(axis.values):
+                        fields[axis.field] = values
+            for field, values in self.families[family].items():
+                if field not in _AXIS_BY_FIELD:
+                    fields[field] = values
+            if fields:
+                narrowed[family] = fields
+        return narrowed
+
+    def replace(self, **families: FieldValues | None) -> Surface:
+        """This surface with the named families' declarations replaced (``None`` drops one).
+
+        Example:
+            >>> Surface.everything().replace(noop=None, mla=None, dsa=None).describe()
+            'mha (kv_layout nhd/hnd)'
+        """
+        merged: dict[str, FieldValues] = dict(self.families)
+        for family, declaration in families.items():
+            if declaration is None:
+                merged.pop(family, None)
+            else:
+                merged[family] = declaration
+        return Surface(merged)
+
+    def describe(self) -> str:
+        """One line: each family, with what it takes beyond the baseline and its limits."""
+        parts = []
+        for family, fields in self.families.items():
+            declared = [
+                f"{field} {'/'.join(map(str, values))}"
+                for field, values in fields.items()
+                if field not in _AXIS_BY_FIELD or tuple(values) != _AXIS_BY_FIELD[field].values[:1]
+            ]
+            parts.append(f"{family} ({', '.join(declared)})" if declared else family)
+        return ", ".join(parts) or "no pool family"
+
+
+def surface_problems(families: object) -> list[str]:
+    """What is wrong with ``families`` as a surface declaration (empty when it is fine).
+
+    Example:
+        >>> surface_problems({"mha": {"kv_layout": ("hnd",)}})
+        ["surface['mha']['kv_layout']=('hnd',) must include the baseline 'nhd', of ('nhd', 'hnd')"]
+    """
+    if not isinstance(families, Mapping):
+        return [f"surface: {families!r} (expected a mapping family -> field -> values)"]
+    problems: list[str] = []
+    for family, fields in families.items():
+        where = f"surface[{family!r}]"
+        if family not in POOL_FAMILIES:
+            problems.append(f"{where}: not a pool family; known: {', '.join(POOL_FAMILIES)}")
+            continue
+        if not isinstance(fields, Mapping):
+            problems.append(f"{where}: {fields!r} (expected a mapping field -> values)")
+            continue
+        for field, values in fields.items():
+            problem = _field_problem(family, field, values)
+            if problem:
+                problems.append(f"{where}[{field!r}]{problem}")
+    return problems
+
+
+def _field_problem(family: str, field: object, values: object) -> str | None:
+    if field not in LIMIT_NAMES:
+        return f": not a PoolSpec field (or index_page_size); axes: {', '.join(_AXIS_BY_FIELD)}"
+    if not isinstance(values, tuple) or not values:
+        return f"={values!r} must be a non-empty tuple"
+    axis = _AXIS_BY_FIELD.get(str(field))
+    if axis is None:
+        return None
+    if family not in axis.families:
+        return f": {field} varies only for {', '.join(axis.families)} pools"
+    baseline = axis.values[0]
+    if baseline not in values or set(values) - set(axis.values):
+        return f"={values!r} must include the baseline {baseline!r}, of {axis.values}"
+    return None
+
+
+def surface_of(target: object) -> Surface:
+    """The surface ``target`` declares (its ``surface``; default :meth:`Surface.baseline`),
+    with the members that declared parts of it before surfaces existed laid over it, where
+    the target has them: ``pool_spec_limits`` and the opt-in tuples ``kv_layouts``,
+    ``latent_layouts``, ``index_kpools`` and ``dcp_sizes``. A malformed declaration raises
+    ``ValueError`` naming the target.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> surface_of(SimpleNamespace(kv_layouts=("nhd", "hnd"))).values("mha", "kv_layout")
+        ('nhd', 'hnd')
+        >>> surface_of(object()) == Surface.baseline()
+        True
+    """
+    name = getattr(target, "name", target)
+    declared = getattr(target, "surface", None)
+    if declared is None:
+        declared = Surface.baseline()
+    elif not isinstance(declared, Surface):
+        raise ValueError(f"target {name!r}: surface={declared!r} is not a kvcheck.surface.Surface")
+    legacy: dict[str, dict[str, Any]] = {}
+    limits = getattr(target, "pool_spec_limits", None)
+    if limits is not None:
+        if not isinstance(limits, Mapping):
+            raise ValueError(f"target {name!r}: pool_spec_limits={limits!r} is not a mapping")
+        for family, fields in limits.items():
+            if not isinstance(fields, Mapping):
+                raise ValueError(
+                    f"target {name!r}: pool_spec_limits[{family!r}]={fields!r} is not a "
+                    "mapping field -> values"
+                )
+            legacy.setdefault(family, {}).update(fields)
+    for axis in AXES:
+        values = getattr(target, axis.legacy_attribute, None)
+        if values is not None:
+            for family in axis.families:
+                legacy.setdefault(family, {})[axis.field] = values
+    if not legacy:
+        return declared
+    families = {family: dict(fields) for family, fields in declared.families.items()}
+    for family, fields in legacy.items():
+        families.setdefault(family, {}).update(fields)
+    try:
+        return Surface(families)
+    except ValueError as exc:
+        raise ValueError(f"target {name!r}: {exc}") from exc
