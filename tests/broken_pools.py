@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from kvcheck.geometry import latent_row_bytes
 from kvcheck.pools import (
     DSATokenToKVPool,
     MHATokenToKVPool,
@@ -373,47 +372,6 @@ class OwnedIndexMoveDcpDSA(DSATokenToKVPool):
 # --- serving them --------------------------------------------------------------------------
 
 
-def pool_kwargs(spec: PoolSpec, *, device: str) -> dict[str, Any]:
-    """Constructor arguments of the kvcheck pool ``spec`` describes."""
-    common: dict[str, Any] = {
-        "size": spec.size,
-        "page_size": spec.page_size,
-        "dtype": getattr(torch, spec.dtype),
-        "layer_num": spec.layer_num,
-        "device": device,
-        "start_layer": spec.start_layer,
-    }
-    if spec.family in ("mha", "noop"):
-        layout = {"kv_layout": spec.kv_layout} if spec.kv_layout != "nhd" else {}
-        return {
-            **common,
-            **layout,
-            "head_num": spec.head_num,
-            "head_dim": spec.head_dim,
-            "v_head_dim": spec.v_head_dim,
-        }
-    latent = {
-        **common,
-        "kv_lora_rank": spec.kv_lora_rank,
-        "qk_rope_head_dim": spec.qk_rope_head_dim,
-        "dcp_size": spec.dcp_size,
-        "dcp_rank": spec.dcp_rank,
-    }
-    if spec.family == "mla":
-        return latent
-    return {
-        **latent,
-        "index_head_dim": spec.index_head_dim,
-        "skip_topk_layers": list(spec.skip_mask),
-        "index_buf_size": spec.index_buf_size,
-        **({"kv_cache_dim": latent_row_bytes(spec)} if spec.latent_layout != "raw" else {}),
-        "index_kpool": spec.index_kpool,
-        "index_kpool_compress": spec.index_kpool_compress,
-        "tail_extra_slots": spec.tail_extra_slots,
-        "max_running_requests": spec.max_running_requests,
-    }
-
-
 class BrokenTarget(KVCheckTarget):
     """kvcheck's target with one broken pool class in place of its family's pool, and
     optionally declared ``findings``."""
@@ -430,7 +388,7 @@ class BrokenTarget(KVCheckTarget):
         """The broken class for its family; kvcheck's own pool for any other."""
         if spec.family != self.family:
             return super().make_pool(spec, device=device)
-        return self.pool_class(**pool_kwargs(spec, device=device))
+        return self.pool_arguments(spec, device=device).build(self.pool_class)
 
 
 # --- reads, layer ranges and token-granular host copies -------------------------------------

@@ -16,7 +16,9 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from kvcheck.specs import PoolSpec
@@ -116,6 +118,59 @@ OPTIONAL_MEMBERS: tuple[str, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class PoolArguments:
+    """How a target builds the pool a spec describes: the class, by import path, and the
+    keyword arguments of its constructor (plain values and torch dtypes, whose ``repr``
+    is the source that names them).
+
+    A target's ``pool_arguments(spec, device=...)`` is the one place that maps a
+    :class:`~kvcheck.specs.PoolSpec` to a constructor call: its ``make_pool``, the
+    reproduction scripts (which print the call) and kvcheck's broken twins all go through it.
+
+    Example:
+        >>> arguments = PoolArguments("fractions:Fraction", {"numerator": 1, "denominator": 2})
+        >>> arguments.build()
+        Fraction(1, 2)
+        >>> arguments.call_source("pool")
+        'pool = Fraction(numerator=1, denominator=2)'
+    """
+
+    pool_class: str
+    kwargs: Mapping[str, Any]
+
+    def __post_init__(self) -> None:
+        module, _, name = self.pool_class.partition(":")
+        if not module or not name:
+            raise ValueError(f"pool_class={self.pool_class!r} must be 'module:ClassName'")
+
+    @property
+    def module(self) -> str:
+        """The module that defines the pool class."""
+        return self.pool_class.partition(":")[0]
+
+    @property
+    def class_name(self) -> str:
+        """The pool class's name inside :attr:`module`."""
+        return self.pool_class.partition(":")[2]
+
+    def resolve(self) -> Any:
+        """The pool class (importing its module)."""
+        target: Any = importlib.import_module(self.module)
+        for part in self.class_name.split("."):
+            target = getattr(target, part)
+        return target
+
+    def build(self, cls: Any = None) -> Any:
+        """``cls(**kwargs)``; ``cls`` defaults to :meth:`resolve` (a twin passes its own)."""
+        return (self.resolve() if cls is None else cls)(**self.kwargs)
+
+    def call_source(self, variable: str, *, indent: str = "") -> str:
+        """The constructor call as source: ``variable = ClassName(name=value, ...)``."""
+        arguments = ", ".join(f"{name}={value!r}" for name, value in self.kwargs.items())
+        return f"{indent}{variable} = {self.class_name}({arguments})"
+
+
 @runtime_checkable
 class Target(Protocol):
     """Something the suite can check.
@@ -134,7 +189,12 @@ class Target(Protocol):
     unsupported: Mapping[str, str]
 
     def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
-        """Build the pool ``spec`` describes on ``device``."""
+        """Build the pool ``spec`` describes on ``device``.
+
+        A target that can say how (kvcheck's and sglang's do) also has
+        ``pool_arguments(spec, *, device) -> PoolArguments``, which ``make_pool`` builds from
+        and the reproduction scripts print.
+        """
         ...
 
     def write_index_k(

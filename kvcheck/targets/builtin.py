@@ -23,6 +23,7 @@ from typing import Any
 import kvcheck
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
 from kvcheck.surface import Surface
+from kvcheck.targets.base import PoolArguments
 
 #: Pool class name -> family, most specific first (NoOp derives from MHA, DSA from MLA).
 _FAMILY_OF_CLASS: tuple[tuple[str, str], ...] = (
@@ -59,19 +60,34 @@ class KVCheckTarget:
 
     def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
         """Build the pool ``spec`` describes on ``device`` ("cpu", "cuda:0", "meta", ...)."""
+        return self.pool_arguments(spec, device=device).build()
+
+    def pool_arguments(self, spec: PoolSpec, *, device: str) -> PoolArguments:
+        """The kvcheck pool class and constructor arguments for ``spec`` on ``device``.
+
+        Only what differs from the pools' defaults for the spec's family and variant is
+        passed (no ``kv_layout`` for NHD, no DCP fields for one rank), so a printed call
+        stays short; the built pool is the same either way.
+
+        Example:
+            >>> args = KVCheckTarget().pool_arguments(
+            ...     PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="bfloat16"),
+            ...     device="cpu")
+            >>> args.pool_class, sorted(args.kwargs)[:3]
+            ('kvcheck.pools:MLATokenToKVPool', ['device', 'dtype', 'kv_lora_rank'])
+        """
         if not isinstance(spec, PoolSpec):
             raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
         if spec.family not in POOL_FAMILIES:
             raise ValueError(f"spec.family={spec.family!r} not in {POOL_FAMILIES}")
         import torch
 
-        from kvcheck import pools
         from kvcheck.geometry import latent_row_bytes
 
         dtype = getattr(torch, spec.dtype, None)
         if not isinstance(dtype, torch.dtype):
             raise ValueError(f"spec.dtype={spec.dtype!r} is not a torch dtype name")
-        common: dict[str, Any] = {
+        kwargs: dict[str, Any] = {
             "size": spec.size,
             "page_size": spec.page_size,
             "dtype": dtype,
@@ -80,44 +96,35 @@ class KVCheckTarget:
             "start_layer": spec.start_layer,
         }
         if spec.family in ("mha", "noop"):
-            pool_class = (
-                pools.MHATokenToKVPool if spec.family == "mha" else pools.NoOpMHATokenToKVPool
+            kwargs.update(
+                head_num=spec.head_num, head_dim=spec.head_dim, v_head_dim=spec.v_head_dim
             )
-            layout: dict[str, Any] = (
-                {"kv_layout": spec.kv_layout} if spec.kv_layout != "nhd" else {}
-            )
-            return pool_class(
-                head_num=spec.head_num,
-                head_dim=spec.head_dim,
-                v_head_dim=spec.v_head_dim,
-                **layout,
-                **common,
-            )
+            if spec.kv_layout != "nhd":
+                kwargs["kv_layout"] = spec.kv_layout
+            name = "MHATokenToKVPool" if spec.family == "mha" else "NoOpMHATokenToKVPool"
+            return PoolArguments(f"kvcheck.pools:{name}", kwargs)
+        kwargs.update(kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim)
+        if spec.dcp_size > 1:
+            kwargs.update(dcp_size=spec.dcp_size, dcp_rank=spec.dcp_rank)
         if spec.family == "mla":
-            return pools.MLATokenToKVPool(
-                kv_lora_rank=spec.kv_lora_rank,
-                qk_rope_head_dim=spec.qk_rope_head_dim,
-                dcp_size=spec.dcp_size,
-                dcp_rank=spec.dcp_rank,
-                **common,
-            )
-        return pools.DSATokenToKVPool(
-            kv_lora_rank=spec.kv_lora_rank,
-            qk_rope_head_dim=spec.qk_rope_head_dim,
+            return PoolArguments("kvcheck.pools:MLATokenToKVPool", kwargs)
+        kwargs.update(
             index_head_dim=spec.index_head_dim,
             skip_topk_layers=(
                 None if spec.skip_topk_layers is None else list(spec.skip_topk_layers)
             ),
             index_buf_size=spec.index_buf_size,
-            kv_cache_dim=latent_row_bytes(spec) if spec.latent_layout != "raw" else None,
-            index_kpool=spec.index_kpool,
-            index_kpool_compress=spec.index_kpool_compress,
-            tail_extra_slots=spec.tail_extra_slots,
-            max_running_requests=spec.max_running_requests,
-            dcp_size=spec.dcp_size,
-            dcp_rank=spec.dcp_rank,
-            **common,
         )
+        if spec.latent_layout != "raw":
+            kwargs["kv_cache_dim"] = latent_row_bytes(spec)
+        if spec.index_kpool != 1:
+            kwargs.update(
+                index_kpool=spec.index_kpool,
+                index_kpool_compress=spec.index_kpool_compress,
+                tail_extra_slots=spec.tail_extra_slots,
+                max_running_requests=spec.max_running_requests,
+            )
+        return PoolArguments("kvcheck.pools:DSATokenToKVPool", kwargs)
 
     def write_index_k(
         self, pool: Any, layer_id: int, loc: Any, index_k: Any, index_k_scale: Any
