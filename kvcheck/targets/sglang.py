@@ -44,15 +44,17 @@ from kvcheck.surface import Surface
 from kvcheck.targets import _sglang_adapt as adapt
 from kvcheck.targets import _sglang_env as env
 from kvcheck.targets._sglang_findings import EXPECTED_FAILURES, SGLANG_FINDINGS
+from kvcheck.targets.base import PoolArguments
 
 #: The sglang release this adapter was written against.
 SGLANG_VERSION = "0.5.23"
 
 INSTALL_HINT = "install it with `bash scripts/install_sglang.sh` (sglang==0.5.23, --no-deps)"
 
+_MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 #: sglang modules loaded together, under the torchvision stand-in, on first use.
 _SGLANG_MODULES: Mapping[str, str] = {
-    "memory_pool": "sglang.srt.mem_cache.memory_pool",
+    "memory_pool": _MEMORY_POOL,
     "kv_cache_hook": "sglang.srt.arg_groups.kv_cache_hook",
     "configurator": "sglang.srt.mem_cache.kv_cache_configurator",
     "pool_configurator": "sglang.srt.model_executor.pool_configurator",
@@ -224,12 +226,44 @@ class SGLangTarget:
         parallel widths of rank ``dcp_rank`` of ``dcp_size`` (1 of 1 without DCP), as on a
         server launched with ``--dcp-size`` (see :mod:`._sglang_env`).
         """
+        _sglang()  # sglang's modules, imported under their stand-ins, once per process
+        arguments = self.pool_arguments(spec, device=device)
+        if spec.family in ("mha", "noop"):
+            on_cuda = _is_cuda(device)
+            # On CUDA: the Triton move sglang uses with speculative decoding. Elsewhere:
+            # sglang's own tensor-indexing move, selected by the variable it reads here.
+            build_scope = nullcontext() if on_cuda else env.native_kv_move()
+            # sglang takes the HND layout only from a variable its constructor reads.
+            layout_scope = env.hnd_kv_layout() if spec.kv_layout == "hnd" else nullcontext()
+            with build_scope, layout_scope:
+                return arguments.build()
+        with env.dcp_parallel(spec.dcp_size, spec.dcp_rank):
+            pool = arguments.build()
+        methods = _MLA_SCOPED_METHODS if spec.family == "mla" else _DSA_SCOPED_METHODS
+        on_cpu = not _is_cuda(device)
+        scope = functools.partial(
+            _latent_pool_scope, cpu=on_cpu, dcp_size=spec.dcp_size, dcp_rank=spec.dcp_rank
+        )
+        _run_methods_in_scope(pool, methods, scope)
+        return pool
+
+    def pool_arguments(self, spec: PoolSpec, *, device: str) -> PoolArguments:
+        """sglang's pool class and constructor arguments for ``spec`` on ``device``.
+
+        What :meth:`make_pool` builds inside its scopes (the published parallel widths, the
+        HND variable, the native move), and what a reproduction script prints.
+
+        Example:
+            >>> spec = PoolSpec(family="mha", size=8, page_size=4, layer_num=2, dtype="bfloat16")
+            >>> args = SGLangTarget.pool_arguments(None, spec, device="cpu")  # no sglang import
+            >>> args.class_name, args.kwargs["end_layer"], args.kwargs["enable_kv_cache_copy"]
+            ('MHATokenToKVPool', 2, False)
+        """
         if not isinstance(spec, PoolSpec):
             raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
         if spec.family not in POOL_FAMILIES:
             raise ValueError(f"spec.family={spec.family!r} not in {POOL_FAMILIES}")
-        memory_pool = _sglang().memory_pool
-        common: dict[str, Any] = {
+        kwargs: dict[str, Any] = {
             "size": spec.size,
             "page_size": spec.page_size,
             "dtype": adapt.pool_dtype(spec.dtype),
@@ -240,55 +274,29 @@ class SGLangTarget:
             "end_layer": spec.start_layer + spec.layer_num,
         }
         if spec.family in ("mha", "noop"):
-            return self._make_mha_pool(memory_pool, spec, common, device)
-        latent = {"kv_lora_rank": spec.kv_lora_rank, "qk_rope_head_dim": spec.qk_rope_head_dim}
-        with env.dcp_parallel(spec.dcp_size, spec.dcp_rank):
-            if spec.family == "mla":
-                pool = memory_pool.MLATokenToKVPool(**common, **latent)
-            else:
-                pool = memory_pool.DSATokenToKVPool(
-                    **common,
-                    **latent,
-                    index_head_dim=spec.index_head_dim,
-                    kv_cache_dim=_kv_cache_dim(spec),
-                    index_buf_size=spec.index_buf_size,
-                    skip_topk_layers=list(spec.skip_mask),
-                    index_kpool=spec.index_kpool,
-                    index_kpool_compress=spec.index_kpool_compress,
-                    tail_extra_slots=spec.tail_extra_slots,
-                    max_running_requests=spec.max_running_requests,
-                )
-        methods = _MLA_SCOPED_METHODS if spec.family == "mla" else _DSA_SCOPED_METHODS
-        on_cpu = not _is_cuda(device)
-        scope = functools.partial(
-            _latent_pool_scope, cpu=on_cpu, dcp_size=spec.dcp_size, dcp_rank=spec.dcp_rank
-        )
-        _run_methods_in_scope(pool, methods, scope)
-        return pool
-
-    @staticmethod
-    def _make_mha_pool(
-        memory_pool: Any, spec: PoolSpec, common: dict[str, Any], device: str
-    ) -> Any:
-        pool_class = (
-            memory_pool.MHATokenToKVPool
-            if spec.family == "mha"
-            else memory_pool.NoOpMHATokenToKVPool
-        )
-        on_cuda = _is_cuda(device)
-        # On CUDA: the Triton move sglang uses with speculative decoding. Elsewhere:
-        # sglang's own tensor-indexing move, selected by the variable it reads here.
-        build_scope = nullcontext() if on_cuda else env.native_kv_move()
-        # sglang takes the HND layout only from a variable its constructor reads.
-        layout_scope = env.hnd_kv_layout() if spec.kv_layout == "hnd" else nullcontext()
-        with build_scope, layout_scope:
-            return pool_class(
-                **common,
+            name = "MHATokenToKVPool" if spec.family == "mha" else "NoOpMHATokenToKVPool"
+            kwargs.update(
                 head_num=spec.head_num,
                 head_dim=spec.head_dim,
                 v_head_dim=spec.v_head_dim,
-                enable_kv_cache_copy=on_cuda,
+                enable_kv_cache_copy=_is_cuda(device),
             )
+            return PoolArguments(f"{_MEMORY_POOL}:{name}", kwargs)
+        kwargs.update(kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim)
+        if spec.family == "mla":
+            return PoolArguments(f"{_MEMORY_POOL}:MLATokenToKVPool", kwargs)
+        kwargs.update(
+            index_head_dim=spec.index_head_dim,
+            kv_cache_dim=_kv_cache_dim(spec),
+            index_buf_size=spec.index_buf_size,
+            # The mask sglang's configurator builds: one entry per layer.
+            skip_topk_layers=list(spec.skip_mask),
+            index_kpool=spec.index_kpool,
+            index_kpool_compress=spec.index_kpool_compress,
+            tail_extra_slots=spec.tail_extra_slots,
+            max_running_requests=spec.max_running_requests,
+        )
+        return PoolArguments(f"{_MEMORY_POOL}:DSATokenToKVPool", kwargs)
 
     def write_index_k(
         self, pool: Any, layer_id: int, loc: Any, index_k: Any, index_k_scale: Any
