@@ -206,6 +206,50 @@ def test_memory_report_shows_decode_context_parallel(capsys: pytest.CaptureFixtu
     assert "dcp 2" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("dtype", "shown"),
+    [
+        ("fp8_e4m3", "dtype float8_e4m3fn (--kv-cache-dtype fp8_e4m3)"),
+        ("fp8_e5m2", "dtype float8_e5m2 (--kv-cache-dtype fp8_e5m2)"),
+        ("bf16", "dtype bfloat16 (--kv-cache-dtype bf16)"),
+        ("auto", "dtype bfloat16 (--kv-cache-dtype auto)"),
+        ("float16", "dtype float16,"),
+    ],
+)
+def test_memory_report_takes_sglang_dtypes_and_short_model_names(
+    capsys: pytest.CaptureFixture[str], dtype: str, shown: str
+) -> None:
+    """--dtype takes sglang's --kv-cache-dtype spellings (and torch names), --model a
+    model's short name in any case; the report names the dtype it sized."""
+    assert main(["memory-report", "--dtype", dtype, "--model", "deepseek-V3.2"]) == 0
+    out = capsys.readouterr().out
+    assert shown in out and "deepseek-ai/DeepSeek-V3.2" in out and "GLM" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dtype", "nvfp4"], "dtype='nvfp4' selects sglang's FP4 pool"),
+        (["--dtype", "mxfp8"], "dtype='mxfp8' selects sglang's block-scaled fp8 pool"),
+        (["--dtype", "fp8_e4m"], "(did you mean 'fp8_e4m3'?)"),
+        (["--model", "DeepSeek-V3"], "(did you mean 'DeepSeek-V3.2'?)"),
+        (["--model", "qwen3-embeding-8b"], "(did you mean 'Qwen3-Embedding-8B'?)"),
+    ],
+    ids=["fp4", "mxfp8", "dtype-typo", "model-typo", "model-typo-case"],
+)
+def test_memory_report_refuses_what_it_cannot_size_naming_what_it_can(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """A dtype kvcheck builds no pool for is refused saying so, a typo gets the nearest name,
+    and every refusal lists what is accepted."""
+    assert main(["memory-report", *argv]) == 2
+    error = capsys.readouterr().err
+    assert message in error
+    assert (
+        "fp8_e4m3" in error and "float8_e4m3fn" in error
+    ) or "deepseek-ai/DeepSeek-V3.2" in error
+
+
 def test_memory_report_one_model(capsys: pytest.CaptureFixture[str]) -> None:
     """--model restricts the report to that model."""
     assert main(["memory-report", "--model", "Qwen/Qwen3-Embedding-8B", "--dtype", "float16"]) == 0

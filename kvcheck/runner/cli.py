@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="NAME",
-        help="a model from kvcheck.serving.MODELS (repeatable; default: all)",
+        help="a model from kvcheck.serving.MODELS, or its short name such as DeepSeek-V3.2 "
+        "(repeatable; default: all)",
     )
     memory.add_argument(
         "--budget-gib",
@@ -148,7 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"KV memory budget in GiB (default {_DEFAULT_BUDGET_GIB:g})",
     )
     memory.add_argument(
-        "--dtype", default=_DEFAULT_DTYPE, help=f"KV dtype (default {_DEFAULT_DTYPE})"
+        "--dtype",
+        default=_DEFAULT_DTYPE,
+        help="KV dtype: sglang's --kv-cache-dtype (auto, bf16, bfloat16, fp8_e4m3, "
+        "fp8_e5m2) or a torch dtype name (bfloat16, float16, float32, float8_e4m3fn, "
+        f"float8_e5m2) (default {_DEFAULT_DTYPE})",
     )
     memory.add_argument(
         "--page-size",
@@ -489,7 +494,7 @@ class _SuiteRun:
 
 
 def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
-    from kvcheck.runner.memory_report import memory_rows, render_memory_report
+    from kvcheck.runner.memory_report import memory_rows, pool_dtype, render_memory_report
 
     if extra:
         raise UsageProblem(f"memory-report takes no pytest arguments, got {list(extra)}")
@@ -497,16 +502,16 @@ def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
         raise UsageProblem(f"--budget-gib={options.budget_gib} must be positive")
     if options.page_size < 1:
         raise UsageProblem(f"--page-size={options.page_size} must be at least 1")
-    sizing: dict[str, Any] = {
-        "budget_bytes": int(options.budget_gib * (1 << 30)),
-        "dtype": options.dtype,
-        "page_size": options.page_size,
-    }
     try:
+        sizing: dict[str, Any] = {
+            "budget_bytes": int(options.budget_gib * (1 << 30)),
+            "dtype": pool_dtype(options.dtype),
+            "page_size": options.page_size,
+        }
         rows = memory_rows(options.model, **sizing)
     except ValueError as exc:
         raise UsageProblem(str(exc)) from exc
-    print(render_memory_report(rows, **sizing))
+    print(render_memory_report(rows, **sizing, spelled=options.dtype.strip()))
     return 0
 
 
