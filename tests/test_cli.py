@@ -406,6 +406,57 @@ def test_render_verify_default_is_short() -> None:
     assert "Minimal example" not in quiet and "FAILED test_a.py::test_bad" in quiet
 
 
+def _failing_test(name: str, example_lines: int) -> dict[str, Any]:
+    steps = "\n".join(f"    state.step_{i}()" for i in range(example_lines - 1))
+    return {
+        "nodeid": f"s/test_m.py::{name}",
+        "outcome": "failed",
+        "failures": [
+            {
+                "error": f"PropertyFailure: got 1 but should be 0 [{name}]\nsecond line",
+                "reproduction": f"Minimal example:\n{steps}",
+            }
+        ],
+    }
+
+
+def test_several_failures_show_the_smallest_in_full_and_the_others_in_a_line() -> None:
+    """With several failures the smallest example is printed in full and each other failure
+    in one line (property, error headline, example size, where its report is); --verbose
+    prints every one in full."""
+    results = {
+        "tests": [
+            _failing_test("test_big", 40),
+            _failing_test("test_small", 3),
+            _failing_test("test_mid", 12),
+            {"nodeid": "s/test_m.py::test_plain", "outcome": "failed", "message": "boom"},
+        ]
+    }
+    where = {"results": ".kvcheck/results.json", "pytest log": ".kvcheck/pytest.log"}
+    text = render_verify(results, exit_code=1, locations=where)
+    assert "the smallest example in full, the other 3 in a line each" in text
+    assert text.count("state.step_") == 2  # test_small's example only
+    assert text.index("FAILED test_m.py::test_small") < text.index("FAILED test_m.py::test_mid")
+    report = "full report: .kvcheck/results.json, .kvcheck/pytest.log"
+    assert (
+        "FAILED test_m.py::test_mid: PropertyFailure: got 1 but should be 0 [test_mid] "
+        f"(example: 12 lines; {report})"
+    ) in text
+    assert f"[test_big] (example: 40 lines; {report})" in text
+    assert f"FAILED test_m.py::test_plain: boom (example: no example; {report})" in text
+    assert "second line" in text and text.count("second line") == 1
+    verbose = render_verify(results, exit_code=1, verbosity=1, locations=where)
+    assert verbose.count("state.step_") == 2 + 39 + 11
+    assert len(text.splitlines()) < len(verbose.splitlines()) - 40
+
+
+def test_the_summary_time_is_the_command_wall_time() -> None:
+    """render_verify shows wall_s (the kvcheck command's time, start-up included) when
+    given, pytest's session time otherwise."""
+    assert render_verify(_RESULTS, exit_code=1).endswith("in 2.5s; exit 1")
+    assert render_verify(_RESULTS, exit_code=1, wall_s=17.25).endswith("in 17.2s; exit 1")
+
+
 def test_replay_verdicts_and_render() -> None:
     """Stored examples that still fail are 'still failing'; failures without any are 'failed'."""
     verdicts = [(verdict, test["nodeid"]) for verdict, test in replay_verdicts(_RESULTS["tests"])]
