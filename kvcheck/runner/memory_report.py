@@ -200,9 +200,9 @@ def render_memory_report(
 ) -> str:
     """The report as text: a table, then the skip-layer saving for each DSA model.
     ``spelled`` is how the user named ``dtype`` (sglang's ``fp8_e4m3``), shown beside it."""
-    shown = dtype if spelled in (None, dtype) else f"{dtype} (--kv-cache-dtype {spelled})"
+    named = dtype if spelled in (None, dtype) else f"{dtype} (--kv-cache-dtype {spelled})"
     lines = [
-        f"KV pools for a {budget_bytes / _GIB:.1f} GiB budget, dtype {shown}, "
+        f"KV pools for a {budget_bytes / _GIB:.1f} GiB budget, dtype {named}, "
         f"page size {page_size}; pools built on the meta device",
         "",
         f"{'MODEL':<28} {'VARIANT':<22} {'BYTES/TOKEN':>11} {'TOKENS':>11} {'POOL GiB':>9}  CHECK",
