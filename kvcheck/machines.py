@@ -435,8 +435,11 @@ def _settle_rule_flags(machine: RuleBasedStateMachine, data: st.DataObject) -> N
     Hypothesis draws them (swarm testing) during the first step otherwise, which makes
     that step impossible to delete when shrinking: removing it would move the draw into
     the next step and shift everything after it. Drawn here, under the key Hypothesis
-    itself uses, the first real step shrinks away like any other. If a future Hypothesis
-    changes its internals this only costs shrink quality, never correctness.
+    itself uses, the first real step shrinks away like any other. They are drawn without a
+    ``Draw N`` note: the steps of a failing example already show which rules ran, and the
+    note was an empty ``FeatureFlags(enabled=[], disabled=[])`` line in every report. If a
+    future Hypothesis changes its internals this only costs shrink quality or that line,
+    never correctness.
     """
     try:
         from hypothesis.strategies._internal.featureflags import FeatureStrategy
@@ -444,7 +447,11 @@ def _settle_rule_flags(machine: RuleBasedStateMachine, data: st.DataObject) -> N
         flags = st.shared(FeatureStrategy(at_least_one_of=["step"]), key=("enabled rules", machine))
     except (ImportError, TypeError):  # pragma: no cover - depends on Hypothesis internals
         return
-    data.draw(flags, label="rule flags")
+    conjecture = getattr(data, "conjecture_data", None)
+    if conjecture is None:  # pragma: no cover - depends on Hypothesis internals
+        data.draw(flags, label="rule flags")
+    else:
+        conjecture.draw(flags)
 
 
 def pool_machine(

@@ -13,8 +13,8 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 PoolFamily = Literal["mha", "noop", "mla", "dsa"]
 POOL_FAMILIES: tuple[PoolFamily, ...] = ("mha", "noop", "mla", "dsa")
@@ -63,6 +63,26 @@ INDEX_KPOOLS: tuple[int, ...] = (1, 2, 4)
 DCP_SIZES: tuple[int, ...] = (1, 2, 4)
 #: Compress-tail rows (one request's ring slot) are bf16: 2 bytes per index channel.
 COMPRESS_TAIL_ITEMSIZE = 2
+#: Which :class:`PoolSpec` fields describe a pool, by what it is: ``""`` for every pool, then
+#: its family, then each part of its :attr:`PoolSpec.variant` after the family (``kpool``,
+#: ``dcp``; a layout part such as ``hnd`` or ``scaled`` has its field in the family's row).
+#: :meth:`PoolSpec.described_fields` reads it; a field in no row would never be shown.
+SPEC_FIELDS: dict[str, tuple[str, ...]] = {
+    "": ("family", "size", "page_size", "layer_num", "dtype", "start_layer"),
+    "mha": ("head_num", "head_dim", "v_head_dim", "kv_layout"),
+    "noop": ("head_num", "head_dim", "v_head_dim"),
+    "mla": ("kv_lora_rank", "qk_rope_head_dim"),
+    "dsa": (
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+        "index_head_dim",
+        "skip_topk_layers",
+        "index_buf_size",
+        "latent_layout",
+    ),
+    "kpool": ("index_kpool", "index_kpool_compress", "tail_extra_slots", "max_running_requests"),
+    "dcp": ("dcp_size", "dcp_rank"),
+}
 
 
 @dataclass(frozen=True)
@@ -72,7 +92,8 @@ class PoolSpec:
     ``size`` is the token capacity the scheduler sees; buffers hold ``size + page_size``
     slots because slot row 0..page_size-1 is SGLang's padding page. Layer ids are global:
     the pool serves ``start_layer .. start_layer + layer_num - 1``.
-    Fields that do not apply to ``family`` are ignored.
+    Fields that do not apply to ``family`` are ignored, and left out of its repr
+    (:data:`SPEC_FIELDS` says which apply).
     """
 
     family: PoolFamily
@@ -174,6 +195,40 @@ class PoolSpec:
                 f" page_size={self.page_size!r} (the allocator hands out widened pages of"
                 " page_size * dcp_size ids, and DSA sizes its index keys for whole pages)"
             )
+
+    def described_fields(self) -> tuple[str, ...]:
+        """The names of the fields that describe this pool, in declaration order: those
+        :data:`SPEC_FIELDS` gives its family and variant, and any other field that differs
+        from its default (ignored by the pool, but kept so that the repr rebuilds the spec).
+
+        Example:
+            >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="float16")
+            >>> spec.described_fields()[6:]
+            ('head_num', 'head_dim', 'v_head_dim', 'kv_layout')
+            >>> spec
+            PoolSpec(family='mha', size=4, page_size=2, layer_num=1, dtype='float16', \
+start_layer=0, head_num=1, head_dim=8, v_head_dim=None, kv_layout='nhd')
+        """
+        family, *parts = self.variant.split(":")
+        wanted = {name for key in ("", family, *parts) for name in SPEC_FIELDS.get(key, ())}
+        return tuple(
+            f.name for f in fields(self) if f.name in wanted or getattr(self, f.name) != f.default
+        )
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.described_fields())
+        return f"PoolSpec({shown})"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """What Hypothesis (and IPython) print for a spec in an example: the fields of
+        :meth:`described_fields`, one per line when long."""
+        with printer.group(indent=4, open="PoolSpec(", close=")"):
+            for index, name in enumerate(self.described_fields()):
+                if index:
+                    printer.text(",")
+                    printer.breakable()
+                printer.text(f"{name}=")
+                printer.pretty(getattr(self, name))
 
     @property
     def token_slots(self) -> int:

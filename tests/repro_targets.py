@@ -7,6 +7,8 @@ A reproduction rendered for ``repro_targets:MOVE_IGNORES_V`` imports this module
 
 from __future__ import annotations
 
+from typing import Any
+
 from broken_pools import (
     BrokenTarget,
     FullSizeNoOp,
@@ -34,3 +36,13 @@ FULL_SIZE_NOOP = BrokenTarget("noop", FullSizeNoOp)
 def broken_factory() -> BrokenTarget:
     """A zero-argument factory, as ``module:attr`` may name instead of an instance."""
     return BrokenTarget("mha", MoveIgnoresV)
+
+
+class _UnbuildableTarget(BrokenTarget):
+    """A target whose make_pool raises, as one missing a dependency on this machine would."""
+
+    def make_pool(self, spec: Any, *, device: str) -> Any:
+        raise RuntimeError("this pool needs a GPU")
+
+
+UNBUILDABLE = _UnbuildableTarget("mha", MoveIgnoresV)

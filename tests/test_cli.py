@@ -206,6 +206,50 @@ def test_memory_report_shows_decode_context_parallel(capsys: pytest.CaptureFixtu
     assert "dcp 2" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("dtype", "shown"),
+    [
+        ("fp8_e4m3", "dtype float8_e4m3fn (--kv-cache-dtype fp8_e4m3)"),
+        ("fp8_e5m2", "dtype float8_e5m2 (--kv-cache-dtype fp8_e5m2)"),
+        ("bf16", "dtype bfloat16 (--kv-cache-dtype bf16)"),
+        ("auto", "dtype bfloat16 (--kv-cache-dtype auto)"),
+        ("float16", "dtype float16,"),
+    ],
+)
+def test_memory_report_takes_sglang_dtypes_and_short_model_names(
+    capsys: pytest.CaptureFixture[str], dtype: str, shown: str
+) -> None:
+    """--dtype takes sglang's --kv-cache-dtype spellings (and torch names), --model a
+    model's short name in any case; the report names the dtype it sized."""
+    assert main(["memory-report", "--dtype", dtype, "--model", "deepseek-V3.2"]) == 0
+    out = capsys.readouterr().out
+    assert shown in out and "deepseek-ai/DeepSeek-V3.2" in out and "GLM" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--dtype", "nvfp4"], "dtype='nvfp4' selects sglang's FP4 pool"),
+        (["--dtype", "mxfp8"], "dtype='mxfp8' selects sglang's block-scaled fp8 pool"),
+        (["--dtype", "fp8_e4m"], "(did you mean 'fp8_e4m3'?)"),
+        (["--model", "DeepSeek-V3"], "(did you mean 'DeepSeek-V3.2'?)"),
+        (["--model", "qwen3-embeding-8b"], "(did you mean 'Qwen3-Embedding-8B'?)"),
+    ],
+    ids=["fp4", "mxfp8", "dtype-typo", "model-typo", "model-typo-case"],
+)
+def test_memory_report_refuses_what_it_cannot_size_naming_what_it_can(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """A dtype kvcheck builds no pool for is refused saying so, a typo gets the nearest name,
+    and every refusal lists what is accepted."""
+    assert main(["memory-report", *argv]) == 2
+    error = capsys.readouterr().err
+    assert message in error
+    assert (
+        "fp8_e4m3" in error and "float8_e4m3fn" in error
+    ) or "deepseek-ai/DeepSeek-V3.2" in error
+
+
 def test_memory_report_one_model(capsys: pytest.CaptureFixture[str]) -> None:
     """--model restricts the report to that model."""
     assert main(["memory-report", "--model", "Qwen/Qwen3-Embedding-8B", "--dtype", "float16"]) == 0
@@ -229,7 +273,7 @@ def test_pytest_command_passes_options_through(tmp_path: Path) -> None:
         results_path=tmp_path / "r.json",
         extra=["-x"],
     )
-    assert command[:4] == [sys.executable, "-m", "pytest", str(tmp_path)]
+    assert command[:2] == [sys.executable, "-c"] and command[3] == str(tmp_path)
     for piece in (
         "--kvcheck-target=m:t",
         "--kvcheck-device=cpu",
@@ -360,6 +404,57 @@ def test_render_verify_default_is_short() -> None:
     assert len(text.splitlines()) <= 40
     quiet = render_verify(many, exit_code=1, verbosity=-1)
     assert "Minimal example" not in quiet and "FAILED test_a.py::test_bad" in quiet
+
+
+def _failing_test(name: str, example_lines: int) -> dict[str, Any]:
+    steps = "\n".join(f"    state.step_{i}()" for i in range(example_lines - 1))
+    return {
+        "nodeid": f"s/test_m.py::{name}",
+        "outcome": "failed",
+        "failures": [
+            {
+                "error": f"PropertyFailure: got 1 but should be 0 [{name}]\nsecond line",
+                "reproduction": f"Minimal example:\n{steps}",
+            }
+        ],
+    }
+
+
+def test_several_failures_show_the_smallest_in_full_and_the_others_in_a_line() -> None:
+    """With several failures the smallest example is printed in full and each other failure
+    in one line (property, error headline, example size, where its report is); --verbose
+    prints every one in full."""
+    results = {
+        "tests": [
+            _failing_test("test_big", 40),
+            _failing_test("test_small", 3),
+            _failing_test("test_mid", 12),
+            {"nodeid": "s/test_m.py::test_plain", "outcome": "failed", "message": "boom"},
+        ]
+    }
+    where = {"results": ".kvcheck/results.json", "pytest log": ".kvcheck/pytest.log"}
+    text = render_verify(results, exit_code=1, locations=where)
+    assert "the smallest example in full, the other 3 in a line each" in text
+    assert text.count("state.step_") == 2  # test_small's example only
+    assert text.index("FAILED test_m.py::test_small") < text.index("FAILED test_m.py::test_mid")
+    report = "full report: .kvcheck/results.json, .kvcheck/pytest.log"
+    assert (
+        "FAILED test_m.py::test_mid: PropertyFailure: got 1 but should be 0 [test_mid] "
+        f"(example: 12 lines; {report})"
+    ) in text
+    assert f"[test_big] (example: 40 lines; {report})" in text
+    assert f"FAILED test_m.py::test_plain: boom (example: no example; {report})" in text
+    assert "second line" in text and text.count("second line") == 1
+    verbose = render_verify(results, exit_code=1, verbosity=1, locations=where)
+    assert verbose.count("state.step_") == 2 + 39 + 11
+    assert len(text.splitlines()) < len(verbose.splitlines()) - 40
+
+
+def test_the_summary_time_is_the_command_wall_time() -> None:
+    """render_verify shows wall_s (the kvcheck command's time, start-up included) when
+    given, pytest's session time otherwise."""
+    assert render_verify(_RESULTS, exit_code=1).endswith("in 2.5s; exit 1")
+    assert render_verify(_RESULTS, exit_code=1, wall_s=17.25).endswith("in 17.2s; exit 1")
 
 
 def test_replay_verdicts_and_render() -> None:

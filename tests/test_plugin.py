@@ -347,6 +347,37 @@ def test_profile_applies_only_to_tests_that_use_kvcheck(
     replay.stdout.fnmatch_lines(["FAILED *::test_kvcheck_fails*"])
 
 
+def test_the_readme_downstream_snippet_takes_a_kvcheck_fixture_in_every_test(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The README's "In your own tests" snippet runs under kvcheck's profile: each of its
+    tests asks pytest for a kvcheck fixture (so the plugin loads the profile around it, as
+    the test above pins) and for nothing else (Hypothesis fills the rest)."""
+    import inspect
+    import re
+    import sys
+    import types
+
+    from kvcheck.runner.plugin import _KVCHECK_FIXTURES
+    from kvcheck.targets.builtin import KVCheckTarget
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### 2. In your own tests", 1)[1]
+    snippet = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert snippet is not None
+    stub = types.ModuleType("my_pkg.kv")
+    stub.target = KVCheckTarget()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "my_pkg", types.ModuleType("my_pkg"))
+    monkeypatch.setitem(sys.modules, "my_pkg.kv", stub)
+    namespace: dict[str, object] = {}
+    exec(compile(snippet.group(1), "README.md", "exec"), namespace)
+    tests = {name: value for name, value in namespace.items() if name.startswith("test_")}
+    assert len(tests) == 2
+    for name, test in tests.items():
+        asked = set(inspect.signature(test).parameters)  # type: ignore[arg-type]
+        assert asked and asked <= _KVCHECK_FIXTURES, (name, asked)
+
+
 def test_fresh_process_of_an_unrelated_project_keeps_hypothesis_defaults(
     pytester: pytest.Pytester,
 ) -> None:

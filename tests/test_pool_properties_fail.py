@@ -187,16 +187,31 @@ def machine_failure(
 ) -> tuple[str, list[str], int]:
     """Run ``family``'s machine on the broken pool; return the failure message, the shrunk
     steps (one line per operation drawn) and the layer count of the shrunk pool."""
+    message, notes = machine_report(
+        family, pool_class, keep=keep, findings=findings, dtype_names=dtype_names
+    )
+    steps = [line for line in notes.splitlines() if line.startswith("Draw ") and "(op)" in line]
+    layers = re.search(r"layer_num=(\d+)", notes)
+    assert layers is not None, notes
+    return message, steps, int(layers.group(1))
+
+
+def machine_report(
+    family: str,
+    pool_class: type,
+    *,
+    keep: frozenset[str] = BASIC,
+    findings: tuple = (),
+    dtype_names: tuple[str, ...] | None = None,
+) -> tuple[str, str]:
+    """Run ``family``'s machine on the broken pool; return the failure message and the notes
+    Hypothesis attached (the shrunk example as it is printed)."""
     machine = small_machine(
         family, pool_class, keep=keep, findings=findings, dtype_names=dtype_names
     )
     with pytest.raises(PropertyFailure) as caught, active_findings(findings):
         run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
-    notes = "\n".join(getattr(caught.value, "__notes__", ()))
-    steps = [line for line in notes.splitlines() if line.startswith("Draw ") and "(op)" in line]
-    layers = re.search(r"layer_num=(\d+)", notes)
-    assert layers is not None, notes
-    return str(caught.value), steps, int(layers.group(1))
+    return str(caught.value), "\n".join(getattr(caught.value, "__notes__", ()))
 
 
 # --- state machines --------------------------------------------------------------------------
@@ -217,10 +232,18 @@ def test_dsa_machine_catches_a_host_copy_that_drops_index_k() -> None:
 
 
 def test_mha_machine_catches_a_move_that_ignores_v() -> None:
-    """A move of K alone fails on the V buffer, shrunk to about one write and one move."""
-    message, steps, layers = machine_failure("mha", MoveIgnoresV)
+    """A move of K alone fails on the V buffer, shrunk to about one write and one move; the
+    example shows the MHA pool's spec fields only (no latent, DSA or DCP field) and no
+    empty rule-flags draw."""
+    message, notes = machine_report("mha", MoveIgnoresV)
     assert "v_buffer" in message and "move_kv_cache" in message
-    assert len(steps) <= 3 and layers <= 2, steps
+    steps = [line for line in notes.splitlines() if line.startswith("Draw ") and "(op)" in line]
+    layers = re.search(r"layer_num=(\d+)", notes)
+    assert len(steps) <= 3 and layers is not None and int(layers.group(1)) <= 2, notes
+    assert "head_dim=" in notes
+    for field in ("kv_lora_rank", "index_head_dim", "index_kpool", "dcp_size"):
+        assert f"{field}=" not in notes, notes
+    assert "FeatureFlags" not in notes and "rule flags" not in notes, notes
 
 
 def test_mla_machine_catches_a_move_that_scatters_before_it_gathers() -> None:

@@ -157,13 +157,14 @@ if sys.argv[1] == "block-kvcheck":
     sys.modules["kvcheck"] = None  # any `import kvcheck...` now raises ImportError
 results = []
 for path in sys.argv[2:]:
-    out = io.StringIO()
+    out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stdout(out):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             runpy.run_path(path, run_name="__main__")
         code, message = 0, out.getvalue()
     except SystemExit as exc:
-        code, message = (exc.code, "") if isinstance(exc.code, int) else (1, str(exc.code))
+        failed = (exc.code, err.getvalue())  # an int status; the script's message is on stderr
+        code, message = failed if isinstance(exc.code, int) else (1, str(exc.code))
     except BaseException:
         code, message = "crashed", traceback.format_exc()
     results.append({"path": path, "code": code, "message": message})
@@ -205,7 +206,16 @@ def twin_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str
             )
         )
         fixed.append(write_script(data, target="kvcheck", directory=directory, test=twin))
-    return _run_batch(broken + fixed)
+    # Scripts that cannot reach their checks: a module that is gone, a pool that won't build.
+    data = reproduction_to_json(TWINS["MoveIgnoresV"][1])
+    unrunnable = [
+        write_script(data, target=target, directory=directory, test=name)
+        for name, target in (
+            ("no_module", "no_such_module_for_kvcheck:target"),
+            ("unbuildable", "repro_targets:UNBUILDABLE"),
+        )
+    ]
+    return _run_batch(broken + fixed + unrunnable)
 
 
 # --- JSON --------------------------------------------------------------------------------------
@@ -333,7 +343,7 @@ def test_scripts_import_only_what_their_target_needs() -> None:
             for node in ast.walk(tree)
             if isinstance(node, ast.Import | ast.ImportFrom)
             for alias in node.names
-        } - {"math", "types", "os", "sys", "importlib", "warnings"}
+        } - {"math", "types", "os", "sys", "importlib", "traceback", "warnings"}
     assert imported["kvcheck"] == {"torch", "kvcheck"}
     assert imported["sglang"] == {"torch", "sglang", "torchvision", "transformers"}
     assert imported["pkg.sub:Target"] == {"torch", "pkg", "kvcheck"}
@@ -369,6 +379,54 @@ def test_script_passes_on_kvcheck_pools(twin: str, twin_results: dict[str, dict[
     result = twin_results[f"repro_{twin}"]
     assert result["code"] == 0, result["message"]
     assert result["message"].strip() == "OK: no discrepancy"
+
+
+@pytest.mark.parametrize(
+    ("script", "why"),
+    [
+        (
+            "repro_no_module",
+            "importing failed with ModuleNotFoundError: No module named "
+            "'no_such_module_for_kvcheck'",
+        ),
+        ("repro_unbuildable", "building the pool raised RuntimeError: this pool needs a GPU"),
+    ],
+)
+def test_a_script_that_cannot_run_exits_2(
+    script: str, why: str, twin_results: dict[str, dict[str, Any]]
+) -> None:
+    """An import or the pool's construction failing is exit 2 with CANNOT RUN, never the 1 of
+    a reproduction nor the 0 of a fix."""
+    result = twin_results[script]
+    assert result["code"] == 2, result["message"]
+    assert result["message"].strip().splitlines()[-1] == f"CANNOT RUN: {why}"
+
+
+def test_the_script_header_says_what_each_exit_status_means() -> None:
+    """Every script's header documents 0 (OK), 1 (REPRODUCED) and 2 (CANNOT RUN)."""
+    data = reproduction_to_json(TWINS["MoveIgnoresV"][1])
+    for target in ("kvcheck", "sglang", "pkg.sub:Target"):
+        header = render_script(data, target=target).split("\n\n", 1)[0]
+        for line in (
+            '#   0  "OK: no discrepancy"',
+            '#   1  "REPRODUCED: ..."',
+            '#   2  "CANNOT RUN',
+        ):
+            assert line in header, (target, header)
+
+
+def test_a_module_script_carries_the_directory_its_target_came_from(tmp_path: Path) -> None:
+    """import_root is put first on sys.path (after kvcheck's import), so the script imports
+    the target from where kvcheck did, whatever the directory it runs from."""
+    data = reproduction_to_json(TWINS["MoveIgnoresV"][1])
+    script = render_script(data, target="mypool:target", import_root=str(tmp_path))
+    assert f"TARGET_IMPORT_ROOT = {str(tmp_path)!r}" in script
+    assert (
+        script.index("from kvcheck.specs import PoolSpec")
+        < script.index("sys.path.insert(0, TARGET_IMPORT_ROOT)")
+        < script.index("import mypool as target_module")
+    )
+    assert "TARGET_IMPORT_ROOT" not in render_script(data, target="mypool:target")
 
 
 def test_script_runs_as_a_plain_python_file(tmp_path: Path) -> None:

@@ -18,11 +18,18 @@ streams pytest's ``-v`` log and adds a row per test; ``--quiet`` prints only the
 pytest's full log, ``results.json`` and the reproduction scripts (``repros/``) are kept in
 ``--results-dir`` (default ``.kvcheck`` under the current directory).
 
+Settings are checked before pytest starts, cheapest first, so a mistake is reported in about
+a second: the options (``-n``, ``-k``/``--family`` against the shipped suite's tests
+(:mod:`kvcheck.runner.selection`), the device, CUDA where asked for, every output path by
+writing a probe file there), then the target (imported) and the example database. The time
+in the summary is the command's wall time.
+
 Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage, target or
 setup error, or the example database failed (a failing example could not be saved; replay:
 the database is missing, empty, holds examples that cannot be decoded, or none of them
-belongs to the selected tests); 130 interrupted by Ctrl-C (pytest stops, and the summary of
-what ran is printed first). Arguments after ``--`` go to pytest unchanged.
+belongs to the selected tests); 130 interrupted: SIGINT (Ctrl-C) or SIGTERM, at any moment
+(:mod:`kvcheck.runner.launch`), after the summary of what ran. Arguments after ``--`` go
+to pytest unchanged.
 
 Example (the error goes to stderr):
     >>> main(["verify", "--target", "no_such_target"])
@@ -38,31 +45,32 @@ import os
 import re
 import shlex
 import shutil
-import signal
-import subprocess
 import sys
-from collections import Counter
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import kvcheck
+from kvcheck.runner.launch import (
+    EXIT_INTERRUPTED,
+    Interrupts,
+    SuiteRun,
+    pytest_command,
+    shown_path,
+)
 from kvcheck.specs import POOL_FAMILIES
 
-__all__ = ["build_parser", "main", "pytest_command"]
+__all__ = ["EXIT_INTERRUPTED", "build_parser", "main", "pytest_command"]
 
 DEFAULT_SUITE = "kvcheck.suite"
 DEFAULT_RESULTS_DIR = ".kvcheck"
-#: Exit status after Ctrl-C (128 + SIGINT, as shells report it).
-EXIT_INTERRUPTED = 130
-#: How long pytest gets to stop by itself after a Ctrl-C before it is sent one.
-_INTERRUPT_GRACE_S = 10.0
 _EXIT_STATUS_TEXT = (
     "Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage, target "
     "or setup error, or the example database failed (a failing example could not be saved; "
     "replay: the database is missing, empty, holds examples that cannot be decoded, or none "
-    "of them belongs to the selected tests); 130 interrupted (Ctrl-C), after the summary "
-    "of what ran."
+    "of them belongs to the selected tests); 130 interrupted (SIGINT or SIGTERM), after the "
+    "summary of what ran."
 )
 _DEFAULT_BUDGET_GIB = 64.0
 _DEFAULT_PAGE_SIZE = 64
@@ -81,6 +89,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         kvcheck ...
         0
     """
+    started = time.monotonic()
+    with Interrupts() as interrupts:
+        try:
+            return _main(argv, started=started, interrupts=interrupts)
+        except KeyboardInterrupt:  # raised by Interrupts before pytest starts
+            print("\nkvcheck: interrupted before any test ran; exit 130", file=sys.stderr)
+            return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None, *, started: float, interrupts: Interrupts) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     pytest_extra: list[str] = []
     if "--" in arguments:
@@ -94,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.command is None:
         parser.print_help(sys.stderr)
         return 2
+    options.started = started
+    options.interrupts = interrupts
     try:
         return int(options.handler(options, pytest_extra))
     except UsageProblem as problem:
@@ -141,7 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="NAME",
-        help="a model from kvcheck.serving.MODELS (repeatable; default: all)",
+        help="a model from kvcheck.serving.MODELS, or its short name such as DeepSeek-V3.2 "
+        "(repeatable; default: all)",
     )
     memory.add_argument(
         "--budget-gib",
@@ -150,7 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"KV memory budget in GiB (default {_DEFAULT_BUDGET_GIB:g})",
     )
     memory.add_argument(
-        "--dtype", default=_DEFAULT_DTYPE, help=f"KV dtype (default {_DEFAULT_DTYPE})"
+        "--dtype",
+        default=_DEFAULT_DTYPE,
+        help="KV dtype: sglang's --kv-cache-dtype (auto, bf16, bfloat16, fp8_e4m3, "
+        "fp8_e5m2) or a torch dtype name (bfloat16, float16, float32, float8_e4m3fn, "
+        f"float8_e5m2) (default {_DEFAULT_DTYPE})",
     )
     memory.add_argument(
         "--page-size",
@@ -160,53 +185,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     memory.set_defaults(handler=_memory_report)
     return parser
-
-
-def pytest_command(
-    *,
-    suite: str,
-    target: str,
-    device: str | None,
-    profile: str | None,
-    workers: str | None,
-    junit_xml: str | None,
-    keyword: str | None,
-    results_path: Path,
-    extra: Sequence[str] = (),
-) -> list[str]:
-    """The pytest command line that runs ``suite`` for the kvcheck command.
-
-    ``suite`` is a path, or a dotted module run with ``--pyargs``. With
-    ``PYTEST_DISABLE_PLUGIN_AUTOLOAD`` set, the plugins the suite needs are named with ``-p``.
-
-    Example:
-        >>> cmd = pytest_command(suite="kvcheck.suite", target="kvcheck", device=None,
-        ...                      profile=None, workers="2", junit_xml=None, keyword=None,
-        ...                      results_path=Path("r.json"))
-        >>> cmd[3:6]
-        ['--pyargs', 'kvcheck.suite', '-p']
-    """
-    command = [sys.executable, "-m", "pytest"]
-    command += [suite] if Path(suite).exists() else ["--pyargs", suite]
-    # No .pytest_cache inside an installed package; verbose lines are the live progress.
-    command += ["-p", "no:cacheprovider", "-v", "--tb=short"]
-    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-        # Without entry-point plugins, name the ones the suite needs.
-        command += ["-p", "kvcheck.runner.plugin", "-p", "_hypothesis_pytestplugin"]
-        if workers is not None:
-            command += ["-p", "xdist.plugin"]
-    command += [f"--kvcheck-target={target}", f"--kvcheck-results={results_path}"]
-    if device is not None:
-        command.append(f"--kvcheck-device={device}")
-    if profile is not None:
-        command.append(f"--kvcheck-profile={profile}")
-    if workers is not None:
-        command += ["-n", workers]
-    if junit_xml is not None:
-        command.append(f"--junit-xml={junit_xml}")
-    if keyword is not None:
-        command += ["-k", keyword]
-    return [*command, *extra]
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -353,6 +331,58 @@ def _target_results_dir(results_dir: Path, target: str) -> str:
     return str(results_dir / f"replay-{slug}")
 
 
+class _Settings(NamedTuple):
+    """What the checks before the run settled."""
+
+    target: str
+    import_root: str | None
+    device: str | None
+    keyword: str | None
+    results_dir: Path
+    repro_dir: Path
+    scan: Any
+
+
+def _checked_settings(
+    options: argparse.Namespace, *, command: str, target: str | None = None
+) -> _Settings:
+    """Every setting checked before pytest starts, the cheap ones first (a mistyped option
+    is reported in about a second), then the target (imported; ``target`` overrides
+    ``options.target``) and the database."""
+    from kvcheck.runner.profiles import unknown_env_warnings
+
+    for warning in unknown_env_warnings():
+        print(f"kvcheck: warning: {warning}", file=sys.stderr)
+    _check_workers(options.workers)
+    _check_selection(options.keyword, options.families, suite=options.suite)
+    device = _checked_device(options.device)
+    for option, value in (("--json", options.json_path), ("--junit-xml", options.junit_xml)):
+        if value is not None:
+            _check_output_path(option, Path(value))
+    directories = [("--results-dir", Path(options.results_dir))]
+    if options.repro_dir:
+        directories.append(("--repro-dir", Path(options.repro_dir)))
+    for option, directory in directories:  # probed now, created once the target is known
+        _usable_directory(option, directory, keep=False)
+    target, import_root = _checked_target(options.target if target is None else target)
+    made = [_usable_directory(option, directory) for option, directory in directories]
+    # Replay reads first: a mistyped path must not be created (and then found empty).
+    database = _check_database(writable=command != "replay")
+    scan = None
+    if command == "replay":
+        scan = _scan_for_replay(database, target=target)
+        _check_database(writable=True)
+    return _Settings(
+        target=target,
+        import_root=import_root,
+        device=device,
+        keyword=_keyword(options.keyword, options.families),
+        results_dir=made[0],
+        repro_dir=made[1] if len(made) > 1 else made[0] / "repros",
+        scan=scan,
+    )
+
+
 def _run_suite(
     options: argparse.Namespace,
     extra: Sequence[str],
@@ -364,73 +394,85 @@ def _run_suite(
     """Check the settings here (fast, clear errors), then run pytest and summarize.
 
     ``target`` overrides ``options.target`` (replay names each stored target)."""
-    from kvcheck.runner.profiles import unknown_env_warnings
     from kvcheck.runner.results import load_results
-    from kvcheck.runner.summary import EXIT_USAGE, exit_code_for, render_replay, render_verify
+    from kvcheck.runner.summary import EXIT_USAGE, exit_code_for
 
-    for warning in unknown_env_warnings():
-        print(f"kvcheck: warning: {warning}", file=sys.stderr)
-    target = _checked_target(options.target if target is None else target)
-    device = _checked_device(options.device)
-    # Replay reads first: a mistyped path must not be created (and then found empty).
-    database = _check_database(writable=command != "replay")
-    _check_workers(options.workers)
-    for option, value in (("--json", options.json_path), ("--junit-xml", options.junit_xml)):
-        if value is not None:
-            _check_output_path(option, Path(value))
-    results_dir = _usable_directory("--results-dir", Path(options.results_dir))
-    repro_dir = Path(options.repro_dir) if options.repro_dir else results_dir / "repros"
-    scan = None
-    if command == "replay":
-        scan = _scan_for_replay(database, target=target)
-        _check_database(writable=True)
-    results_path = results_dir / "results.json"
-    log_path = results_dir / "pytest.log"
+    settings = _checked_settings(options, command=command, target=target)
+    results_path = settings.results_dir / "results.json"
+    log_path = settings.results_dir / "pytest.log"
     results_path.unlink(missing_ok=True)  # a stale file must not pass for this run's results
     argv = pytest_command(
         suite=options.suite,
-        target=target,
-        device=device,
+        target=settings.target,
+        device=settings.device,
         profile=profile,
         workers=options.workers,
         junit_xml=options.junit_xml,
-        keyword=_keyword(options.keyword, options.families),
+        keyword=settings.keyword,
         results_path=results_path,
+        import_dir=os.getcwd(),
         extra=extra,
     )
-    verbosity = options.verbosity
-    run = _SuiteRun(command=command, verbosity=verbosity, log_path=log_path)
-    status = run.run(argv)
+    interrupts: Interrupts = options.interrupts
+    run = SuiteRun(command=command, verbosity=options.verbosity, log_path=log_path)
+    status = run.run(argv, interrupts)
     try:
         results = load_results(results_path)
     except ValueError:
-        print(
-            f"\nkvcheck {command}: pytest stopped before running the suite (exit {status}); "
-            + ("see its message above" if verbosity > 0 else run.log_tail()),
-            file=sys.stderr,
+        if not interrupts.received:
+            print(f"\nkvcheck {command}: {_stopped(run, status)}", file=sys.stderr)
+            return EXIT_USAGE
+        # Stopped before it could write its results: what kvcheck saw finish.
+        results = _results_seen(
+            run, target=settings.target, device=settings.device, profile=profile
         )
-        return EXIT_INTERRUPTED if run.interrupted else EXIT_USAGE
     tests = results.get("tests", ())
     exit_code = exit_code_for(status)
     if any(test.get("save_errors") for test in tests):
         exit_code = EXIT_USAGE  # reproductions were lost: the run cannot be trusted to replay
+    scan = settings.scan
     if scan is not None and (scan.undecodable or not any(t.get("stored_examples") for t in tests)):
         exit_code = max(exit_code, EXIT_USAGE)  # replay found nothing it could replay
-    if run.interrupted:
+    if interrupts.received:
         exit_code = EXIT_INTERRUPTED
-    scripts_note = _write_repro_scripts(results, repro_dir=repro_dir, target=target)
+    return _summarize(results, options, settings, command=command, exit_code=exit_code)
+
+
+def _summarize(
+    results: dict[str, Any],
+    options: argparse.Namespace,
+    settings: _Settings,
+    *,
+    command: str,
+    exit_code: int,
+) -> int:
+    """Write the scripts, print the summary, write --json; return the exit status."""
+    from kvcheck.runner.summary import EXIT_USAGE, render_replay, render_verify
+
+    scripts_note = _write_repro_scripts(
+        results,
+        repro_dir=settings.repro_dir,
+        target=settings.target,
+        import_root=settings.import_root,
+    )
+    verbosity = options.verbosity
     locations = {
-        "results": _shown(results_path),
-        "pytest log": "(printed above)" if verbosity > 0 else _shown(log_path),
-        "reproduction scripts": _shown(repro_dir) if scripts_note is None else scripts_note,
+        "results": shown_path(settings.results_dir / "results.json"),
+        "pytest log": "(printed above)"
+        if verbosity > 0
+        else shown_path(settings.results_dir / "pytest.log"),
+        "reproduction scripts": shown_path(settings.repro_dir)
+        if scripts_note is None
+        else scripts_note,
     }
+    wall_s = time.monotonic() - options.started
     if command == "replay":
         text = render_replay(
             results,
             exit_code=exit_code,
             verbosity=verbosity,
-            scan=scan,
-            target=target,
+            scan=settings.scan,
+            target=settings.target,
             locations=locations,
         )
     else:
@@ -439,12 +481,14 @@ def _run_suite(
             exit_code=exit_code,
             verbosity=verbosity,
             locations=locations,
-            interrupted=run.interrupted,
+            interrupted=bool(options.interrupts.received),
+            wall_s=wall_s,
         )
     print("\n" + text, flush=True)
     if options.json_path:
+        payload = {**results, "wall_s": round(wall_s, 3)}
         try:
-            _write_json(Path(options.json_path), results, command=command, exit_code=exit_code)
+            _write_json(Path(options.json_path), payload, command=command, exit_code=exit_code)
         except OSError as exc:
             print(
                 f"kvcheck: error: cannot write --json {options.json_path}: {exc.strerror or exc}",
@@ -454,114 +498,39 @@ def _run_suite(
     return exit_code
 
 
-class _SuiteRun:
-    """The pytest subprocess: its output (streamed, or to the log file) and our progress line.
+def _results_seen(
+    run: SuiteRun, *, target: str, device: str | None, profile: str | None
+) -> dict[str, Any]:
+    """Results as kvcheck saw them (the tests pytest reported finished), for a pytest that
+    was interrupted before it wrote its own."""
+    from kvcheck.runner.db import database_from_env, describe_database
+    from kvcheck.runner.profiles import default_profile_name
 
-    pytest stays in the kvcheck command's process group, so a Ctrl-C in the terminal
-    reaches both; pytest then stops, records what ran, and exits. If only the kvcheck
-    command got the signal, it is passed on after a grace period.
-    """
+    database = "?"
+    with contextlib.suppress(Exception):  # only a heading: never fail the summary for it
+        database = describe_database(database_from_env(writable=False))
+    return {
+        "target": {"name": target},
+        "device": {"requested": device or "auto"},
+        "profile": profile or default_profile_name(),
+        "database": database,
+        "tests": run.finished,
+    }
 
-    def __init__(self, *, command: str, verbosity: int, log_path: Path) -> None:
-        self.command = command
-        self.verbosity = verbosity
-        self.log_path = log_path
-        self.interrupted = False
-        self.total: int | None = None
-        self.counts: Counter[str] = Counter()
-        self._tty = sys.stdout.isatty()
-        self._next_report = 0
 
-    def run(self, argv: list[str]) -> int:
-        read_fd, write_fd = os.pipe()
-        argv = [*argv, f"--kvcheck-progress-fd={write_fd}"]
-        env = _subprocess_env()
-        if self.verbosity > 0:
-            print(f"kvcheck {self.command}: {shlex.join(argv)}", flush=True)
-        with contextlib.ExitStack() as stack:
-            stdout = None if self.verbosity > 0 else stack.enter_context(self.log_path.open("wb"))
-            try:
-                process = subprocess.Popen(argv, stdout=stdout, env=env, pass_fds=(write_fd,))
-            finally:
-                os.close(write_fd)
-            with os.fdopen(read_fd, "r", encoding="utf-8", errors="replace") as events:
-                try:
-                    for line in events:
-                        self._event(line)
-                except KeyboardInterrupt:
-                    self.interrupted = True
-            return self._wait(process)
-
-    def log_tail(self, lines: int = 20) -> str:
-        """The end of pytest's output (its reason for stopping), indented."""
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return f"see {self.log_path}"
-        tail = text.strip().splitlines()[-lines:]
-        return "its output ends:\n" + "\n".join(f"    {line}" for line in tail)
-
-    def _wait(self, process: subprocess.Popen[bytes]) -> int:
-        while True:
-            try:
-                if not self.interrupted:
-                    return process.wait()
-                try:
-                    return process.wait(timeout=_INTERRUPT_GRACE_S)
-                except subprocess.TimeoutExpired:
-                    # Only we got the signal (kill -INT, not the terminal): pass it on.
-                    process.send_signal(signal.SIGINT)
-                    return process.wait()
-            except KeyboardInterrupt:
-                if self.interrupted:  # a second Ctrl-C: stop waiting for a clean exit
-                    process.kill()
-                    return process.wait()
-                self.interrupted = True
-            finally:
-                self._end_line()
-
-    def _event(self, line: str) -> None:
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            return
-        if event.get("event") == "collected":
-            self.total = int(event.get("total", 0))
-            if self.verbosity == 0:
-                print(
-                    f"kvcheck {self.command}: running {self.total} tests "
-                    f"(full pytest log: {_shown(self.log_path)})",
-                    flush=True,
-                )
-        elif event.get("event") == "test":
-            self.counts[str(event.get("outcome"))] += 1
-            if self.verbosity == 0:
-                self._progress(str(event.get("nodeid", "")))
-
-    def _progress(self, nodeid: str) -> None:
-        from kvcheck.runner.summary import short_name
-
-        done = sum(self.counts.values())
-        total = self.total or 0
-        counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.counts.items()))
-        text = f"[{done}/{total or '?'}] {counts}"
-        if self._tty:
-            width = shutil.get_terminal_size().columns
-            line = f"{text}  {short_name(nodeid)}"[: max(width - 1, 20)]
-            print(f"\r\x1b[K{line}", end="", flush=True)
-        elif done >= self._next_report or done == total:
-            # Off a terminal, a few lines: about every quarter of the run.
-            print(text, flush=True)
-            self._next_report = done + max(1, total // 4)
-
-    def _end_line(self) -> None:
-        if self._tty and self.verbosity == 0 and self.counts:
-            print(flush=True)
-            self._tty = False  # the line is finished; later ends print nothing
+def _stopped(run: SuiteRun, status: int) -> str:
+    """Why there are no results: pytest stopped early, or ended without writing them."""
+    tail = "see its message above" if run.verbosity > 0 else run.log_tail()
+    if run.finished:
+        return (
+            f"pytest ended without writing its results (exit {status}) after "
+            f"{len(run.finished)} tests had run; {tail}"
+        )
+    return f"pytest stopped before running the suite (exit {status}); {tail}"
 
 
 def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
-    from kvcheck.runner.memory_report import memory_rows, render_memory_report
+    from kvcheck.runner.memory_report import memory_rows, pool_dtype, render_memory_report
 
     if extra:
         raise UsageProblem(f"memory-report takes no pytest arguments, got {list(extra)}")
@@ -569,32 +538,38 @@ def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
         raise UsageProblem(f"--budget-gib={options.budget_gib} must be positive")
     if options.page_size < 1:
         raise UsageProblem(f"--page-size={options.page_size} must be at least 1")
-    sizing: dict[str, Any] = {
-        "budget_bytes": int(options.budget_gib * (1 << 30)),
-        "dtype": options.dtype,
-        "page_size": options.page_size,
-    }
     try:
+        sizing: dict[str, Any] = {
+            "budget_bytes": int(options.budget_gib * (1 << 30)),
+            "dtype": pool_dtype(options.dtype),
+            "page_size": options.page_size,
+        }
         rows = memory_rows(options.model, **sizing)
     except ValueError as exc:
         raise UsageProblem(str(exc)) from exc
-    print(render_memory_report(rows, **sizing))
+    print(render_memory_report(rows, **sizing, spelled=options.dtype.strip()))
     return 0
 
 
 # --- checks -----------------------------------------------------------------------------------
 
 
-def _checked_target(name: str | None) -> str:
-    """Resolve the target as pytest will: module:attr is imported from the current directory."""
-    from kvcheck.targets import TargetError, resolve_target, target_spec
+def _checked_target(name: str | None) -> tuple[str, str | None]:
+    """Resolve the target as pytest will (module:attr is imported from the current
+    directory); return its name and, for module:attr, the directory its module came from."""
+    from kvcheck.targets import BUILTIN_TARGETS, TargetError, resolve_target, target_spec
 
     try:
         with _cwd_on_sys_path():
             resolve_target(name)
     except TargetError as exc:
         raise UsageProblem(str(exc)) from exc
-    return target_spec(name)
+    spec = target_spec(name)
+    if spec in BUILTIN_TARGETS:
+        return spec, None
+    from kvcheck.runner.repro import import_root
+
+    return spec, import_root(spec.partition(":")[0].strip())
 
 
 @contextlib.contextmanager
@@ -610,12 +585,23 @@ def _cwd_on_sys_path() -> Iterator[None]:
             sys.path.remove(cwd)
 
 
-def _subprocess_env() -> dict[str, str]:
-    """The environment of pytest: the current directory first on PYTHONPATH, like our import."""
-    env = dict(os.environ)
-    parts = [os.getcwd(), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    env["PYTHONPATH"] = os.pathsep.join(parts)
-    return env
+def _check_selection(keyword: str | None, families: Sequence[str] | None, *, suite: str) -> None:
+    """A -k and --family that select none of the shipped suite's tests, refused now."""
+    if suite != DEFAULT_SUITE:
+        return  # another suite's tests are known only to pytest's collection
+    from kvcheck.runner.selection import selection_problem
+
+    problem = selection_problem(_keyword(keyword, families))
+    if problem is not None:
+        if families:
+            given = " ".join(f"--family {family}" for family in families)
+            given += f" -k {keyword!r}" if keyword else ""
+            problem = f"{given} ({problem})"
+        raise UsageProblem(
+            f"{problem}; -k matches parts of test ids such as test_pool_machines.py::"
+            "test_pool_matches_reference_after_every_step[mha] (pytest -k syntax: and, or, "
+            "not, parentheses); list them with: pytest --collect-only -q --pyargs kvcheck.suite"
+        )
 
 
 def _keyword(keyword: str | None, families: Sequence[str] | None) -> str | None:
@@ -634,14 +620,19 @@ def _keyword(keyword: str | None, families: Sequence[str] | None) -> str | None:
 
 
 def _checked_device(spec: str | None) -> str | None:
-    from kvcheck.runner.devices import DEVICE_ENV_VAR, parse_device_spec
+    from kvcheck.runner.devices import DEVICE_ENV_VAR, cuda_problem, parse_device_spec
 
     if spec is None and not os.environ.get(DEVICE_ENV_VAR, "").strip():
         return None
     try:
-        return parse_device_spec(spec if spec is not None else os.environ[DEVICE_ENV_VAR])
+        device = parse_device_spec(spec if spec is not None else os.environ[DEVICE_ENV_VAR])
     except ValueError as exc:
         raise UsageProblem(str(exc)) from exc
+    if device.startswith("cuda"):
+        problem = cuda_problem(device)
+        if problem is not None:
+            raise UsageProblem(problem)
+    return device
 
 
 def _check_database(*, writable: bool) -> Any:
@@ -687,39 +678,49 @@ def _scan_for_replay(database: Any, *, target: str) -> Any:
 
 
 def _check_output_path(option: str, path: Path) -> None:
-    """Refuse before the run a file that could not be written after it."""
+    """Refuse before the run a file that could not be written after it: the file is opened
+    for appending (created, then removed, when it did not exist), whatever ``os.access``
+    claims (``/proc`` passes that check and refuses every new file)."""
     if path.is_dir():
         raise UsageProblem(f"{option} {path}: is a directory; give a file name")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise UsageProblem(f"{option} {path}: directory {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageProblem(f"{option} {path}: directory {str(parent)!r} is not writable")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise UsageProblem(f"{option} {path}: the file exists and is not writable")
+    existed = path.exists()
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as exc:
+        raise UsageProblem(f"{option} {path}: cannot write there ({exc.strerror or exc})") from exc
+    if not existed:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
-def _usable_directory(option: str, path: Path) -> Path:
-    """Create ``path`` and a probe file in it; a UsageProblem saying why when that fails."""
+def _usable_directory(option: str, path: Path, *, keep: bool = True) -> Path:
+    """Create ``path`` and a probe file in it; a UsageProblem saying why when that fails.
+    Without ``keep`` the directories it created are removed again (a check before the
+    slower ones, which must leave nothing behind if one of them fails)."""
     from kvcheck.runner.db import probe_directory
 
+    created = [parent for parent in (path, *path.parents) if not parent.exists()]
     try:
         probe_directory(path)
     except OSError as exc:
         raise UsageProblem(f"{option} {path}: cannot write there ({exc.strerror or exc})") from exc
+    if not keep:
+        for directory in created:  # deepest first
+            with contextlib.suppress(OSError):
+                directory.rmdir()
     return path.resolve()
 
 
-def _shown(path: Path) -> str:
-    """``path`` relative to the current directory when it is below it."""
-    with contextlib.suppress(ValueError):
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    return str(path)
-
-
-def _write_repro_scripts(results: dict[str, Any], *, repro_dir: Path, target: str) -> str | None:
+def _write_repro_scripts(
+    results: dict[str, Any], *, repro_dir: Path, target: str, import_root: str | None = None
+) -> str | None:
     """A standalone script per failure that carries reproduction data; its path goes on the
-    failure as ``script``. Returns a note instead of the folder when none could be written."""
+    failure as ``script``, and the command that runs it from here as ``script_command``.
+    Returns a note instead of the folder when none could be written."""
     from kvcheck.runner.repro import render_script, script_name
     from kvcheck.runner.summary import FAILING_OUTCOMES
 
@@ -740,13 +741,27 @@ def _write_repro_scripts(results: dict[str, Any], *, repro_dir: Path, target: st
     for nodeid, failure in failures:
         path = repro_dir / script_name(nodeid, used)
         try:
-            script = render_script(failure["reproduction_data"], target=target)
+            data = failure["reproduction_data"]
+            script = render_script(data, target=target, import_root=import_root)
             path.write_text(script, encoding="utf-8")
         except Exception as exc:  # one bad script must not hide the others or the summary
             failure["script_error"] = f"{type(exc).__name__}: {exc}"
             continue
-        failure["script"] = _shown(path)
+        failure["script"] = shown_path(path)
+        failure["script_command"] = f"{_python()} {shlex.quote(shown_path(path))}"
     return None
+
+
+def _python() -> str:
+    """How the user's shell runs this interpreter: ``python`` when that is the one on PATH
+    (the same file in the same directory: a virtual environment's), else its full path."""
+    found = shutil.which("python")
+    executable = Path(sys.executable)
+    if found is not None and Path(found).parent.resolve() == executable.parent.resolve():
+        with contextlib.suppress(OSError):
+            if os.path.samefile(found, executable):
+                return "python"
+    return shlex.quote(str(executable))
 
 
 def _check_workers(workers: str | None) -> None:

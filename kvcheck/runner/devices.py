@@ -28,6 +28,7 @@ __all__ = [
     "assign_worker_gpu",
     "count_gpus",
     "cuda_initialized",
+    "cuda_problem",
     "parse_device_spec",
     "resolve_device",
     "visible_device_entries",
@@ -89,6 +90,38 @@ def resolve_device(spec: str) -> str:
     if index >= count:
         raise ValueError(f"device={spec!r}: only {count} CUDA device(s) visible")
     return f"cuda:{index}"
+
+
+def cuda_problem(spec: str) -> str | None:
+    """Why ``spec`` (``cuda`` or ``cuda:N``) cannot run on this machine, or None.
+
+    Fast where torch is a CPU build by its version tag (``2.13.0+cpu``): that is known
+    from its installed metadata without importing torch. Otherwise torch is imported and
+    asked (:func:`resolve_device`).
+
+    Example:
+        >>> cuda_problem("cpu") is None
+        True
+    """
+    normalized = parse_device_spec(spec)
+    if not normalized.startswith("cuda"):
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("torch")
+    except PackageNotFoundError:
+        return f"device={spec!r} needs torch with CUDA, but torch is not installed"
+    if installed.endswith("+cpu"):
+        return (
+            f"device={spec!r} needs CUDA, but the installed torch {installed} is a CPU build; "
+            "use auto or cpu (or install a CUDA build of torch)"
+        )
+    try:
+        resolve_device(normalized)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def visible_device_entries(visible_devices: str | None, gpu_count: int) -> list[str]:

@@ -10,22 +10,105 @@ layers save. Where the dtype and the family make a difference, it also prints th
 latent layouts side by side, DSA index kpools, and one decode-context-parallel rank's
 bytes per widened token.
 
+Models are named as in :data:`kvcheck.serving.MODELS` or by their short name (the part
+after the organisation: ``DeepSeek-V3.2``), in any case; dtypes as torch names
+(``float8_e4m3fn``) or as sglang's ``--kv-cache-dtype`` spells them (``fp8_e4m3``, ``bf16``,
+``auto``), :func:`pool_dtype` says which; a typo gets the nearest name.
+
 Example:
     >>> rows = memory_rows(["GLM-5.2-like"], budget_bytes=8 << 30, dtype="bfloat16",
     ...                    page_size=64)
     >>> [row.variant for row in rows]
     ['skip layers honoured', 'every layer allocated']
+    >>> model_name("deepseek-v3.2"), pool_dtype("fp8_e4m3")
+    ('deepseek-ai/DeepSeek-V3.2', 'float8_e4m3fn')
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MemoryRow", "memory_rows", "render_memory_report"]
+__all__ = ["MemoryRow", "memory_rows", "model_name", "pool_dtype", "render_memory_report"]
 
 _GIB = 1 << 30
+#: The dtype ``--kv-cache-dtype auto`` means for the models kvcheck names: each one's
+#: checkpoint config says ``"torch_dtype": "bfloat16"``.
+_MODELS_DTYPE = "bfloat16"
+
+
+def pool_dtype(name: str) -> str:
+    """The pool dtype (a torch dtype name) the report sizes for ``name``: a torch dtype
+    name, or one of sglang's ``--kv-cache-dtype`` choices that kvcheck's pools can hold
+    (``auto`` is the models' own dtype, bfloat16). Raises ``ValueError`` for anything else,
+    listing the accepted names, with the nearest one for a typo.
+
+    Example:
+        >>> pool_dtype("bf16"), pool_dtype("auto"), pool_dtype("float16")
+        ('bfloat16', 'bfloat16', 'float16')
+        >>> pool_dtype("nvfp4")
+        Traceback (most recent call last):
+        ...
+        ValueError: dtype='nvfp4' selects sglang's FP4 pool, which kvcheck does not build; ...
+    """
+    from kvcheck.serving import KV_CACHE_POOL_DTYPES
+    from kvcheck.serving.server_args import FP4_KV_CACHE_DTYPES, KV_CACHE_DTYPE_CHOICES
+    from kvcheck.specs import DTYPE_ITEMSIZE
+
+    text = name.strip().removeprefix("torch.")
+    if text in DTYPE_ITEMSIZE:
+        return text
+    if text in KV_CACHE_POOL_DTYPES:
+        return KV_CACHE_POOL_DTYPES[text] or _MODELS_DTYPE
+    accepted = (
+        f"accepted: sglang's --kv-cache-dtype {', '.join(KV_CACHE_POOL_DTYPES)} "
+        f"(auto: the models' {_MODELS_DTYPE}), or the torch dtypes {', '.join(DTYPE_ITEMSIZE)}"
+    )
+    if text in FP4_KV_CACHE_DTYPES:
+        why = "selects sglang's FP4 pool, which kvcheck does not build"
+    elif text in KV_CACHE_DTYPE_CHOICES:
+        why = "selects sglang's block-scaled fp8 pool, which kvcheck does not build"
+    else:
+        why = f"is not a KV dtype{_did_you_mean(text, [*KV_CACHE_POOL_DTYPES, *DTYPE_ITEMSIZE])}"
+    raise ValueError(f"dtype={name!r} {why}; {accepted}")
+
+
+def model_name(name: str) -> str:
+    """The :data:`kvcheck.serving.MODELS` key ``name`` means: the key itself, or a model's
+    short name (the part after ``/``), in any case. Raises ``ValueError`` listing the
+    models, with the nearest name for a typo.
+
+    Example:
+        >>> model_name("Qwen3-Embedding-8B")
+        'Qwen/Qwen3-Embedding-8B'
+        >>> model_name("DeepSeek-V3")
+        Traceback (most recent call last):
+        ...
+        ValueError: model='DeepSeek-V3' is not a kvcheck model (did you mean 'DeepSeek-V3.2'?); ...
+    """
+    from kvcheck.serving import MODELS
+
+    by_name: dict[str, str] = {}
+    for key in MODELS:
+        by_name.setdefault(key.lower(), key)
+        by_name.setdefault(key.rpartition("/")[2].lower(), key)
+    found = by_name.get(name.strip().lower())
+    if found is not None:
+        return found
+    spellings = [*MODELS, *(key.rpartition("/")[2] for key in MODELS if "/" in key)]
+    raise ValueError(
+        f"model={name!r} is not a kvcheck model{_did_you_mean(name, spellings)}; "
+        f"known: {', '.join(MODELS)} (or the part after the '/')"
+    )
+
+
+def _did_you_mean(name: str, choices: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the choice nearest ``name`` (case-blind), or nothing."""
+    lowered = {choice.lower(): choice for choice in choices}
+    close = difflib.get_close_matches(name.strip().lower(), list(lowered), n=1, cutoff=0.6)
+    return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
 
 
 @dataclass(frozen=True)
@@ -48,7 +131,8 @@ def memory_rows(
     dtype: str,
     page_size: int,
 ) -> list[MemoryRow]:
-    """Rows for ``model_names`` (None: every model in :data:`kvcheck.serving.MODELS`).
+    """Rows for ``model_names`` (None: every model in :data:`kvcheck.serving.MODELS`; a
+    name may be a model's short name, :func:`model_name`).
 
     Raises ``ValueError`` naming an unknown model or a bad budget, dtype or page size.
     """
@@ -64,10 +148,7 @@ def memory_rows(
 
     if not isinstance(budget_bytes, int) or budget_bytes <= 0:
         raise ValueError(f"budget_bytes={budget_bytes!r} must be a positive int")
-    names = list(MODELS) if not model_names else list(model_names)
-    unknown = [name for name in names if name not in MODELS]
-    if unknown:
-        raise ValueError(f"model={unknown[0]!r} is not a kvcheck model; known: {', '.join(MODELS)}")
+    names = list(MODELS) if not model_names else [model_name(name) for name in model_names]
     rows: list[MemoryRow] = []
     for name in names:
         model = MODELS[name]
@@ -110,11 +191,18 @@ def memory_rows(
 
 
 def render_memory_report(
-    rows: Sequence[MemoryRow], *, budget_bytes: int, dtype: str, page_size: int
+    rows: Sequence[MemoryRow],
+    *,
+    budget_bytes: int,
+    dtype: str,
+    page_size: int,
+    spelled: str | None = None,
 ) -> str:
-    """The report as text: a table, then the skip-layer saving for each DSA model."""
+    """The report as text: a table, then the skip-layer saving for each DSA model.
+    ``spelled`` is how the user named ``dtype`` (sglang's ``fp8_e4m3``), shown beside it."""
+    named = dtype if spelled in (None, dtype) else f"{dtype} (--kv-cache-dtype {spelled})"
     lines = [
-        f"KV pools for a {budget_bytes / _GIB:.1f} GiB budget, dtype {dtype}, "
+        f"KV pools for a {budget_bytes / _GIB:.1f} GiB budget, dtype {named}, "
         f"page size {page_size}; pools built on the meta device",
         "",
         f"{'MODEL':<28} {'VARIANT':<22} {'BYTES/TOKEN':>11} {'TOKENS':>11} {'POOL GiB':>9}  CHECK",

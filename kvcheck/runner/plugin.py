@@ -64,6 +64,7 @@ _DEVICE_OPTION = "--kvcheck-device"
 _PROFILE_OPTION = "--kvcheck-profile"
 _RESULTS_OPTION = "--kvcheck-results"
 _PROGRESS_OPTION = "--kvcheck-progress-fd"
+_IMPORT_DIR_OPTION = "--kvcheck-import-dir"
 _ENV_PREFIX = "KVCHECK_"
 #: The kvcheck package directory (this module is kvcheck/runner/plugin.py).
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -172,6 +173,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write one JSON line per finished test to file descriptor FD; used by the "
         "kvcheck command for its progress line.",
     )
+    group.addoption(
+        _IMPORT_DIR_OPTION,
+        default=None,
+        metavar="DIR",
+        help="put DIR first on sys.path once kvcheck is imported, as python -m pytest puts "
+        "the current directory, so that a folder named kvcheck there cannot shadow the "
+        "installed package; used by the kvcheck command (kvcheck.runner.launch).",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Before any conftest or test module is imported (in each xdist worker too), put the
+    kvcheck command's ``--kvcheck-import-dir`` first on ``sys.path``."""
+    directory = getattr(early_config.known_args_namespace, "kvcheck_import_dir", None)
+    if directory and directory not in sys.path:
+        sys.path.insert(0, directory)
 
 
 @pytest.hookimpl(tryfirst=True)

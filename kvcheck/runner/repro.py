@@ -5,13 +5,19 @@ failing one last) and what kvcheck reported. :func:`kvcheck.failures.reproductio
 stores it beside the results (bytes as hex) and :func:`render_script` turns that JSON into
 a script that imports only torch and the target's own package, builds the pool, makes the
 calls in order and compares every buffer with the bytes kvcheck's reference model expects.
-The script exits 1 with ``REPRODUCED: ...`` naming the first discrepancy, or prints ``OK: no
-discrepancy`` and exits 0 when the pool behaves, so it can be pasted into an upstream issue
-as it is.
+Its exit status says what happened, so it can be pasted into an upstream issue as it is:
+
+- 0 (:data:`SCRIPT_OK`): ``OK: no discrepancy``, the pool behaves (the bug is fixed);
+- 1 (:data:`SCRIPT_REPRODUCED`): ``REPRODUCED: ...`` naming the first discrepancy;
+- 2 (:data:`SCRIPT_CANNOT_RUN`): ``CANNOT RUN: ...``, the script never reached its checks:
+  an import failed (torch, kvcheck, sglang, the target's module), sglang's CPU setup
+  failed, or building the pool raised (kvcheck built it without error).
 
 The expected behaviour (which calls must raise, what every buffer must hold) comes from
 :class:`kvcheck.reference.ReferencePool` when the script is rendered; the script itself
-does not need kvcheck (except ``module:attr`` targets, which take a ``PoolSpec``).
+does not need kvcheck (except ``module:attr`` targets, which take a ``PoolSpec``). A
+``module:attr`` script carries the directory kvcheck imported the target's module from
+(``import_root``) and puts it first on ``sys.path``, so it runs from any directory.
 
 Example:
     >>> from kvcheck.failures import Reproduction, reproduction_to_json
@@ -60,10 +66,21 @@ from kvcheck.specs import (
 )
 
 __all__ = [
+    "SCRIPT_CANNOT_RUN",
+    "SCRIPT_OK",
+    "SCRIPT_REPRODUCED",
+    "import_root",
     "render_script",
     "script_name",
     "write_script",
 ]
+
+#: Exit status of a script whose pool behaves.
+SCRIPT_OK = 0
+#: Exit status of a script that reproduced the discrepancy.
+SCRIPT_REPRODUCED = 1
+#: Exit status of a script that could not reach its checks (import or setup failed).
+SCRIPT_CANNOT_RUN = 2
 
 # --- targets --------------------------------------------------------------------------------
 
@@ -161,12 +178,25 @@ def _exception_name(error: type[Exception]) -> str:
     return error.__name__ if getattr(builtins, error.__name__, None) is error else "Exception"
 
 
+def _indented(lines: Sequence[str]) -> list[str]:
+    """``lines`` as the body of a block (blank lines stay blank)."""
+    return [f"    {line}" if line.strip() else "" for line in lines]
+
+
 def _comment(text: str, prefix: str = "# ") -> list[str]:
     lines = text.replace("\r", "").splitlines() or [""]
     return [f"{prefix}{line}".rstrip() for line in lines]
 
 
 # --- the script's parts ---------------------------------------------------------------------
+
+_PRELUDE = '''
+def cannot_run(what):
+    """The script never reached its checks: exit 2, neither REPRODUCED (1) nor OK (0)."""
+    traceback.print_exc()
+    print(f"CANNOT RUN: {what}", file=sys.stderr)
+    raise SystemExit(2)
+'''
 
 _HELPERS = '''
 def reproduced(message):
@@ -420,10 +450,13 @@ dsa_quant_k_cache._quantize_k_cache_fast_kernel = CpuQuantizeKernel()
 class _ScriptWriter:
     """Builds one script from a reproduction, the reference's verdicts and a target flavour."""
 
-    def __init__(self, rep: Reproduction, flavour: _Flavour) -> None:
+    def __init__(
+        self, rep: Reproduction, flavour: _Flavour, *, import_root: str | None = None
+    ) -> None:
         self.rep = rep
         self.spec = rep.spec
         self.flavour = flavour
+        self.import_root = import_root
         self.reference = ReferencePool(rep.spec)
 
     # -- header and setup -------------------------------------------------------------------
@@ -453,33 +486,80 @@ class _ScriptWriter:
             lines += ["# kvcheck reported:", *_comment(rep.note, "#   ")]
         lines += [
             "#",
-            "# Run: python <this file>",
+            "# Run: python <this file>, from any directory",
             f"# Needs: {needs}.",
-            '# Exit 1 with "REPRODUCED: ..." naming the first discrepancy; exit 0 with',
-            '# "OK: no discrepancy" when the pool behaves.',
+            "# Exit status:",
+            f'#   {SCRIPT_OK}  "OK: no discrepancy": the pool behaves (fixed);',
+            f'#   {SCRIPT_REPRODUCED}  "REPRODUCED: ..." naming the first discrepancy;',
+            f'#   {SCRIPT_CANNOT_RUN}  "CANNOT RUN: ...": an import, the setup or building the '
+            "pool failed,",
+            "#      so the checks never ran (not a reproduction).",
         ]
         return lines
 
     def imports(self) -> list[str]:
+        """The imports (and sglang's setup), each failure a ``cannot_run``."""
         kind = self.flavour.kind
+        names = ["math", "sys", "traceback", "types"]
         if kind == "sglang":
-            names = ["importlib.abc", "importlib.machinery", "math", "os", "sys", "types"]
-            names.append("warnings")
-            lines = [*(f"import {name}" for name in names), "", "import torch", "", ""]
-            lines += _sglang_setup(self.spec).splitlines()
-            if any(isinstance(op, WriteIndexK) for op in self.rep.ops):
-                lines += _SGLANG_INDEX_K.rstrip("\n").splitlines()
-            if self.spec.latent_layout == "scaled":
-                lines += _SGLANG_SCALED_QUANT.rstrip("\n").splitlines()
-            return lines
-        lines = ["import math", "import types", "", "import torch", ""]
+            names = sorted({*names, "importlib.abc", "importlib.machinery", "os", "warnings"})
+        lines = [*(f"import {name}" for name in names), ""]
+        if kind == "module" and self.import_root is not None:
+            lines.append(f"# Where kvcheck imported {self.flavour.module} from.")
+            lines += [f"TARGET_IMPORT_ROOT = {self.import_root!r}", ""]
+        lines += ["", *_PRELUDE.strip("\n").splitlines(), "", ""]
+        guarded = ["import torch", ""]
         if kind == "kvcheck":
-            return [*lines, "from kvcheck import pools"]
-        module = self.flavour.module
-        # A private alias, so that no module name can shadow the script's own names.
-        return [*lines, f"import {module} as target_module", "from kvcheck.specs import PoolSpec"]
+            guarded.append("from kvcheck import pools")
+        elif kind == "module":
+            guarded.append("from kvcheck.specs import PoolSpec")
+            if self.import_root is not None:
+                # After kvcheck: a folder named kvcheck there must not shadow it.
+                guarded += [
+                    "",
+                    "if TARGET_IMPORT_ROOT not in sys.path:",
+                    "    sys.path.insert(0, TARGET_IMPORT_ROOT)",
+                ]
+            # A private alias, so that no module name can shadow the script's own names.
+            guarded.append(f"import {self.flavour.module} as target_module")
+        lines += [
+            "try:",
+            *_indented(guarded),
+            "except Exception as exc:  # an import error, or whatever the module raised importing",
+            '    cannot_run(f"importing failed with {type(exc).__name__}: {exc}")',
+        ]
+        if kind == "sglang":
+            setup = _sglang_setup(self.spec).splitlines()
+            if any(isinstance(op, WriteIndexK) for op in self.rep.ops):
+                setup += _SGLANG_INDEX_K.rstrip("\n").splitlines()
+            if self.spec.latent_layout == "scaled":
+                setup += _SGLANG_SCALED_QUANT.rstrip("\n").splitlines()
+            lines += [
+                "",
+                "",
+                "def sglang_setup():",
+                '    """Import sglang\'s pools as a launched server would have set them up."""',
+                *_indented(setup),
+                "    return memory_pool",
+                "",
+                "",
+                "try:",
+                "    memory_pool = sglang_setup()",
+                "except Exception as exc:",
+                '    cannot_run(f"sglang\'s setup failed with {type(exc).__name__}: {exc}")',
+            ]
+        return lines
 
     def build_pool(self) -> list[str]:
+        """The lines building the pool; if that raises, the script cannot run."""
+        return [
+            "try:",
+            *_indented(self._pool_lines()),
+            "except Exception as exc:  # kvcheck built this pool: not the discrepancy reported",
+            '    cannot_run(f"building the pool raised {type(exc).__name__}: {exc}")',
+        ]
+
+    def _pool_lines(self) -> list[str]:
         spec, kind = self.spec, self.flavour.kind
         if kind == "module":
             fields = ", ".join(_changed_fields(spec))
@@ -753,14 +833,16 @@ def _pool_arguments(spec: PoolSpec, *, sglang: bool) -> list[tuple[str, str]]:
     return args
 
 
-def render_script(data: Mapping[str, Any], *, target: str) -> str:
+def render_script(data: Mapping[str, Any], *, target: str, import_root: str | None = None) -> str:
     """The standalone script that replays ``data`` (:func:`reproduction_to_json`'s output).
 
     ``target`` is the target name given to kvcheck: ``"kvcheck"`` (the script imports
     torch and ``kvcheck.pools``), ``"sglang"`` (torch and sglang only, with kvcheck's CPU
     workarounds written out), or ``"module:attr"`` (the script imports ``module``, takes
     ``attr`` as the target and calls ``target.make_pool(PoolSpec(...), device="cpu")``).
-    Raises ``ValueError`` for any other form.
+    ``import_root`` (``module:attr`` only; :func:`import_root` finds it) is the directory
+    the module was imported from: the script puts it first on ``sys.path``, so it runs
+    from any directory. Raises ``ValueError`` for any other form of ``target``.
 
     Example:
         >>> from kvcheck.failures import Reproduction, reproduction_to_json
@@ -776,7 +858,9 @@ def render_script(data: Mapping[str, Any], *, target: str) -> str:
     """
     flavour = _flavour(target)
     rep = reproduction_from_json(data)
-    writer = _ScriptWriter(rep, flavour)
+    if import_root is not None and not isinstance(import_root, str):
+        raise ValueError(f"import_root={import_root!r} is not a str")
+    writer = _ScriptWriter(rep, flavour, import_root=import_root)
     head = "\n".join(writer.header(target.strip()))
     setup = "\n".join(writer.imports())
     body = [
@@ -815,12 +899,38 @@ def script_name(test: str, used: set[str] | None = None) -> str:
     return name
 
 
+def import_root(module: str) -> str | None:
+    """The ``sys.path`` entry the already imported ``module`` (a dotted name) came from:
+    the directory that holds its top-level package. ``None`` when it is not imported or
+    has no file (a namespace package).
+
+    Example:
+        >>> from pathlib import Path
+        >>> Path(import_root("kvcheck.runner.repro")) == Path(__file__).parents[2]
+        True
+    """
+    import sys
+
+    origin = getattr(getattr(sys.modules.get(module), "__spec__", None), "origin", None)
+    if not isinstance(origin, str) or not Path(origin).is_file():
+        return None
+    path = Path(origin).absolute()
+    depth = module.count(".") + (path.stem == "__init__")
+    return str(path.parents[depth])
+
+
 def write_script(
-    data: Mapping[str, Any], *, target: str, directory: str | Path, test: str = ""
+    data: Mapping[str, Any],
+    *,
+    target: str,
+    directory: str | Path,
+    test: str = "",
+    import_root: str | None = None,
 ) -> Path:
     """Render ``data`` for ``target`` into ``directory`` (created if missing); return the path.
 
-    The file is named by :func:`script_name` from ``test`` (else from ``data["test"]``).
+    The file is named by :func:`script_name` from ``test`` (else from ``data["test"]``);
+    ``import_root`` is :func:`render_script`'s.
 
     Example:
         >>> import tempfile
@@ -834,5 +944,5 @@ def write_script(
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     out = path / script_name(test or str(data.get("test", "")))
-    out.write_text(render_script(data, target=target), encoding="utf-8")
+    out.write_text(render_script(data, target=target, import_root=import_root), encoding="utf-8")
     return out

@@ -1,10 +1,12 @@
 """What ``kvcheck verify`` and ``kvcheck replay`` print once the suite has run.
 
 Both read the results file the pytest plugin wrote (:mod:`kvcheck.runner.results`). By default the
-verify summary is short: each failure once (the property, its error with the first differing
-byte, the minimal example, the ``@reproduce_failure`` line and the standalone script), then
-passes collapsed into one line and skips grouped by reason. ``verbosity=1`` adds a row per
-test; ``verbosity=-1`` leaves only the counts and the names of the failures.
+verify summary is short: the failure with the smallest minimal example in full (the property,
+its error with the first differing byte, the minimal example, the ``@reproduce_failure`` line
+and the standalone script) and every other failure in one line (property, error headline,
+size of its example, where its full report is), then passes collapsed into one line and
+skips grouped by reason. ``verbosity=1`` adds a row per test and prints every failure in
+full; ``verbosity=-1`` leaves only the counts and the names of the failures.
 
 Example:
     >>> results = {"target": {"name": "kvcheck", "version": "0.1.0"}, "tests": [
@@ -44,6 +46,10 @@ _MAX_SKIP_GROUPS = 8
 #: Lines of one failure's error message shown by default (the first difference is early).
 _MAX_ERROR_LINES = 25
 _OUTCOME_LABEL = {"failed": "FAILED", "error": "ERROR", "xpassed": "XPASS(strict)"}
+#: Characters of an error's first line in a one-line failure.
+_MAX_HEADLINE = 120
+#: The size of a failure without a minimal example: larger than any example.
+_NO_EXAMPLE = 1 << 30
 
 
 def exit_code_for(pytest_status: int) -> int:
@@ -82,11 +88,15 @@ def render_verify(
     verbosity: int = 0,
     locations: Mapping[str, str] | None = None,
     interrupted: bool = False,
+    wall_s: float | None = None,
 ) -> str:
-    """The verify summary: failures once each, passes collapsed, skips grouped by reason.
+    """The verify summary: the smallest failure in full, the others in a line each, passes
+    collapsed, skips grouped by reason.
 
-    ``verbosity`` 1 adds a row per test (result, examples, time); -1 keeps only the counts
-    and the failures' names. ``locations`` (label -> path) are listed at the end.
+    ``verbosity`` 1 adds a row per test (result, examples, time) and prints every failure
+    in full; -1 keeps only the counts and the failures' names. ``locations`` (label ->
+    path) are listed at the end. The time shown is ``wall_s`` (the kvcheck command's wall
+    time) when given, else pytest's own session time from ``results``.
     """
     tests = list(results.get("tests", ()))
     lines = [_heading("kvcheck verify", results), ""]
@@ -95,21 +105,25 @@ def render_verify(
         lines += [*_table(tests), ""]
     failing = [test for test in tests if test["outcome"] in FAILING_OUTCOMES]
     if failing and verbosity >= 0:
-        lines += [f"Failures ({len(failing)}), each with its minimal reproduction", ""]
-        for test in failing:
-            lines += [*_failure_block(test), ""]
+        condensed = verbosity == 0 and len(failing) > 1
+        lines += [
+            f"Failures ({len(failing)}): the smallest example in full, the other "
+            f"{len(failing) - 1} in a line each (--verbose prints every one in full)"
+            if condensed
+            else f"Failures ({len(failing)}), each with its minimal reproduction",
+            "",
+            *_failure_blocks(failing, verbosity=verbosity, locations=locations),
+        ]
     elif failing:
         lines += [f"{_OUTCOME_LABEL[t['outcome']]} {short_name(t['nodeid'])}" for t in failing]
         lines.append("")
     lines += _lost_saves(tests)
     if interrupted:
-        lines.append("INTERRUPTED (Ctrl-C): only the tests that finished are counted")
+        lines.append("INTERRUPTED (Ctrl-C or SIGTERM): only the tests that finished are counted")
     lines += _collapsed(tests)
     lines += _locations(locations, failing)
-    lines.append(
-        f"{_counts(tests)} in {_seconds(results.get('duration_s', _total(tests)))}; "
-        f"exit {exit_code}"
-    )
+    seconds = results.get("duration_s", _total(tests)) if wall_s is None else wall_s
+    lines.append(f"{_counts(tests)} in {_seconds(seconds)}; exit {exit_code}")
     return "\n".join(lines)
 
 
@@ -160,8 +174,7 @@ def render_replay(
     failing = [test for verdict, test in verdicts if verdict in ("still failing", "failed")]
     if failing and verbosity >= 0:
         lines += ["", "Still failing, with their reproductions", "-" * 39]
-        for test in failing:
-            lines += _failure_block(test)
+        lines += _failure_blocks(failing, verbosity=verbosity, locations=locations)[:-1]
     lines += ["", *_lost_saves(tests)]
     lines += _locations(locations, failing)
     counts = Counter(verdict for verdict, _ in verdicts)
@@ -242,6 +255,50 @@ def _table(tests: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _failure_blocks(
+    failing: Sequence[Mapping[str, Any]], *, verbosity: int, locations: Mapping[str, str] | None
+) -> list[str]:
+    """The failure with the smallest example in full and, unless ``verbosity`` is 1, every
+    other failure in one line; each block ends with a blank line."""
+    if verbosity > 0 or len(failing) == 1:
+        return [line for test in failing for line in (*_failure_block(test), "")]
+    first, *others = sorted(failing, key=_example_size)
+    where = ", ".join(
+        path for label, path in (locations or {}).items() if label in ("results", "pytest log")
+    )
+    lines = [*_failure_block(first), ""]
+    for test in others:
+        lines.append(_failure_line(test, where=where or "results.json"))
+    return [*lines, ""]
+
+
+def _failure_line(test: Mapping[str, Any], *, where: str) -> str:
+    """``FAILED name: error headline (example: size; full report: where)``."""
+    failures: Sequence[Mapping[str, Any]] = test.get("failures") or []
+    error = str(failures[0].get("error") if failures else test.get("message") or "")
+    headline = (error.strip().splitlines() or ["(no message)"])[0]
+    if len(headline) > _MAX_HEADLINE:
+        headline = headline[: _MAX_HEADLINE - 3] + "..."
+    lines, _ = _example_size(test)
+    size = "no example" if lines == _NO_EXAMPLE else _plural(lines, "line")
+    if len(failures) > 1:
+        size += f", {len(failures)} distinct failures"
+    label = _OUTCOME_LABEL.get(test["outcome"], test["outcome"])
+    name = short_name(test["nodeid"])
+    return f"{label} {name}: {headline} (example: {size}; full report: {where})"
+
+
+def _example_size(test: Mapping[str, Any]) -> tuple[int, int]:
+    """(lines, characters) of the test's smallest minimal example; a test without one
+    sorts after every test with one."""
+    sizes = [
+        (len(text.splitlines()), len(text))
+        for failure in test.get("failures") or ()
+        if (text := str(failure.get("reproduction") or "").strip())
+    ]
+    return min(sizes, default=(_NO_EXAMPLE, 0))
+
+
 def _failure_block(test: Mapping[str, Any]) -> list[str]:
     title = f"{_OUTCOME_LABEL.get(test['outcome'], test['outcome'])} {short_name(test['nodeid'])}"
     statistics = test.get("statistics") or {}
@@ -263,7 +320,8 @@ def _failure_block(test: Mapping[str, Any]) -> list[str]:
         if failure.get("blob"):
             lines.append(f"    reproduce with: {failure['blob']}")
         if failure.get("script"):
-            lines.append(f"    standalone script: python {failure['script']}")
+            command = failure.get("script_command") or f"python {failure['script']}"
+            lines.append(f"    standalone script: {command}")
         elif why := failure.get("script_error") or failure.get("reproduction_error"):
             lines.append(f"    no standalone script: {why}")
     return lines

@@ -41,6 +41,7 @@ from kvcheck.serving.pool_selection import (
     unsupported_pool_family,
 )
 from kvcheck.serving.server_args import (
+    KV_CACHE_POOL_DTYPES,
     MINIMAL_VALID_FLAGS,
     PREFILL_ONLY_RULE_ORDER,
     PrefillOnlyFlagError,
@@ -52,6 +53,7 @@ from kvcheck.serving.server_args import (
 __all__ = [
     "DEEPSEEK_V3_2",
     "GLM_5_2_LIKE",
+    "KV_CACHE_POOL_DTYPES",
     "MINIMAL_VALID_FLAGS",
     "MODELS",
     "PREFILL_ONLY_RULE_ORDER",

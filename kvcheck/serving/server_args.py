@@ -104,6 +104,19 @@ KV_CACHE_DTYPE_CHOICES: tuple[str, ...] = (
 )
 #: KV-cache dtypes that select SGLang's FP4 pool (rule 2 rejects them).
 FP4_KV_CACHE_DTYPES: tuple[str, ...] = ("nvfp4", "fp4_mx_block16", "fp4_e2m1")
+#: The pool dtype (a torch dtype name) of each ``--kv-cache-dtype`` choice whose pool
+#: stores plain elements, as SGLang's model runner maps them; ``auto`` is the model's own
+#: dtype (``None`` here). The FP4 choices and ``mxfp8`` (fp8 values with block scales)
+#: select pools that kvcheck does not model, so they have no entry.
+KV_CACHE_POOL_DTYPES: Mapping[str, str | None] = MappingProxyType(
+    {
+        "auto": None,
+        "bf16": "bfloat16",
+        "bfloat16": "bfloat16",
+        "fp8_e4m3": "float8_e4m3fn",
+        "fp8_e5m2": "float8_e5m2",
+    }
+)
 ATTENTION_BACKEND_CHOICES: tuple[str, ...] = (
     "triton",
     "torch_native",
