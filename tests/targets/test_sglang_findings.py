@@ -6,7 +6,7 @@ example are sound. The sglang target's findings (``kvcheck/targets/_sglang_findi
 name these tests as the ones that pin them, so the plugin runs them as strict xfails that
 must fail with exactly that finding's failure: the day sglang changes, the matching test
 passes (or fails differently) and the run fails until the finding is updated. The
-finding ids (``V1``, ``C3``, ...) are the anchors in the doc.
+finding ids (``V2``, ``C3``, ...) are the anchors in the doc.
 
 Run against sglang with ``KVCHECK_TARGET=sglang python -m pytest tests/targets``.
 """
