@@ -44,8 +44,10 @@ from kvcheck.specs import (
 
 __all__ = [
     "FP4_KV_CACHE_DTYPES",
+    "HISPARSE_INDEX_RATIO",
     "PREFILL_ONLY_FLAG_DEFAULTS",
     "PREFILL_ONLY_RULES",
+    "SCALED_DSA_DTYPE",
     "PrefillOnlyRule",
     "ReferencePool",
     "expected_buffer_bytes",
@@ -1045,8 +1047,8 @@ def _put(values: dict[Any, bytes], slot: object, data: bytes | None) -> None:
 
 # --- serving: --prefill-only-disable-kv-cache ----------------------------------------------
 
-#: FP4 ``--kv-cache-dtype`` values the flag rejects (rule 2).
-FP4_KV_CACHE_DTYPES: frozenset[str] = frozenset({"nvfp4", "fp4_mx_block16", "fp4_e2m1"})
+#: FP4 ``--kv-cache-dtype`` values the flag rejects (rule 2): SGLang 0.5.23's two FP4 choices.
+FP4_KV_CACHE_DTYPES: frozenset[str] = frozenset({"nvfp4", "fp4_mx_block16"})
 _FA_PREFILL_BACKENDS = frozenset({"fa3", "fa4"})
 
 #: Values the rules assume for ``ServerArgs`` fields missing from a flags mapping.
@@ -1150,6 +1152,15 @@ def reference_first_violation(resolved_flags: Mapping[str, Any]) -> str | None:
 
 # --- serving: skip-topk rule, cell size, pool bytes ----------------------------------------
 
+#: With HiSparse a DSA pool's index-K buffer spans the host-expanded logical ids:
+#: ``host_to_device_ratio`` index slots per token the pool holds (SGLang 0.5.23:
+#: ``HiSparseDSATokenToKVPool`` passes ``index_buf_size=size * host_to_device_ratio``, and
+#: ``parse_hisparse_config`` defaults the ratio to 2).
+HISPARSE_INDEX_RATIO = 2
+#: The KV dtype whose DSA latent rows SGLang stores scaled (fp8 values, fp32 block scales,
+#: bf16 rope: ``calculate_mla_kv_cache_dim``).
+SCALED_DSA_DTYPE = "float8_e4m3fn"
+
 
 def _require_dsa(config: Any) -> None:
     arch = getattr(config, "attention_arch", "dsa")
@@ -1251,40 +1262,71 @@ def _index_bytes_per_token(config: Any) -> int:
     return index_k_row_bytes(d) + index_scale_row_bytes(d)
 
 
-def _token_row_bytes(config: Any, itemsize: int) -> int:
-    """Bytes one token costs in one layer's main buffers (K+V, or the latent)."""
+def _index_tokens_per_token(enable_hisparse: bool) -> int:
+    """Index-K slots a DSA pool keeps per token it holds: ``HISPARSE_INDEX_RATIO`` with
+    HiSparse (its index buffer spans the host-expanded logical ids), else one."""
+    return HISPARSE_INDEX_RATIO if enable_hisparse else 1
+
+
+def _check_dtype(dtype: Any) -> int:
+    if dtype not in DTYPE_ITEMSIZE:
+        raise ValueError(f"dtype={dtype!r} not in {sorted(DTYPE_ITEMSIZE)}")
+    return DTYPE_ITEMSIZE[dtype]
+
+
+def _token_row_bytes(config: Any, dtype: str) -> int:
+    """Bytes one token costs in one layer's main buffers (K+V, or the latent row).
+
+    A DSA latent row in ``float8_e4m3fn`` is SGLang's scaled row: ``kv_lora_rank`` fp8
+    values, one fp32 scale per 128 of them, the rope values in bf16. A ``kv_lora_rank``
+    that is not a multiple of 128 has no such row: ValueError naming it.
+    """
+    itemsize = _check_dtype(dtype)
     if config.attention_arch == "mha":
         v_head_dim = config.head_dim if config.v_head_dim is None else config.v_head_dim
         return config.num_key_value_heads * (config.head_dim + v_head_dim) * itemsize
+    if config.attention_arch == "dsa" and dtype == SCALED_DSA_DTYPE:
+        rank = config.kv_lora_rank
+        if rank % 128:
+            raise ValueError(
+                f"kv_lora_rank={rank} is not a multiple of 128: an fp8 (float8_e4m3fn) DSA "
+                "latent row is stored scaled, one fp32 scale per 128 values"
+            )
+        return rank + rank // 128 * 4 + config.qk_rope_head_dim * 2
     if config.attention_arch in ("mla", "dsa"):
         return (config.kv_lora_rank + config.qk_rope_head_dim) * itemsize
     raise ValueError(f"attention_arch={config.attention_arch!r} is not mha, mla or dsa")
 
 
 def reference_cell_size_bytes(
-    config: Any, *, itemsize: int, is_draft_worker: bool = False, enable_hisparse: bool = False
+    config: Any, *, dtype: str, is_draft_worker: bool = False, enable_hisparse: bool = False
 ) -> int:
-    """Bytes one token costs across all layers.
+    """Bytes one token costs across all layers, for a pool of KV dtype ``dtype``.
 
     MHA: ``layers * kv_heads * (head_dim + v_head_dim) * itemsize``; MLA:
-    ``layers * (kv_lora_rank + qk_rope_head_dim) * itemsize``; DSA: MLA plus
-    ``indexer_layers * (index_head_dim + index_head_dim // 128 * 4)`` where indexer layers
-    are the non-skip ones (every layer for a draft worker or HiSparse).
+    ``layers * (kv_lora_rank + qk_rope_head_dim) * itemsize``; DSA: the same, except that
+    in ``float8_e4m3fn`` the row is SGLang's scaled one (``kv_lora_rank + kv_lora_rank //
+    128 * 4 + qk_rope_head_dim * 2`` bytes; ValueError when ``kv_lora_rank`` is not a
+    multiple of 128), plus ``indexer_layers * (index_head_dim + index_head_dim // 128 * 4)``
+    where indexer layers are the non-skip ones (every layer for a draft worker or
+    HiSparse), times :data:`HISPARSE_INDEX_RATIO` with HiSparse.
 
     Example:
         >>> from types import SimpleNamespace
         >>> glm = SimpleNamespace(attention_arch="dsa", num_hidden_layers=78, kv_lora_rank=512,
         ...                       qk_rope_head_dim=64, index_head_dim=128,
         ...                       index_topk_freq=4, index_skip_topk_offset=3)
-        >>> reference_cell_size_bytes(glm, itemsize=1)
+        >>> reference_cell_size_bytes(glm, dtype="float8_e5m2")
         47700
+        >>> reference_cell_size_bytes(glm, dtype="float8_e4m3fn")
+        53940
     """
-    cell = config.num_hidden_layers * _token_row_bytes(config, itemsize)
+    cell = config.num_hidden_layers * _token_row_bytes(config, dtype)
     if config.attention_arch == "dsa":
         indexers = _num_indexer_layers(
             config, is_draft_worker=is_draft_worker, enable_hisparse=enable_hisparse
         )
-        cell += indexers * _index_bytes_per_token(config)
+        cell += indexers * _index_bytes_per_token(config) * _index_tokens_per_token(enable_hisparse)
     return cell
 
 
@@ -1292,30 +1334,33 @@ def reference_pool_bytes(
     config: Any,
     *,
     num_tokens: int,
-    itemsize: int,
+    dtype: str,
     page_size: int,
     is_draft_worker: bool = False,
     enable_hisparse: bool = False,
 ) -> int:
     """Bytes the (non-NoOp) pools for ``num_tokens`` tokens hold, padding page included.
 
-    Main buffers hold ``num_tokens + page_size`` rows per layer; each DSA indexer layer holds
-    ``(num_tokens + page_size + 1) // page_size`` pages (``index_buf_size = num_tokens``).
+    Main buffers hold ``num_tokens + page_size`` rows per layer (rows as in
+    :func:`reference_cell_size_bytes`); each DSA indexer layer holds
+    ``(index_buf_size + page_size + 1) // page_size`` pages, where ``index_buf_size`` is
+    ``num_tokens`` (times :data:`HISPARSE_INDEX_RATIO` with HiSparse).
 
     Example:
         >>> from types import SimpleNamespace
         >>> mha = SimpleNamespace(attention_arch="mha", num_hidden_layers=2,
         ...                       num_key_value_heads=1, head_dim=4, v_head_dim=None)
-        >>> reference_pool_bytes(mha, num_tokens=6, itemsize=2, page_size=2)
+        >>> reference_pool_bytes(mha, num_tokens=6, dtype="bfloat16", page_size=2)
         256
     """
     layers = config.num_hidden_layers
-    total = layers * (num_tokens + page_size) * _token_row_bytes(config, itemsize)
+    total = layers * (num_tokens + page_size) * _token_row_bytes(config, dtype)
     if config.attention_arch == "dsa":
         indexers = _num_indexer_layers(
             config, is_draft_worker=is_draft_worker, enable_hisparse=enable_hisparse
         )
-        num_pages = (num_tokens + page_size + 1) // page_size
+        index_buf_size = num_tokens * _index_tokens_per_token(enable_hisparse)
+        num_pages = (index_buf_size + page_size + 1) // page_size
         total += indexers * num_pages * page_size * _index_bytes_per_token(config)
     return total
 
@@ -1324,7 +1369,7 @@ def reference_max_total_num_tokens(
     config: Any,
     *,
     budget_bytes: int,
-    itemsize: int,
+    dtype: str,
     page_size: int,
     is_draft_worker: bool = False,
     enable_hisparse: bool = False,
@@ -1337,7 +1382,8 @@ def reference_max_total_num_tokens(
         >>> from types import SimpleNamespace
         >>> mha = SimpleNamespace(attention_arch="mha", num_hidden_layers=2,
         ...                       num_key_value_heads=1, head_dim=4, v_head_dim=None)
-        >>> reference_max_total_num_tokens(mha, budget_bytes=300, itemsize=2, page_size=2)
+        >>> reference_max_total_num_tokens(mha, budget_bytes=300, dtype="bfloat16",
+        ...                                page_size=2)
         6
     """
 
@@ -1345,7 +1391,7 @@ def reference_max_total_num_tokens(
         used = reference_pool_bytes(
             config,
             num_tokens=pages * page_size,
-            itemsize=itemsize,
+            dtype=dtype,
             page_size=page_size,
             is_draft_worker=is_draft_worker,
             enable_hisparse=enable_hisparse,
@@ -1364,12 +1410,9 @@ def reference_max_total_num_tokens(
 
 
 def _is_fp4_kv(flags: Mapping[str, Any], config: Any) -> bool:
-    kv_cache_dtype = flags.get("kv_cache_dtype") or "auto"
-    if kv_cache_dtype in FP4_KV_CACHE_DTYPES:
-        return True
-    # Only "auto" takes the checkpoint's KV quantization; an explicit dtype overrides it.
-    quant_algo = str(getattr(config, "kv_cache_quant_algo", None) or "").upper()
-    return kv_cache_dtype == "auto" and "FP4" in quant_algo
+    # Only an explicit FP4 --kv-cache-dtype selects the FP4 pool: "auto" takes an FP8
+    # checkpoint declaration and nothing else (SGLang 0.5.23 configure_kv_cache_dtype).
+    return (flags.get("kv_cache_dtype") or "auto") in FP4_KV_CACHE_DTYPES
 
 
 def reference_unsupported_family(
@@ -1381,7 +1424,8 @@ def reference_unsupported_family(
     MHA. Otherwise, first match wins: ``"hybrid DSA/MLA-SWA KV pool"`` (MLA/DSA with a
     sliding window), ``"DSA/MLA KV pool"``, ``"MLA KV pool"`` (MLA without hybrid linear
     layers), ``"SWA KV pool"``, ``"hybrid linear/Mamba KV pool"``, ``"FP4 MHA KV pool"``
-    (an FP4 ``kv_cache_dtype``, or ``"auto"`` with a ``kv_cache_quant_algo`` containing FP4).
+    (an FP4 ``kv_cache_dtype``; ``"auto"`` never selects FP4, whatever KV quantization the
+    checkpoint declares).
 
     Example:
         >>> from types import SimpleNamespace

@@ -126,14 +126,54 @@ class OffByOneSkipOffset(KVCheckTarget):
 
 
 class CellSizeCountsSkipLayers(KVCheckTarget):
-    """Charges every layer an indexer, as if no layer reused an earlier top-k."""
+    """Charges every layer an indexer, as if no layer reused an earlier top-k (what a draft
+    worker pays)."""
 
     name = "cell-size-counts-skip-layers"
 
     def cell_size_bytes(
         self, model: Any, *, dtype: str, is_draft: bool, enable_hisparse: bool
     ) -> int:
-        return super().cell_size_bytes(model, dtype=dtype, is_draft=True, enable_hisparse=True)
+        return super().cell_size_bytes(
+            model, dtype=dtype, is_draft=True, enable_hisparse=enable_hisparse
+        )
+
+
+class RawFp8DsaRow(KVCheckTarget):
+    """Sizes an fp8 e4m3 DSA latent row raw (``kv_lora_rank + qk_rope_head_dim`` bytes),
+    not as the scaled row SGLang builds; a narrow latent gets a raw size, not a refusal."""
+
+    name = "raw-fp8-dsa-row"
+
+    def cell_size_bytes(
+        self, model: Any, *, dtype: str, is_draft: bool, enable_hisparse: bool
+    ) -> int:
+        if model.attention_arch != "dsa" or dtype != "float8_e4m3fn":
+            return super().cell_size_bytes(
+                model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
+            )
+        # e5m2 has the same itemsize and keeps the raw row.
+        return super().cell_size_bytes(
+            model, dtype="float8_e5m2", is_draft=is_draft, enable_hisparse=enable_hisparse
+        )
+
+
+class HiSparseIndexOnce(KVCheckTarget):
+    """Charges a HiSparse pool one index slot per token, as if its index buffer did not span
+    the host-expanded logical ids."""
+
+    name = "hisparse-index-once"
+
+    def cell_size_bytes(
+        self, model: Any, *, dtype: str, is_draft: bool, enable_hisparse: bool
+    ) -> int:
+        cell = super().cell_size_bytes(
+            model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
+        )
+        if not (enable_hisparse and model.attention_arch == "dsa"):
+            return cell
+        layers = model.num_hidden_layers
+        return cell - layers * index_k_bytes_per_token(model.index_head_dim)
 
 
 class ForgetsPaddingPage(KVCheckTarget):

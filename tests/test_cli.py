@@ -172,24 +172,26 @@ def test_memory_report_shows_skip_layer_saving(capsys: pytest.CaptureFixture[str
 def test_memory_report_shows_both_fp8_dsa_latent_layouts(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """At fp8 the report puts the raw latent layout beside sglang's scaled one (656 bytes a
-    layer: GLM-5.2-like's 47,700 bytes/token become 53,940); other dtypes have no such rows."""
+    """At fp8 the report puts the raw latent layout beside sglang's scaled one, which it sizes
+    (656 bytes a layer: GLM-5.2-like's 53,940 bytes/token, 47,700 raw); other dtypes have no
+    such rows."""
     assert main(["memory-report", "--model", "GLM-5.2-like", "--dtype", "float8_e4m3fn"]) == 0
     out = capsys.readouterr().out
-    assert "raw 576 B/layer 47,700; scaled 656 B/layer (sglang 0.5.23) 53,940" in out
+    assert "raw 576 B/layer 47,700; scaled 656 B/layer (sglang 0.5.23's default) 53,940" in out
     assert main(["memory-report", "--model", "GLM-5.2-like"]) == 0
     assert "scaled 656" not in capsys.readouterr().out
 
 
 def test_memory_report_shows_index_kpools(capsys: pytest.CaptureFixture[str]) -> None:
     """DSA models get their cell size with an index kpool of 2 and 4 (61 indexer layers of
-    DeepSeek-V3.2 at 132, 66, 33 index bytes) and the tails of one request slot."""
+    DeepSeek-V3.2 at 132, 66, 33 index bytes, beside 61 scaled fp8 rows of 656 bytes) and the
+    tails of one request slot."""
     assert (
         main(["memory-report", "--model", "deepseek-ai/DeepSeek-V3.2", "--dtype", "float8_e4m3fn"])
         == 0
     )
     out = capsys.readouterr().out
-    assert "kpool 1 43,188; kpool 2 39,162 (-9.3%); kpool 4 37,149 (-14.0%)" in out
+    assert "kpool 1 48,068; kpool 2 44,042 (-8.4%); kpool 4 42,029 (-12.6%)" in out
     assert "kpool 4 tails 124,928 B per request slot" in out  # 61 x 2 x 4 x 128 x 2
     assert main(["memory-report", "--model", "Qwen/Qwen3-Embedding-8B"]) == 0
     assert "kpool" not in capsys.readouterr().out
@@ -197,11 +199,11 @@ def test_memory_report_shows_index_kpools(capsys: pytest.CaptureFixture[str]) ->
 
 def test_memory_report_shows_decode_context_parallel(capsys: pytest.CaptureFixture[str]) -> None:
     """MLA/DSA models get one rank's bytes per widened token at dcp 2 and 4: DeepSeek-V3.2
-    at fp8 keeps 61 x 132 index bytes whole and splits 61 x 576 latent bytes."""
+    at fp8 keeps 61 x 132 index bytes whole and splits 61 x 656 latent bytes."""
     args = ["memory-report", "--model", "deepseek-ai/DeepSeek-V3.2", "--dtype", "float8_e4m3fn"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "dcp 1 43,188; dcp 2 25,620 (-40.7%); dcp 4 16,836 (-61.0%)" in out
+    assert "dcp 1 48,068; dcp 2 28,060 (-41.6%); dcp 4 18,056 (-62.4%)" in out
     assert main(["memory-report", "--model", "Qwen/Qwen3-Embedding-8B"]) == 0
     assert "dcp 2" not in capsys.readouterr().out
 

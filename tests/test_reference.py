@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kvcheck.reference import (
+    HISPARSE_INDEX_RATIO,
     PREFILL_ONLY_FLAG_DEFAULTS,
     PREFILL_ONLY_RULES,
     ReferencePool,
@@ -448,7 +449,6 @@ SINGLE_VIOLATIONS = [
     ("is_embedding", {"is_embedding": False}),
     ("fp4_kv_cache_dtype", {"kv_cache_dtype": "nvfp4"}),
     ("fp4_kv_cache_dtype", {"kv_cache_dtype": "fp4_mx_block16"}),
-    ("fp4_kv_cache_dtype", {"kv_cache_dtype": "fp4_e2m1"}),
     ("mxfp8_kv_cache_dtype", {"kv_cache_dtype": "mxfp8"}),
     ("chunked_prefill_size", {"chunked_prefill_size": None}),
     ("chunked_prefill_size", {"chunked_prefill_size": 8192}),
@@ -632,13 +632,47 @@ MHA_EMBEDDING = SimpleNamespace(
 
 def test_cell_sizes_by_hand() -> None:
     """Per-token bytes: MHA K+V; DSA latent plus only the indexer layers' 132 bytes."""
-    assert reference_cell_size_bytes(MHA_EMBEDDING, itemsize=2) == 36 * 8 * 256 * 2
-    assert reference_cell_size_bytes(GLM_5_2_LIKE, itemsize=1) == 78 * 576 + 21 * 132
+    assert reference_cell_size_bytes(MHA_EMBEDDING, dtype="bfloat16") == 36 * 8 * 256 * 2
+    assert reference_cell_size_bytes(GLM_5_2_LIKE, dtype="float8_e5m2") == 78 * 576 + 21 * 132
     everything = 78 * 576 + 78 * 132
-    assert reference_cell_size_bytes(GLM_5_2_LIKE, itemsize=1, is_draft_worker=True) == everything
-    assert reference_cell_size_bytes(GLM_5_2_LIKE, itemsize=1, enable_hisparse=True) == everything
+    assert (
+        reference_cell_size_bytes(GLM_5_2_LIKE, dtype="float8_e5m2", is_draft_worker=True)
+        == everything
+    )
     mla = dsa_config(attention_arch="mla", num_hidden_layers=2)
-    assert reference_cell_size_bytes(mla, itemsize=2) == 2 * 576 * 2
+    assert reference_cell_size_bytes(mla, dtype="bfloat16") == 2 * 576 * 2
+
+
+def test_fp8_dsa_cells_use_the_scaled_latent_row() -> None:
+    """An fp8 e4m3 DSA row is SGLang's scaled one: 512 fp8 + 4 fp32 scales + 64 bf16 = 656
+    bytes; e5m2 and MLA keep the raw 576."""
+    assert reference_cell_size_bytes(GLM_5_2_LIKE, dtype="float8_e4m3fn") == 78 * 656 + 21 * 132
+    mla = dsa_config(attention_arch="mla", num_hidden_layers=2)
+    assert reference_cell_size_bytes(mla, dtype="float8_e4m3fn") == 2 * 576
+
+
+def test_fp8_dsa_with_a_narrow_latent_has_no_row() -> None:
+    """The scaled row needs kv_lora_rank a multiple of 128: otherwise a ValueError naming it."""
+    narrow = dsa_config(num_hidden_layers=1, kv_lora_rank=64)
+    with pytest.raises(ValueError, match="kv_lora_rank=64"):
+        reference_cell_size_bytes(narrow, dtype="float8_e4m3fn")
+    assert reference_cell_size_bytes(narrow, dtype="bfloat16") == (64 + 64) * 2 + 132
+
+
+def test_hisparse_index_buffers_span_the_host_ratio() -> None:
+    """With HiSparse every layer holds an indexer, with HISPARSE_INDEX_RATIO slots a token."""
+    assert HISPARSE_INDEX_RATIO == 2
+    every_layer = 78 * 576 + 78 * 132 * 2
+    assert (
+        reference_cell_size_bytes(GLM_5_2_LIKE, dtype="float8_e5m2", enable_hisparse=True)
+        == every_layer
+    )
+    config = dsa_config(num_hidden_layers=1, kv_lora_rank=4, qk_rope_head_dim=4)
+    # latent: (6 + 2) rows * 8 bytes; index: (12 + 2 + 1) // 2 = 7 pages of 2 * 132 bytes
+    hisparse = reference_pool_bytes(
+        config, num_tokens=6, dtype="float8_e5m2", page_size=2, enable_hisparse=True
+    )
+    assert hisparse == 8 * 8 + 7 * 2 * 132
 
 
 def test_pool_bytes_by_hand() -> None:
@@ -646,21 +680,20 @@ def test_pool_bytes_by_hand() -> None:
     config = dsa_config(num_hidden_layers=2, kv_lora_rank=4, qk_rope_head_dim=4, cli_factor=2)
     # latent: 2 layers * (6 + 2) rows * 8 bytes; index: 1 layer * 4 pages * 2 * 132 bytes
     expected = 2 * 8 * 8 + 1 * ((6 + 2 + 1) // 2) * 2 * 132
-    assert reference_pool_bytes(config, num_tokens=6, itemsize=1, page_size=2) == expected
+    assert reference_pool_bytes(config, num_tokens=6, dtype="float8_e5m2", page_size=2) == expected
 
 
 def test_max_total_num_tokens_is_the_largest_fit() -> None:
     """The token count fits the budget, one more page does not, and it is page-aligned."""
     budget = 10_000_000
-    tokens = reference_max_total_num_tokens(
-        GLM_5_2_LIKE, budget_bytes=budget, itemsize=1, page_size=64
-    )
+    fp8 = {"dtype": "float8_e4m3fn", "page_size": 64}
+    tokens = reference_max_total_num_tokens(GLM_5_2_LIKE, budget_bytes=budget, **fp8)
     assert tokens % 64 == 0 and tokens > 0
-    assert reference_pool_bytes(GLM_5_2_LIKE, num_tokens=tokens, itemsize=1, page_size=64) <= budget
-    over = reference_pool_bytes(GLM_5_2_LIKE, num_tokens=tokens + 64, itemsize=1, page_size=64)
-    assert over > budget
+    assert reference_pool_bytes(GLM_5_2_LIKE, num_tokens=tokens, **fp8) <= budget
+    assert reference_pool_bytes(GLM_5_2_LIKE, num_tokens=tokens + 64, **fp8) > budget
     assert (
-        reference_max_total_num_tokens(MHA_EMBEDDING, budget_bytes=1, itemsize=2, page_size=1) == 0
+        reference_max_total_num_tokens(MHA_EMBEDDING, budget_bytes=1, dtype="bfloat16", page_size=1)
+        == 0
     )
 
 
@@ -698,14 +731,15 @@ UNSUPPORTED = [
     pytest.param(
         family_config(is_hybrid_linear=True), {}, "hybrid linear/Mamba KV pool", id="mamba"
     ),
-    pytest.param(family_config(kv_cache_quant_algo="NVFP4"), {}, "FP4 MHA KV pool", id="fp4-ckpt"),
+    # "auto" never selects FP4 from a checkpoint (SGLang 0.5.23 configure_kv_cache_dtype).
+    pytest.param(family_config(kv_cache_quant_algo="NVFP4"), {}, None, id="fp4-ckpt-stays-mha"),
     pytest.param(
         family_config(kv_cache_quant_algo="NVFP4"),
         {"kv_cache_dtype": "bfloat16"},
         None,
         id="explicit-dtype-overrides-ckpt",
     ),
-    pytest.param(family_config(), {"kv_cache_dtype": "fp4_e2m1"}, "FP4 MHA KV pool", id="fp4-flag"),
+    pytest.param(family_config(), {"kv_cache_dtype": "nvfp4"}, "FP4 MHA KV pool", id="fp4-flag"),
 ]
 
 

@@ -19,10 +19,12 @@ from broken_serving import (
     CellSizeCountsSkipLayers,
     DraftGetsNoOpPool,
     ForgetsPaddingPage,
+    HiSparseIndexOnce,
     InvertedSkipMaskSizing,
     LetsMLAThrough,
     MessageOnlyErrors,
     OffByOneSkipOffset,
+    RawFp8DsaRow,
     TwoPagesShort,
     VagueErrors,
     forgets_rule,
@@ -240,6 +242,36 @@ def test_cell_size_that_counts_skip_layers_is_caught() -> None:
     )
     assert model.num_hidden_layers <= 3 and not (is_draft or enable_hisparse)
     assert reference_skip_mask(model).count(True) == 1, f"shrunk to {model}"
+    _cell(HEALTHY)((model, dtype, is_draft, enable_hisparse))
+
+
+def test_cell_size_with_a_raw_fp8_dsa_row_is_caught() -> None:
+    """Sizing an fp8 e4m3 DSA row raw (576 bytes, not SGLang's scaled 656) fails, shrunk to
+    a one-layer DSA model in float8_e4m3fn."""
+    model, dtype, is_draft, enable_hisparse = minimal_failure(CELL_CASES, _cell(RawFp8DsaRow()))
+    assert (model.attention_arch, model.num_hidden_layers, dtype) == ("dsa", 1, "float8_e4m3fn")
+    assert not (is_draft or enable_hisparse)
+    _cell(HEALTHY)((model, dtype, is_draft, enable_hisparse))
+
+
+def test_a_size_for_a_refused_configuration_is_caught() -> None:
+    """An fp8 e4m3 DSA latent of 64 (not a multiple of 128) has no scaled row: a target that
+    sizes it anyway fails, and one that refuses it with ValueError passes."""
+    narrow = dataclasses.replace(DEEPSEEK_V3_2, kv_lora_rank=64)
+    message = failure_message(
+        lambda: check_cell_size(RawFp8DsaRow(), narrow, dtype="float8_e4m3fn")
+    )
+    assert "accepted a refused configuration" in message or "ValueError (kv_lora_rank=64" in message
+    assert check_cell_size(HEALTHY, narrow, dtype="float8_e4m3fn") is None
+
+
+def test_cell_size_that_counts_hisparse_indexers_once_is_caught() -> None:
+    """Charging a HiSparse pool one index slot per token fails, shrunk to one DSA layer."""
+    model, dtype, is_draft, enable_hisparse = minimal_failure(
+        CELL_CASES, _cell(HiSparseIndexOnce())
+    )
+    assert model.attention_arch == "dsa" and model.num_hidden_layers == 1 and enable_hisparse
+    assert not is_draft, f"shrunk to a draft: {model}"
     _cell(HEALTHY)((model, dtype, is_draft, enable_hisparse))
 
 

@@ -3,25 +3,31 @@
 ``DefaultPoolConfigurator.calculate_pool_sizes(available_bytes, page_size)`` answers
 ``available_bytes // cell_size`` tokens, rounded down to whole pages. Every pool it is
 then built with holds ``size + page_size`` rows (the padding page that absorbs padded
-tokens' writes; DSA index buffers round up further), so the pool takes
-``page_size * cell_size`` bytes more than the budget it was sized for. The budget is
+tokens' writes; DSA index buffers round up further), so the pools take
+``page_size * cell_size`` bytes more than the budget they were sized for. The budget is
 the memory sglang measured as free after reserving its other headroom.
 
-Shown with a plain MHA model (2 layers, 2 KV heads, head dim 8, bf16): its cell size, as
-``_compute_cell_size`` computes it for MHA (layers * heads * (head_dim + v_head_dim) *
-itemsize), is checked against the built pool's own bytes per row. The configurator
-object is created without its constructor and given that cell size (its constructor
-needs a loaded model); ``calculate_pool_sizes`` itself is sglang's.
+Shown with sglang's own objects on the CPU: ``ModelConfig`` from a two-layer Qwen3
+``config.json`` (no weights needed), ``KVCacheConfigurator``,
+``create_memory_pool_configurator`` (which computes the cell size), and the steps
+``KVCacheConfigurator.configure`` takes once it has measured the free memory
+(``_derive_pool_sizes``, ``_init_pools``), for a budget of exactly 64 tokens' cells with
+16-token pages.
 
-Exit 1 and "BUG PRESENT: ..." while the pool exceeds the budget; exit 0 and "fixed"
-once it fits.
+Exit 1 and "BUG PRESENT: ..." while the pools exceed the budget; exit 0 and "fixed"
+once they fit.
 """
 
 import importlib.abc
 import importlib.machinery
+import json
+import os
 import sys
+import tempfile
 import types
 import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the config is local
 
 
 def torchvision_stand_in():
@@ -76,39 +82,91 @@ def torchvision_stand_in():
 torchvision_stand_in()
 warnings.simplefilter("ignore")  # sglang warns at import about CPU-only features
 import torch  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
-from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator  # noqa: E402
-
-LAYERS, HEADS, HEAD_DIM, PAGE = 2, 2, 8, 16
-cell_size = LAYERS * HEADS * (HEAD_DIM + HEAD_DIM) * torch.bfloat16.itemsize  # 128 bytes
-budget = 64 * cell_size  # room for exactly 64 tokens
-
-configurator = DefaultPoolConfigurator.__new__(DefaultPoolConfigurator)
-configurator._cell_size = cell_size
-configurator._fixed_overhead_bytes = 0  # no KV-shard scratch
-tokens = configurator.calculate_pool_sizes(budget, PAGE).max_total_num_tokens
-
-pool = MHATokenToKVPool(
-    size=tokens,
-    page_size=PAGE,
-    dtype=torch.bfloat16,
-    head_num=HEADS,
-    head_dim=HEAD_DIM,
-    layer_num=LAYERS,
-    device="cpu",
-    enable_memory_saver=False,
+from sglang.srt import runtime_context  # noqa: E402
+from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
+from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator  # noqa: E402
+from sglang.srt.model_executor.model_runner_components.layer_setup import (  # noqa: E402
+    ModelLayerInfo,
 )
-k_bytes, v_bytes = pool.get_kv_size_bytes()
-pool_bytes = int(k_bytes + v_bytes)
-rows = pool.k_buffer[0].shape[0]
-assert pool_bytes == rows * cell_size, "the cell size must match the pool's bytes per row"
+from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (  # noqa: E402
+    SpecAuxHiddenStateConfig,
+)
+from sglang.srt.model_executor.pool_configurator import (  # noqa: E402
+    create_memory_pool_configurator,
+)
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
-if pool_bytes > budget:
+PAGE, TOKENS = 16, 64
+QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "num_hidden_layers": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 512,
+    "torch_dtype": "bfloat16",
+}
+
+with tempfile.TemporaryDirectory() as model_dir:
+    with open(os.path.join(model_dir, "config.json"), "w") as config_file:
+        json.dump(QWEN3, config_file)
+    server_args = ServerArgs(model_path=model_dir, device="cpu", page_size=PAGE)
+    context = runtime_context.create_context(server_args, role="test")
+    with runtime_context.use_context(context):
+        configurator = KVCacheConfigurator(
+            device="cpu",
+            gpu_id=0,
+            attn_dp_size=1,
+            pp_size=1,
+            pp_group=None,
+            model=None,
+            model_config=ModelConfig(model_path=model_dir),
+            server_args=server_args,
+            kv_cache_dtype=torch.bfloat16,
+            kv_cache_dtype_str="auto",
+            model_dtype=torch.bfloat16,
+            page_size=PAGE,
+            sliding_window_size=None,
+            spec_algorithm=SpeculativeAlgorithm.from_string(None),
+            is_draft_worker=False,
+            post_capture_kv_active=False,
+            spec_aux_config=SpecAuxHiddenStateConfig(),
+            is_hybrid_swa=False,
+            is_hybrid_swa_compress=False,
+            use_mla_backend=False,
+            layer_info=ModelLayerInfo(start_layer=0, end_layer=2, num_effective_layers=2),
+            forward_stream=None,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=None,
+            memory_pool_config=None,
+        )
+        sizer = create_memory_pool_configurator(configurator)
+        budget = TOKENS * sizer._cell_size  # room for exactly 64 tokens
+        config = sizer.calculate_pool_sizes(budget, PAGE)
+        config.max_running_requests = 4
+        sizes = configurator._derive_pool_sizes(config=config)
+        pools = configurator._init_pools(
+            sizes=sizes, req_to_token_pool=None, token_to_kv_pool_allocator=None
+        )
+
+pool = pools.token_to_kv_pool
+storages = {}  # K and V of a layer may be the two halves of one allocation
+for tensor in (*pool.k_buffer, *pool.v_buffer):
+    storages[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+held = sum(storages.values())
+rows = pool.k_buffer[0].shape[0]
+if held > budget:
     print(
         f"BUG PRESENT: calculate_pool_sizes({budget}, page_size={PAGE}) -> "
-        f"max_total_num_tokens={tokens}, but MHATokenToKVPool(size={tokens}) holds {rows} "
-        f"rows = {pool_bytes} bytes, {pool_bytes - budget} over the budget of {budget}"
+        f"max_total_num_tokens={config.max_total_num_tokens} (cell size {sizer._cell_size}), "
+        f"but the {type(pool).__name__} built for it holds {rows} rows = {held} bytes, "
+        f"{held - budget} over the budget of {budget}"
     )
     sys.exit(1)
-print(f"fixed: the pool for {tokens} tokens takes {pool_bytes} <= {budget} bytes")
+print(f"fixed: the pool for {config.max_total_num_tokens} tokens takes {held} <= {budget} bytes")
 sys.exit(0)

@@ -85,7 +85,7 @@ INDEX_DIM = 128  # and 128-byte index keys
 KEY_BYTES = PAGE * INDEX_DIM
 
 if not torch.cuda.is_available():
-    # The DSA host copy calls torch.cuda.synchronize() unconditionally; CPU work is
+    # The DSA host copy calls torch.cuda.synchronize() unconditionally (finding G2); CPU work is
     # already synchronous, so on a CPU-only torch the call is made a no-op.
     torch.cuda.synchronize = lambda device=None: None
 

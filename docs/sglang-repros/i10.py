@@ -1,25 +1,25 @@
-"""sglang 0.5.23: an index-K write to a DSA skip layer launches its kernel into a 0-row buffer.
+"""sglang 0.5.23: an index-K write to a DSA skip layer writes through a 0-byte buffer.
 
-DSATokenToKVPool gives each layer in ``skip_topk_layers`` an index-K buffer with 0 pages
-(the layer reuses the previous layer's top-k and stores no index keys).
-``set_index_k_scale_buffer(layer_id, ...)`` does not check this: for a skip layer it
-passes every Python check and launches ``_set_k_and_s_triton_kernel`` against the empty
-buffer. The kernel has no bounds check, so on a GPU it writes the token's 128 key bytes
-and 4 scale bytes at offsets computed from the page layout, outside the (empty)
-allocation, instead of the call raising an error that names the skip layer.
+``DSATokenToKVPool`` gives every layer in ``skip_topk_layers`` an index-K buffer of 0
+pages (the layer reuses the previous layer's top-k). ``set_index_k_scale_buffer`` does
+not check for it: the shape checks in ``_set_k_and_s_triton`` pass for a ``(0, 8448)``
+buffer, and ``_set_k_and_s_triton_kernel`` is launched. The kernel has no bounds check:
+it stores the token's 128 key bytes and 4 scale bytes at offsets from the page layout,
+relative to the buffer's data pointer, which torch leaves null for 0 elements. On a GPU
+that is an illegal-address fault (the CUDA context is lost); here it is the process.
 
-On CPU Triton cannot launch, so this script replaces the kernel symbol with a recorder
-(everything before the launch is sglang's own code) and computes, from the layout the
-kernel documents (page row = 64 keys of 128 bytes, then 64 fp32 scales; token ``loc`` at
-page ``loc // 64``, offset ``loc % 64``), the bytes the launch would write. It does not
-show what a GPU does with those writes.
-
-Exit 1 and "BUG PRESENT: ..." while the launch happens; exit 0 and "fixed" once the call
-raises before launching.
+sglang has no torch body for this kernel, so the script runs sglang's own kernel under
+Triton's interpreter (``TRITON_INTERPRET=1``), which executes it on CPU tensors, in child
+interpreters: first a write to a layer that has index keys (the control: the bytes must
+land where the page layout says), then the same write to the skip layer. Exit 1 and "BUG
+PRESENT: ..." while the skip-layer write reaches the kernel (the child dies, or fails
+inside the kernel); exit 0 and "fixed" once ``set_index_k_scale_buffer`` refuses it
+before launching; exit 2 if the control cannot run here.
 """
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 import types
 import warnings
@@ -76,66 +76,95 @@ def torchvision_stand_in():
 
 torchvision_stand_in()
 warnings.simplefilter("ignore")  # sglang warns at import about CPU-only features
-import torch  # noqa: E402
-from sglang.kernels.ops.kvcache import dsa_index_k_cache  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool  # noqa: E402
-from sglang.srt.runtime_context import get_parallel  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import traceback  # noqa: E402
 
-PAGE = 64  # sglang asserts 64-token DSA pages
-INDEX_DIM = 128  # and 128-byte index keys
-
-launches = []
+PAGE, TOKEN = 64, 1  # sglang asserts 64-token DSA pages; token 1 sits at offset 1 of page 0
 
 
-class RecordingKernel:
-    """Stands in for the Triton kernel: records each launch instead of running it."""
+def index_k_write(layer_id):
+    """Write token 1's index key (128 bytes of fp8 1.0) and scale (1.0) to ``layer_id`` of
+    a two-layer pool whose layer 0 is a skip layer; print what the page row holds."""
+    import torch
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+    from sglang.srt.runtime_context import get_parallel
 
-    def __getitem__(self, grid):
-        def launch(buf_fp8, buf_fp32, loc, index_k, index_k_scale, row_stride, **meta):
-            launches.append((buf_fp8.view(torch.uint8), loc.clone(), meta))
+    with get_parallel().override(attn_dcp_size=1, dcp_enabled=False, attn_dcp_rank=0):
+        pool = DSATokenToKVPool(
+            size=2 * PAGE,
+            page_size=PAGE,
+            kv_lora_rank=4,
+            dtype=torch.bfloat16,
+            qk_rope_head_dim=4,
+            layer_num=2,
+            device="cpu",
+            index_head_dim=128,
+            enable_memory_saver=False,
+            kv_cache_dim=8,
+            skip_topk_layers=[True, False],
+        )
+        buffers = pool.index_k_with_scale_buffer
+        print(f"SHAPES {[tuple(b.shape) for b in buffers]}", flush=True)
+        key = torch.ones((1, 128)).to(torch.float8_e4m3fn)
+        scale = torch.ones((1, 1), dtype=torch.float32)
+        try:
+            pool.set_index_k_scale_buffer(layer_id, torch.tensor([TOKEN]), key, scale)
+        except Exception as error:
+            frames = [frame.filename for frame in traceback.extract_tb(error.__traceback__)]
+            where = "KERNEL" if any("/triton/" in name for name in frames) else "REFUSED"
+            print(f"{where} {type(error).__name__}: {error}", flush=True)
+            return
+        row = buffers[layer_id][0]
+        key_bytes = row[TOKEN * 128 : (TOKEN + 1) * 128].tolist()
+        scale_at = PAGE * 128 + 4 * TOKEN
+        scale_bytes = row[scale_at : scale_at + 4].view(torch.float32).tolist()
+        print(f"WROTE key {sorted(set(key_bytes))} scale {scale_bytes}", flush=True)
 
-        return launch
+
+if len(sys.argv) > 2 and sys.argv[1] == "--child":
+    index_k_write(int(sys.argv[2]))
+    sys.exit(0)
 
 
-# A single-GPU server publishes these parallel widths; a bare process must supply them.
-with get_parallel().override(attn_dcp_size=1, dcp_enabled=False, attn_dcp_rank=0):
-    pool = DSATokenToKVPool(
-        size=PAGE,
-        page_size=PAGE,
-        kv_lora_rank=4,
-        dtype=torch.bfloat16,
-        qk_rope_head_dim=4,
-        layer_num=2,
-        device="cpu",
-        index_head_dim=INDEX_DIM,
-        enable_memory_saver=False,
-        kv_cache_dim=8,
-        skip_topk_layers=[True, False],  # layer 0 reuses a top-k: no index keys
+def child(layer_id):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run(
+        [sys.executable, __file__, "--child", str(layer_id)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
     )
-    print("index-K buffer shapes:", [tuple(b.shape) for b in pool.index_k_with_scale_buffer])
+    marks = {}
+    for line in run.stdout.splitlines():
+        head, _, rest = line.partition(" ")
+        marks[head] = rest
+    return run, marks
 
-    dsa_index_k_cache._set_k_and_s_triton_kernel = RecordingKernel()
-    loc = torch.tensor([1])
-    index_k = torch.ones((1, INDEX_DIM), dtype=torch.float32).to(torch.float8_e4m3fn)
-    index_k_scale = torch.ones((1, 1), dtype=torch.float32)
-    try:
-        pool.set_index_k_scale_buffer(0, loc, index_k, index_k_scale)
-    except Exception as error:  # refused before the launch: what a fix looks like
-        print(f"set_index_k_scale_buffer(layer 0) raised {type(error).__name__}: {error}")
 
-if launches:
-    buf, loc, meta = launches[0]
-    token = int(loc[0])
-    page, offset = token // meta["PAGE_SIZE"], token % meta["PAGE_SIZE"]
-    key_start = page * meta["BUF_NUMEL_PER_PAGE"] + offset * meta["NUM_K_ELEMS_PER_TOKEN"]
-    scale_start = page * meta["BUF_NUMEL_PER_PAGE"] + meta["S_OFFSET_NBYTES_IN_PAGE"] + 4 * offset
+control, seen = child(1)
+if seen.get("WROTE") != "key [56] scale [1.0]":  # 56 = 0x38, fp8 e4m3 1.0
     print(
-        "BUG PRESENT: set_index_k_scale_buffer(layer_id=0, loc=[1]) on a skip layer launched "
-        f"the index-K kernel into a buffer of {buf.numel()} bytes (shape "
-        f"{tuple(buf.shape)}); by the kernel's layout it writes key bytes "
-        f"[{key_start}, {key_start + meta['NUM_K_ELEMS_PER_TOKEN']}) and scale bytes "
-        f"[{scale_start}, {scale_start + 4}) with no bounds check"
+        f"cannot show it here: the control write did not run as expected (exit "
+        f"{control.returncode}): {seen or control.stderr.strip()[-300:]}"
     )
-    sys.exit(1)
-print("fixed: an index-K write to a skip layer is refused before any kernel launch")
-sys.exit(0)
+    sys.exit(2)
+
+skipped, seen = child(0)
+if "REFUSED" in seen:
+    print(f"fixed: the skip-layer write is refused before the kernel: {seen['REFUSED']}")
+    sys.exit(0)
+if skipped.returncode < 0:
+    outcome = f"the process was killed by {signal.Signals(-skipped.returncode).name}"
+elif "KERNEL" in seen:
+    outcome = f"it failed inside the kernel: {seen['KERNEL'][:120]}"
+else:
+    outcome = f"the launch returned (exit {skipped.returncode}): the bytes went somewhere"
+print(
+    f"BUG PRESENT: index-K buffers {seen.get('SHAPES')}; set_index_k_scale_buffer(layer_id=0, "
+    f"loc=[{TOKEN}]) on the skip layer launched sglang's index-K kernel against the 0-byte "
+    f"buffer (run by Triton's interpreter) and {outcome}; the same write to layer 1 "
+    f"stored its key and scale where the page layout says"
+)
+sys.exit(1)

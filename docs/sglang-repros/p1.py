@@ -1,24 +1,40 @@
-"""sglang 0.5.23: a draft worker under --prefill-only-disable-kv-cache gets the no-op KV pool.
+"""sglang 0.5.23: a draft MHA worker under --prefill-only-disable-kv-cache gets the no-op pool.
 
-KVCacheConfigurator exempts draft workers from the flag twice:
-``_validate_prefill_only_disable_kv_cache_pool_family`` returns early for
-``is_draft_worker``, and ``_init_pools``'s closing check demands NoOpMHATokenToKVPool only
-``not self.is_draft_worker``. But ``_build_mha_kv_pool`` picks NoOpMHATokenToKVPool from
-``get_schedule().prefill_only_disable_kv_cache`` alone, so a draft MHA worker gets the pool
-whose every write raises. (SWA and hybrid-linear drafts keep their normal pools.)
+sglang's pool-family check (``_validate_prefill_only_disable_kv_cache_pool_family``) and
+``_init_pools``' closing check both exempt the draft worker: a draft keeps its normal
+pool, as SWA and hybrid-linear drafts do. ``_build_mha_kv_pool`` picks
+``NoOpMHATokenToKVPool`` from the published flag alone, draft or not, so a speculative
+draft worker gets a pool whose every KV write raises: its first forward fails.
 
-Runs sglang's own builder and check on a minimal stand-in for the configurator (the
-fields those two methods read), with the flag published in a private runtime context.
-Exit 1 and "BUG PRESENT: ..." while the draft gets the no-op pool; exit 0 and "fixed"
-once it gets a pool it can write.
+This script builds the draft's pools the way ``ModelRunner.alloc_memory_pool`` does, with
+sglang's own ``ModelConfig`` (from a two-layer Qwen3 ``config.json``; no weights are
+needed) and ``KVCacheConfigurator.configure``, for a CPU server with ``--is-embedding
+--prefill-only-disable-kv-cache --chunked-prefill-size -1 --disable-radix-cache
+--attention-backend fa3 --speculative-algorithm EAGLE`` (``ServerArgs`` accepts the
+combination), then writes one token as the draft's attention would.
+
+The MHA pool of a speculative server warms up a KV copy kernel in its constructor: on
+sglang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``) that is sgl-kernel's CPU build, elsewhere
+a Triton kernel. Neither launches on a plain CPU machine, so the script sets
+``TRITON_INTERPRET=1``: Triton's own interpreter runs sglang's kernel on the CPU.
+
+Exit 1 and "BUG PRESENT: ..." while the draft's pool refuses the write; exit 0 and
+"fixed" once the draft gets a pool that stores it.
 """
 
 import importlib.abc
 import importlib.machinery
+import json
+import os
 import sys
+import tempfile
 import types
 import warnings
 from types import SimpleNamespace
+
+# Before Triton loads: run its kernels in its interpreter (see the docstring).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the config is local
 
 
 def torchvision_stand_in():
@@ -74,57 +90,98 @@ torchvision_stand_in()
 warnings.simplefilter("ignore")  # sglang warns at import about CPU-only features
 import torch  # noqa: E402
 from sglang.srt import runtime_context  # noqa: E402
+from sglang.srt.configs.model_config import ModelConfig  # noqa: E402
 from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
-from sglang.srt.platforms import current_platform  # noqa: E402
+from sglang.srt.model_executor.model_runner_components.layer_setup import (  # noqa: E402
+    ModelLayerInfo,
+)
+from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (  # noqa: E402
+    SpecAuxHiddenStateConfig,
+)
+from sglang.srt.model_executor.pool_configurator import MemoryPoolConfig  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
-server_args = ServerArgs(
-    model_path="dummy",
-    is_embedding=True,
-    prefill_only_disable_kv_cache=True,
-    chunked_prefill_size=-1,
-    disable_radix_cache=True,
-    attention_backend="fa3",
-)
-# What _validate_prefill_only_disable_kv_cache_pool_family and _build_mha_kv_pool read
-# from a KVCacheConfigurator, for a one-layer MHA draft model.
-draft = SimpleNamespace(
-    is_draft_worker=True,
-    use_mla_backend=False,
-    is_hybrid_swa=False,
-    mambaish_config=None,
-    kv_cache_dtype=torch.bfloat16,
-    kv_cache_dtype_str="auto",
-    post_capture_kv_active=False,
-    kv_shard_rank=None,
-    pool_page_size=1,
-    device="cpu",
-    model_config=SimpleNamespace(
-        head_dim=8, v_head_dim=8, get_num_kv_heads=lambda tp_size, dcp_size=1: 1
-    ),
-    layer_info=SimpleNamespace(num_effective_layers=1, start_layer=0, end_layer=1),
-)
+#: A two-layer Qwen3 (plain MHA) config: the checkpoint directory holds no weights, which
+#: building the KV pools does not need.
+QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "num_hidden_layers": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 512,
+    "torch_dtype": "bfloat16",
+}
 
-context = runtime_context.create_context(server_args, role="test")
-with runtime_context.use_context(context):
-    # The draft is exempt from the family check: this returns without raising.
-    KVCacheConfigurator._validate_prefill_only_disable_kv_cache_pool_family(
-        draft, False, False, current_platform
+
+def draft_worker_pool(model_dir, **flags):
+    """The KV pool sglang's KVCacheConfigurator.configure builds for an EAGLE draft worker
+    on the CPU, as ModelRunner.alloc_memory_pool asks for it (the draft takes the target's
+    MemoryPoolConfig: 64 tokens, 4 requests)."""
+    server_args = ServerArgs(
+        model_path=model_dir, device="cpu", speculative_algorithm="EAGLE", **flags
     )
-    pool = KVCacheConfigurator._build_mha_kv_pool(
-        draft, max_total_num_tokens=8, mha_pool_class=MHATokenToKVPool
+    model_config = ModelConfig(
+        model_path=model_dir, is_embedding=flags.get("is_embedding"), is_draft_model=True
+    )
+    context = runtime_context.create_context(server_args, role="test")
+    with runtime_context.use_context(context):
+        configurator = KVCacheConfigurator(
+            device="cpu",
+            gpu_id=0,
+            attn_dp_size=1,
+            pp_size=1,
+            pp_group=None,
+            model=None,
+            model_config=model_config,
+            server_args=server_args,
+            kv_cache_dtype=torch.bfloat16,
+            kv_cache_dtype_str="auto",
+            model_dtype=torch.bfloat16,
+            page_size=1,
+            sliding_window_size=None,
+            spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE"),
+            is_draft_worker=True,
+            post_capture_kv_active=False,
+            spec_aux_config=SpecAuxHiddenStateConfig(),
+            is_hybrid_swa=False,
+            is_hybrid_swa_compress=False,
+            use_mla_backend=False,
+            layer_info=ModelLayerInfo(start_layer=0, end_layer=2, num_effective_layers=2),
+            forward_stream=None,
+            req_to_token_pool=None,
+            token_to_kv_pool_allocator=None,
+            memory_pool_config=MemoryPoolConfig(max_total_num_tokens=64, max_running_requests=4),
+        )
+        return configurator.configure(pre_model_load_memory=0).token_to_kv_pool
+
+
+with tempfile.TemporaryDirectory() as model_dir:
+    with open(os.path.join(model_dir, "config.json"), "w") as config_file:
+        json.dump(QWEN3, config_file)
+    pool = draft_worker_pool(
+        model_dir,
+        is_embedding=True,
+        prefill_only_disable_kv_cache=True,
+        chunked_prefill_size=-1,
+        disable_radix_cache=True,
+        attention_backend="fa3",
     )
 
-layer = SimpleNamespace(layer_id=0)
-row = torch.zeros((1, 1, 8), dtype=torch.bfloat16)
+row = torch.ones((1, 1, 32), dtype=torch.bfloat16)
 try:
-    pool.set_kv_buffer(layer, torch.tensor([1]), row, row)
+    pool.set_kv_buffer(SimpleNamespace(layer_id=0), torch.tensor([1]), row, row)
 except RuntimeError as error:
     print(
-        f"BUG PRESENT: the draft worker (exempt from the flag's checks) got "
-        f"{type(pool).__name__}, whose first KV write raises: {str(error)[:90]}..."
+        "BUG PRESENT: KVCacheConfigurator.configure gave the draft worker (exempt from the "
+        f"flag's checks) a {type(pool).__name__}, and the draft's first KV write raised "
+        f"RuntimeError: {str(error)[:80]}..."
     )
     sys.exit(1)
-print(f"fixed: the draft worker got {type(pool).__name__}, which accepts KV writes")
+print(f"fixed: the draft worker got {type(pool).__name__}, which stores its KV writes")
 sys.exit(0)

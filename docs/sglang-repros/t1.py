@@ -76,7 +76,7 @@ from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool  # noqa: E402
 from sglang.srt.runtime_context import get_parallel  # noqa: E402
 
 PAGE = 128  # index_kpool=2 with the 64-token index pages sglang asserts
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # DSA calls torch.cuda.synchronize() anyway (finding G2)
     torch.cuda.synchronize = lambda device=None: None
 
 with get_parallel().override(attn_dcp_size=1, dcp_enabled=False, attn_dcp_rank=0):

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -33,8 +34,10 @@ from kvcheck.geometry import FAMILY_BUFFERS
 from kvcheck.properties.assertions import assert_equal, fail
 from kvcheck.reference import (
     FP4_KV_CACHE_DTYPES,
+    HISPARSE_INDEX_RATIO,
     PREFILL_ONLY_FLAG_DEFAULTS,
     PREFILL_ONLY_RULES,
+    SCALED_DSA_DTYPE,
     reference_cell_size_bytes,
     reference_first_violation,
     reference_max_total_num_tokens,
@@ -362,9 +365,9 @@ def _families_without_builtin_pool(flags: Mapping[str, Any], model: Any) -> list
         markers.append("SWA")
     if getattr(model, "is_hybrid_linear", False):
         markers.append("hybrid linear/Mamba")
-    kv_cache_dtype = flags.get("kv_cache_dtype") or "auto"
-    quant_algo = str(getattr(model, "kv_cache_quant_algo", None) or "").upper()
-    if kv_cache_dtype in FP4_KV_CACHE_DTYPES or (kv_cache_dtype == "auto" and "FP4" in quant_algo):
+    # Only an explicit FP4 --kv-cache-dtype makes an FP4 pool ("auto" keeps the model dtype
+    # for a checkpoint's NVFP4 KV cache, as SGLang 0.5.23's configure_kv_cache_dtype does).
+    if (flags.get("kv_cache_dtype") or "auto") in FP4_KV_CACHE_DTYPES:
         markers.append("FP4")
     return markers
 
@@ -482,14 +485,17 @@ def check_cell_size(
     dtype: str,
     is_draft: bool = False,
     enable_hisparse: bool = False,
-) -> int:
+) -> int | None:
     """``target.cell_size_bytes`` equals the reference formula.
 
     Per token over all layers: MHA ``layers * kv_heads * (head_dim + v_head_dim) *
-    itemsize``; MLA ``layers * (kv_lora_rank + qk_rope_head_dim) * itemsize``; DSA adds
-    ``(index_head_dim + index_head_dim // 128 * 4)`` per indexer layer, where indexer layers
-    are the non-skip ones, or every layer for a draft worker or HiSparse
-    (:func:`kvcheck.reference.reference_cell_size_bytes`). Returns the cell size.
+    itemsize``; MLA ``layers * (kv_lora_rank + qk_rope_head_dim) * itemsize``; DSA the same
+    (SGLang's scaled row in ``float8_e4m3fn``) plus ``(index_head_dim + index_head_dim //
+    128 * 4)`` per indexer layer, where indexer layers are the non-skip ones, or every layer
+    for a draft worker or HiSparse (times the HiSparse ratio)
+    (:func:`kvcheck.reference.reference_cell_size_bytes`). Returns the cell size, or None
+    for a configuration the reference refuses (an fp8 DSA latent whose ``kv_lora_rank`` is
+    not a multiple of 128), which the target must refuse with ``ValueError`` too.
 
     Example:
         >>> from kvcheck.serving import GLM_5_2_LIKE
@@ -499,17 +505,36 @@ def check_cell_size(
     """
     _require_methods(target, "cell_size_bytes")
     _check_model(model)
-    itemsize = _itemsize(dtype)
+    _itemsize(dtype)
     check_bool(is_draft, "is_draft", error=ValueError)
     check_bool(enable_hisparse, "enable_hisparse", error=ValueError)
-    expected = reference_cell_size_bytes(
-        model, itemsize=itemsize, is_draft_worker=is_draft, enable_hisparse=enable_hisparse
-    )
     call = (
         f"target.cell_size_bytes({model.name!r}, dtype={dtype!r}, is_draft={is_draft}, "
         f"enable_hisparse={enable_hisparse})"
     )
     context = _configuration(model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse)
+    refusal = _reference_refusal(
+        reference_cell_size_bytes,
+        model,
+        dtype=dtype,
+        is_draft_worker=is_draft,
+        enable_hisparse=enable_hisparse,
+    )
+    if refusal is not None:
+        _expect_refusal(
+            lambda: target.cell_size_bytes(
+                model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
+            ),
+            refusal,
+            call=call,
+            signature=lambda kind: FailureSignature(
+                "cell_size", "cell_size_bytes", f"{kind} {context}"
+            ),
+        )
+        return None
+    expected = reference_cell_size_bytes(
+        model, dtype=dtype, is_draft_worker=is_draft, enable_hisparse=enable_hisparse
+    )
     try:
         got = target.cell_size_bytes(
             model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
@@ -531,6 +556,42 @@ def check_cell_size(
         signature=FailureSignature("cell_size", "cell_size_bytes", f"differs {context}"),
     )
     return expected
+
+
+def _reference_refusal(function: Callable[..., Any], *args: Any, **kwargs: Any) -> str | None:
+    """The reference's ValueError message for a configuration it refuses, else None."""
+    try:
+        function(*args, **kwargs)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def _expect_refusal(
+    call_target: Callable[[], Any],
+    refusal: str,
+    *,
+    call: str,
+    signature: Callable[[str], FailureSignature],
+) -> None:
+    """The target refuses, as the reference does (``refusal``), with a ``ValueError``."""
+    try:
+        got = call_target()
+    except ValueError:
+        return
+    except Exception as error:  # a refusal of another type is a different answer
+        raise fail(
+            got=f"{type(error).__name__}: {error}",
+            expected=f"ValueError ({refusal})",
+            call=call,
+            signature=signature(f"raised {type(error).__name__}"),
+        ) from error
+    raise fail(
+        got=got,
+        expected=f"ValueError ({refusal})",
+        call=call,
+        signature=signature("accepted a refused configuration"),
+    )
 
 
 def _configuration(model: Any, *, dtype: str, is_draft: bool, enable_hisparse: bool) -> str:
@@ -576,7 +637,7 @@ def check_capacity_fits_budget(
     _require_methods(target, "max_total_num_tokens")
     _check_model(model)
     check_valid_integer(budget_bytes, "budget_bytes", min_value=0, error=ValueError)
-    itemsize = _itemsize(dtype)
+    _itemsize(dtype)
     check_valid_integer(page_size, "page_size", min_value=1, error=ValueError)
     check_bool(is_draft, "is_draft", error=ValueError)
     check_bool(enable_hisparse, "enable_hisparse", error=ValueError)
@@ -588,18 +649,31 @@ def check_capacity_fits_budget(
         f"dtype={dtype!r}, page_size={page_size}, is_draft={is_draft}, "
         f"enable_hisparse={enable_hisparse})"
     )
-    largest = reference_max_total_num_tokens(
-        model,
-        budget_bytes=budget_bytes,
-        itemsize=itemsize,
-        page_size=page_size,
-        is_draft_worker=is_draft,
-        enable_hisparse=enable_hisparse,
-    )
     context = _configuration(model, dtype=dtype, **options)
 
     def signature(kind: str) -> FailureSignature:
         return FailureSignature("capacity", "max_total_num_tokens", f"{kind} {context}")
+
+    reference_options: dict[str, Any] = {
+        "dtype": dtype,
+        "page_size": page_size,
+        "is_draft_worker": is_draft,
+        "enable_hisparse": enable_hisparse,
+    }
+    refusal = _reference_refusal(
+        reference_max_total_num_tokens, model, budget_bytes=budget_bytes, **reference_options
+    )
+    if refusal is not None:
+        _expect_refusal(
+            lambda: target.max_total_num_tokens(
+                model, budget_bytes=budget_bytes, dtype=dtype, page_size=page_size, **options
+            ),
+            refusal,
+            call=call,
+            signature=signature,
+        )
+        return CapacityCheck(0, 0, budget_bytes, 0, 0, "refused")
+    largest = reference_max_total_num_tokens(model, budget_bytes=budget_bytes, **reference_options)
 
     try:
         got = target.max_total_num_tokens(
@@ -632,14 +706,7 @@ def check_capacity_fits_budget(
     if held > budget_bytes:
         # Over by less than the padding page and index rounding of one page of tokens is
         # the classic off-by-a-page; by more is a different mistake.
-        page_bytes = reference_pool_bytes(
-            model,
-            num_tokens=page_size,
-            itemsize=itemsize,
-            page_size=page_size,
-            is_draft_worker=is_draft,
-            enable_hisparse=enable_hisparse,
-        )
+        page_bytes = reference_pool_bytes(model, num_tokens=page_size, **reference_options)
         by = "less" if held - budget_bytes <= page_bytes else "more"
         raise fail(
             got=f"pools of {held} bytes for {got} tokens",
@@ -699,7 +766,7 @@ def check_more_skips_never_lower_capacity(
         True
     """
     _require_methods(target, "max_total_num_tokens")
-    itemsize = _itemsize(dtype)
+    _itemsize(dtype)
     check_valid_integer(page_size, "page_size", min_value=1, error=ValueError)
     check_valid_integer(budget_bytes, "budget_bytes", min_value=0, error=ValueError)
     for name, model in (("model_a", model_a), ("model_b", model_b)):
@@ -717,9 +784,29 @@ def check_more_skips_never_lower_capacity(
             f"model_b must skip every layer model_a skips, but layer_id={lost[0]} skips in "
             f"model_a only (masks {mask_a} and {mask_b})"
         )
-    one_page = reference_pool_bytes(
-        model_a, num_tokens=page_size, itemsize=itemsize, page_size=page_size
+    refusal = _reference_refusal(
+        reference_pool_bytes, model_a, num_tokens=page_size, dtype=dtype, page_size=page_size
     )
+    if refusal is not None:  # same geometry: both models are refused
+        for name, model in (("model_a", model_a), ("model_b", model_b)):
+            context = _configuration(model, dtype=dtype, is_draft=False, enable_hisparse=False)
+            _expect_refusal(
+                functools.partial(
+                    target.max_total_num_tokens,
+                    model,
+                    budget_bytes=budget_bytes,
+                    dtype=dtype,
+                    page_size=page_size,
+                    is_draft=False,
+                    enable_hisparse=False,
+                ),
+                refusal,
+                call=f"target.max_total_num_tokens({name}={getattr(model, 'name', name)!r}, "
+                f"budget_bytes={budget_bytes}, dtype={dtype!r}, page_size={page_size})",
+                signature=functools.partial(_skip_capacity_signature, context=context),
+            )
+        return 0, 0
+    one_page = reference_pool_bytes(model_a, num_tokens=page_size, dtype=dtype, page_size=page_size)
     if budget_bytes < one_page:
         raise ValueError(
             f"budget_bytes={budget_bytes} is below the {one_page} bytes one page of model_a "
@@ -769,6 +856,10 @@ def check_more_skips_never_lower_capacity(
     return capacity_a, capacity_b
 
 
+def _skip_capacity_signature(kind: str, *, context: str) -> FailureSignature:
+    return FailureSignature("skip_capacity", "max_total_num_tokens", f"{kind} {context}")
+
+
 def _pool_bytes_for(
     target: Any,
     model: Any,
@@ -801,7 +892,7 @@ def _pool_bytes_for(
         formula = reference_pool_bytes(
             model,
             num_tokens=num_tokens,
-            itemsize=DTYPE_ITEMSIZE[dtype],
+            dtype=dtype,
             page_size=page_size,
             is_draft_worker=is_draft,
             enable_hisparse=enable_hisparse,
@@ -825,6 +916,14 @@ def _pool_bytes_for(
         qk_rope_head_dim=model.qk_rope_head_dim,
         index_head_dim=model.index_head_dim,
         skip_topk_layers=mask,
+        # SGLang's DSA pool: a scaled fp8 latent row for float8_e4m3fn, and with HiSparse
+        # index keys for the host-expanded logical ids.
+        latent_layout="scaled" if family == "dsa" and dtype == SCALED_DSA_DTYPE else "raw",
+        index_buf_size=(
+            num_tokens * (HISPARSE_INDEX_RATIO if enable_hisparse else 1)
+            if family == "dsa"
+            else None
+        ),
     )
     pool = target.make_pool(spec, device=device)
     # Only the family's own buffers: a pool may keep views of them under other names.

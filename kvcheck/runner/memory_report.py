@@ -5,10 +5,10 @@ token capacity of a memory budget, and the bytes of the pools actually built for
 capacity on torch's ``meta`` device (shapes without memory, so production scale fits on a
 laptop), checked against the configurator's formula. DSA models are reported twice: with
 their skip layers (the indexer buffer only on non-skip layers) and with every layer
-allocated (what a draft worker or ``--enable-hisparse`` gets), which shows what the skip
-layers save. Where the dtype and the family make a difference, it also prints the fp8 DSA
-latent layouts side by side, DSA index kpools, and one decode-context-parallel rank's
-bytes per widened token.
+allocated (what a draft worker gets; ``--enable-hisparse`` does too, with twice the index
+slots), which shows what the skip layers save. Where the dtype and the family make a
+difference, it also prints the fp8 DSA latent layouts side by side, DSA index kpools, and
+one decode-context-parallel rank's bytes per widened token.
 
 Models are named as in :data:`kvcheck.serving.MODELS` or by their short name (the part
 after the organisation: ``DeepSeek-V3.2``), in any case; dtypes as torch names
@@ -159,19 +159,20 @@ def memory_rows(
             sizing: dict[str, Any] = {
                 "dtype": dtype,
                 "page_size": page_size,
-                "enable_hisparse": every_layer,
+                "is_draft_worker": every_layer,
             }
             tokens = max_total_num_tokens(model, budget_bytes=budget_bytes, **sizing)
             built: int | None = None
             note = ""
             try:
                 pool = select_kv_pool(
-                    ServerArgs.unchecked(enable_hisparse=every_layer),
+                    ServerArgs.unchecked(),
                     model,
                     max_total_num_tokens=tokens,
                     page_size=page_size,
                     dtype=dtype,
                     device="meta",
+                    is_draft_worker=every_layer,
                 )
                 built = shape_bytes(pool)
             except ValueError as exc:  # a family kvcheck does not build
@@ -180,7 +181,7 @@ def memory_rows(
                 MemoryRow(
                     model=name,
                     variant=label,
-                    cell_bytes=cell_size_bytes(model, dtype=dtype, enable_hisparse=every_layer),
+                    cell_bytes=cell_size_bytes(model, dtype=dtype, is_draft_worker=every_layer),
                     tokens=tokens,
                     formula_bytes=pool_bytes(model, num_tokens=tokens, **sizing),
                     built_bytes=built,
@@ -225,7 +226,11 @@ def render_memory_report(
         lines += savings
     layouts = _fp8_latent_layouts(rows, dtype)
     if layouts:
-        lines += ["", "fp8 DSA latent layouts, bytes/token (kvcheck's pools use the raw one):"]
+        lines += [
+            "",
+            "fp8 DSA latent layouts, bytes/token (sglang 0.5.23 builds the scaled one by default,",
+            "and so does kvcheck; the raw one is what its trtllm and tilelang DSA backends use):",
+        ]
         lines += layouts
     kpools = _index_kpools(rows, dtype)
     if kpools:
@@ -324,10 +329,10 @@ def _kpool_bytes(index_head_dim: int, dtype: str, kpool: int) -> tuple[int, int]
 
 
 def _fp8_latent_layouts(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
-    """For fp8 DSA models, the cell size in kvcheck's raw latent layout beside the scaled
-    layout sglang 0.5.23 allocates for ``float8_e4m3fn`` (finding C1)."""
-    from kvcheck.geometry import scaled_fp8_latent_row_bytes
-    from kvcheck.serving import MODELS
+    """For fp8 DSA models, the cell size in the scaled latent layout sglang 0.5.23 builds for
+    ``float8_e4m3fn`` (the rows above) beside the raw layout of its trtllm and tilelang DSA
+    backends."""
+    from kvcheck.serving import MODELS, latent_kv_cache_dim
 
     if dtype != "float8_e4m3fn":
         return []
@@ -337,12 +342,12 @@ def _fp8_latent_layouts(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
         if not model.is_dsa:
             continue
         raw = model.kv_lora_rank + model.qk_rope_head_dim
-        scaled = scaled_fp8_latent_row_bytes(model.kv_lora_rank, model.qk_rope_head_dim)
-        cell = row.cell_bytes + model.num_hidden_layers * (scaled - raw)
+        scaled = latent_kv_cache_dim(model, dtype=dtype)
+        cell = row.cell_bytes - model.num_hidden_layers * (scaled - raw)
         lines.append(
-            f"  {row.model} ({row.variant}): raw {raw} B/layer {row.cell_bytes:,}; "
-            f"scaled {scaled} B/layer (sglang 0.5.23) {cell:,} "
-            f"({100 * (cell - row.cell_bytes) / row.cell_bytes:+.1f}%)"
+            f"  {row.model} ({row.variant}): raw {raw} B/layer {cell:,}; "
+            f"scaled {scaled} B/layer (sglang 0.5.23's default) {row.cell_bytes:,} "
+            f"({100 * (row.cell_bytes - cell) / cell:+.1f}%)"
         )
     return lines
 

@@ -18,7 +18,7 @@ range is unexplained; 2 when the measurement itself failed (pytest could not run
 or no data). Arguments after ``--`` go to pytest
 unchanged. ``--save-data FILE`` keeps the coverage data; ``--from-data FILE`` analyzes it
 again with an edited reach table; ``--json`` and ``--markdown`` write the report (the
-Markdown block is what ``docs/sglang-findings.md`` publishes).
+Markdown block is what ``docs/sglang-reach.md`` publishes).
 
 Example, where sglang is installed::
 
@@ -581,7 +581,7 @@ def format_report(report: ReachReport, *, methods: bool = True) -> str:
 
 
 def format_markdown(report: ReachReport) -> str:
-    """The report as the Markdown block ``docs/sglang-findings.md`` publishes.
+    """The report as the Markdown block ``docs/sglang-reach.md`` publishes.
 
     Per class, then per method of the headline scopes, then the unreached ranges grouped
     by reason (explained ones folded), unexplained ones listed first.

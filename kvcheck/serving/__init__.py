@@ -5,8 +5,9 @@
 - :mod:`~kvcheck.serving.models`: named configs (GLM-5.2-like, DeepSeek-V3.2,
   Qwen3-Embedding-8B) in :data:`MODELS`.
 - :mod:`~kvcheck.serving.configurator`: bytes per token (:func:`cell_size_bytes`), bytes of a
-  built pool (:func:`pool_bytes`) and the token capacity of a budget
-  (:func:`max_total_num_tokens`).
+  built pool (:func:`pool_bytes`), the token capacity of a budget
+  (:func:`max_total_num_tokens`), and the DSA geometry SGLang builds
+  (:func:`latent_kv_cache_dim`, :func:`index_buf_size`).
 - :mod:`~kvcheck.serving.server_args`: :class:`ServerArgs` (CLI flags, default resolution,
   the --prefill-only-disable-kv-cache rules in :data:`PREFILL_ONLY_RULE_ORDER`).
 - :mod:`~kvcheck.serving.pool_selection`: :func:`select_kv_pool` and
@@ -20,9 +21,12 @@ Example:
 """
 
 from kvcheck.serving.configurator import (
+    HISPARSE_HOST_TO_DEVICE_RATIO,
     cell_size_bytes,
+    index_buf_size,
     index_k_bytes_per_token,
     kv_torch_dtype,
+    latent_kv_cache_dim,
     max_total_num_tokens,
     num_indexer_layers,
     pool_bytes,
@@ -53,6 +57,7 @@ from kvcheck.serving.server_args import (
 __all__ = [
     "DEEPSEEK_V3_2",
     "GLM_5_2_LIKE",
+    "HISPARSE_HOST_TO_DEVICE_RATIO",
     "KV_CACHE_POOL_DTYPES",
     "MINIMAL_VALID_FLAGS",
     "MODELS",
@@ -66,9 +71,11 @@ __all__ = [
     "default_attention_backend",
     "default_chunked_prefill_size",
     "dsa_layer_skips_topk",
+    "index_buf_size",
     "index_k_bytes_per_token",
     "is_dsa_config",
     "kv_torch_dtype",
+    "latent_kv_cache_dim",
     "layer_window",
     "max_total_num_tokens",
     "num_indexer_layers",

@@ -4,16 +4,22 @@ Per token, over the layers a pool holds (``itemsize`` of the KV dtype; fp8 is 1 
 
 * MHA: ``layers * num_key_value_heads * (head_dim + v_head_dim) * itemsize``
 * MLA: ``layers * (kv_lora_rank + qk_rope_head_dim) * itemsize``
-* DSA: MLA plus ``indexer_layers * (index_head_dim + index_head_dim // 128 * 4)``: an fp8
-  key byte per channel and one fp32 scale per 128 channels. ``indexer_layers`` counts the
-  layers that do not reuse an earlier top-k (:func:`~kvcheck.serving.dsa_layer_skips_topk`);
-  a draft worker or HiSparse allocates every layer's indexer, as SGLang does.
+* DSA: MLA's latent rows, except that a ``float8_e4m3fn`` pool stores SGLang's scaled row
+  (:func:`latent_kv_cache_dim`: ``kv_lora_rank`` fp8 values, one fp32 scale per 128 of
+  them, the rope values in bf16; 656 bytes for 512 + 64), plus ``indexer_layers *
+  (index_head_dim + index_head_dim // 128 * 4)``: an fp8 key byte per channel and one fp32
+  scale per 128 channels. ``indexer_layers`` counts the layers that do not reuse an earlier
+  top-k (:func:`~kvcheck.serving.dsa_layer_skips_topk`); a draft worker or HiSparse
+  allocates every layer's indexer, as SGLang does, and with HiSparse each token has
+  :data:`HISPARSE_HOST_TO_DEVICE_RATIO` index slots (the index buffer spans the
+  host-expanded logical ids).
 
 :func:`cell_size_bytes` is that per-token figure (SGLang's ``cell_size``). A built pool
 holds more than ``size * cell_size``: every token buffer has ``size + page_size`` rows
 (SGLang's padding page), and each DSA index-K buffer holds
 ``(index_buf_size + page_size + 1) // page_size`` whole pages of ``page_size`` tokens, with
-``index_buf_size == size``. :func:`pool_bytes` counts exactly those tensors, and
+``index_buf_size`` from :func:`index_buf_size` (``size``, or ``size`` times the HiSparse
+ratio). :func:`pool_bytes` counts exactly those tensors, and
 :func:`max_total_num_tokens` is the largest multiple of ``page_size`` whose pools fit in
 the budget. SGLang itself divides the budget by ``cell_size`` and rounds down to a page,
 which can overshoot by the padding page and the index-page rounding; kvcheck's answer is
@@ -34,8 +40,18 @@ import torch
 from kvcheck.serving.model_config import ModelConfig, layer_window, skip_topk_layers
 from kvcheck.specs import DSA_QUANT_BLOCK, DTYPE_ITEMSIZE
 
-#: Bytes of one fp32 scale stored beside each 128-channel block of a DSA index key.
+#: Bytes of one fp32 scale stored beside each 128-channel block of a DSA index key (and of
+#: a scaled fp8 latent row).
 _SCALE_BYTES = 4
+#: Bytes of one bf16 rope value in a scaled fp8 DSA latent row.
+_ROPE_BYTES = 2
+#: The KV dtype whose DSA latent rows SGLang 0.5.23 stores scaled
+#: (``calculate_mla_kv_cache_dim``, unless a trtllm or tilelang DSA backend is chosen).
+SCALED_LATENT_KV_DTYPE = "float8_e4m3fn"
+#: SGLang 0.5.23's default HiSparse ``host_to_device_ratio`` (``parse_hisparse_config``):
+#: ``HiSparseDSATokenToKVPool`` builds its index-K buffer for ``size`` times this many
+#: tokens, and the configurator charges each indexer layer that many times.
+HISPARSE_HOST_TO_DEVICE_RATIO = 2
 
 
 def kv_torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -70,6 +86,50 @@ def index_k_bytes_per_token(index_head_dim: int) -> int:
             f"index_head_dim={index_head_dim} must be a positive multiple of {DSA_QUANT_BLOCK}"
         )
     return index_head_dim + index_head_dim // DSA_QUANT_BLOCK * _SCALE_BYTES
+
+
+def latent_kv_cache_dim(config: ModelConfig, *, dtype: torch.dtype | str) -> int:
+    """Elements of one MLA/DSA latent row (bytes, for fp8), SGLang's ``kv_cache_dim``.
+
+    ``kv_lora_rank + qk_rope_head_dim``, except for a DSA model in ``float8_e4m3fn``: the
+    scaled row of ``kv_lora_rank + kv_lora_rank // 128 * 4 + qk_rope_head_dim * 2`` bytes.
+    That row needs ``kv_lora_rank`` to be a multiple of 128 (one scale per block of 128
+    values); ValueError naming it otherwise.
+
+    Example:
+        >>> from kvcheck.serving.models import DEEPSEEK_V3_2
+        >>> latent_kv_cache_dim(DEEPSEEK_V3_2, dtype="bfloat16")
+        576
+        >>> latent_kv_cache_dim(DEEPSEEK_V3_2, dtype="float8_e4m3fn")
+        656
+    """
+    if not config.uses_latent_cache:
+        raise ValueError(
+            f"{config.name!r} has no latent rows (attention_arch={config.attention_arch!r})"
+        )
+    name = _torch_dtype_name(kv_torch_dtype(dtype))
+    rank, rope = config.kv_lora_rank, config.qk_rope_head_dim
+    if not (config.is_dsa and name == SCALED_LATENT_KV_DTYPE):
+        return rank + rope
+    if rank % DSA_QUANT_BLOCK:
+        raise ValueError(
+            f"kv_lora_rank={rank} of {config.name!r} is not a multiple of {DSA_QUANT_BLOCK}: "
+            f"a {SCALED_LATENT_KV_DTYPE} DSA latent row is stored scaled, one fp32 scale per "
+            f"{DSA_QUANT_BLOCK} values"
+        )
+    return rank + rank // DSA_QUANT_BLOCK * _SCALE_BYTES + rope * _ROPE_BYTES
+
+
+def index_buf_size(num_tokens: int, *, enable_hisparse: bool = False) -> int:
+    """Tokens a DSA pool of ``num_tokens`` keeps index keys for: ``num_tokens``, times
+    :data:`HISPARSE_HOST_TO_DEVICE_RATIO` with HiSparse.
+
+    Example:
+        >>> index_buf_size(1024), index_buf_size(1024, enable_hisparse=True)
+        (1024, 2048)
+    """
+    _check_count("num_tokens", num_tokens, minimum=0)
+    return num_tokens * (HISPARSE_HOST_TO_DEVICE_RATIO if enable_hisparse else 1)
 
 
 def num_indexer_layers(
@@ -121,7 +181,6 @@ def cell_size_bytes(
         92628
     """
     layers = len(layer_window(config, start_layer=start_layer, layer_num=layer_num))
-    itemsize = kv_torch_dtype(dtype).itemsize
     indexer_layers = num_indexer_layers(
         config,
         is_draft_worker=is_draft_worker,
@@ -129,9 +188,13 @@ def cell_size_bytes(
         start_layer=start_layer,
         layer_num=layer_num,
     )
-    return layers * _token_row_elements(config) * itemsize + indexer_layers * (
-        index_k_bytes_per_token(config.index_head_dim) if config.is_dsa else 0
+    index_bytes = (
+        index_k_bytes_per_token(config.index_head_dim)
+        * index_buf_size(1, enable_hisparse=enable_hisparse)
+        if config.is_dsa
+        else 0
     )
+    return layers * _token_row_bytes(config, dtype) + indexer_layers * index_bytes
 
 
 def pool_bytes(
@@ -149,7 +212,8 @@ def pool_bytes(
     """Bytes of the tensors in the pool that ``select_kv_pool`` builds for ``num_tokens``.
 
     Token buffers have ``num_tokens + page_size`` rows; each DSA indexer layer holds
-    ``(num_tokens + page_size + 1) // page_size`` pages of ``page_size`` tokens.
+    ``(index_buf_size + page_size + 1) // page_size`` pages of ``page_size`` tokens
+    (:func:`index_buf_size`).
     ``prefill_only_disable_kv_cache=True`` (plain MHA models only) gives the no-op pool's
     placeholders instead: ``[page_size, heads, head_dim]`` K and ``[page_size, heads,
     v_head_dim]`` V per layer, whatever ``num_tokens`` is.
@@ -175,10 +239,11 @@ def pool_bytes(
             )
         return layers * page_size * _token_row_elements(config) * itemsize
 
-    token_bytes = layers * (num_tokens + page_size) * _token_row_elements(config) * itemsize
+    token_bytes = layers * (num_tokens + page_size) * _token_row_bytes(config, dtype)
     if not config.is_dsa:
         return token_bytes
-    index_pages = (num_tokens + page_size + 1) // page_size
+    index_tokens = index_buf_size(num_tokens, enable_hisparse=enable_hisparse)
+    index_pages = (index_tokens + page_size + 1) // page_size
     indexer_layers = num_indexer_layers(
         config,
         is_draft_worker=is_draft_worker,
@@ -251,10 +316,19 @@ def max_total_num_tokens(
 
 
 def _token_row_elements(config: ModelConfig) -> int:
-    """Elements one token occupies in one layer's K/V (MHA) or latent (MLA/DSA) buffers."""
+    """Elements one token occupies in one layer's K/V (MHA) or raw latent (MLA/DSA) buffers."""
     if config.uses_latent_cache:
         return config.kv_lora_rank + config.qk_rope_head_dim
     return config.num_key_value_heads * (config.head_dim + config.effective_v_head_dim)
+
+
+def _token_row_bytes(config: ModelConfig, dtype: torch.dtype | str) -> int:
+    """Bytes one token occupies in one layer's K/V or latent buffers (scaled fp8 DSA rows
+    included: :func:`latent_kv_cache_dim` counts bytes for fp8)."""
+    itemsize = kv_torch_dtype(dtype).itemsize
+    if config.uses_latent_cache:
+        return latent_kv_cache_dim(config, dtype=dtype) * itemsize
+    return _token_row_elements(config) * itemsize
 
 
 def _torch_dtype_name(dtype: Any) -> str:

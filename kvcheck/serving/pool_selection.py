@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from kvcheck.serving.configurator import kv_torch_dtype
+from kvcheck.serving.configurator import index_buf_size, kv_torch_dtype, latent_kv_cache_dim
 from kvcheck.serving.model_config import ModelConfig, layer_window, skip_topk_layers
 from kvcheck.serving.server_args import FP4_KV_CACHE_DTYPES, ServerArgs
 
@@ -153,6 +153,11 @@ def select_kv_pool(
                 start_layer=start_layer,
                 layer_num=len(layers),
             ),
+            # SGLang's row: scaled for float8_e4m3fn (the pool takes the layout from it).
+            kv_cache_dim=latent_kv_cache_dim(model, dtype=dtype),
+            index_buf_size=index_buf_size(
+                max_total_num_tokens, enable_hisparse=server_args.enable_hisparse
+            ),
             **common,
         )
     if model.uses_latent_cache:
@@ -193,10 +198,10 @@ def _non_mha_family(
 def _uses_fp4_kv_cache(
     server_args: ServerArgs, model: ModelConfig, dtype: torch.dtype | str | None
 ) -> bool:
+    # Only an explicit FP4 --kv-cache-dtype (or an FP4 pool dtype) selects the FP4 pool:
+    # "auto" takes an FP8 checkpoint declaration and nothing else (SGLang 0.5.23
+    # configure_kv_cache_dtype), so a checkpoint's NVFP4 KV cache does not make one.
     if server_args.kv_cache_dtype in FP4_KV_CACHE_DTYPES:
-        return True
-    # "auto" takes the KV quantization the checkpoint ships.
-    if server_args.kv_cache_dtype == "auto" and "FP4" in (model.kv_cache_quant_algo or "").upper():
         return True
     dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else ""
     return dtype_name.startswith("float4")

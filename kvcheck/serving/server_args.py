@@ -51,7 +51,7 @@ the error's ``.rule`` is the id. Each message names --prefill-only-disable-kv-ca
 conflicting flag and the fix.
 
 1. ``is_embedding``: requires --is-embedding.
-2. ``fp4_kv_cache_dtype``: rejects --kv-cache-dtype nvfp4 / fp4_mx_block16 / fp4_e2m1.
+2. ``fp4_kv_cache_dtype``: rejects --kv-cache-dtype nvfp4 / fp4_mx_block16.
 3. ``mxfp8_kv_cache_dtype``: rejects --kv-cache-dtype mxfp8.
 4. ``chunked_prefill_size``: requires --chunked-prefill-size -1 (the resolved value, so an
    unset flag, which resolves to a chunk size, is rejected).
@@ -100,10 +100,10 @@ KV_CACHE_DTYPE_CHOICES: tuple[str, ...] = (
     "bfloat16",
     "nvfp4",
     "fp4_mx_block16",
-    "fp4_e2m1",  # the FP4 name of earlier SGLang releases; still rejected by rule 2
 )
-#: KV-cache dtypes that select SGLang's FP4 pool (rule 2 rejects them).
-FP4_KV_CACHE_DTYPES: tuple[str, ...] = ("nvfp4", "fp4_mx_block16", "fp4_e2m1")
+#: KV-cache dtypes that select SGLang's FP4 pool (rule 2 rejects them): SGLang 0.5.23's two
+#: FP4 ``--kv-cache-dtype`` choices.
+FP4_KV_CACHE_DTYPES: tuple[str, ...] = ("nvfp4", "fp4_mx_block16")
 #: The pool dtype (a torch dtype name) of each ``--kv-cache-dtype`` choice whose pool
 #: stores plain elements, as SGLang's model runner maps them; ``auto`` is the model's own
 #: dtype (``None`` here). The FP4 choices and ``mxfp8`` (fp8 values with block scales)

@@ -23,7 +23,6 @@ from kvcheck.properties.serving import (
 )
 from kvcheck.reference import reference_pool_bytes, reference_skip_mask
 from kvcheck.serving import DEEPSEEK_V3_2, GLM_5_2_LIKE, QWEN3_EMBEDDING_8B, ModelConfig
-from kvcheck.specs import DTYPE_ITEMSIZE
 from kvcheck.strategies import dtypes, model_configs, page_sizes
 
 pytestmark = pytest.mark.kvcheck_needs("configurator")
@@ -55,17 +54,22 @@ class SkipPair(NamedTuple):
 def _budget_between_pages(
     draw: Callable[..., Any], model: ModelConfig, dtype: str, page_size: int, **options: bool
 ) -> int:
-    """A budget that holds ``pages`` pages and less than one page more: the tight spots."""
+    """A budget that holds ``pages`` pages and less than one page more: the tight spots.
+
+    For a configuration the reference refuses (an fp8 DSA latent whose ``kv_lora_rank`` is
+    not a multiple of 128), any budget: the target must refuse it whatever the budget.
+    """
     pages = draw(st.integers(1, 64), label="pages that fit")
 
     def held(tokens: int) -> int:
         return reference_pool_bytes(
-            model,
-            num_tokens=tokens,
-            itemsize=DTYPE_ITEMSIZE[dtype],
-            page_size=page_size,
-            **options,
+            model, num_tokens=tokens, dtype=dtype, page_size=page_size, **options
         )
+
+    try:
+        held(page_size)
+    except ValueError:
+        return draw(st.integers(1, 1 << 24), label="budget of a refused configuration")
 
     fits, next_page = held(pages * page_size), held((pages + 1) * page_size)
     return fits + draw(st.integers(0, next_page - fits - 1), label="bytes to spare")
@@ -170,7 +174,8 @@ NAMED_CELL_SIZES: dict[str, tuple[ModelConfig, str, bool, int]] = {
     "glm-5.2-like-bf16": (GLM_5_2_LIKE, "bfloat16", False, 92628),
     "glm-5.2-like-bf16-draft": (GLM_5_2_LIKE, "bfloat16", True, 100152),
     "deepseek-v3.2-bf16": (DEEPSEEK_V3_2, "bfloat16", False, 78324),
-    "deepseek-v3.2-fp8": (DEEPSEEK_V3_2, "float8_e4m3fn", False, 43188),
+    # SGLang's scaled fp8 row: 61 layers * 656 bytes + 61 indexers * 132 bytes.
+    "deepseek-v3.2-fp8": (DEEPSEEK_V3_2, "float8_e4m3fn", False, 48068),
     "qwen3-embedding-8b-bf16": (QWEN3_EMBEDDING_8B, "bfloat16", False, 147456),
 }
 

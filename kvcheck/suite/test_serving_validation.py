@@ -64,7 +64,6 @@ SINGLE_VIOLATIONS: dict[str, tuple[dict[str, Any], str]] = {
     "not-embedding": ({"is_embedding": False}, "is_embedding"),
     "kv-nvfp4": ({"kv_cache_dtype": "nvfp4"}, "fp4_kv_cache_dtype"),
     "kv-fp4_mx_block16": ({"kv_cache_dtype": "fp4_mx_block16"}, "fp4_kv_cache_dtype"),
-    "kv-fp4_e2m1": ({"kv_cache_dtype": "fp4_e2m1"}, "fp4_kv_cache_dtype"),
     "kv-mxfp8": ({"kv_cache_dtype": "mxfp8"}, "mxfp8_kv_cache_dtype"),
     "chunked-4096": ({"chunked_prefill_size": 4096}, "chunked_prefill_size"),
     "chunked-by-default": ({"chunked_prefill_size": None}, "chunked_prefill_size"),

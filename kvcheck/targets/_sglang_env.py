@@ -366,7 +366,7 @@ class _CpuQuantizeKCacheKernel:
     ``fmax``/``fmin`` (a NaN from ``0 * inf`` in an all-zero block becomes ``FP8_MIN``).
     Two things this CPU body cannot show: Triton may lower float32 ``/`` to an
     approximate division on a GPU, and its symmetric-clamp lowering may give ``+FP8_MAX``
-    for that NaN; both are unverified here (docs/sglang-findings.md).
+    for that NaN; both are unverified here (docs/sglang-findings.md#scaled).
     """
 
     def __getitem__(self, grid: Any) -> Any:

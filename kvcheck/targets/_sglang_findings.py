@@ -6,7 +6,7 @@
 the method, the kind of difference), never by a test id. While the suite runs on sglang,
 a matching failure is steered around and the property keeps checking everything else;
 any other failure fails the run. Every finding is pinned by the tests it names, in the
-shipped suite where one exists (``test_each_rule_alone_rejects[kv-fp4_e2m1]``) and
+shipped suite where one exists (``test_each_rule_alone_rejects[backend-triton]``) and
 otherwise in the repository's ``tests/targets/test_sglang_findings.py``: those run as
 strict expected failures that must fail with exactly that finding, so a fix shows as
 XPASS(strict) until the finding is removed.
@@ -26,13 +26,9 @@ FINDINGS_DOC = "docs/sglang-findings.md"
 #: Finding id -> one-line summary (details, reproductions and class in FINDINGS_DOC).
 FINDINGS: Mapping[str, str] = MappingProxyType(
     {
-        "V1": "--kv-cache-dtype=fp4_e2m1 is accepted with --prefill-only-disable-kv-cache",
         "V2": "the FA-backend rejection names no backend flag",
         "P1": "a draft MHA worker under the flag gets the no-op pool",
-        "P2": "a checkpoint's NVFP4 KV cache does not make the flag refuse the FP4 MHA pool",
         "K1": "a skip-topk field <= 0 raises AssertionError, not ValueError",
-        "C1": "fp8 DSA cells are sized for the scaled FP8 latent layout (656 bytes, not 576)",
-        "C2": "HiSparse multiplies the indexer bytes by its host-to-device ratio",
         "C3": "max_total_num_tokens ignores the padding page, so its pools overshoot the budget",
         "C4": "fp8 DSA sizing asserts kv_lora_rank % 128 == 0",
         "A1": "MHA get_kv_size_bytes and mem_usage leave out the page padding of the fused "
@@ -73,7 +69,7 @@ EXPECTED_FAILURES: Mapping[str, str] = MappingProxyType(
     {
         "test_serving_configurator.py::test_capacity_fits_its_budget": (
             "sglang 0.5.23 C3: max_total_num_tokens ignores the padding page, so its pools "
-            "overshoot the budget in every example (also C1, C2, C4; see "
+            "overshoot the budget in every example (also C4; see "
             f"{FINDINGS_DOC}#c3)"
         ),
     }
@@ -168,13 +164,6 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         steer=frozenset({"dsa:host_copy:partial_pages"}),
     ),
     _finding(
-        "V1",
-        check="validation",
-        call="validate_server_args",
-        kind="*instead of rule fp4_kv_cache_dtype (kv_cache_dtype='fp4_e2m1')",
-        pinned=("test_serving_validation.py::test_each_rule_alone_rejects[kv-fp4_e2m1]",),
-    ),
-    _finding(
         "V2",
         check="validation",
         call="validate_server_args",
@@ -200,12 +189,6 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         pinned=("test_serving_selection.py::test_named_models[qwen3-embedding-8b-flag-on-draft]",),
     ),
     _finding(
-        "P2",
-        check="selection",
-        call="select_pool_family",
-        kind="built noop instead of refusing the FP4 MHA KV pool",
-    ),
-    _finding(
         "K1",
         check="skip_rule",
         call="dsa_layer_skips_topk",
@@ -218,30 +201,14 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         family="mha",
     ),
     _finding(
-        "C1",
-        check="cell_size",
-        kind="differs (dsa float8_e4m3fn*",
-        pinned=(
-            *_pinned("test_c1_*"),
-            "test_serving_configurator.py::test_named_cell_sizes[deepseek-v3.2-fp8]",
-        ),
-    ),
-    Finding(
-        "C1.capacity",
-        "C1 seen in capacity: " + FINDINGS["C1"],
-        check="capacity",
-        kind="pages short (dsa float8_e4m3fn*",
-        pinned=("test_serving_configurator.py::test_named_capacities_fit[glm-5.2-like-1gib-fp8]",),
-    ),
-    # HiSparse also lowers capacity; the suffix matches any check of a HiSparse configuration.
-    _finding("C2", kind="*, hisparse)"),
-    _finding(
         "C3",
         check="capacity",
         kind="over the budget by less than a page*",
         pinned=(
             *_pinned("test_c3_*"),
-            "test_serving_configurator.py::test_named_capacities_fit[*-60gib-bf16]",
+            # every named budget, the 1 GiB fp8 one included now that kvcheck sizes the
+            # scaled fp8 DSA row as sglang does (C1, retired)
+            "test_serving_configurator.py::test_named_capacities_fit[*]",
         ),
     ),
     _finding(

@@ -85,7 +85,7 @@ UNSUPPORTED: Mapping[str, str] = MappingProxyType(
         "input_validation": (
             "sglang 0.5.23 pools do not validate their arguments (negative or out-of-range "
             "locations, duplicate targets, wrong shapes or dtypes, skip-layer index writes: "
-            "findings I1-I10 in docs/sglang-findings.md)"
+            "findings I1-I9 and I10 in docs/sglang-findings.md#i)"
         ),
     }
 )
@@ -130,6 +130,34 @@ CPU_NOTES: Mapping[str, str] = MappingProxyType(
             "FP4 KV dtype does not make the pool-family check reject the no-op pool"
         ),
     }
+)
+
+#: Every stand-in, environment setting, guard and translation the target puts in place of
+#: what a launched sglang server on a GPU provides, by the name under which the "CPU
+#: stand-ins" table of docs/sglang-findings.md says what sglang does without it (a stand-in
+#: must never hide a finding). tests/targets/test_sglang_findings_doc.py fails when one has
+#: no row there, and when ``_sglang_env`` gains a context manager or ``_sglang_adapt`` a
+#: ``*StandIn`` class that is not listed here.
+SGLANG_STAND_INS: tuple[str, ...] = (
+    # _sglang_env: scoped patches and environment
+    "torchvision_stand_in",
+    "native_kv_move",
+    "hnd_kv_layout",
+    "dcp_parallel",
+    "cpu_cuda_synchronize",
+    "cpu_index_k_kernel",
+    "cpu_dsa_quantize_kernel",
+    "cpu_mla_read_kernels",
+    "guard_swig_exit_warning",
+    # this module
+    "_refuse_zero_row_index_write",
+    "_published",
+    # _sglang_adapt: objects and resolution steps a server would build from a checkpoint
+    "ConfiguratorStandIn",
+    "ModelConfigStandIn",
+    "HFConfig",
+    "resolve_attention_backend",
+    "kv_cache_torch_dtype",
 )
 
 #: Pool methods that read sglang's runtime context (parallel widths) or sync CUDA.
@@ -448,8 +476,8 @@ def _kv_cache_dim(spec: PoolSpec) -> int:
 def _refuse_zero_row_index_write(pool: Any, layer_id: int) -> None:
     """Stop an index-K write that sglang would launch into a skip layer's zero-row buffer.
 
-    sglang 0.5.23 does not check this (docs/sglang-findings.md#i); its GPU kernel has no
-    bounds check, so the launch would write outside the allocation. The error is an
+    sglang 0.5.23 does not check this (docs/sglang-findings.md#i10); its kernel has no
+    bounds check, so the launch writes through the empty buffer's null pointer. The error is an
     ``IndexError``, as the CPU kernel body raises, so the finding stays visible.
     """
     getter = getattr(pool, "get_index_k_with_scale_buffer", None)

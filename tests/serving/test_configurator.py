@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -10,13 +11,16 @@ import torch
 from kvcheck.serving import (
     DEEPSEEK_V3_2,
     GLM_5_2_LIKE,
+    HISPARSE_HOST_TO_DEVICE_RATIO,
     MODELS,
     QWEN3_EMBEDDING_8B,
     ModelConfig,
     ServerArgs,
     cell_size_bytes,
+    index_buf_size,
     index_k_bytes_per_token,
     kv_torch_dtype,
+    latent_kv_cache_dim,
     max_total_num_tokens,
     pool_bytes,
     select_kv_pool,
@@ -57,10 +61,14 @@ def tensor_bytes(pool: Any) -> int:
         pytest.param(DEEPSEEK_V3_2, "bfloat16", {"is_draft_worker": True}, 78_324, id="ds-draft"),
         # 78 * 576 * 2 latent + 21 * 132 indexer
         pytest.param(GLM_5_2_LIKE, "bfloat16", {}, 92_628, id="glm-bf16"),
-        pytest.param(GLM_5_2_LIKE, torch.float8_e4m3fn, {}, 47_700, id="glm-fp8"),
+        # SGLang's scaled fp8 row: 78 * (512 + 4 * 4 + 64 * 2) + 21 * 132
+        pytest.param(GLM_5_2_LIKE, torch.float8_e4m3fn, {}, 53_940, id="glm-fp8"),
+        # e5m2 keeps the raw row: 78 * 576 + 21 * 132
+        pytest.param(GLM_5_2_LIKE, "float8_e5m2", {}, 47_700, id="glm-fp8-e5m2"),
         # every layer's indexer: 78 * 576 * 2 + 78 * 132
         pytest.param(GLM_5_2_LIKE, "bfloat16", {"is_draft_worker": True}, 100_152, id="glm-draft"),
-        pytest.param(GLM_5_2_LIKE, "bfloat16", {"enable_hisparse": True}, 100_152, id="glm-hisp"),
+        # HiSparse: every layer's indexer, two index slots per token: 78 * 1152 + 78 * 264
+        pytest.param(GLM_5_2_LIKE, "bfloat16", {"enable_hisparse": True}, 110_448, id="glm-hisp"),
         # 3 layers * 40 * 4 bytes
         pytest.param(TOY_MLA, "float32", {}, 480, id="toy-mla-fp32"),
         # 2 layers * 2 heads * (16 + 8) * 2 bytes
@@ -78,6 +86,29 @@ def test_cell_size_of_a_layer_window() -> None:
     """A pipeline stage's cell size counts only its layers and their indexers."""
     # layers 0..5 of GLM-5.2-like: indexers on 0, 1, 2 only
     assert cell_size_bytes(GLM_5_2_LIKE, dtype="bfloat16", layer_num=6) == 6 * 1152 + 3 * 132
+
+
+def test_latent_kv_cache_dim_is_sglangs() -> None:
+    """The latent row SGLang builds: raw, except scaled for an fp8 e4m3 DSA model; a scaled
+    row needs kv_lora_rank a multiple of 128."""
+    assert latent_kv_cache_dim(DEEPSEEK_V3_2, dtype="bfloat16") == 576
+    assert latent_kv_cache_dim(DEEPSEEK_V3_2, dtype="float8_e5m2") == 576
+    assert latent_kv_cache_dim(DEEPSEEK_V3_2, dtype=torch.float8_e4m3fn) == 656
+    assert latent_kv_cache_dim(TOY_MLA, dtype="float8_e4m3fn") == 40
+    narrow = dataclasses.replace(DEEPSEEK_V3_2, kv_lora_rank=64)
+    with pytest.raises(ValueError, match="kv_lora_rank=64"):
+        latent_kv_cache_dim(narrow, dtype="float8_e4m3fn")
+    with pytest.raises(ValueError, match="kv_lora_rank=64"):
+        cell_size_bytes(narrow, dtype="float8_e4m3fn")
+    with pytest.raises(ValueError, match="no latent rows"):
+        latent_kv_cache_dim(QWEN3_EMBEDDING_8B, dtype="bfloat16")
+
+
+def test_index_buf_size_spans_the_hisparse_ratio() -> None:
+    """HiSparse index buffers hold HISPARSE_HOST_TO_DEVICE_RATIO slots per token."""
+    assert HISPARSE_HOST_TO_DEVICE_RATIO == 2
+    assert index_buf_size(640) == 640
+    assert index_buf_size(640, enable_hisparse=True) == 1280
 
 
 def test_index_k_bytes_per_token() -> None:
@@ -111,13 +142,13 @@ def test_named_model_capacity_at_60_gib_bf16(
 
 
 def test_skip_layers_raise_capacity_over_draft_and_hisparse() -> None:
-    """Eliding skip-layer indexers gives GLM-5.2-like more tokens than a draft/HiSparse pool."""
+    """Eliding skip-layer indexers gives GLM-5.2-like more tokens than a draft pool, and a
+    draft more than HiSparse, whose index buffers span twice the tokens."""
     common: dict[str, Any] = {"budget_bytes": 60 * GIB, "dtype": "bfloat16", "page_size": 64}
     elided = max_total_num_tokens(GLM_5_2_LIKE, **common)
     draft = max_total_num_tokens(GLM_5_2_LIKE, is_draft_worker=True, **common)
     hisparse = max_total_num_tokens(GLM_5_2_LIKE, enable_hisparse=True, **common)
-    assert draft == hisparse
-    assert elided > draft
+    assert elided > draft > hisparse
     # DeepSeek-V3.2 indexes every layer, so eliding changes nothing.
     assert max_total_num_tokens(DEEPSEEK_V3_2, **common) == max_total_num_tokens(
         DEEPSEEK_V3_2, is_draft_worker=True, **common
@@ -189,6 +220,27 @@ def test_pool_bytes_equal_the_tensors_select_kv_pool_builds(
     )
     assert tensor_bytes(pool) == expected
     assert expected <= GIB
+
+
+@pytest.mark.parametrize(
+    ("dtype", "hisparse"),
+    [("float8_e4m3fn", False), ("bfloat16", True), ("float8_e4m3fn", True)],
+    ids=["scaled-fp8", "hisparse", "scaled-fp8-hisparse"],
+)
+def test_pool_bytes_equal_the_dsa_pool_select_kv_pool_builds(dtype: str, hisparse: bool) -> None:
+    """A scaled fp8 DSA pool and a HiSparse pool hold exactly pool_bytes."""
+    options: dict[str, Any] = {"dtype": dtype, "page_size": 64, "enable_hisparse": hisparse}
+    tokens = max_total_num_tokens(DEEPSEEK_V3_2, budget_bytes=GIB, **options)
+    pool = select_kv_pool(
+        ServerArgs.unchecked(enable_hisparse=hisparse),
+        DEEPSEEK_V3_2,
+        max_total_num_tokens=tokens,
+        page_size=64,
+        dtype=dtype,
+        device="meta",
+    )
+    assert tensor_bytes(pool) == pool_bytes(DEEPSEEK_V3_2, num_tokens=tokens, **options) <= GIB
+    assert pool.index_buf_size == index_buf_size(tokens, enable_hisparse=hisparse)
 
 
 def test_pool_bytes_of_a_layer_window_and_fp8_match_the_pool() -> None:

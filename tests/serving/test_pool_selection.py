@@ -147,7 +147,6 @@ UNSUPPORTED_CASES = [
         ServerArgs.unchecked(prefill_only_disable_kv_cache=True, kv_cache_dtype="nvfp4"),
         TOY_MHA,
     ),
-    ("FP4 MHA KV pool", FLAG_ONLY, dataclasses.replace(TOY_MHA, kv_cache_quant_algo="NVFP4")),
 ]
 
 
@@ -178,11 +177,17 @@ def test_fp4_pool_dtype_counts_as_fp4() -> None:
         build(PREFILL_ONLY, TOY_MHA, dtype=torch.float4_e2m1fn_x2)
 
 
-def test_explicit_kv_dtype_overrides_the_checkpoint_fp4_marker() -> None:
-    """A checkpoint's FP4 KV quantization only applies with --kv-cache-dtype auto."""
+def test_a_checkpoints_fp4_kv_cache_does_not_make_an_fp4_pool() -> None:
+    """With --kv-cache-dtype auto a checkpoint's NVFP4 KV cache keeps the model dtype, as
+    SGLang 0.5.23's configure_kv_cache_dtype does ("auto" takes only an FP8 declaration),
+    so the flag gets the no-op pool; an explicit dtype does the same."""
     model = dataclasses.replace(TOY_MHA, kv_cache_quant_algo="NVFP4")
-    args = ServerArgs.unchecked(prefill_only_disable_kv_cache=True, kv_cache_dtype="bf16")
-    assert unsupported_pool_family(args, model) is None
+    for kv_cache_dtype in ("auto", "bf16"):
+        args = ServerArgs.unchecked(
+            prefill_only_disable_kv_cache=True, kv_cache_dtype=kv_cache_dtype
+        )
+        assert unsupported_pool_family(args, model) is None
+    assert type(build(FLAG_ONLY, model)).__name__ == "NoOpMHATokenToKVPool"
 
 
 def test_every_family_name_is_listed_in_check_order() -> None:

@@ -48,7 +48,6 @@ RULE_CASES = [
         "--kv-cache-dtype auto",
     ),
     ("fp4_kv_cache_dtype", {"kv_cache_dtype": "fp4_mx_block16"}, "--kv-cache-dtype", "auto"),
-    ("fp4_kv_cache_dtype", {"kv_cache_dtype": "fp4_e2m1"}, "--kv-cache-dtype", "auto"),
     ("mxfp8_kv_cache_dtype", {"kv_cache_dtype": "mxfp8"}, "--kv-cache-dtype", "auto"),
     (
         "chunked_prefill_size",

@@ -335,7 +335,8 @@ def test_exit_after_stale_error_filters(prelude: str, exit_code: int) -> None:
 
 
 def test_scaled_fp8_latent_layout_is_what_sglang_sizes(target: SGLangTarget) -> None:
-    """The memory report's scaled fp8 DSA cell (kvcheck.geometry) is sglang's own figure."""
+    """kvcheck's fp8 DSA cell (the scaled row, as kvcheck.geometry lays it out) is sglang's
+    own figure; the raw row would be 80 bytes a layer short."""
     from kvcheck.geometry import scaled_fp8_latent_row_bytes
     from kvcheck.serving import cell_size_bytes
 
@@ -346,7 +347,34 @@ def test_scaled_fp8_latent_layout_is_what_sglang_sizes(target: SGLangTarget) -> 
     sglangs = target.cell_size_bytes(
         model, dtype="float8_e4m3fn", is_draft=False, enable_hisparse=False
     )
-    assert sglangs == ours + model.num_hidden_layers * (scaled - raw) == 53_940
+    assert sglangs == ours == 53_940
+    assert ours - model.num_hidden_layers * (scaled - raw) == 47_700
+
+
+def test_kv_cache_dtype_choices_are_sglangs() -> None:
+    """kvcheck's --kv-cache-dtype vocabulary is the installed sglang's choices, and its FP4
+    names are sglang's FP4 choices (a name sglang refuses is no flag combination at all)."""
+    from sglang.srt.arg_groups.arg_utils import record_fields
+    from sglang.srt.server_args import ServerArgs
+
+    from kvcheck.serving.server_args import FP4_KV_CACHE_DTYPES, KV_CACHE_DTYPE_CHOICES
+
+    field = next(f for f in record_fields(ServerArgs) if f.name == "kv_cache_dtype")
+    choices = next(arg.choices for arg in field.type.__metadata__ if hasattr(arg, "choices"))
+    assert tuple(choices) == KV_CACHE_DTYPE_CHOICES
+    assert set(FP4_KV_CACHE_DTYPES) == {name for name in choices if "fp4" in name}
+
+
+def test_hisparse_ratio_is_sglangs_default() -> None:
+    """kvcheck's HiSparse index ratio is parse_hisparse_config's default host_to_device_ratio."""
+    from sglang.srt.mem_cache.sparsity import parse_hisparse_config
+
+    from kvcheck.serving import HISPARSE_HOST_TO_DEVICE_RATIO
+    from kvcheck.targets.sglang import _published, _serving_args
+
+    with _published(_serving_args(enable_hisparse=True)):
+        ratio = parse_hisparse_config().host_to_device_ratio
+    assert ratio == HISPARSE_HOST_TO_DEVICE_RATIO == 2
 
 
 def _scaled_write(target: SGLangTarget, nope: torch.Tensor, rope: torch.Tensor) -> tuple:
