@@ -123,7 +123,6 @@ SUITE_TESTS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_each_rule_alone_rejects[default-backend-sm100]",
         "test_each_rule_alone_rejects[fa3-with-fp8_e5m2-becomes-triton]",
         "test_each_rule_alone_rejects[hisparse]",
-        "test_each_rule_alone_rejects[kv-fp4_e2m1]",
         "test_each_rule_alone_rejects[kv-fp4_mx_block16]",
         "test_each_rule_alone_rejects[kv-mxfp8]",
         "test_each_rule_alone_rejects[kv-nvfp4]",

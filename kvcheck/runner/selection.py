@@ -176,7 +176,17 @@ def collect_suite_keywords() -> dict[str, _Names]:
     import pytest
 
     recorder = _Recorder()
-    arguments = ["--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
+    # --assert=plain: nothing to rewrite in a collection (and kvcheck, imported already,
+    # could not be: pytest would warn, an error under the project's filterwarnings).
+    arguments = [
+        "--collect-only",
+        "-q",
+        "--assert=plain",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:xdist",
+    ]
     status = pytest.main([*arguments, "--pyargs", "kvcheck.suite"], plugins=[recorder])
     if status != 0 or not recorder.tests:
         raise RuntimeError(f"collecting kvcheck.suite failed (pytest exit {status})")
