@@ -214,9 +214,12 @@ def test_main_exit_status(monkeypatch, capsys, args, report, status):
 
 
 def test_argument_validation():
-    """Bad targets and percentages are refused naming the argument."""
-    with pytest.raises(ValueError, match=r"target='nope'"):
+    """Unknown targets, targets without a reach table and bad percentages are refused,
+    naming the target or the argument."""
+    with pytest.raises(ValueError, match=r"unknown target 'nope'"):
         reach._reach_table("nope")
+    with pytest.raises(ValueError, match=r"target='kvcheck' declares no reach_table"):
+        reach._reach_table("kvcheck")
     assert reach.main(["--min-percent", "101"]) == 2
 
 
@@ -264,7 +267,7 @@ def test_suite_command_runs_the_shipped_suite_under_coverage():
 
 def test_sglang_reach_table_is_well_formed():
     """Every sglang reason names a scoped file and a valid pattern (no sglang needed)."""
-    from kvcheck.runner import _sglang_reach as table
+    from kvcheck.targets.sglang import reach as table
 
     files = {scope.file for scope in table.SCOPES}
     for entry in table.REASONS:
@@ -281,7 +284,7 @@ def test_sglang_reach_table_names_existing_methods():
     """
     import fnmatch
 
-    from kvcheck.runner import _sglang_reach as table
+    from kvcheck.targets.sglang import reach as table
 
     spec = importlib.util.find_spec("sglang")
     assert spec is not None and spec.submodule_search_locations

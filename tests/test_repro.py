@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from kvcheck.failures import Reproduction, reproduction_from_json, reproduction_to_json
-from kvcheck.runner.repro import _Flavour, _ScriptWriter, render_script, script_name, write_script
+from kvcheck.runner.repro import _recipe, _ScriptWriter, render_script, script_name, write_script
 from kvcheck.specs import (
     HostCopy,
     HostReload,
@@ -416,14 +416,15 @@ def test_the_script_header_says_what_each_exit_status_means() -> None:
 
 
 def test_a_module_script_carries_the_directory_its_target_came_from(tmp_path: Path) -> None:
-    """import_root is put first on sys.path (after kvcheck's import), so the script imports
-    the target from where kvcheck did, whatever the directory it runs from."""
+    """import_root is put on sys.path, last (a folder named kvcheck there cannot shadow the
+    installed package), before the target's import, so the script imports the target from
+    where kvcheck did, whatever the directory it runs from."""
     data = reproduction_to_json(TWINS["MoveIgnoresV"][1])
     script = render_script(data, target="mypool:target", import_root=str(tmp_path))
     assert f"TARGET_IMPORT_ROOT = {str(tmp_path)!r}" in script
     assert (
-        script.index("from kvcheck.specs import PoolSpec")
-        < script.index("sys.path.insert(0, TARGET_IMPORT_ROOT)")
+        script.index("sys.path.append(TARGET_IMPORT_ROOT)")
+        < script.index("from kvcheck.specs import PoolSpec")
         < script.index("import mypool as target_module")
     )
     assert "TARGET_IMPORT_ROOT" not in render_script(data, target="mypool:target")
@@ -468,7 +469,8 @@ def test_new_write_ops_render_as_pool_calls() -> None:
     mla_op = WriteMLA(layer_id=0, locs=(2,), nope_rows=(b"\x05\x06",), rope_rows=(b"\x07",))
     rendered = {}
     for spec, op in ((MHA, mha_ops[0]), (MHA, mha_ops[1]), (MLA, mla_op)):
-        writer = _ScriptWriter(Reproduction(spec, (op,)), _Flavour("kvcheck"))
+        rep = Reproduction(spec, (op,))
+        writer = _ScriptWriter(rep, _recipe("kvcheck", rep))
         prep, label, method, args = writer._call_parts(op)
         source = "\n".join([*prep, f"call({label!r}, {method}, {', '.join(args)})"])
         ast.parse(source)
@@ -601,7 +603,7 @@ def test_scaled_latent_scripts_replay_on_kvcheck_pools() -> None:
     assert output == "OK: no discrepancy\n"
 
 
-@pytest.mark.sglang
+@pytest.mark.kvcheck_target("sglang")
 def test_sglang_scripts_run_without_kvcheck(tmp_path: Path) -> None:
     """MHA, MLA and DSA reproductions for sglang import sglang alone and pass on its pools;
     a known sglang finding (no check for repeated move targets) is reproduced."""

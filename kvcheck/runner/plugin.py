@@ -10,8 +10,8 @@ Installing kvcheck is enough for any test suite to get:
 - markers ``kvcheck_needs(*capabilities, family=None)`` (skip, quoting the target's
   reason, when the target lacks one; a per-family declaration such as ``"meta_device:mha"``
   applies when the marker's ``family`` or the test's ``family`` parameter names that
-  family), ``gpu`` (skip unless the device is CUDA) and ``sglang`` (runs only when the
-  target is ``sglang``, so the default run never pays for importing sglang);
+  family), ``gpu`` (skip unless the device is CUDA) and ``kvcheck_target(name)`` (runs only
+  when the target is ``name``, so the default run never pays for importing another one);
 - the target's ``expected_failures``: matching tests run as strict expected failures, so a
   discrepancy that gets fixed fails the run as XPASS(strict) until its entry is removed;
 - the target's ``prepare()`` hook, run once per test process before any test (not in the
@@ -25,7 +25,7 @@ Installing kvcheck is enough for any test suite to get:
 
 A good neighbour: a test "uses kvcheck" when it lives in kvcheck's package (the shipped
 suite), takes a ``kvcheck_target``/``kvcheck_device`` fixture, or carries a
-``kvcheck_needs``/``gpu``/``sglang`` marker. Only those run under kvcheck's profile (loaded
+``kvcheck_needs``/``gpu``/``kvcheck_target`` marker. Only those run under kvcheck's profile (loaded
 around the test and put back after it); every other test keeps Hypothesis's settings as the
 project has them. kvcheck's profile applies to every test instead when asked for: a
 ``--kvcheck-target``/``--kvcheck-device``/``--kvcheck-profile`` option (command line or the
@@ -69,8 +69,8 @@ _ENV_PREFIX = "KVCHECK_"
 #: The kvcheck package directory (this module is kvcheck/runner/plugin.py).
 _PACKAGE = Path(__file__).resolve().parents[1]
 _KVCHECK_FIXTURES = frozenset({"kvcheck_target", "kvcheck_device"})
-_SGLANG_MARKER = "sglang"
-_KVCHECK_MARKERS = ("kvcheck_needs", "gpu", _SGLANG_MARKER)
+_TARGET_MARKER = "kvcheck_target"
+_KVCHECK_MARKERS = ("kvcheck_needs", "gpu", _TARGET_MARKER)
 #: Hypothesis settings a test's own ``@settings(...)`` may have changed from its parent.
 _SETTING_NAMES = (
     "max_examples",
@@ -202,8 +202,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device; skipped with a reason on CPU")
     config.addinivalue_line(
         "markers",
-        f"{_SGLANG_MARKER}: checks the sglang target itself; runs only when the kvcheck target "
-        "is sglang (--kvcheck-target=sglang or KVCHECK_TARGET=sglang), skipped otherwise",
+        f"{_TARGET_MARKER}(name): checks target `name` itself; runs only when the kvcheck "
+        "target is that one (--kvcheck-target / KVCHECK_TARGET), skipped otherwise",
     )
     if config.getoption("help", False):
         return  # keep `pytest --help` free of Hypothesis and target imports
@@ -235,7 +235,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if not session.profile_everywhere:
         profile = (
             f"{profile} for tests that use kvcheck (its suite, fixtures kvcheck_target/"
-            f"kvcheck_device, markers kvcheck_needs/gpu/sglang); other tests keep "
+            f"kvcheck_device, markers kvcheck_needs/gpu/kvcheck_target); other tests keep "
             f"Hypothesis profile {current!r}"
         )
     target = session.target
@@ -309,8 +309,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.stash[_BAD_CAPABILITY] = str(exc)
         if reason is None and item.get_closest_marker("gpu") is not None:
             reason = _gpu_skip_reason(session)
-        if reason is None and item.get_closest_marker(_SGLANG_MARKER) is not None:
-            reason = _sglang_skip_reason(session)
+        if reason is None and item.get_closest_marker(_TARGET_MARKER) is not None:
+            reason = _other_target_skip_reason(item, session)
         if reason is not None:
             item.add_marker(pytest.mark.skip(reason=reason))
             continue
@@ -419,8 +419,8 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
     try:
         target = resolve_target(target_option)
         if worker_id is not None or getattr(config.option, "dist", "no") == "no":
-            # Heavy one-time setup (sglang's import) before any test: a Hypothesis test
-            # must not see it (sglang raises the recursion limit while importing). The
+            # Heavy one-time setup (a target's imports) before any test: a Hypothesis test
+            # must not see it (a package may raise the recursion limit while importing). The
             # xdist controller runs no test, so it skips it.
             prepare_target(target)
     except TargetError as exc:
@@ -749,13 +749,17 @@ def _item_family(item: pytest.Item) -> str | None:
     return family if family in POOL_FAMILIES else None
 
 
-def _sglang_skip_reason(session: KVCheckSession) -> str | None:
-    if session.target.name == "sglang":
+def _other_target_skip_reason(item: pytest.Item, session: KVCheckSession) -> str | None:
+    """Why a test marked ``kvcheck_target(name)`` is skipped: another target is checked."""
+    marker = item.get_closest_marker(_TARGET_MARKER)
+    wanted = marker.args[0] if marker is not None and marker.args else None
+    if not isinstance(wanted, str):
+        raise pytest.UsageError(f"{item.nodeid}: use @pytest.mark.{_TARGET_MARKER}('name')")
+    if session.target.name == wanted:
         return None
     return (
-        f"checks the sglang target, but the kvcheck target is {session.target.name!r}; run "
-        "with --kvcheck-target=sglang or KVCHECK_TARGET=sglang (after "
-        "`bash scripts/install_sglang.sh`)"
+        f"checks the {wanted} target, but the kvcheck target is {session.target.name!r}; run "
+        f"with --kvcheck-target={wanted} or KVCHECK_TARGET={wanted}"
     )
 
 

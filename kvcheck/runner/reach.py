@@ -7,8 +7,9 @@ prints per class and per method how many executable lines the suite ran; the hea
 (the share of the declared headline scopes' executable lines that ran); and every unreached
 line range with the reason the target's reach table gives for it, or ``UNEXPLAINED``.
 
-What is measured and why a range may stay unreached are data, kept per target beside the
-adapter (``kvcheck/runner/_sglang_reach.py``): a list of :class:`Scope` and a list of
+What is measured and why a range may stay unreached are data, kept per target beside its
+adapter, in the module its ``reach_table`` member names (sglang's:
+``kvcheck/targets/sglang/reach.py``): a list of :class:`Scope` and a list of
 :class:`Reason`. A reason is keyed by file and qualified method name (a glob) and optionally
 a regular expression over the range's source and the header of the block that encloses it,
 never by line number, so the table survives reformatting of the target's code.
@@ -63,9 +64,6 @@ __all__ = [
     "main",
     "measure",
 ]
-
-#: Target name -> module holding its reach table (``PACKAGE``, ``SCOPES``, ``REASONS``).
-REACH_TABLES: Mapping[str, str] = {"sglang": "kvcheck.runner._sglang_reach"}
 
 UNEXPLAINED = "UNEXPLAINED"
 CLASS_BODY = "<class body>"
@@ -424,9 +422,21 @@ def analyze(
 
 
 def _reach_table(target: str) -> Any:
-    if target not in REACH_TABLES:
-        raise ValueError(f"target={target!r} has no reach table; valid: {sorted(REACH_TABLES)}")
-    return importlib.import_module(REACH_TABLES[target])
+    """The module of ``target``'s reach table (``PACKAGE``, ``SCOPES``, ``REASONS``), which
+    the target names in its ``reach_table`` (resolving a target does not import its code)."""
+    from kvcheck.targets import TargetError, resolve_target
+
+    try:
+        resolved = resolve_target(target)
+    except TargetError as exc:
+        raise ValueError(str(exc)) from exc
+    module = getattr(resolved, "reach_table", None)
+    if not isinstance(module, str):
+        raise ValueError(
+            f"target={target!r} declares no reach_table: reach measures the code of a target "
+            "that names its scopes and reasons (a module, as its reach_table member)"
+        )
+    return importlib.import_module(module)
 
 
 def _package_dir(package: str) -> Path:
@@ -452,7 +462,7 @@ def suite_command(
 
 
 def measure(
-    target: str = "sglang",
+    target: str,
     *,
     pytest_args: Sequence[str] = (),
     quiet: bool = False,
@@ -652,7 +662,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m kvcheck.runner.reach",
         description="Line coverage of a target's pool code under kvcheck's shipped suite.",
     )
-    parser.add_argument("--target", default="sglang", choices=sorted(REACH_TABLES))
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="a target that declares a reach table (default: KVCHECK_TARGET)",
+    )
     parser.add_argument("--min-percent", type=float, default=0.0, metavar="P")
     parser.add_argument("--strict", action="store_true", help="fail on unexplained ranges")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
@@ -698,6 +712,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         split = arguments.index("--")
         arguments, pytest_args = arguments[:split], arguments[split + 1 :]
     options = build_parser().parse_args(arguments)
+    from kvcheck.targets import target_spec
+
+    options.target = target_spec(options.target)
     problem = _usage_problem(options)
     if problem:
         print(f"kvcheck.runner.reach: error: {problem}", file=sys.stderr)

@@ -29,7 +29,7 @@ Example:
     ...     Move(tgt=(5,), src=(3,))), note="got 0 but should be 64")
     >>> data = reproduction_to_json(rep)
     >>> script = render_script(data, target="kvcheck")
-    >>> "pool.move_kv_cache" in script and "from kvcheck import pools" in script
+    >>> "pool.move_kv_cache" in script and "from kvcheck.pools import MHATokenToKVPool" in script
     True
 """
 
@@ -38,8 +38,8 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import re
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ import numpy as np
 
 from kvcheck.calls import request_kwargs
 from kvcheck.failures import Reproduction, reproduction_from_json
-from kvcheck.geometry import COMPRESS_TAIL_BUFFERS, latent_row_bytes, latent_width
+from kvcheck.geometry import COMPRESS_TAIL_BUFFERS, latent_width
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import (
     DSA_QUANT_BLOCK,
@@ -64,6 +64,8 @@ from kvcheck.specs import (
     WriteMLA,
     WritePrefixValid,
 )
+from kvcheck.targets import BUILTIN_TARGETS, TargetError, resolve_target
+from kvcheck.targets.base import ScriptRecipe
 
 __all__ = [
     "SCRIPT_CANNOT_RUN",
@@ -87,25 +89,48 @@ SCRIPT_CANNOT_RUN = 2
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-@dataclass(frozen=True)
-class _Flavour:
-    """How the script reaches the pools: kvcheck's, sglang's, or a ``module:attr`` target."""
-
-    kind: str  # "kvcheck", "sglang" or "module"
-    module: str = ""
-    attr: str = ""
-
-
-def _flavour(target: str) -> _Flavour:
+def _checked_target_name(target: str) -> str:
     if not isinstance(target, str):
         raise ValueError(f"target={target!r} is not a str")
     name = target.strip()
-    if name in ("kvcheck", "sglang"):
-        return _Flavour(name)
     module, sep, attr = name.partition(":")
-    if sep and _DOTTED.fullmatch(module) and _DOTTED.fullmatch(attr):
-        return _Flavour("module", module, attr)
-    raise ValueError(f"target={target!r}: expected 'kvcheck', 'sglang' or 'module:attr'")
+    if name in BUILTIN_TARGETS or (sep and _DOTTED.fullmatch(module) and _DOTTED.fullmatch(attr)):
+        return name
+    raise ValueError(
+        f"target={target!r}: expected a built-in target ({', '.join(BUILTIN_TARGETS)}) or "
+        "'module:attr'"
+    )
+
+
+def _recipe(target: str, rep: Reproduction) -> ScriptRecipe:
+    """The target's own recipe (built-in targets; a ``module:attr`` target whose module is
+    already imported, as it is after a run), else one that calls its ``make_pool``."""
+    module, _, attr = target.partition(":")
+    resolved: Any = None
+    if target in BUILTIN_TARGETS or module in sys.modules:
+        try:
+            resolved = resolve_target(target)
+        except TargetError:
+            resolved = None
+    offer = getattr(resolved, "script_recipe", None)
+    recipe = offer(rep.spec, rep.ops) if callable(offer) else None
+    if isinstance(recipe, ScriptRecipe):
+        return recipe
+    if not attr:
+        raise ValueError(f"target={target!r} offers no script recipe")
+    fields = ", ".join(_changed_fields(rep.spec))
+    return ScriptRecipe(
+        needs=f"torch, {module}, and kvcheck for the PoolSpec that the target's make_pool takes",
+        # A private alias, so that no module name can shadow the script's own names.
+        imports=("from kvcheck.specs import PoolSpec", f"import {module} as target_module"),
+        build=(
+            f"target = target_module.{attr}",
+            "if isinstance(target, type) or not hasattr(target, 'make_pool'):",
+            "    target = target()  # a class or factory: kvcheck calls it with no arguments",
+            f'pool = target.make_pool(PoolSpec({fields}), device="cpu")',
+        ),
+        index_k_write="target.write_index_k",
+    )
 
 
 # --- rendering helpers ----------------------------------------------------------------------
@@ -300,162 +325,16 @@ def check_pool(pool):
                 expect_bytes(f"pool.{read}({layer_id})", got, shape, nonzero)
 '''
 
-_SGLANG_SETUP = '''
-# --- what a launched sglang server would have provided (kvcheck's CPU workarounds) ---
-# sglang's MHA pool moves K/V with a Triton kernel unless this variable asks for its
-# tensor-indexing move; the pool reads it in its constructor.
-os.environ["SGLANG_NATIVE_MOVE_KV_CACHE"] = "1"
-
-
-def torchvision_stand_in():
-    """sglang's config package imports torchvision at import time (for image models this
-    script never builds). Without a loadable torchvision, serve stand-in modules that
-    raise if anything actually calls them."""
-    try:
-        import torchvision  # noqa: F401
-
-        return
-    except Exception:
-        for name in [n for n in sys.modules if n.split(".")[0] == "torchvision"]:
-            del sys.modules[name]
-    try:  # transformers caches whether torchvision exists: let it see the truth first
-        from transformers.utils import import_utils
-
-        import_utils.is_torchvision_available()
-        import_utils.is_torchvision_v2_available()
-    except Exception:
-        pass
-
-    class StandIn(types.ModuleType):
-        def __getattr__(self, name):
-            if name.startswith("__"):
-                raise AttributeError(name)
-            child = StandIn(f"{self.__name__}.{name}")
-            setattr(self, name, child)
-            return child
-
-        def __call__(self, *args, **kwargs):
-            raise RuntimeError(f"{self.__name__}: torchvision is a stand-in in this script")
-
-        def __mro_entries__(self, bases):
-            return (object,)
-
-    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] != "torchvision":
-                return None
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-
-        def create_module(self, spec):
-            module = StandIn(spec.name)
-            module.__path__ = []
-            return module
-
-        def exec_module(self, module):
-            pass
-
-    sys.meta_path.insert(0, Finder())
-
-
-torchvision_stand_in()
-with warnings.catch_warnings():  # sglang warns about CPU-only features at import
-    warnings.simplefilter("ignore")
-    from sglang.srt.mem_cache import memory_pool
-    from sglang.srt.runtime_context import get_parallel
-
-# MLA/DSA pools read parallel widths that a launched server publishes: RANK_WIDTHS.
-get_parallel().override_permanently(PARALLEL_WIDTHS)
-if not torch.cuda.is_available():
-    # DSA host copies call torch.cuda.synchronize(); CPU work has nothing to wait for.
-    torch.cuda.synchronize = lambda device=None: None
-'''
-
-
-def _sglang_setup(spec: PoolSpec) -> str:
-    """The sglang script's setup, publishing the parallel widths of the spec's DCP rank."""
-    from kvcheck.targets._sglang_env import dcp_parallel_widths
-
-    ranks, rank = spec.dcp_size, spec.dcp_rank
-    widths = ", ".join(
-        f"{name}={value!r}" for name, value in dcp_parallel_widths(ranks, rank).items()
-    )
-    which = "one rank here" if ranks == 1 else f"rank {rank} of --dcp-size {ranks} here"
-    setup = _SGLANG_SETUP.strip("\n").replace("PARALLEL_WIDTHS", widths)
-    return setup.replace("RANK_WIDTHS", which)
-
-
-_SGLANG_INDEX_K = '''
-
-def cpu_set_k_and_s(buf_fp8, buf_fp32, loc, index_k, index_k_scale, index_k_row_stride, *,
-                    PAGE_SIZE, BUF_NUMEL_PER_PAGE, NUM_K_ELEMS_PER_TOKEN,
-                    S_OFFSET_NBYTES_IN_PAGE, PRESHUFFLE_TILE, **launch_options):
-    """CPU body of sglang's Triton _set_k_and_s_triton_kernel, with the byte layout that
-    kernel documents: token t sits in page t // PAGE_SIZE at offset o = t % PAGE_SIZE; its
-    fp8 key fills bytes [o*K, (o+1)*K) of the page row, its fp32 scale the 4 bytes at
-    S_OFFSET + 4*o."""
-    token = loc.view(-1).long()
-    if token.numel() == 0:
-        return
-    page, offset = token // PAGE_SIZE, token % PAGE_SIZE
-    columns = torch.arange(NUM_K_ELEMS_PER_TOKEN)
-    key_at = (page * BUF_NUMEL_PER_PAGE + offset * NUM_K_ELEMS_PER_TOKEN)[:, None] + columns
-    keys = torch.as_strided(index_k.view(torch.uint8), (token.numel(), NUM_K_ELEMS_PER_TOKEN),
-                            (index_k_row_stride, 1))
-    buf_fp8.view(torch.uint8).view(-1)[key_at.reshape(-1)] = keys.reshape(-1)
-    scale_at = page * (BUF_NUMEL_PER_PAGE // 4) + S_OFFSET_NBYTES_IN_PAGE // 4 + offset
-    buf_fp32.view(-1)[scale_at] = index_k_scale.reshape(-1)[: token.numel()].float()
-
-
-class CpuKernel:
-    def __getitem__(self, grid):  # launched as kernel[grid](...)
-        return cpu_set_k_and_s
-
-
-from sglang.kernels.ops.kvcache import dsa_index_k_cache  # noqa: E402
-
-dsa_index_k_cache._set_k_and_s_triton_kernel = CpuKernel()
-'''
-
-
-_SGLANG_SCALED_QUANT = '''
-
-def cpu_quantize_k_cache(out_q, out_s, out_rope, k_nope, k_rope, *strides, NUM_NOPE_BLOCKS,
-                         GROUP_SIZE, DIM_NOPE, DIM_ROPE, FP8_MIN, FP8_MAX, **launch_options):
-    """CPU body of sglang's Triton _quantize_k_cache_fast_kernel (scaled fp8 DSA rows), in
-    float32: per block, scale = max|y| / FP8_MAX, value clamp(y * (1 / scale)) to fp8
-    (tl.clamp propagates no NaN: fmax/fmin), then the rope values unchanged."""
-    for block in range(NUM_NOPE_BLOCKS):
-        cols = slice(block * GROUP_SIZE, min((block + 1) * GROUP_SIZE, DIM_NOPE))
-        y = k_nope[:, cols].float()
-        y_s = y.abs().amax(dim=1) / FP8_MAX
-        y_q = torch.fmin(torch.fmax(y * (1.0 / y_s)[:, None], torch.tensor(FP8_MIN)),
-                         torch.tensor(FP8_MAX))
-        out_q[:, cols] = y_q.to(out_q.dtype)
-        out_s[:, block] = y_s
-    if DIM_ROPE:
-        out_rope[:, :DIM_ROPE] = k_rope[:, :DIM_ROPE].to(out_rope.dtype)
-
-
-class CpuQuantizeKernel:
-    def __getitem__(self, grid):  # launched as kernel[grid](...)
-        return cpu_quantize_k_cache
-
-
-from sglang.kernels.ops.quantization import dsa_quant_k_cache  # noqa: E402
-
-dsa_quant_k_cache._quantize_k_cache_fast_kernel = CpuQuantizeKernel()
-'''
-
 
 class _ScriptWriter:
-    """Builds one script from a reproduction, the reference's verdicts and a target flavour."""
+    """Builds one script from a reproduction, the reference's verdicts and a target's recipe."""
 
     def __init__(
-        self, rep: Reproduction, flavour: _Flavour, *, import_root: str | None = None
+        self, rep: Reproduction, recipe: ScriptRecipe, *, import_root: str | None = None
     ) -> None:
         self.rep = rep
         self.spec = rep.spec
-        self.flavour = flavour
+        self.recipe = recipe
         self.import_root = import_root
         self.reference = ReferencePool(rep.spec)
 
@@ -465,12 +344,6 @@ class _ScriptWriter:
         from kvcheck import __version__
 
         rep, spec = self.rep, self.spec
-        needs = {
-            "kvcheck": "torch and kvcheck (its pools)",
-            "sglang": "torch and sglang (written for sglang 0.5.23; runs on CPU)",
-            "module": f"torch, {self.flavour.module}, and kvcheck for the PoolSpec that "
-            "the target's make_pool takes",
-        }[self.flavour.kind]
         lines = [
             f"# Reproduction written by kvcheck {__version__} for target {target!r}.",
             "#",
@@ -487,7 +360,7 @@ class _ScriptWriter:
         lines += [
             "#",
             "# Run: python <this file>, from any directory",
-            f"# Needs: {needs}.",
+            f"# Needs: {self.recipe.needs}.",
             "# Exit status:",
             f'#   {SCRIPT_OK}  "OK: no discrepancy": the pool behaves (fixed);',
             f'#   {SCRIPT_REPRODUCED}  "REPRODUCED: ..." naming the first discrepancy;',
@@ -498,55 +371,34 @@ class _ScriptWriter:
         return lines
 
     def imports(self) -> list[str]:
-        """The imports (and sglang's setup), each failure a ``cannot_run``."""
-        kind = self.flavour.kind
-        names = ["math", "sys", "traceback", "types"]
-        if kind == "sglang":
-            names = sorted({*names, "importlib.abc", "importlib.machinery", "os", "warnings"})
+        """The imports and the target's setup, each failure a ``cannot_run``."""
+        recipe = self.recipe
+        names = sorted({"math", "sys", "traceback", "types", *recipe.modules})
         lines = [*(f"import {name}" for name in names), ""]
-        if kind == "module" and self.import_root is not None:
-            lines.append(f"# Where kvcheck imported {self.flavour.module} from.")
-            lines += [f"TARGET_IMPORT_ROOT = {self.import_root!r}", ""]
-        lines += ["", *_PRELUDE.strip("\n").splitlines(), "", ""]
         guarded = ["import torch", ""]
-        if kind == "kvcheck":
-            guarded.append("from kvcheck import pools")
-        elif kind == "module":
-            guarded.append("from kvcheck.specs import PoolSpec")
-            if self.import_root is not None:
-                # After kvcheck: a folder named kvcheck there must not shadow it.
-                guarded += [
-                    "",
-                    "if TARGET_IMPORT_ROOT not in sys.path:",
-                    "    sys.path.insert(0, TARGET_IMPORT_ROOT)",
-                ]
-            # A private alias, so that no module name can shadow the script's own names.
-            guarded.append(f"import {self.flavour.module} as target_module")
+        if self.import_root is not None:
+            lines.append("# Where kvcheck imported the target's module from.")
+            lines += [f"TARGET_IMPORT_ROOT = {self.import_root!r}", ""]
+            # Last on the path: an installed package (kvcheck itself) is never shadowed by
+            # a folder of the same name there.
+            guarded += [
+                "if TARGET_IMPORT_ROOT not in sys.path:",
+                "    sys.path.append(TARGET_IMPORT_ROOT)",
+            ]
+        lines += ["", *_PRELUDE.strip("\n").splitlines(), "", ""]
         lines += [
             "try:",
-            *_indented(guarded),
+            *_indented([*guarded, *recipe.imports]),
             "except Exception as exc:  # an import error, or whatever the module raised importing",
             '    cannot_run(f"importing failed with {type(exc).__name__}: {exc}")',
         ]
-        if kind == "sglang":
-            setup = _sglang_setup(self.spec).splitlines()
-            if any(isinstance(op, WriteIndexK) for op in self.rep.ops):
-                setup += _SGLANG_INDEX_K.rstrip("\n").splitlines()
-            if self.spec.latent_layout == "scaled":
-                setup += _SGLANG_SCALED_QUANT.rstrip("\n").splitlines()
+        if recipe.setup:
             lines += [
                 "",
-                "",
-                "def sglang_setup():",
-                '    """Import sglang\'s pools as a launched server would have set them up."""',
-                *_indented(setup),
-                "    return memory_pool",
-                "",
-                "",
                 "try:",
-                "    memory_pool = sglang_setup()",
+                *_indented(recipe.setup.splitlines()),
                 "except Exception as exc:",
-                '    cannot_run(f"sglang\'s setup failed with {type(exc).__name__}: {exc}")',
+                '    cannot_run(f"the target\'s setup failed with {type(exc).__name__}: {exc}")',
             ]
         return lines
 
@@ -554,38 +406,10 @@ class _ScriptWriter:
         """The lines building the pool; if that raises, the script cannot run."""
         return [
             "try:",
-            *_indented(self._pool_lines()),
+            *_indented(self.recipe.build),
             "except Exception as exc:  # kvcheck built this pool: not the discrepancy reported",
             '    cannot_run(f"building the pool raised {type(exc).__name__}: {exc}")',
         ]
-
-    def _pool_lines(self) -> list[str]:
-        spec, kind = self.spec, self.flavour.kind
-        if kind == "module":
-            fields = ", ".join(_changed_fields(spec))
-            return [
-                f"target = target_module.{self.flavour.attr}",
-                "if isinstance(target, type) or not hasattr(target, 'make_pool'):",
-                "    target = target()  # a class or factory: kvcheck calls it with no arguments",
-                f'pool = target.make_pool(PoolSpec({fields}), device="cpu")',
-            ]
-        args = _pool_arguments(spec, sglang=kind == "sglang")
-        owner = "memory_pool" if kind == "sglang" else "pools"
-        cls = {
-            "mha": "MHATokenToKVPool",
-            "noop": "NoOpMHATokenToKVPool",
-            "mla": "MLATokenToKVPool",
-            "dsa": "DSATokenToKVPool",
-        }[spec.family]
-        body = "".join(f"\n    {name}={value}," for name, value in args)
-        if kind == "sglang" and spec.kv_layout == "hnd":
-            # sglang picks the HND layout from this variable, read in the constructor.
-            return [
-                'os.environ["SGLANG_USE_HND_KVCACHE"] = "1"',
-                f"pool = {owner}.{cls}({body}\n)",
-                'del os.environ["SGLANG_USE_HND_KVCACHE"]',
-            ]
-        return [f"pool = {owner}.{cls}({body}\n)"]
 
     # -- operations -------------------------------------------------------------------------
 
@@ -654,9 +478,10 @@ class _ScriptWriter:
             ]
             label = f"set_index_k_scale_buffer(layer_id={op.layer_id}, loc={_list(op.locs)})"
             args = [str(op.layer_id), "loc", "index_k", "index_k_scale"]
-            if self.flavour.kind == "module":
-                return prep, label, "target.write_index_k", ["pool", *args]
-            return prep, label, "pool.set_index_k_scale_buffer", args
+            write = self.recipe.index_k_write
+            if not write.startswith("pool."):
+                args = ["pool", *args]  # a target's write_index_k takes the pool first
+            return prep, label, write, args
         if isinstance(op, WriteCompressTail):
             dim = self.spec.index_head_dim
             prep = [
@@ -779,70 +604,16 @@ def _describe_spec(spec: PoolSpec) -> str:
     return f"{spec.family} ({', '.join(shown)})"
 
 
-def _pool_arguments(spec: PoolSpec, *, sglang: bool) -> list[tuple[str, str]]:
-    """Constructor arguments of the pool ``spec`` describes, as (name, source) pairs."""
-    args = [
-        ("size", str(spec.size)),
-        ("page_size", str(spec.page_size)),
-        ("dtype", f"torch.{spec.dtype}"),
-        ("layer_num", str(spec.layer_num)),
-        ("device", '"cpu"'),
-        ("start_layer", str(spec.start_layer)),
-    ]
-    if sglang:
-        args += [
-            ("end_layer", str(spec.start_layer + spec.layer_num)),
-            ("enable_memory_saver", "False"),
-        ]
-    if spec.family in ("mha", "noop"):
-        args += [
-            ("head_num", str(spec.head_num)),
-            ("head_dim", str(spec.head_dim)),
-            ("v_head_dim", repr(spec.v_head_dim)),
-        ]
-        if sglang:
-            args.append(("enable_kv_cache_copy", "False"))
-        elif spec.kv_layout != "nhd":
-            args.append(("kv_layout", repr(spec.kv_layout)))
-        return args
-    args += [
-        ("kv_lora_rank", str(spec.kv_lora_rank)),
-        ("qk_rope_head_dim", str(spec.qk_rope_head_dim)),
-    ]
-    if spec.dcp_size > 1 and not sglang:  # sglang reads its rank from the published widths
-        args += [("dcp_size", str(spec.dcp_size)), ("dcp_rank", str(spec.dcp_rank))]
-    if spec.family == "dsa":
-        mask = spec.skip_topk_layers
-        args += [
-            ("index_head_dim", str(spec.index_head_dim)),
-            ("index_buf_size", repr(spec.index_buf_size)),
-            # sglang is given the mask its configurator builds: one entry per layer.
-            ("skip_topk_layers", repr(list(spec.skip_mask) if sglang or mask else None)),
-        ]
-        if sglang or spec.latent_layout != "raw":
-            scaled = spec.latent_layout == "scaled"
-            dim = latent_row_bytes(spec) if scaled else latent_width(spec)
-            args.append(("kv_cache_dim", str(dim)))
-        if spec.index_kpool != 1:
-            args += [
-                ("index_kpool", str(spec.index_kpool)),
-                ("index_kpool_compress", repr(spec.index_kpool_compress)),
-                ("tail_extra_slots", str(spec.tail_extra_slots)),
-                ("max_running_requests", repr(spec.max_running_requests)),
-            ]
-    return args
-
-
 def render_script(data: Mapping[str, Any], *, target: str, import_root: str | None = None) -> str:
     """The standalone script that replays ``data`` (:func:`reproduction_to_json`'s output).
 
-    ``target`` is the target name given to kvcheck: ``"kvcheck"`` (the script imports
-    torch and ``kvcheck.pools``), ``"sglang"`` (torch and sglang only, with kvcheck's CPU
-    workarounds written out), or ``"module:attr"`` (the script imports ``module``, takes
-    ``attr`` as the target and calls ``target.make_pool(PoolSpec(...), device="cpu")``).
-    ``import_root`` (``module:attr`` only; :func:`import_root` finds it) is the directory
-    the module was imported from: the script puts it first on ``sys.path``, so it runs
-    from any directory. Raises ``ValueError`` for any other form of ``target``.
+    ``target`` is the target name given to kvcheck: a built-in one, or ``"module:attr"``.
+    The pool is built as the target's ``script_recipe`` says (kvcheck's: its pool class
+    from ``kvcheck.pools``; sglang's: torch and sglang only, with kvcheck's CPU stand-ins
+    written out); a target without one is imported and its ``make_pool(PoolSpec(...),
+    device="cpu")`` called. ``import_root`` (:func:`import_root` finds it) is the directory
+    a ``module:attr`` target's module was imported from: the script puts it on ``sys.path``,
+    so it runs from any directory. Raises ``ValueError`` for any other form of ``target``.
 
     Example:
         >>> from kvcheck.failures import Reproduction, reproduction_to_json
@@ -854,14 +625,14 @@ def render_script(data: Mapping[str, Any], *, target: str, import_root: str | No
         >>> render_script(data, target="nonsense")
         Traceback (most recent call last):
         ...
-        ValueError: target='nonsense': expected 'kvcheck', 'sglang' or 'module:attr'
+        ValueError: target='nonsense': expected a built-in target (kvcheck, sglang) or 'module:attr'
     """
-    flavour = _flavour(target)
+    name = _checked_target_name(target)
     rep = reproduction_from_json(data)
     if import_root is not None and not isinstance(import_root, str):
         raise ValueError(f"import_root={import_root!r} is not a str")
-    writer = _ScriptWriter(rep, flavour, import_root=import_root)
-    head = "\n".join(writer.header(target.strip()))
+    writer = _ScriptWriter(rep, _recipe(name, rep), import_root=import_root)
+    head = "\n".join(writer.header(name))
     setup = "\n".join(writer.imports())
     body = [
         "# --- the pool and the calls " + "-" * 60,
@@ -909,7 +680,6 @@ def import_root(module: str) -> str | None:
         >>> Path(import_root("kvcheck.runner.repro")) == Path(__file__).parents[2]
         True
     """
-    import sys
 
     origin = getattr(getattr(sys.modules.get(module), "__spec__", None), "origin", None)
     if not isinstance(origin, str) or not Path(origin).is_file():

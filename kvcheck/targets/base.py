@@ -99,6 +99,13 @@ FAMILY_SEPARATOR = ":"
 #:     parent's. (Targets written before surfaces may still declare ``pool_spec_limits``,
 #:     ``kv_layouts``, ``latent_layouts``, ``index_kpools`` and ``dcp_sizes``; they are
 #:     read into a surface by :func:`kvcheck.surface.surface_of`.)
+#: ``script_recipe(spec, ops) -> ScriptRecipe | None``
+#:     How a standalone reproduction script builds the target's pool without kvcheck
+#:     (:class:`ScriptRecipe`); ``None`` (or no member): the script calls ``make_pool``.
+#: ``reach_table: str``
+#:     The module (``PACKAGE``, ``SCOPES``, ``REASONS``; see :mod:`kvcheck.runner.reach`) that
+#:     says which of the target's code ``python -m kvcheck.runner.reach`` measures and why
+#:     each unreached range stays unreached.
 #: ``expected_failures: Mapping[str, str]``
 #:     pytest node-id pattern -> reason. Tests of the suite that match (see
 #:     :func:`kvcheck.targets.expected_failure_reason`) run as strict expected failures:
@@ -113,6 +120,8 @@ FAMILY_SEPARATOR = ":"
 OPTIONAL_MEMBERS: tuple[str, ...] = (
     "prepare",
     "surface",
+    "script_recipe",
+    "reach_table",
     "expected_failures",
     "findings",
 )
@@ -132,8 +141,11 @@ class PoolArguments:
         >>> arguments = PoolArguments("fractions:Fraction", {"numerator": 1, "denominator": 2})
         >>> arguments.build()
         Fraction(1, 2)
-        >>> arguments.call_source("pool")
-        'pool = Fraction(numerator=1, denominator=2)'
+        >>> print(arguments.call_source("pool"))
+        pool = Fraction(
+            numerator=1,
+            denominator=2,
+        )
     """
 
     pool_class: str
@@ -165,10 +177,43 @@ class PoolArguments:
         """``cls(**kwargs)``; ``cls`` defaults to :meth:`resolve` (a twin passes its own)."""
         return (self.resolve() if cls is None else cls)(**self.kwargs)
 
-    def call_source(self, variable: str, *, indent: str = "") -> str:
-        """The constructor call as source: ``variable = ClassName(name=value, ...)``."""
-        arguments = ", ".join(f"{name}={value!r}" for name, value in self.kwargs.items())
-        return f"{indent}{variable} = {self.class_name}({arguments})"
+    def call_source(self, variable: str, *, qualifier: str = "") -> str:
+        """The constructor call as source, one argument a line: ``variable = ClassName(``
+        (``qualifier.ClassName`` when the class is reached through a module name)."""
+        name = f"{qualifier}.{self.class_name}" if qualifier else self.class_name
+        arguments = "".join(f"\n    {key}={value!r}," for key, value in self.kwargs.items())
+        return f"{variable} = {name}({arguments}\n)"
+
+
+@dataclass(frozen=True)
+class ScriptRecipe:
+    """How a standalone reproduction script builds a target's pool (kvcheck's runner writes
+    the rest: the calls, the expected bytes, the checks).
+
+    A target offers one through ``script_recipe(spec, ops)``; without one (or when it returns
+    ``None``) the script imports the target and calls its ``make_pool``.
+
+    Example:
+        >>> recipe = ScriptRecipe(needs="torch and mypkg", imports=("from mypkg import Pool",),
+        ...                       build=("pool = Pool(size=8)",))
+        >>> recipe.index_k_write
+        'pool.set_index_k_scale_buffer'
+    """
+
+    #: What the script needs to run, for its header ("torch and sglang ...").
+    needs: str
+    #: Import lines, run first (a failure makes the script exit CANNOT RUN).
+    imports: tuple[str, ...]
+    #: Lines that bind ``pool``.
+    build: tuple[str, ...]
+    #: Standard-library modules the setup uses, imported with the script's own.
+    modules: tuple[str, ...] = ()
+    #: Source run after the imports, before the pool is built: what a launched server
+    #: would have provided (a failure makes the script exit CANNOT RUN).
+    setup: str = ""
+    #: How the script writes DSA index keys: a pool method, or a target's ``write_index_k``
+    #: (``"target.write_index_k"``, which takes the pool first).
+    index_k_write: str = "pool.set_index_k_scale_buffer"
 
 
 @runtime_checkable

@@ -23,7 +23,7 @@ from typing import Any
 import kvcheck
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
 from kvcheck.surface import Surface
-from kvcheck.targets.base import PoolArguments
+from kvcheck.targets.base import PoolArguments, ScriptRecipe
 
 #: Pool class name -> family, most specific first (NoOp derives from MHA, DSA from MLA).
 _FAMILY_OF_CLASS: tuple[tuple[str, str], ...] = (
@@ -125,6 +125,25 @@ class KVCheckTarget:
                 max_running_requests=spec.max_running_requests,
             )
         return PoolArguments("kvcheck.pools:DSATokenToKVPool", kwargs)
+
+    def script_recipe(self, spec: PoolSpec, ops: Sequence[Any] = ()) -> ScriptRecipe | None:
+        """A reproduction script builds the pool from :meth:`pool_arguments` itself, unless a
+        subclass builds its pools in its own ``make_pool`` (then the script calls that).
+
+        Example:
+            >>> spec = PoolSpec(family="mha", size=8, page_size=4, layer_num=1, dtype="bfloat16")
+            >>> KVCheckTarget().script_recipe(spec).imports
+            ('from kvcheck.pools import MHATokenToKVPool',)
+        """
+        if type(self).make_pool is not KVCheckTarget.make_pool:
+            return None
+        arguments = self.pool_arguments(spec, device="cpu")
+        package = arguments.module.partition(".")[0]
+        return ScriptRecipe(
+            needs=f"torch and {package} (its pools)",
+            imports=(f"from {arguments.module} import {arguments.class_name}",),
+            build=tuple(arguments.call_source("pool").splitlines()),
+        )
 
     def write_index_k(
         self, pool: Any, layer_id: int, loc: Any, index_k: Any, index_k_scale: Any

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from kvcheck.targets import _sglang_env as env
+from kvcheck.targets.sglang import env
 
 VARIABLE = "KVCHECK_TEST_SCOPED_VARIABLE"
 

@@ -2,7 +2,7 @@
 
 Each test runs kvcheck's own check on the minimal example Hypothesis gave for one finding,
 against the active target. On the kvcheck target they pass, which shows the check and the
-example are sound. The sglang target's findings (``kvcheck/targets/_sglang_findings.py``)
+example are sound. The sglang target's findings (``kvcheck/targets/sglang/findings.py``)
 name these tests as the ones that pin them, so the plugin runs them as strict xfails that
 must fail with exactly that finding's failure: the day sglang changes, the matching test
 passes (or fails differently) and the run fails until the finding is updated. The

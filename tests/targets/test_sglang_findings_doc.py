@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.targets import _sglang_adapt as adapt
-from kvcheck.targets import _sglang_env as env
-from kvcheck.targets import sglang as sglang_target
-from kvcheck.targets._sglang_findings import SGLANG_FINDINGS
+from kvcheck.targets.sglang import adapt, env
+from kvcheck.targets.sglang import target as sglang_target
+from kvcheck.targets.sglang.findings import SGLANG_FINDINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -26,7 +25,7 @@ FINDINGS_DOC = DOCS / "sglang-findings.md"
 REPROS = DOCS / "sglang-repros"
 #: The classes the document defines, in the order its sections list them.
 CLASSES = ("bug", "undocumented precondition", "contract difference")
-#: Context managers of _sglang_env that are building blocks of the stand-ins, not one.
+#: Context managers of the target's env module that are building blocks of the stand-ins, not one.
 ENV_HELPERS = frozenset({"scoped_environ"})
 
 ANCHOR = re.compile(r'<a id="([^"]+)"></a>')
@@ -129,7 +128,7 @@ def _context_managers(module: object) -> set[str]:
 
 
 def test_every_scoped_patch_and_stand_in_class_is_registered() -> None:
-    """A new context manager in _sglang_env or *StandIn class in _sglang_adapt must be
+    """A new context manager in sglang.env or *StandIn class in sglang.adapt must be
     added to SGLANG_STAND_INS (and so to the document's table)."""
     registered = set(sglang_target.SGLANG_STAND_INS)
     assert _context_managers(env) - ENV_HELPERS <= registered

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.sglang
+pytestmark = pytest.mark.kvcheck_target("sglang")
 
 REPROS = Path(__file__).resolve().parents[2] / "docs" / "sglang-repros"
 SCRIPTS = sorted(REPROS.glob("*.py"))

@@ -20,10 +20,10 @@ import torch
 from kvcheck.serving import GLM_5_2_LIKE, QWEN3_EMBEDDING_8B
 from kvcheck.specs import PoolSpec
 from kvcheck.targets import CAPABILITIES, Target, check_target
-from kvcheck.targets import _sglang_env as env
-from kvcheck.targets.sglang import SGLangTarget, _sglang
+from kvcheck.targets.sglang import env
+from kvcheck.targets.sglang.target import SGLangTarget, _sglang
 
-pytestmark = pytest.mark.sglang
+pytestmark = pytest.mark.kvcheck_target("sglang")
 
 NATIVE_MOVE_BEFORE = os.environ.get(env.NATIVE_MOVE_ENV)
 DSA_PAGE = 64  # sglang 0.5.23 asserts 64-token DSA pages on CPU and CUDA
@@ -310,7 +310,7 @@ with warnings.catch_warnings():
 _IMPORT_THROUGH_TARGET = "from kvcheck.targets.sglang import SGLangTarget; SGLangTarget().prepare()"
 _IMPORT_WITHOUT_GUARD = """
 import importlib, warnings
-from kvcheck.targets import _sglang_env as env
+from kvcheck.targets.sglang import env
 with warnings.catch_warnings(), env.torchvision_stand_in():
     warnings.simplefilter("ignore")
     importlib.import_module("sglang.srt.mem_cache.memory_pool")
@@ -370,7 +370,7 @@ def test_hisparse_ratio_is_sglangs_default() -> None:
     from sglang.srt.mem_cache.sparsity import parse_hisparse_config
 
     from kvcheck.serving import HISPARSE_HOST_TO_DEVICE_RATIO
-    from kvcheck.targets.sglang import _published, _serving_args
+    from kvcheck.targets.sglang.target import _published, _serving_args
 
     with _published(_serving_args(enable_hisparse=True)):
         ratio = parse_hisparse_config().host_to_device_ratio

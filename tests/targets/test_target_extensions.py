@@ -289,7 +289,7 @@ _INNER_TESTS = """
             log.write(f"{x}\\n")
         assert x < 10
 
-    @pytest.mark.sglang
+    @pytest.mark.kvcheck_target("sglang")
     def test_needs_sglang():
         raise AssertionError("must be skipped")
 """

@@ -4,8 +4,8 @@ Pools are sglang's own classes (``MHATokenToKVPool``, ``NoOpMHATokenToKVPool``,
 ``MLATokenToKVPool``, ``DSATokenToKVPool``); validation, pool-family checks, KV sizing
 and the DSA skip rule are sglang's own functions. What a launched sglang server would
 have provided (a GPU, published parallel widths, resolved server arguments, a loaded
-checkpoint) is supplied by the scoped workarounds in :mod:`kvcheck.targets._sglang_env`
-and the translations in :mod:`kvcheck.targets._sglang_adapt`; each is documented where
+checkpoint) is supplied by the scoped workarounds in :mod:`kvcheck.targets.sglang.env`
+and the translations in :mod:`kvcheck.targets.sglang.adapt`; each is documented where
 it is used.
 
 Importing this module does not import sglang (7-15 s); the first method that
@@ -41,10 +41,9 @@ import torch
 from kvcheck.geometry import latent_row_bytes, latent_width
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
 from kvcheck.surface import Surface
-from kvcheck.targets import _sglang_adapt as adapt
-from kvcheck.targets import _sglang_env as env
-from kvcheck.targets._sglang_findings import EXPECTED_FAILURES, SGLANG_FINDINGS
-from kvcheck.targets.base import PoolArguments
+from kvcheck.targets.base import PoolArguments, ScriptRecipe
+from kvcheck.targets.sglang import adapt, env
+from kvcheck.targets.sglang.findings import EXPECTED_FAILURES, SGLANG_FINDINGS
 
 #: The sglang release this adapter was written against.
 SGLANG_VERSION = "0.5.23"
@@ -136,10 +135,10 @@ CPU_NOTES: Mapping[str, str] = MappingProxyType(
 #: what a launched sglang server on a GPU provides, by the name under which the "CPU
 #: stand-ins" table of docs/sglang-findings.md says what sglang does without it (a stand-in
 #: must never hide a finding). tests/targets/test_sglang_findings_doc.py fails when one has
-#: no row there, and when ``_sglang_env`` gains a context manager or ``_sglang_adapt`` a
+#: no row there, and when ``env`` gains a context manager or ``adapt`` a
 #: ``*StandIn`` class that is not listed here.
 SGLANG_STAND_INS: tuple[str, ...] = (
-    # _sglang_env: scoped patches and environment
+    # env: scoped patches and environment
     "torchvision_stand_in",
     "native_kv_move",
     "hnd_kv_layout",
@@ -152,7 +151,7 @@ SGLANG_STAND_INS: tuple[str, ...] = (
     # this module
     "_refuse_zero_row_index_write",
     "_published",
-    # _sglang_adapt: objects and resolution steps a server would build from a checkpoint
+    # adapt: objects and resolution steps a server would build from a checkpoint
     "ConfiguratorStandIn",
     "ModelConfigStandIn",
     "HFConfig",
@@ -211,6 +210,9 @@ class SGLangTarget:
     """
 
     name: str = "sglang"
+    #: The scopes of sglang's code ``python -m kvcheck.runner.reach`` measures, and why each
+    #: unreached range stays unreached.
+    reach_table: str = "kvcheck.targets.sglang.reach"
 
     def __init__(self) -> None:
         self.version: str = _installed_sglang_version()
@@ -235,7 +237,7 @@ class SGLangTarget:
         The kvcheck pytest plugin calls this before any test runs: sglang's import raises
         the interpreter's recursion limit, which Hypothesis reports as an error when it
         happens inside a property. Also guards the process's exit against a crash in a
-        library sglang loads (:func:`._sglang_env.guard_swig_exit_warning`).
+        library sglang loads (:func:`.env.guard_swig_exit_warning`).
         """
         _sglang()
 
@@ -252,7 +254,7 @@ class SGLangTarget:
         pages (``page_size == 64 * index_kpool``), which sglang asserts. On CPU, MHA pools use
         sglang's native move. MLA/DSA pools are built, and their methods run, with the
         parallel widths of rank ``dcp_rank`` of ``dcp_size`` (1 of 1 without DCP), as on a
-        server launched with ``--dcp-size`` (see :mod:`._sglang_env`).
+        server launched with ``--dcp-size`` (see :mod:`.env`).
         """
         _sglang()  # sglang's modules, imported under their stand-ins, once per process
         arguments = self.pool_arguments(spec, device=device)
@@ -276,55 +278,16 @@ class SGLangTarget:
         return pool
 
     def pool_arguments(self, spec: PoolSpec, *, device: str) -> PoolArguments:
-        """sglang's pool class and constructor arguments for ``spec`` on ``device``.
+        """sglang's pool class and constructor arguments for ``spec`` on ``device``
+        (:func:`pool_arguments`)."""
+        return pool_arguments(spec, device=device)
 
-        What :meth:`make_pool` builds inside its scopes (the published parallel widths, the
-        HND variable, the native move), and what a reproduction script prints.
+    def script_recipe(self, spec: PoolSpec, ops: Sequence[Any] = ()) -> ScriptRecipe:
+        """How a reproduction script builds this pool with sglang alone
+        (:func:`kvcheck.targets.sglang.scripts.script_recipe`)."""
+        from kvcheck.targets.sglang.scripts import script_recipe
 
-        Example:
-            >>> spec = PoolSpec(family="mha", size=8, page_size=4, layer_num=2, dtype="bfloat16")
-            >>> args = SGLangTarget.pool_arguments(None, spec, device="cpu")  # no sglang import
-            >>> args.class_name, args.kwargs["end_layer"], args.kwargs["enable_kv_cache_copy"]
-            ('MHATokenToKVPool', 2, False)
-        """
-        if not isinstance(spec, PoolSpec):
-            raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
-        if spec.family not in POOL_FAMILIES:
-            raise ValueError(f"spec.family={spec.family!r} not in {POOL_FAMILIES}")
-        kwargs: dict[str, Any] = {
-            "size": spec.size,
-            "page_size": spec.page_size,
-            "dtype": adapt.pool_dtype(spec.dtype),
-            "layer_num": spec.layer_num,
-            "device": device,
-            "enable_memory_saver": False,
-            "start_layer": spec.start_layer,
-            "end_layer": spec.start_layer + spec.layer_num,
-        }
-        if spec.family in ("mha", "noop"):
-            name = "MHATokenToKVPool" if spec.family == "mha" else "NoOpMHATokenToKVPool"
-            kwargs.update(
-                head_num=spec.head_num,
-                head_dim=spec.head_dim,
-                v_head_dim=spec.v_head_dim,
-                enable_kv_cache_copy=_is_cuda(device),
-            )
-            return PoolArguments(f"{_MEMORY_POOL}:{name}", kwargs)
-        kwargs.update(kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim)
-        if spec.family == "mla":
-            return PoolArguments(f"{_MEMORY_POOL}:MLATokenToKVPool", kwargs)
-        kwargs.update(
-            index_head_dim=spec.index_head_dim,
-            kv_cache_dim=_kv_cache_dim(spec),
-            index_buf_size=spec.index_buf_size,
-            # The mask sglang's configurator builds: one entry per layer.
-            skip_topk_layers=list(spec.skip_mask),
-            index_kpool=spec.index_kpool,
-            index_kpool_compress=spec.index_kpool_compress,
-            tail_extra_slots=spec.tail_extra_slots,
-            max_running_requests=spec.max_running_requests,
-        )
-        return PoolArguments(f"{_MEMORY_POOL}:DSATokenToKVPool", kwargs)
+        return script_recipe(spec, ops, arguments=self.pool_arguments(spec, device="cpu"))
 
     def write_index_k(
         self, pool: Any, layer_id: int, loc: Any, index_k: Any, index_k_scale: Any
@@ -351,7 +314,7 @@ class SGLangTarget:
 
         ``validate_prefill_only_disable_kv_cache_args`` runs first, as in sglang's
         pipeline; then the attention backend is resolved the way the pipeline would
-        (:func:`._sglang_adapt.resolve_attention_backend`) and
+        (:func:`.adapt.resolve_attention_backend`) and
         ``handle_prefill_only_disable_kv_cache`` checks it. kvcheck flag names are
         mapped to sglang's (``enable_prefill_context_parallel`` -> ``enable_prefill_cp``).
         """
@@ -466,6 +429,58 @@ class SGLangTarget:
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def pool_arguments(spec: PoolSpec, *, device: str) -> PoolArguments:
+    """sglang's pool class and constructor arguments for ``spec`` on ``device``.
+
+    What :meth:`SGLangTarget.make_pool` builds inside its scopes (the published parallel
+    widths, the HND variable, the native move), and what a reproduction script prints.
+
+    Example:
+        >>> spec = PoolSpec(family="mha", size=8, page_size=4, layer_num=2, dtype="bfloat16")
+        >>> args = pool_arguments(spec, device="cpu")  # no sglang import
+        >>> args.class_name, args.kwargs["end_layer"], args.kwargs["enable_kv_cache_copy"]
+        ('MHATokenToKVPool', 2, False)
+    """
+    if not isinstance(spec, PoolSpec):
+        raise ValueError(f"spec={spec!r} is not a kvcheck.specs.PoolSpec")
+    if spec.family not in POOL_FAMILIES:
+        raise ValueError(f"spec.family={spec.family!r} not in {POOL_FAMILIES}")
+    kwargs: dict[str, Any] = {
+        "size": spec.size,
+        "page_size": spec.page_size,
+        "dtype": adapt.pool_dtype(spec.dtype),
+        "layer_num": spec.layer_num,
+        "device": device,
+        "enable_memory_saver": False,
+        "start_layer": spec.start_layer,
+        "end_layer": spec.start_layer + spec.layer_num,
+    }
+    if spec.family in ("mha", "noop"):
+        name = "MHATokenToKVPool" if spec.family == "mha" else "NoOpMHATokenToKVPool"
+        kwargs.update(
+            head_num=spec.head_num,
+            head_dim=spec.head_dim,
+            v_head_dim=spec.v_head_dim,
+            enable_kv_cache_copy=_is_cuda(device),
+        )
+        return PoolArguments(f"{_MEMORY_POOL}:{name}", kwargs)
+    kwargs.update(kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim)
+    if spec.family == "mla":
+        return PoolArguments(f"{_MEMORY_POOL}:MLATokenToKVPool", kwargs)
+    kwargs.update(
+        index_head_dim=spec.index_head_dim,
+        kv_cache_dim=_kv_cache_dim(spec),
+        index_buf_size=spec.index_buf_size,
+        # The mask sglang's configurator builds: one entry per layer.
+        skip_topk_layers=list(spec.skip_mask),
+        index_kpool=spec.index_kpool,
+        index_kpool_compress=spec.index_kpool_compress,
+        tail_extra_slots=spec.tail_extra_slots,
+        max_running_requests=spec.max_running_requests,
+    )
+    return PoolArguments(f"{_MEMORY_POOL}:DSATokenToKVPool", kwargs)
 
 
 def _kv_cache_dim(spec: PoolSpec) -> int:
