@@ -208,7 +208,7 @@ def test_main_exit_status(monkeypatch, capsys, args, report, status):
         return report
 
     monkeypatch.setattr(reach, "measure", fake_measure)
-    assert reach.main([*args, "--", "-k", "mha"]) == status
+    assert reach.main(["--target", "sglang", *args, "--", "-k", "mha"]) == status
     assert seen == {"target": "sglang", "pytest_args": ["-k", "mha"]}
     assert "headline:" in capsys.readouterr().out
 
