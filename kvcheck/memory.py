@@ -268,14 +268,14 @@ def production_dsa_spec(
     dtype: str = "float8_e4m3fn",
     honour_skip_layers: bool = True,
 ) -> PoolSpec:
-    """A DSA :class:`PoolSpec` for ``model`` (a ``kvcheck.serving.ModelConfig``) at scale.
+    """A DSA :class:`PoolSpec` for ``model`` (a ``kvcheck.vocabulary.ModelConfig``) at scale.
 
     The skip mask comes from :func:`kvcheck.reference.reference_skip_mask`;
     ``honour_skip_layers=False`` allocates every layer (a draft worker or HiSparse).
     Build it on ``meta``: the buffers are far too large for host memory.
 
     Example:
-        >>> from kvcheck.serving import GLM_5_2_LIKE
+        >>> from kvcheck.vocabulary import GLM_5_2_LIKE
         >>> spec = production_dsa_spec(GLM_5_2_LIKE, num_tokens=2_000_000)
         >>> spec.layer_num, sum(spec.skip_mask)
         (78, 57)

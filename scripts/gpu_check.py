@@ -386,7 +386,8 @@ def stage_memory_report(ctx: Context, budget_s: float) -> StageResult:
 
 
 def _glm_pool_builder(every_layer: bool, tokens: int, device: str) -> Callable[[], Any]:
-    from kvcheck.serving import MODELS, ServerArgs, select_kv_pool
+    from kvcheck.serving import ServerArgs, select_kv_pool
+    from kvcheck.vocabulary import MODELS
 
     def build() -> Any:
         return select_kv_pool(

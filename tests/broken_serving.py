@@ -14,7 +14,6 @@ from typing import Any
 
 from kvcheck.serving import (
     PREFILL_ONLY_RULE_ORDER,
-    ModelConfig,
     ServerArgs,
     index_k_bytes_per_token,
     skip_topk_layers,
@@ -25,6 +24,7 @@ from kvcheck.serving import (
 from kvcheck.serving.server_args import _PREFILL_ONLY_RULES
 from kvcheck.specs import DTYPE_ITEMSIZE
 from kvcheck.targets.builtin import KVCheckTarget
+from kvcheck.vocabulary import ModelConfig
 
 _RULES: dict[str, Callable[[ServerArgs, ServerArgs], Any]] = dict(
     zip(PREFILL_ONLY_RULE_ORDER, _PREFILL_ONLY_RULES, strict=True)

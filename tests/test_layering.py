@@ -13,6 +13,7 @@ LAYERS: tuple[str, ...] = (
     "specs",
     "surface",
     "validation",
+    "vocabulary",
     "pools",
     "serving",
     "reference",

@@ -22,10 +22,10 @@ from kvcheck.memory import (
     storage_bytes,
 )
 from kvcheck.reference import expected_buffer_bytes
-from kvcheck.serving import DEEPSEEK_V3_2, GLM_5_2_LIKE, QWEN3_EMBEDDING_8B
 from kvcheck.specs import PoolSpec
 from kvcheck.strategies import pool_specs
 from kvcheck.targets import resolve_target
+from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, QWEN3_EMBEDDING_8B
 
 
 @pytest.mark.parametrize(

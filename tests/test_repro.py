@@ -416,15 +416,14 @@ def test_the_script_header_says_what_each_exit_status_means() -> None:
 
 
 def test_a_module_script_carries_the_directory_its_target_came_from(tmp_path: Path) -> None:
-    """import_root is put on sys.path, last (a folder named kvcheck there cannot shadow the
-    installed package), before the target's import, so the script imports the target from
-    where kvcheck did, whatever the directory it runs from."""
+    """import_root is put first on sys.path (after kvcheck's import), so the script imports
+    the target from where kvcheck did, whatever the directory it runs from."""
     data = reproduction_to_json(TWINS["MoveIgnoresV"][1])
     script = render_script(data, target="mypool:target", import_root=str(tmp_path))
     assert f"TARGET_IMPORT_ROOT = {str(tmp_path)!r}" in script
     assert (
-        script.index("sys.path.append(TARGET_IMPORT_ROOT)")
-        < script.index("from kvcheck.specs import PoolSpec")
+        script.index("from kvcheck.specs import PoolSpec")
+        < script.index("sys.path.insert(0, TARGET_IMPORT_ROOT)")
         < script.index("import mypool as target_module")
     )
     assert "TARGET_IMPORT_ROOT" not in render_script(data, target="mypool:target")

@@ -45,12 +45,7 @@ from kvcheck.properties.serving import (
     rules_named_by,
 )
 from kvcheck.reference import reference_skip_mask, reference_violations
-from kvcheck.serving import (
-    DEEPSEEK_V3_2,
-    GLM_5_2_LIKE,
-    PREFILL_ONLY_RULE_ORDER,
-    QWEN3_EMBEDDING_8B,
-)
+from kvcheck.serving import PREFILL_ONLY_RULE_ORDER
 from kvcheck.strategies import dtypes, model_configs, server_flags
 from kvcheck.suite.test_serving_configurator import (
     CapacityCase,
@@ -61,6 +56,7 @@ from kvcheck.suite.test_serving_configurator import (
 from kvcheck.suite.test_serving_selection import ACCEPTED_FLAGS, FLAG_ON_FLAGS
 from kvcheck.suite.test_serving_validation import ONE_VIOLATION, SEVERAL_VIOLATIONS
 from kvcheck.targets.builtin import KVCheckTarget
+from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, QWEN3_EMBEDDING_8B
 
 #: As many examples as the default profile gives a shipped property, reproducibly. The
 #: explain phase (which only annotates a failure report) is left out: it doubles the time.

@@ -38,10 +38,11 @@ from kvcheck.attention.prefill import prefill_attention, uses_raw_kv
 from kvcheck.attention.tolerances import assert_outputs_close
 from kvcheck.attention.varlen import Backend, varlen_attention
 from kvcheck.failures import FailureSignature, PropertyFailure
-from kvcheck.serving import MINIMAL_VALID_FLAGS, ModelConfig, ServerArgs
+from kvcheck.serving import ServerArgs
 from kvcheck.specs import DTYPE_ITEMSIZE, PoolSpec
 from kvcheck.targets.builtin import KVCheckTarget
 from kvcheck.validation import check_valid_integer
+from kvcheck.vocabulary import MINIMAL_VALID_FLAGS, ModelConfig
 
 AttentionFn = Callable[..., torch.Tensor]
 #: Builds the pool a ``PoolSpec`` describes (``lambda spec: target.make_pool(spec, device=d)``).
@@ -284,7 +285,7 @@ def check_paged_matches_raw(
 
 
 def serving_model_config(batch: VarlenBatch, *, num_hidden_layers: int = POOL_LAYERS) -> Any:
-    """A plain-MHA ``kvcheck.serving.ModelConfig`` with ``batch``'s heads and dims.
+    """A plain-MHA ``kvcheck.vocabulary.ModelConfig`` with ``batch``'s heads and dims.
 
     Example:
         >>> batch = VarlenBatch(seq_lens=(3,), num_heads=4, num_kv_heads=2, head_dim=8)

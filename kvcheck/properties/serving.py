@@ -255,7 +255,7 @@ def _default_attention_backend(flags: Mapping[str, Any]) -> str:
 
 
 def _named_model_arch(model_path: Any) -> str:
-    from kvcheck.serving.models import MODELS  # data only: the named configs
+    from kvcheck.vocabulary import MODELS  # data only: the named configs
 
     known = MODELS.get(model_path)
     return known.attention_arch if known is not None else "mha"
@@ -299,7 +299,7 @@ def check_pool_selection(
     Returns the family built, ``"refused"`` (RuntimeError as expected) or ``"not built"``.
 
     Example:
-        >>> from kvcheck.serving import DEEPSEEK_V3_2, QWEN3_EMBEDDING_8B
+        >>> from kvcheck.vocabulary import DEEPSEEK_V3_2, QWEN3_EMBEDDING_8B
         >>> from kvcheck.targets import resolve_target
         >>> target, flags = resolve_target("kvcheck"), {"prefill_only_disable_kv_cache": True}
         >>> check_pool_selection(target, flags, QWEN3_EMBEDDING_8B, is_draft=False)
@@ -389,7 +389,7 @@ def check_skip_rule(target: Any, model: Any) -> tuple[bool, ...] | None:
     None for an invalid config.
 
     Example:
-        >>> from kvcheck.serving import GLM_5_2_LIKE
+        >>> from kvcheck.vocabulary import GLM_5_2_LIKE
         >>> from kvcheck.targets import resolve_target
         >>> mask = check_skip_rule(resolve_target("kvcheck"), GLM_5_2_LIKE)
         >>> mask.count(False)
@@ -498,7 +498,7 @@ def check_cell_size(
     not a multiple of 128), which the target must refuse with ``ValueError`` too.
 
     Example:
-        >>> from kvcheck.serving import GLM_5_2_LIKE
+        >>> from kvcheck.vocabulary import GLM_5_2_LIKE
         >>> from kvcheck.targets import resolve_target
         >>> check_cell_size(resolve_target("kvcheck"), GLM_5_2_LIKE, dtype="bfloat16")
         92628
@@ -627,7 +627,7 @@ def check_capacity_fits_budget(
     the target may raise ``ValueError`` or answer 0.
 
     Example:
-        >>> from kvcheck.serving import GLM_5_2_LIKE
+        >>> from kvcheck.vocabulary import GLM_5_2_LIKE
         >>> from kvcheck.targets import resolve_target
         >>> found = check_capacity_fits_budget(resolve_target("kvcheck"), GLM_5_2_LIKE,
         ...                                    60 << 30, dtype="bfloat16", page_size=64)
@@ -755,7 +755,7 @@ def check_more_skips_never_lower_capacity(
 
     Example:
         >>> import dataclasses
-        >>> from kvcheck.serving import DEEPSEEK_V3_2, GLM_5_2_LIKE
+        >>> from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE
         >>> from kvcheck.targets import resolve_target
         >>> every_layer = dataclasses.replace(GLM_5_2_LIKE, index_topk_freq=None,
         ...                                   index_skip_topk_offset=None)

@@ -131,7 +131,7 @@ def assert_meta_pool_bytes(target: Any, spec: PoolSpec) -> Any:
 
     Example:
         >>> from kvcheck.memory import production_dsa_spec
-        >>> from kvcheck.serving import GLM_5_2_LIKE
+        >>> from kvcheck.vocabulary import GLM_5_2_LIKE
         >>> from kvcheck.targets import resolve_target
         >>> spec = production_dsa_spec(GLM_5_2_LIKE, num_tokens=4_000_000)
         >>> pool = assert_meta_pool_bytes(resolve_target("kvcheck"), spec)

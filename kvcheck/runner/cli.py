@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="NAME",
-        help="a model from kvcheck.serving.MODELS, or its short name such as DeepSeek-V3.2 "
+        help="a model from kvcheck.vocabulary.MODELS, or its short name such as DeepSeek-V3.2 "
         "(repeatable; default: all)",
     )
     memory.add_argument(

@@ -1,6 +1,6 @@
 """``kvcheck memory-report``: what the KV pools of real model configs cost.
 
-For each named config in :data:`kvcheck.serving.MODELS`: bytes per token (cell size), the
+For each named config in :data:`kvcheck.vocabulary.MODELS`: bytes per token (cell size), the
 token capacity of a memory budget, and the bytes of the pools actually built for that
 capacity on torch's ``meta`` device (shapes without memory, so production scale fits on a
 laptop), checked against the configurator's formula. DSA models are reported twice: with
@@ -10,7 +10,7 @@ slots), which shows what the skip layers save. Where the dtype and the family ma
 difference, it also prints the fp8 DSA latent layouts side by side, DSA index kpools, and
 one decode-context-parallel rank's bytes per widened token.
 
-Models are named as in :data:`kvcheck.serving.MODELS` or by their short name (the part
+Models are named as in :data:`kvcheck.vocabulary.MODELS` or by their short name (the part
 after the organisation: ``DeepSeek-V3.2``), in any case; dtypes as torch names
 (``float8_e4m3fn``) or as sglang's ``--kv-cache-dtype`` spells them (``fp8_e4m3``, ``bf16``,
 ``auto``), :func:`pool_dtype` says which; a typo gets the nearest name.
@@ -53,9 +53,8 @@ def pool_dtype(name: str) -> str:
         ...
         ValueError: dtype='nvfp4' selects sglang's FP4 pool, which kvcheck does not build; ...
     """
-    from kvcheck.serving import KV_CACHE_POOL_DTYPES
-    from kvcheck.serving.server_args import FP4_KV_CACHE_DTYPES, KV_CACHE_DTYPE_CHOICES
     from kvcheck.specs import DTYPE_ITEMSIZE
+    from kvcheck.vocabulary import FP4_KV_CACHE_DTYPES, KV_CACHE_DTYPE_CHOICES, KV_CACHE_POOL_DTYPES
 
     text = name.strip().removeprefix("torch.")
     if text in DTYPE_ITEMSIZE:
@@ -76,7 +75,7 @@ def pool_dtype(name: str) -> str:
 
 
 def model_name(name: str) -> str:
-    """The :data:`kvcheck.serving.MODELS` key ``name`` means: the key itself, or a model's
+    """The :data:`kvcheck.vocabulary.MODELS` key ``name`` means: the key itself, or a model's
     short name (the part after ``/``), in any case. Raises ``ValueError`` listing the
     models, with the nearest name for a typo.
 
@@ -88,7 +87,7 @@ def model_name(name: str) -> str:
         ...
         ValueError: model='DeepSeek-V3' is not a kvcheck model (did you mean 'DeepSeek-V3.2'?); ...
     """
-    from kvcheck.serving import MODELS
+    from kvcheck.vocabulary import MODELS
 
     by_name: dict[str, str] = {}
     for key in MODELS:
@@ -131,20 +130,20 @@ def memory_rows(
     dtype: str,
     page_size: int,
 ) -> list[MemoryRow]:
-    """Rows for ``model_names`` (None: every model in :data:`kvcheck.serving.MODELS`; a
+    """Rows for ``model_names`` (None: every model in :data:`kvcheck.vocabulary.MODELS`; a
     name may be a model's short name, :func:`model_name`).
 
     Raises ``ValueError`` naming an unknown model or a bad budget, dtype or page size.
     """
     from kvcheck.memory import shape_bytes
     from kvcheck.serving import (
-        MODELS,
         ServerArgs,
         cell_size_bytes,
         max_total_num_tokens,
         pool_bytes,
         select_kv_pool,
     )
+    from kvcheck.vocabulary import MODELS
 
     if not isinstance(budget_bytes, int) or budget_bytes <= 0:
         raise ValueError(f"budget_bytes={budget_bytes!r} must be a positive int")
@@ -256,7 +255,7 @@ def _dcp_widths(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
     at ``dcp_size`` 2 and 4: ``latent / D + index keys`` (each rank keeps every widened
     id's index key, and ``1 / D`` of the latent rows)."""
     from kvcheck.reference import reference_skip_mask
-    from kvcheck.serving import MODELS
+    from kvcheck.vocabulary import MODELS
 
     lines = []
     for row in rows:
@@ -283,7 +282,7 @@ def _index_kpools(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
     and the compress tails one request slot adds (bf16 keys and scores, ``kpool`` ring
     slots per indexer layer, no draft slots). Sizes come from :mod:`kvcheck.geometry`."""
     from kvcheck.reference import reference_skip_mask
-    from kvcheck.serving import MODELS
+    from kvcheck.vocabulary import MODELS
 
     lines = []
     for row in rows:
@@ -332,7 +331,8 @@ def _fp8_latent_layouts(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
     """For fp8 DSA models, the cell size in the scaled latent layout sglang 0.5.23 builds for
     ``float8_e4m3fn`` (the rows above) beside the raw layout of its trtllm and tilelang DSA
     backends."""
-    from kvcheck.serving import MODELS, latent_kv_cache_dim
+    from kvcheck.serving import latent_kv_cache_dim
+    from kvcheck.vocabulary import MODELS
 
     if dtype != "float8_e4m3fn":
         return []

@@ -122,7 +122,8 @@ def _recipe(target: str, rep: Reproduction) -> ScriptRecipe:
     return ScriptRecipe(
         needs=f"torch, {module}, and kvcheck for the PoolSpec that the target's make_pool takes",
         # A private alias, so that no module name can shadow the script's own names.
-        imports=("from kvcheck.specs import PoolSpec", f"import {module} as target_module"),
+        imports=("from kvcheck.specs import PoolSpec",),
+        target_imports=(f"import {module} as target_module",),
         build=(
             f"target = target_module.{attr}",
             "if isinstance(target, type) or not hasattr(target, 'make_pool'):",
@@ -375,20 +376,21 @@ class _ScriptWriter:
         recipe = self.recipe
         names = sorted({"math", "sys", "traceback", "types", *recipe.modules})
         lines = [*(f"import {name}" for name in names), ""]
-        guarded = ["import torch", ""]
+        guarded = ["import torch", "", *recipe.imports]
         if self.import_root is not None:
             lines.append("# Where kvcheck imported the target's module from.")
             lines += [f"TARGET_IMPORT_ROOT = {self.import_root!r}", ""]
-            # Last on the path: an installed package (kvcheck itself) is never shadowed by
-            # a folder of the same name there.
+            # After the other imports (kvcheck's own among them), so that a folder named
+            # like an installed package there cannot shadow it.
             guarded += [
                 "if TARGET_IMPORT_ROOT not in sys.path:",
-                "    sys.path.append(TARGET_IMPORT_ROOT)",
+                "    sys.path.insert(0, TARGET_IMPORT_ROOT)",
             ]
+        guarded += recipe.target_imports
         lines += ["", *_PRELUDE.strip("\n").splitlines(), "", ""]
         lines += [
             "try:",
-            *_indented([*guarded, *recipe.imports]),
+            *_indented(guarded),
             "except Exception as exc:  # an import error, or whatever the module raised importing",
             '    cannot_run(f"importing failed with {type(exc).__name__}: {exc}")',
         ]

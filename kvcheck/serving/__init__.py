@@ -1,9 +1,7 @@
 """The serving layer around the KV pools, modeled on SGLang 0.5.23.
 
-- :mod:`~kvcheck.serving.model_config`: :class:`ModelConfig` and the DSA top-k sharing rule
+- :mod:`~kvcheck.serving.model_config`: the DSA top-k sharing rule
   (:func:`dsa_layer_skips_topk`, :func:`skip_topk_layers`).
-- :mod:`~kvcheck.serving.models`: named configs (GLM-5.2-like, DeepSeek-V3.2,
-  Qwen3-Embedding-8B) in :data:`MODELS`.
 - :mod:`~kvcheck.serving.configurator`: bytes per token (:func:`cell_size_bytes`), bytes of a
   built pool (:func:`pool_bytes`), the token capacity of a budget
   (:func:`max_total_num_tokens`), and the DSA geometry SGLang builds
@@ -12,6 +10,10 @@
   the --prefill-only-disable-kv-cache rules in :data:`PREFILL_ONLY_RULE_ORDER`).
 - :mod:`~kvcheck.serving.pool_selection`: :func:`select_kv_pool` and
   :func:`unsupported_pool_family`.
+
+What a model is (:class:`~kvcheck.vocabulary.ModelConfig`), the named models and the flags'
+choices are the harness's vocabulary, in :mod:`kvcheck.vocabulary`; the names are also
+re-exported here, for code written before the split.
 
 Example:
     >>> from kvcheck.serving import GLM_5_2_LIKE, max_total_num_tokens
@@ -32,26 +34,31 @@ from kvcheck.serving.configurator import (
     pool_bytes,
 )
 from kvcheck.serving.model_config import (
-    ModelConfig,
     dsa_layer_skips_topk,
     is_dsa_config,
     layer_window,
     skip_topk_layers,
 )
-from kvcheck.serving.models import DEEPSEEK_V3_2, GLM_5_2_LIKE, MODELS, QWEN3_EMBEDDING_8B
 from kvcheck.serving.pool_selection import (
     UNSUPPORTED_POOL_FAMILIES,
     select_kv_pool,
     unsupported_pool_family,
 )
 from kvcheck.serving.server_args import (
-    KV_CACHE_POOL_DTYPES,
-    MINIMAL_VALID_FLAGS,
     PREFILL_ONLY_RULE_ORDER,
     PrefillOnlyFlagError,
     ServerArgs,
     default_attention_backend,
     default_chunked_prefill_size,
+)
+from kvcheck.vocabulary import (
+    DEEPSEEK_V3_2,
+    GLM_5_2_LIKE,
+    KV_CACHE_POOL_DTYPES,
+    MINIMAL_VALID_FLAGS,
+    MODELS,
+    QWEN3_EMBEDDING_8B,
+    ModelConfig,
 )
 
 __all__ = [

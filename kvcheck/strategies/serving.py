@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from kvcheck.reference import FP4_KV_CACHE_DTYPES
-from kvcheck.serving.server_args import MINIMAL_VALID_FLAGS
 from kvcheck.strategies.pools import INDEX_HEAD_DIM
 from kvcheck.validation import check_bool, check_choices, check_valid_integer, check_valid_interval
+from kvcheck.vocabulary import MINIMAL_VALID_FLAGS
 
 __all__ = ["model_configs", "server_flags"]
 
@@ -123,7 +123,7 @@ def model_configs(
     include_markers: bool = True,
     allow_invalid: bool = False,
 ) -> st.SearchStrategy[Any]:
-    """:class:`kvcheck.serving.ModelConfig` values for the attention ``archs`` given.
+    """:class:`kvcheck.vocabulary.ModelConfig` values for the attention ``archs`` given.
 
     DSA configs set each skip-topk field in turn (none; ``index_topk_freq`` with or without
     ``index_skip_topk_offset``; ``index_topk_pattern``; ``cli_factor > 1``;
@@ -153,7 +153,7 @@ def model_configs(
         raise InvalidArgument(
             f"allow_invalid=True needs 'dsa' in archs={archs!r}: only DSA configs can be invalid"
         )
-    from kvcheck.serving import ModelConfig  # here, so kvcheck.strategies imports without it
+    from kvcheck.vocabulary import ModelConfig  # here, so kvcheck.strategies imports without it
 
     return _model_configs(
         chosen, min_layers, max_layers, include_markers, allow_invalid, ModelConfig

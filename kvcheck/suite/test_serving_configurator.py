@@ -22,8 +22,8 @@ from kvcheck.properties.serving import (
     check_more_skips_never_lower_capacity,
 )
 from kvcheck.reference import reference_pool_bytes, reference_skip_mask
-from kvcheck.serving import DEEPSEEK_V3_2, GLM_5_2_LIKE, QWEN3_EMBEDDING_8B, ModelConfig
 from kvcheck.strategies import dtypes, model_configs, page_sizes
+from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, QWEN3_EMBEDDING_8B, ModelConfig
 
 pytestmark = pytest.mark.kvcheck_needs("configurator")
 

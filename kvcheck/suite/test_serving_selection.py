@@ -14,8 +14,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from kvcheck.properties.serving import check_pool_selection
-from kvcheck.serving import DEEPSEEK_V3_2, GLM_5_2_LIKE, MINIMAL_VALID_FLAGS, QWEN3_EMBEDDING_8B
 from kvcheck.strategies import model_configs, server_flags
+from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, MINIMAL_VALID_FLAGS, QWEN3_EMBEDDING_8B
 
 pytestmark = pytest.mark.kvcheck_needs("pool_selection")
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import event, given
 
 from kvcheck.properties.serving import check_skip_rule
-from kvcheck.serving import DEEPSEEK_V3_2, GLM_5_2_LIKE, ModelConfig
 from kvcheck.strategies import model_configs
+from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, ModelConfig
 
 pytestmark = pytest.mark.kvcheck_needs("skip_rule")
 

@@ -14,8 +14,8 @@ from hypothesis import event, given
 
 from kvcheck.properties.serving import check_validation_agrees
 from kvcheck.reference import PREFILL_ONLY_RULES
-from kvcheck.serving import MINIMAL_VALID_FLAGS
 from kvcheck.strategies import server_flags
+from kvcheck.vocabulary import MINIMAL_VALID_FLAGS
 
 pytestmark = pytest.mark.kvcheck_needs("server_args")
 

@@ -30,10 +30,10 @@ from kvcheck.properties.skip_layers import (
     assert_meta_pool_bytes,
     assert_skip_layers_hold_no_storage,
 )
-from kvcheck.serving import DEEPSEEK_V3_2, GLM_5_2_LIKE
 from kvcheck.specs import PoolSpec
 from kvcheck.strategies import pool_specs
 from kvcheck.strategies.limits import within_target_limits
+from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE
 
 
 def dsa_specs(target: Any) -> st.SearchStrategy[PoolSpec]:

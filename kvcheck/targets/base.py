@@ -206,6 +206,10 @@ class ScriptRecipe:
     imports: tuple[str, ...]
     #: Lines that bind ``pool``.
     build: tuple[str, ...]
+    #: Imports of the target's own module, run once the directory kvcheck imported it from
+    #: is on ``sys.path`` (after ``imports``, so that a folder there named like an installed
+    #: package cannot shadow it).
+    target_imports: tuple[str, ...] = ()
     #: Standard-library modules the setup uses, imported with the script's own.
     modules: tuple[str, ...] = ()
     #: Source run after the imports, before the pool is built: what a launched server
@@ -223,7 +227,7 @@ class Target(Protocol):
     Pools returned by ``make_pool`` must follow SGLang's pool API (``k_buffer``,
     ``set_kv_buffer``, ``move_kv_cache``, ...). Serving-side methods take plain values:
     ``flags`` is a dict of ``ServerArgs`` field names to values, ``model`` a
-    :class:`kvcheck.serving.ModelConfig`.
+    :class:`kvcheck.vocabulary.ModelConfig`.
     """
 
     name: str

@@ -132,7 +132,7 @@ class KVCheckTarget:
 
         Example:
             >>> spec = PoolSpec(family="mha", size=8, page_size=4, layer_num=1, dtype="bfloat16")
-            >>> KVCheckTarget().script_recipe(spec).imports
+            >>> KVCheckTarget().script_recipe(spec).target_imports
             ('from kvcheck.pools import MHATokenToKVPool',)
         """
         if type(self).make_pool is not KVCheckTarget.make_pool:
@@ -141,7 +141,9 @@ class KVCheckTarget:
         package = arguments.module.partition(".")[0]
         return ScriptRecipe(
             needs=f"torch and {package} (its pools)",
-            imports=(f"from {arguments.module} import {arguments.class_name}",),
+            imports=(),
+            # A subclass may name a pool class of its own module.
+            target_imports=(f"from {arguments.module} import {arguments.class_name}",),
             build=tuple(arguments.call_source("pool").splitlines()),
         )
 

@@ -9,12 +9,7 @@ import pytest
 import torch
 
 from kvcheck.serving import (
-    DEEPSEEK_V3_2,
-    GLM_5_2_LIKE,
     HISPARSE_HOST_TO_DEVICE_RATIO,
-    MODELS,
-    QWEN3_EMBEDDING_8B,
-    ModelConfig,
     ServerArgs,
     cell_size_bytes,
     index_buf_size,
@@ -25,6 +20,7 @@ from kvcheck.serving import (
     pool_bytes,
     select_kv_pool,
 )
+from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, MODELS, QWEN3_EMBEDDING_8B, ModelConfig
 
 GIB = 1 << 30
 TOY_MLA = ModelConfig(

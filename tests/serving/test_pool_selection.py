@@ -15,16 +15,13 @@ from kvcheck.pools import (
     NoOpMHATokenToKVPool,
 )
 from kvcheck.serving import (
-    DEEPSEEK_V3_2,
-    GLM_5_2_LIKE,
-    QWEN3_EMBEDDING_8B,
     UNSUPPORTED_POOL_FAMILIES,
-    ModelConfig,
     ServerArgs,
     select_kv_pool,
     skip_topk_layers,
     unsupported_pool_family,
 )
+from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, QWEN3_EMBEDDING_8B, ModelConfig
 
 PREFILL_ONLY = ServerArgs(
     is_embedding=True,

@@ -9,8 +9,6 @@ from typing import Any
 import pytest
 
 from kvcheck.serving import (
-    DEEPSEEK_V3_2,
-    GLM_5_2_LIKE,
     PREFILL_ONLY_RULE_ORDER,
     PrefillOnlyFlagError,
     ServerArgs,
@@ -18,6 +16,7 @@ from kvcheck.serving import (
     default_chunked_prefill_size,
 )
 from kvcheck.serving.server_args import build_parser
+from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE
 
 FLAG = "--prefill-only-disable-kv-cache"
 #: The smallest flag set the no-op pool accepts (Hopper, MHA model by default).

@@ -7,13 +7,8 @@ from typing import Any
 
 import pytest
 
-from kvcheck.serving import (
-    DEEPSEEK_V3_2,
-    GLM_5_2_LIKE,
-    ModelConfig,
-    dsa_layer_skips_topk,
-    skip_topk_layers,
-)
+from kvcheck.serving import dsa_layer_skips_topk, skip_topk_layers
+from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, ModelConfig
 
 
 def dsa(**fields: Any) -> ModelConfig:

@@ -35,7 +35,6 @@ from kvcheck.properties.serving import (
     check_skip_rule,
 )
 from kvcheck.reference import ReferencePool
-from kvcheck.serving import ModelConfig
 from kvcheck.specs import (
     HostCopy,
     HostReload,
@@ -51,6 +50,7 @@ from kvcheck.specs import (
 from kvcheck.strategies.calls import BadCall
 from kvcheck.strategies.limits import fit_spec, pool_spec_limits_of
 from kvcheck.strategies.ops import value_bytes
+from kvcheck.vocabulary import ModelConfig
 
 #: The smallest DSA model Hypothesis draws (one layer, DeepSeek's latent geometry).
 DSA_1L = ModelConfig(

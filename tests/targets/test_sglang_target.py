@@ -17,11 +17,11 @@ import sys
 import pytest
 import torch
 
-from kvcheck.serving import GLM_5_2_LIKE, QWEN3_EMBEDDING_8B
 from kvcheck.specs import PoolSpec
 from kvcheck.targets import CAPABILITIES, Target, check_target
 from kvcheck.targets.sglang import env
 from kvcheck.targets.sglang.target import SGLangTarget, _sglang
+from kvcheck.vocabulary import GLM_5_2_LIKE, QWEN3_EMBEDDING_8B
 
 pytestmark = pytest.mark.kvcheck_target("sglang")
 
@@ -357,7 +357,7 @@ def test_kv_cache_dtype_choices_are_sglangs() -> None:
     from sglang.srt.arg_groups.arg_utils import record_fields
     from sglang.srt.server_args import ServerArgs
 
-    from kvcheck.serving.server_args import FP4_KV_CACHE_DTYPES, KV_CACHE_DTYPE_CHOICES
+    from kvcheck.vocabulary import FP4_KV_CACHE_DTYPES, KV_CACHE_DTYPE_CHOICES
 
     field = next(f for f in record_fields(ServerArgs) if f.name == "kv_cache_dtype")
     choices = next(arg.choices for arg in field.type.__metadata__ if hasattr(arg, "choices"))

@@ -1,7 +1,7 @@
 """Translate kvcheck's vocabulary into the objects sglang 0.5.23's own functions read.
 
 kvcheck describes a server with a flags dict (its ``ServerArgs`` field names plus an
-explicit description of the machine) and a model with :class:`kvcheck.serving.ModelConfig`.
+explicit description of the machine) and a model with :class:`kvcheck.vocabulary.ModelConfig`.
 sglang reads its own ``ServerArgs`` record, a HuggingFace config, its ``ModelConfig`` and a
 ``KVCacheConfigurator``. This module builds those inputs and nothing else: every decision
 is left to sglang's code, except the few resolution steps that sglang takes from hardware
@@ -119,7 +119,7 @@ def described_attention_arch(flags: Mapping[str, Any]) -> str:
     arch = flags.get("attention_arch")
     if arch is not None:
         return str(arch)
-    from kvcheck.serving.models import MODELS
+    from kvcheck.vocabulary import MODELS
 
     known = MODELS.get(str(flags.get("model_path", "dummy")))
     return known.attention_arch if known is not None else "mha"
@@ -229,7 +229,7 @@ def hf_config_for(model: Any) -> HFConfig:
     (:data:`ARCHITECTURE_OF`); unset (None) fields are left out, as a checkpoint would.
 
     Example:
-        >>> from kvcheck.serving import GLM_5_2_LIKE
+        >>> from kvcheck.vocabulary import GLM_5_2_LIKE
         >>> hf = hf_config_for(GLM_5_2_LIKE)
         >>> hf.architectures, hf.index_topk_freq
         (['DeepseekV32ForCausalLM'], 4)
