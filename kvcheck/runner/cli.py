@@ -485,15 +485,25 @@ def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
 
 def _checked_target(name: str | None) -> tuple[str, str | None]:
     """Resolve the target as pytest will (module:attr is imported from the current
-    directory); return its name and, for module:attr, the directory its module came from."""
-    from kvcheck.targets import BUILTIN_TARGETS, TargetError, resolve_target, target_spec
+    directory); return its name and, for module:attr, the directory its module came from.
+    The built-in ``kvcheck`` target, part of this package, is left to pytest: checking it
+    here would only cost the command's start-up an import of torch."""
+    from kvcheck.targets import (
+        BUILTIN_TARGETS,
+        DEFAULT_TARGET,
+        TargetError,
+        resolve_target,
+        target_spec,
+    )
 
+    spec = target_spec(name)
+    if spec == DEFAULT_TARGET:
+        return spec, None
     try:
         with _cwd_on_sys_path():
             resolve_target(name)
     except TargetError as exc:
         raise UsageProblem(str(exc)) from exc
-    spec = target_spec(name)
     if spec in BUILTIN_TARGETS:
         return spec, None
     from kvcheck.runner.repro import import_root
@@ -640,7 +650,6 @@ def _write_repro_scripts(
     """A standalone script per failure that carries reproduction data; its path goes on the
     failure as ``script``, and the command that runs it from here as ``script_command``.
     Returns a note instead of the folder when none could be written."""
-    from kvcheck.runner.repro import render_script, script_name
     from kvcheck.runner.summary import FAILING_OUTCOMES
 
     failures = [
@@ -652,6 +661,8 @@ def _write_repro_scripts(
     ]
     if not failures:
         return "none (no failure carried reproduction data)"
+    from kvcheck.runner.repro import render_script, script_name  # imports torch
+
     try:
         repro_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
