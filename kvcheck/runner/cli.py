@@ -20,8 +20,8 @@ pytest's full log, ``results.json`` and the reproduction scripts (``repros/``) a
 Settings are checked before pytest starts, cheapest first, so a mistake is reported in about
 a second: the options (``-n``, ``-k``/``--family`` against the shipped suite's tests
 (:mod:`kvcheck.runner.selection`), the device, CUDA where asked for, every output path by
-writing a probe file there), then the target (imported) and the example database. The time
-in the summary is the command's wall time.
+writing a probe file there), then the target (``sglang`` and ``module:attr`` are imported)
+and the example database. The time in the summary is the command's wall time.
 
 Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage, target or
 setup error, or the example database failed (a failing example could not be saved; replay:
@@ -285,7 +285,7 @@ class _Settings(NamedTuple):
 
 def _checked_settings(options: argparse.Namespace, *, command: str) -> _Settings:
     """Every setting checked before pytest starts, the cheap ones first (a mistyped option
-    is reported in about a second), then the target (imported) and the database."""
+    is reported in about a second), then the target and the database."""
     from kvcheck.runner.profiles import unknown_env_warnings
 
     for warning in unknown_env_warnings():
