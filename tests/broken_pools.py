@@ -179,9 +179,10 @@ class HalfApplyingMHA(MHATokenToKVPool):
         idx = self._locations("loc", loc, distinct=True, where=where)
         n = idx.numel()
         k = self._native("cache_k", cache_k, (n, self.head_num, self.head_dim), where=where)
-        scatter_rows(self.k_buffer[local], idx, k)
+        # Either layout (the head-major one is addressed by page), as the real pool does.
+        scatter_rows(self.k_buffer[local], idx, k, page_size=self._slot_pages)
         v = self._native("cache_v", cache_v, (n, self.head_num, self.v_head_dim), where=where)
-        scatter_rows(self.v_buffer[local], idx, v)
+        scatter_rows(self.v_buffer[local], idx, v, page_size=self._slot_pages)
 
     def _native(self, name: str, value: Any, shape: tuple[int, ...], *, where: str) -> Any:
         """``value`` checked as a payload in the pool's own dtype, viewed as storage."""

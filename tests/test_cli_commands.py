@@ -10,6 +10,7 @@ printed by a blocking target module or conftest, or a progress line.
 from __future__ import annotations
 
 import os
+import runpy
 import shlex
 import signal
 import subprocess
@@ -111,7 +112,7 @@ def _read_until(process: subprocess.Popen[str], wanted: str) -> list[str]:
 
 
 def test_module_target_script_runs_as_printed_from_where_verify_ran(
-    workdir: Path, tmp_path: Path
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """From a directory holding a kvcheck folder and a module:attr target, verify runs the
     suite, and the printed script command reproduces the bug (exit 1) as printed, there and
@@ -128,14 +129,17 @@ def test_module_target_script_runs_as_printed_from_where_verify_ran(
     here = subprocess.run(command, shell=True, cwd=workdir, capture_output=True, text=True)
     assert here.returncode == 1, here.stderr
     assert "REPRODUCED: pool.v_buffer[0] (layer_id 0) row 5" in here.stderr
-    python, script = shlex.split(command)
+    # From elsewhere, in this process (it has torch imported already): what `python
+    # /abs/path/script.py` runs, with sys.path and sys.modules put back afterwards.
+    script = workdir / shlex.split(command)[1]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    there = subprocess.run(
-        [python, str(workdir / script)], cwd=elsewhere, capture_output=True, text=True
-    )
-    assert there.returncode == 1, there.stderr
-    assert "REPRODUCED" in there.stderr
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setattr(sys, "path", [str(script.parent), *sys.path])
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    with pytest.raises(SystemExit) as there:
+        runpy.run_path(str(script), run_name="__main__")
+    assert str(there.value.code).startswith("REPRODUCED: pool.v_buffer[0] (layer_id 0) row 5")
 
 
 # --- checks before the run ---------------------------------------------------------------------
@@ -182,21 +186,17 @@ def test_argument_errors_come_before_pytest_starts(
 # --- interrupts --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["timeout -s INT", "SIGTERM"])
 def test_an_interrupt_during_the_run_prints_what_ran_and_exits_130(
-    workdir: Path, tmp_path: Path, how: str
+    workdir: Path, tmp_path: Path
 ) -> None:
-    """`timeout -s INT` (SIGINT to the command, then to its process group: a terminal's
-    Ctrl-C is the second half) or a CI cancel's SIGTERM to the command alone: pytest stops,
-    the summary of what ran is printed, no traceback, exit 130."""
+    """`timeout -s INT` signals the command, then its process group (the second half is a
+    terminal's Ctrl-C): pytest gets one SIGINT and stops, the summary of what ran is
+    printed, no traceback, exit 130. (SIGTERM, a CI cancel, takes the same path: below.)"""
     suite = _suite(tmp_path / "blocking", _BLOCKING_SUITE)
     process = _start("verify", "--suite", str(suite), "--device", "cpu", cwd=workdir)
     seen = _read_until(process, "[1/2]")
-    if how == "SIGTERM":
-        process.send_signal(signal.SIGTERM)
-    else:
-        process.send_signal(signal.SIGINT)
-        os.killpg(process.pid, signal.SIGINT)
+    process.send_signal(signal.SIGINT)
+    os.killpg(process.pid, signal.SIGINT)
     rest, errors = process.communicate(timeout=120)
     out = "".join(seen) + rest
     assert process.returncode == 130, out + errors
@@ -219,12 +219,20 @@ _BLOCKING_CONFTEST = """
 """
 
 
-@pytest.mark.parametrize("stage", ["checks", "pytest start-up"])
+@pytest.mark.parametrize(
+    ("stage", "number"),
+    [
+        ("checks", signal.SIGINT),
+        ("checks", signal.SIGTERM),
+        ("pytest start-up", signal.SIGINT),  # passed on as during the run, whatever came
+    ],
+    ids=["checks-INT", "checks-TERM", "start-up-INT"],
+)
 def test_an_interrupt_before_any_test_exits_130_without_a_traceback(
-    workdir: Path, tmp_path: Path, stage: str
+    workdir: Path, tmp_path: Path, stage: str, number: int
 ) -> None:
-    """SIGINT while the command imports the target, or while pytest starts (loading the
-    suite's conftest): exit 130, no traceback, nothing counted as run."""
+    """SIGINT or SIGTERM to the command while it imports the target, or while pytest starts
+    (loading the suite's conftest): exit 130, no traceback, nothing counted as run."""
     if stage == "checks":
         (workdir / "blocker.py").write_text(textwrap.dedent(_BLOCKING_TARGET))
         args, wanted = ["--target", "blocker:target"], "importing the target"
@@ -234,7 +242,7 @@ def test_an_interrupt_before_any_test_exits_130_without_a_traceback(
         args, wanted = ["--suite", str(suite), "--verbose", "--", "-s"], "loading the suite's"
     process = _start("verify", "--device", "cpu", *args, cwd=workdir)
     seen = _read_until(process, wanted)
-    process.send_signal(signal.SIGINT)
+    process.send_signal(number)
     rest, errors = process.communicate(timeout=120)
     out = "".join(seen) + rest
     assert process.returncode == 130, out + errors

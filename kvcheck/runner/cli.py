@@ -21,8 +21,8 @@ pytest's full log, ``results.json`` and the reproduction scripts (``repros/``) a
 Settings are checked before pytest starts, cheapest first, so a mistake is reported in about
 a second: the options (``-n``, ``-k``/``--family`` against the shipped suite's tests
 (:mod:`kvcheck.runner.selection`), the device, CUDA where asked for, every output path by
-writing a probe file there), then the target (imported) and the example database. The time
-in the summary is the command's wall time.
+writing a probe file there), then the target (``sglang`` and ``module:attr`` are imported)
+and the example database. The time in the summary is the command's wall time.
 
 Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage, target or
 setup error, or the example database failed (a failing example could not be saved; replay:
@@ -347,7 +347,7 @@ def _checked_settings(
     options: argparse.Namespace, *, command: str, target: str | None = None
 ) -> _Settings:
     """Every setting checked before pytest starts, the cheap ones first (a mistyped option
-    is reported in about a second), then the target (imported; ``target`` overrides
+    is reported in about a second), then the target (``target`` overrides
     ``options.target``) and the database."""
     from kvcheck.runner.profiles import unknown_env_warnings
 
@@ -556,15 +556,25 @@ def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
 
 def _checked_target(name: str | None) -> tuple[str, str | None]:
     """Resolve the target as pytest will (module:attr is imported from the current
-    directory); return its name and, for module:attr, the directory its module came from."""
-    from kvcheck.targets import BUILTIN_TARGETS, TargetError, resolve_target, target_spec
+    directory); return its name and, for module:attr, the directory its module came from.
+    The built-in ``kvcheck`` target, part of this package, is left to pytest: checking it
+    here would only cost the command's start-up an import of torch."""
+    from kvcheck.targets import (
+        BUILTIN_TARGETS,
+        DEFAULT_TARGET,
+        TargetError,
+        resolve_target,
+        target_spec,
+    )
 
+    spec = target_spec(name)
+    if spec == DEFAULT_TARGET:
+        return spec, None
     try:
         with _cwd_on_sys_path():
             resolve_target(name)
     except TargetError as exc:
         raise UsageProblem(str(exc)) from exc
-    spec = target_spec(name)
     if spec in BUILTIN_TARGETS:
         return spec, None
     from kvcheck.runner.repro import import_root
@@ -721,7 +731,6 @@ def _write_repro_scripts(
     """A standalone script per failure that carries reproduction data; its path goes on the
     failure as ``script``, and the command that runs it from here as ``script_command``.
     Returns a note instead of the folder when none could be written."""
-    from kvcheck.runner.repro import render_script, script_name
     from kvcheck.runner.summary import FAILING_OUTCOMES
 
     failures = [
@@ -733,6 +742,8 @@ def _write_repro_scripts(
     ]
     if not failures:
         return "none (no failure carried reproduction data)"
+    from kvcheck.runner.repro import render_script, script_name  # imports torch
+
     try:
         repro_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
