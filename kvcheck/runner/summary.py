@@ -82,14 +82,16 @@ def render_verify(
     verbosity: int = 0,
     locations: Mapping[str, str] | None = None,
     interrupted: bool = False,
+    command: str = "kvcheck verify",
 ) -> str:
     """The verify summary: failures once each, passes collapsed, skips grouped by reason.
 
     ``verbosity`` 1 adds a row per test (result, examples, time); -1 keeps only the counts
     and the failures' names. ``locations`` (label -> path) are listed at the end.
+    ``command`` heads it (``kvcheck campaign`` prints the same summary).
     """
     tests = list(results.get("tests", ()))
-    lines = [_heading("kvcheck verify", results), ""]
+    lines = [_heading(command, results), ""]
     lines += _collection_errors(results)
     if tests and verbosity > 0:
         lines += [*_table(tests), ""]
