@@ -406,6 +406,19 @@ def test_a_shard_runs_only_its_tests_with_its_seed_and_examples(shard_suite: Sha
     assert outcome["results"]["profile"] == "kvcheck-campaign"
 
 
+def test_a_seeded_shard_stores_its_failure_for_the_next_one(shard_suite: ShardContext) -> None:
+    """A shard's seed keeps the example database on (--hypothesis-seed would turn it off):
+    the next shard of the same failing test replays the stored example first."""
+    nodeids = ("suite/test_shard.py::test_fails_above",)
+    first = run_shard(Shard(1, nodeids, seed=5, examples=50), shard_suite)
+    second = run_shard(Shard(2, nodeids, seed=6, examples=50), shard_suite)
+    (found,) = first["results"]["tests"]
+    (replayed,) = second["results"]["tests"]
+    assert found["outcome"] == replayed["outcome"] == "failed"
+    assert found["stored_examples"] == 0 and replayed["stored_examples"] > 0
+    assert replayed["statistics"]["phases"]["reuse"]["failing"] == 1
+
+
 def test_a_shard_asked_to_stop_interrupts_pytest_and_returns_what_ran(
     shard_suite: ShardContext,
 ) -> None:

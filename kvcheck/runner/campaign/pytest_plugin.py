@@ -11,6 +11,11 @@
 ``--kvcheck-campaign-examples N``
     Every Hypothesis test (state machines too) runs ``N`` examples: the kvcheck profile in
     effect is loaded again with ``max_examples=N``. One shard, one count.
+``--kvcheck-campaign-seed N``
+    Every Hypothesis test (state machines too) draws from ``Random(N)``, as under
+    ``--hypothesis-seed N``, but as ``@seed(N)`` does it: per test. Hypothesis turns the
+    example database off under ``--hypothesis-seed``, and a campaign's failures must be
+    stored, shrunk once and replayed; with ``@seed`` the database stays on.
 
 Example:
     >>> _function("test_x[mha]")
@@ -25,11 +30,14 @@ from typing import Any
 
 import pytest
 
-__all__ = ["EXAMPLES_OPTION", "PLAN_OPTION", "TEST_OPTION"]
+__all__ = ["EXAMPLES_OPTION", "PLAN_OPTION", "SEED_OPTION", "TEST_OPTION"]
 
 PLAN_OPTION = "--kvcheck-campaign-plan"
 TEST_OPTION = "--kvcheck-campaign-test"
 EXAMPLES_OPTION = "--kvcheck-campaign-examples"
+SEED_OPTION = "--kvcheck-campaign-seed"
+#: What ``@seed(N)`` sets on a test; a state machine class passes it to its test.
+_SEED_ATTRIBUTE = "_hypothesis_internal_use_seed"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -54,10 +62,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="run every Hypothesis test with max_examples=N (the kvcheck profile in effect)",
     )
+    group.addoption(
+        SEED_OPTION,
+        default=None,
+        type=int,
+        metavar="N",
+        help="seed every Hypothesis test (state machines too) as @seed(N) does; unlike "
+        "--hypothesis-seed, the example database stays on",
+    )
 
 
 @pytest.hookimpl(trylast=True)  # after kvcheck's plugin loaded its profile
 def pytest_configure(config: pytest.Config) -> None:
+    seed = config.getoption("kvcheck_campaign_seed")
+    if seed is not None:
+        from hypothesis.stateful import RuleBasedStateMachine
+
+        # Every machine class inherits it; run_state_machine_as_test passes it on.
+        setattr(RuleBasedStateMachine, _SEED_ATTRIBUTE, seed)
     examples = config.getoption("kvcheck_campaign_examples")
     if examples is None:
         return
@@ -68,6 +90,23 @@ def pytest_configure(config: pytest.Config) -> None:
     name = settings.get_current_profile_name()
     settings.register_profile(name, settings.get_profile(name), max_examples=examples)
     settings.load_profile(name)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Seed a ``@given`` test as ``@seed`` would, for the duration of its call."""
+    seed = item.config.getoption("kvcheck_campaign_seed")
+    test = getattr(item, "obj", None)
+    test = getattr(test, "__func__", test)
+    if seed is None or getattr(test, "is_hypothesis_test", False) is not True:
+        yield
+        return
+    before = getattr(test, _SEED_ATTRIBUTE, None)
+    setattr(test, _SEED_ATTRIBUTE, seed)
+    try:
+        yield
+    finally:
+        setattr(test, _SEED_ATTRIBUTE, before)
 
 
 @pytest.hookimpl(trylast=True)  # after kvcheck's plugin added the target's skips

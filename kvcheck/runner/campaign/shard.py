@@ -3,7 +3,8 @@
 :func:`run_shard` is what a campaign task calls on its worker (it knows nothing of Ray):
 it runs the shard's tests as ``kvcheck verify`` would (:func:`kvcheck.runner.cli.pytest_command`,
 so node ids and database keys are the same and ``kvcheck replay`` finds what it stores),
-under the ``kvcheck-campaign`` profile with the shard's seed and example count, and
+under the ``kvcheck-campaign`` profile with the shard's seed (as ``@seed``: the database
+stays on, which ``--hypothesis-seed`` would turn off) and example count, and
 returns the results the pytest plugin wrote (:mod:`kvcheck.runner.results`) as a plain
 dict, which travels back to the driver.
 
@@ -18,8 +19,8 @@ Example:
     >>> from kvcheck.runner.campaign.plan import Shard
     >>> command = shard_command(Shard(1, ("test_noop.py::t",), 7, 50), context,
     ...                         results_path=Path("r.json"))
-    >>> [arg for arg in command if arg.startswith(("--hypothesis-seed", "--kvcheck-campaign-e"))]
-    ['--hypothesis-seed=7', '--kvcheck-campaign-examples=50']
+    >>> [arg for arg in command if arg.startswith(("--kvcheck-campaign-s", "--kvcheck-campaign-e"))]
+    ['--kvcheck-campaign-seed=7', '--kvcheck-campaign-examples=50']
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcheck.runner.campaign.plan import Shard
-from kvcheck.runner.campaign.pytest_plugin import TEST_OPTION
+from kvcheck.runner.campaign.pytest_plugin import SEED_OPTION, TEST_OPTION
 
 __all__ = [
     "ShardContext",
@@ -88,7 +89,7 @@ def shard_command(shard: Shard, context: ShardContext, *, results_path: Path) ->
             "-p",
             "kvcheck.runner.campaign.pytest_plugin",
             *(f"{TEST_OPTION}={nodeid}" for nodeid in shard.nodeids),
-            f"--hypothesis-seed={shard.seed}",
+            f"{SEED_OPTION}={shard.seed}",
             f"--kvcheck-campaign-examples={shard.examples}",
             *context.pytest_args,
         ],
