@@ -324,20 +324,21 @@ def test_driver_counts_a_lost_shard_and_does_not_plan_its_tests_again() -> None:
     ]
 
 
-def test_sigint_stops_every_shard_and_keeps_what_they_ran(
-    capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_stops_every_shard_and_keeps_what_they_ran(
+    signum: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """SIGINT during the campaign: every shard is told to stop, no shard starts after it,
-    and the stopped shards' results are kept; the previous SIGINT handler is restored."""
+    """SIGINT or SIGTERM during the campaign: every shard is told to stop, no shard starts
+    after it, and the stopped shards' results are kept; the previous handler is restored."""
 
     def interrupt_once(executor: _Executor) -> None:
         if executor.stopped_all == 0 and len(executor.submitted) == 2:
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signum)
 
     def results_for(executor: _Executor, shard: Shard) -> dict[str, Any]:
         return _ran(shard, "passed", stopped=executor.stopped_all > 0)
 
-    before = signal.getsignal(signal.SIGINT)
+    before = signal.getsignal(signum)
     executor = _Executor(results_for, on_wait=interrupt_once)
     run = drive(
         Planner([Property("t", "m", "t")], seed=0),
@@ -347,7 +348,7 @@ def test_sigint_stops_every_shard_and_keeps_what_they_ran(
     )
     assert run.interrupted and executor.stopped_all == 1
     assert len(executor.submitted) == 2 and len(run.outcomes) == 2
-    assert signal.getsignal(signal.SIGINT) is before
+    assert signal.getsignal(signum) is before
     assert "interrupted: stopping 1 running shard(s)" in capsys.readouterr().out
 
 

@@ -23,12 +23,16 @@ Example:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import json
 import os
 import random
 import shlex
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +154,7 @@ def add_campaign_parser(commands: Any) -> argparse.ArgumentParser:
 def run_campaign(options: argparse.Namespace, extra: Sequence[str]) -> int:
     """The ``campaign`` command's handler: run it and return its exit status."""
     from kvcheck.runner import cli
-    from kvcheck.runner.campaign.collect import CollectionError, collect_properties
-    from kvcheck.runner.campaign.plan import Planner
+    from kvcheck.runner.campaign.collect import CollectionError
     from kvcheck.runner.campaign.ray_executor import RAY_MISSING, ray_available
     from kvcheck.runner.profiles import unknown_env_warnings
 
@@ -173,65 +176,100 @@ def run_campaign(options: argparse.Namespace, extra: Sequence[str]) -> int:
     seed = options.seed if options.seed is not None else random.randrange(2**31)
     print(f"kvcheck campaign: target {target}; collecting {options.suite}", flush=True)
     try:
-        properties = collect_properties(
-            context, keyword=cli._keyword(options.keyword, options.families)
-        )
+        with _terminate_as_interrupt():
+            planner, run, workers = _collect_and_drive(
+                options,
+                context=context,
+                seed=seed,
+                examples=examples,
+                time_budget_s=time_budget_s,
+                database=database,
+            )
     except CollectionError as exc:
         print(f"kvcheck: error: {exc}", file=sys.stderr)
         return 2
-    if not properties:
-        raise cli.UsageProblem("no test of the suite is selected (check -k and --family)")
-    planner = Planner(
-        properties,
-        seed=seed,
-        examples_per_test=options.examples_per_test,
-        max_examples=examples,
-    )
-    return _run(
+    except KeyboardInterrupt:  # before the shards ran (the driver counts interrupts itself)
+        print("\nkvcheck campaign: interrupted before any shard ran; exit 130", file=sys.stderr)
+        return 130
+    return _report(
         options,
         planner=planner,
+        run=run,
+        workers=workers,
         context=context,
-        time_budget_s=time_budget_s,
         seed=seed,
         results_dir=results_dir,
         repro_dir=repro_dir,
-        database=database,
     )
 
 
-def _run(
+def _collect_and_drive(
     options: argparse.Namespace,
     *,
-    planner: Any,
     context: Any,
-    time_budget_s: float | None,
     seed: int,
-    results_dir: Path,
-    repro_dir: Path,
+    examples: int | None,
+    time_budget_s: float | None,
     database: Any,
-) -> int:
+) -> tuple[Any, Any, int]:
+    """Collect the suite while the Ray cluster starts, then run the shards; (the planner,
+    the driver's run, the workers)."""
     from kvcheck.runner import cli
+    from kvcheck.runner.campaign.collect import collect_properties
     from kvcheck.runner.campaign.driver import drive
-    from kvcheck.runner.campaign.junit import junit_xml
-    from kvcheck.runner.campaign.merge import merge_results
+    from kvcheck.runner.campaign.plan import Planner
     from kvcheck.runner.campaign.progress import Progress
     from kvcheck.runner.campaign.ray_executor import RayExecutor
     from kvcheck.runner.db import describe_database
+
+    keyword = cli._keyword(options.keyword, options.families)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        collecting = pool.submit(collect_properties, context, keyword=keyword)
+        try:
+            executor = RayExecutor(context, address=options.address, workers=options.workers)
+        except Exception as exc:  # ray.init: an unreachable address, a broken install
+            where = options.address or "a local cluster"
+            raise cli.UsageProblem(f"cannot start Ray ({where}): {exc}") from exc
+        with executor:
+            properties = collecting.result()
+            if not properties:
+                raise cli.UsageProblem("no test of the suite is selected (check -k and --family)")
+            planner = Planner(
+                properties,
+                seed=seed,
+                examples_per_test=options.examples_per_test,
+                max_examples=examples,
+            )
+            searching = len(planner.searching())
+            print(
+                f"kvcheck campaign: {searching} tests to search "
+                f"({len(properties) - searching} skipped), {planner.examples_per_test} "
+                f"examples each per shard, seeds from {seed} (repeat with --seed {seed}); on "
+                f"{executor.describe()}; database: {describe_database(database)}",
+                flush=True,
+            )
+            progress = Progress(budget_s=time_budget_s, quiet=options.verbosity < 0)
+            run = drive(planner, executor, time_budget_s=time_budget_s, progress=progress)
+            return planner, run, executor.capacity
+
+
+def _report(
+    options: argparse.Namespace,
+    *,
+    planner: Any,
+    run: Any,
+    workers: int,
+    context: Any,
+    seed: int,
+    results_dir: Path,
+    repro_dir: Path,
+) -> int:
+    """Merge the shards' results, write the scripts and files, print the summary."""
+    from kvcheck.runner import cli
+    from kvcheck.runner.campaign.junit import junit_xml
+    from kvcheck.runner.campaign.merge import merge_results
     from kvcheck.runner.summary import render_verify
 
-    searching = len(planner.searching())
-    skipped = len(planner.properties) - searching
-    with RayExecutor(context, address=options.address, workers=options.workers) as executor:
-        print(
-            f"kvcheck campaign: {searching} tests to search ({skipped} skipped), "
-            f"{planner.examples_per_test} examples each per shard, seeds from {seed} "
-            f"(repeat with --seed {seed}); on {executor.describe()}; database: "
-            f"{describe_database(database)}",
-            flush=True,
-        )
-        progress = Progress(budget_s=time_budget_s, quiet=options.verbosity < 0)
-        run = drive(planner, executor, time_budget_s=time_budget_s, progress=progress)
-        workers = executor.capacity
     _keep_shard_log(results_dir / "shards.jsonl", run)
     examples = run.examples()
     results = merge_results(
@@ -276,6 +314,20 @@ def _run(
     )
     print("\n" + _campaign_lines(results, target=context.target) + text, flush=True)
     return _write_extra_outputs(options, results, exit_code=exit_code)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so that a local Ray cluster is shut
+    down on the way out (the driver's loop counts both itself while shards run)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _budgets(options: argparse.Namespace) -> tuple[float | None, int | None]:
