@@ -92,9 +92,16 @@ def test_a_failed_exhausted_or_plain_test_leaves_the_plan() -> None:
 
 
 def test_the_example_budget_ends_the_plan() -> None:
-    """Shards are handed out until the examples they may run reach the budget."""
+    """Shards are handed out until the examples run and promised reach the budget; a shard
+    that ran fewer than it might have (a plain test: none) leaves room for more."""
     planner = Planner(_machines_and_serving(), seed=0, examples_per_test=100, max_examples=250)
-    assert [shard.planned_examples() for shard in _take(planner, 10)] == [100, 100, 100]
+    shards = _take(planner, 10)
+    assert [shard.planned_examples() for shard in shards] == [100, 100, 100]
+    planner.shard_done(shards[0], examples=100)
+    assert planner.next_shard() is None
+    planner.shard_done(shards[1], examples=0)
+    assert planner.next_shard() is not None
+    assert planner.next_shard() is None
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,7 @@ class CampaignRun:
     def examples(self) -> int:
         """Examples run by the finished shards, all tests together."""
         return sum(
-            int((test.get("statistics") or {}).get("examples") or 0)
+            _examples(test)
             for outcome in self.outcomes
             for test in (outcome.get("results") or {}).get("tests") or ()
         )
@@ -167,6 +167,7 @@ def _finished(
     try:
         outcome = executor.result(handle)
     except ShardLost as lost:
+        planner.shard_done(shard, examples=0)
         run.lost.append((shard, str(lost)))
         for nodeid in shard.nodeids:  # searching it again would most likely fail again
             planner.record(nodeid, outcome="error", searched=True, exhausted=False)
@@ -174,6 +175,7 @@ def _finished(
         return
     run.outcomes.append(outcome)
     records = {t["nodeid"]: t for t in (outcome.get("results") or {}).get("tests") or ()}
+    planner.shard_done(shard, examples=sum(_examples(record) for record in records.values()))
     broken = outcome.get("exit_status") not in (0, 1) and not outcome.get("stopped")
     newly_failed = []
     for nodeid in shard.nodeids:
@@ -202,6 +204,11 @@ def _finished(
         _event(progress, f"FAILED {nodeid} (shard {shard.number}, seed {shard.seed})")
     if newly_failed:
         executor.stop(list(run.failed))
+
+
+def _examples(record: Mapping[str, Any]) -> int:
+    """The examples one shard's record of a test ran (0 for a test without Hypothesis)."""
+    return int((record.get("statistics") or {}).get("examples") or 0)
 
 
 def _status(run: CampaignRun, started: float, running: int) -> Status:

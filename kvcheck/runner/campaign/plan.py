@@ -14,8 +14,9 @@ A property leaves the plan when searching it more can tell nothing new:
 - it is not a Hypothesis test (a plain test is deterministic: one run says it all),
 - Hypothesis exhausted its search space, or it was skipped.
 
-The planner stops at the example budget (examples it handed out); the time budget is the
-driver's.
+The planner stops at the example budget: the examples the finished shards ran plus those
+the running ones may run reach it (a test that is not a Hypothesis test runs none, so it
+costs nothing). The time budget is the driver's.
 
 Example:
     >>> props = [Property("m.py::test_a", "m", "test_a"),
@@ -96,7 +97,8 @@ class Planner:
 
     ``properties`` are the collected tests (those with ``skip`` are never run), ``seed`` the
     first shard's seed (each shard takes the next), ``examples_per_test`` each shard's
-    ``max_examples``, ``max_examples`` the campaign's example budget (``None``: none) and
+    ``max_examples``, ``max_examples`` the campaign's example budget (``None``: none; see
+    :meth:`shard_done`) and
     ``weights`` the shards per round by module.
     """
 
@@ -122,7 +124,9 @@ class Planner:
         self.examples_per_test = examples_per_test
         self.max_examples = max_examples
         self.weights = dict(weights)
-        self.planned = 0
+        #: Examples the finished shards ran, and those the running ones may still run.
+        self.spent = 0
+        self._running: dict[int, int] = {}
         self._next_seed = seed
         self._number = 0
         #: nodeid -> why it left the plan ("failed", "exhausted", ...)
@@ -132,13 +136,32 @@ class Planner:
         self._rounds = self._shards()
 
     def next_shard(self) -> Shard | None:
-        """The next shard, or ``None`` when every test left the plan or the budget is spent."""
-        if self.max_examples is not None and self.planned >= self.max_examples:
+        """The next shard, or ``None`` when every test left the plan or the example budget
+        is spent or promised to the running shards."""
+        promised = self.spent + sum(self._running.values())
+        if self.max_examples is not None and promised >= self.max_examples:
             return None
         shard = next(self._rounds, None)
         if shard is not None:
-            self.planned += shard.planned_examples()
+            self._running[shard.number] = shard.planned_examples()
         return shard
+
+    def shard_done(self, shard: Shard, *, examples: int) -> None:
+        """``shard`` finished (or was lost) having run ``examples``: they count against the
+        budget instead of what it might have run.
+
+        Example:
+            >>> planner = Planner([Property("t", "m", "t")], seed=0, examples_per_test=10,
+            ...                   max_examples=15)
+            >>> shard = planner.next_shard()
+            >>> planner.next_shard() is None  # 10 of 15 promised: one more shard
+            False
+            >>> planner.shard_done(shard, examples=0)  # a plain test: it ran no examples
+            >>> planner.spent
+            0
+        """
+        self._running.pop(shard.number, None)
+        self.spent += examples
 
     def record(self, nodeid: str, *, outcome: str, searched: bool, exhausted: bool) -> None:
         """What one shard found for test ``nodeid``: its ``outcome``, whether Hypothesis
