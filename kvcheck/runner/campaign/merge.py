@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvcheck.runner.campaign.plan import Property
+from kvcheck.runner.profiles import CAMPAIGN
 from kvcheck.runner.results import RESULTS_FORMAT
 
 __all__ = ["merge_results", "merge_statistics", "merge_tests"]
@@ -135,7 +136,7 @@ def merge_results(
     return {
         "format": RESULTS_FORMAT,
         **context,
-        "profile": "kvcheck-campaign",
+        "profile": CAMPAIGN,
         "duration_s": round(duration_s, 3),
         "collection_errors": _distinct(collection_errors),
         "tests": tests,
