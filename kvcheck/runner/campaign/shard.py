@@ -47,7 +47,6 @@ __all__ = [
     "run_shard",
     "shard_command",
     "shard_environment",
-    "shard_outcome_text",
     "working_directory",
 ]
 
@@ -227,21 +226,6 @@ def _tail(path: Path) -> str:
     except OSError:
         return ""
     return "\n".join(lines[-_LOG_TAIL_LINES:])
-
-
-def shard_outcome_text(outcome: Mapping[str, Any]) -> str:
-    """One line about a finished shard, for logs.
-
-    Example:
-        >>> shard_outcome_text({"shard": 3, "seed": 9, "exit_status": 1, "stopped": False,
-        ...                     "wall_s": 12.5, "host": "node-1"})
-        'shard 3 (seed 9) on node-1: pytest exit 1 in 12.5s'
-    """
-    how = "stopped" if outcome.get("stopped") else f"pytest exit {outcome.get('exit_status')}"
-    return (
-        f"shard {outcome.get('shard')} (seed {outcome.get('seed')}) on "
-        f"{outcome.get('host', '?')}: {how} in {float(outcome.get('wall_s') or 0):.1f}s"
-    )
 
 
 def results_json(outcome: Mapping[str, Any]) -> str:
