@@ -564,3 +564,24 @@ class ScaleDividingMHA(MHATokenToKVPool):
             if v_scale is not None:
                 cache_v.div_(v_scale)
         super().set_kv_buffer(layer, loc, cache_k, cache_v)
+
+
+# --- a bug that needs a rare combination (the kind a campaign is for) ----------------------
+
+
+class RareCombinationWriteMHA(MHATokenToKVPool):
+    """Drops a write of two or more tokens, but only in a pool that draws four things at once:
+    the head-major layout, an fp8 dtype, a V head dim of its own and a first layer above 0.
+    Each is common alone; together a default run's 100 examples reach them in some seeds
+    only (``kvcheck campaign``'s test twin)."""
+
+    def set_kv_buffer(self, layer: Any, loc: Any, *args: Any, **kwargs: Any) -> None:
+        rare = (
+            self.kv_layout == "hnd"
+            and self.store_dtype == torch.uint8
+            and self.v_head_dim != self.head_dim
+            and self.start_layer > 0
+        )
+        if rare and isinstance(loc, torch.Tensor) and loc.numel() >= 2:
+            return
+        super().set_kv_buffer(layer, loc, *args, **kwargs)

@@ -111,3 +111,15 @@ def test_searching_profiles_leave_out_explain_unless_asked() -> None:
     assert profile_options(CI)["report_multiple_bugs"] is False
     with pytest.raises(ValueError, match="explain='yes'"):
         profile_options(CI, explain="yes")  # type: ignore[arg-type]
+
+
+def test_campaign_bench_table_gives_each_worker_count_its_speed_up() -> None:
+    """bench_campaign prints examples per second per worker count and the ratio to the first."""
+    bench = load_script("bench_campaign")
+    rows = [
+        bench.Measurement(1, 0, 8, 4000, 100.0, 130.0),
+        bench.Measurement(2, 0, 8, 4000, 50.0, 70.0),
+    ]
+    lines = bench.table(rows)
+    assert lines[0].split()[:3] == ["workers", "exit", "shards"]
+    assert [line.split()[5:7] for line in lines[1:]] == [["40.0", "1.00"], ["80.0", "2.00"]]

@@ -33,6 +33,7 @@ from broken_pools import (
     OwnerBlindDcpMLA,
     PageGranularReloadMHA,
     PageRowMoveDSA,
+    RareCombinationWriteMHA,
     RawWidthScaledDSA,
     RingStartTailDSA,
     RopeDroppingMLA,
@@ -306,6 +307,19 @@ def test_machine_catches_a_reload_that_overwrites_unlisted_tokens() -> None:
     )
     assert "load_cpu_copy" in message
     assert len(steps) <= 4 and layers <= 2, steps
+
+
+def test_machine_catches_a_write_dropped_only_in_a_rare_pool() -> None:
+    """kvcheck campaign's twin: a write dropped only by head-major fp8 pools with a V head dim
+    of their own above layer 0 fails the MHA machine once it draws such a pool (fp8 here)."""
+    message, steps, layers = machine_failure(
+        "mha",
+        RareCombinationWriteMHA,
+        keep=frozenset(),
+        dtype_names=("float8_e4m3fn", "float8_e5m2"),
+    )
+    assert "set_kv_buffer" in message
+    assert len(steps) <= 2 and layers <= 2, steps
 
 
 def test_machine_catches_a_write_that_changes_the_callers_tensor() -> None:

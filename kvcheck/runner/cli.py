@@ -10,6 +10,9 @@
     chooses whose; without it, each target that has stored examples is replayed in turn.
 ``kvcheck memory-report``
     Cell sizes, token capacities and pool bytes (built on ``meta``) for real model configs.
+``kvcheck campaign``
+    The suite in shards on a Ray cluster until a time or example budget is spent, sharing one
+    example database (:mod:`kvcheck.runner.campaign`; ``pip install 'kvcheck[campaign]'``).
 
 Output: a progress line (rewritten in place on a terminal, a few lines otherwise), then each
 failure once (property, error with the first differing byte, minimal example, reproduction
@@ -184,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"tokens per page (default {_DEFAULT_PAGE_SIZE})",
     )
     memory.set_defaults(handler=_memory_report)
+
+    from kvcheck.runner.campaign import add_campaign_parser
+
+    add_campaign_parser(commands)
     return parser
 
 

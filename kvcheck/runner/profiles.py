@@ -4,6 +4,8 @@
 ``kvcheck-dev``        local runs: 100 examples per property, fresh randomness each run.
 ``kvcheck-ci``         CI: like dev; failures go to the shared database for replay.
 ``kvcheck-thorough``   nightly / GPU runners: 2000 examples, longer state-machine runs.
+``kvcheck-campaign``   ``kvcheck campaign``'s shards: 1000 examples, state-machine runs of
+                       20 steps, one bug per property (each shard also has its own seed).
 ``kvcheck-replay``     only the explicit and stored examples (``kvcheck replay``).
 =====================  ===================================================================
 
@@ -14,10 +16,11 @@ example database named by ``KVCHECK_DB``.
 Searching profiles leave out Hypothesis's explain phase, which re-runs the shrunk example
 hundreds of times only to add an "always run by failing" note: on a state machine it took
 three quarters of the time to a report (221 of 305 s for a move bug on two shared CPU
-cores). ``KVCHECK_EXPLAIN=1`` (or ``explain=True``) puts it back. ``kvcheck-dev`` and
-``kvcheck-ci`` also report one bug per property (``report_multiple_bugs=False``): the
-first failure is shrunk, allowed to slip to any smaller failure, and reported, instead of
-each distinct failure being shrunk in turn; ``kvcheck-thorough`` still reports them all.
+cores). ``KVCHECK_EXPLAIN=1`` (or ``explain=True``) puts it back. ``kvcheck-dev``,
+``kvcheck-ci`` and ``kvcheck-campaign`` also report one bug per property
+(``report_multiple_bugs=False``): the first failure is shrunk, allowed to slip to any
+smaller failure, and reported, instead of each distinct failure being shrunk in turn;
+``kvcheck-thorough`` still reports them all.
 
 Hypothesis turns the database *off* in its own ``ci`` profile, which it loads whenever
 ``CI`` is set; ``kvcheck-ci`` keeps it on so that a failure found by a runner can be
@@ -51,6 +54,7 @@ from kvcheck.runner.db import (
 )
 
 __all__ = [
+    "CAMPAIGN",
     "CI",
     "DEV",
     "EXPLAIN_ENV_VAR",
@@ -71,7 +75,8 @@ DEV = "kvcheck-dev"
 CI = "kvcheck-ci"
 THOROUGH = "kvcheck-thorough"
 REPLAY = "kvcheck-replay"
-PROFILE_NAMES: tuple[str, ...] = (DEV, CI, THOROUGH, REPLAY)
+CAMPAIGN = "kvcheck-campaign"
+PROFILE_NAMES: tuple[str, ...] = (DEV, CI, THOROUGH, REPLAY, CAMPAIGN)
 PROFILE_ENV_VAR = "KVCHECK_PROFILE"
 #: Set to 1/true/yes/on to run Hypothesis's explain phase in the searching profiles.
 EXPLAIN_ENV_VAR = "KVCHECK_EXPLAIN"
@@ -106,6 +111,8 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     CI: {"max_examples": 100, "stateful_step_count": 10, "report_multiple_bugs": False},
     THOROUGH: {"max_examples": 2000, "stateful_step_count": 100},
     REPLAY: {"phases": (Phase.explicit, Phase.reuse)},
+    # Deeper than a default run: ten times the examples, twice the steps per example.
+    CAMPAIGN: {"max_examples": 1000, "stateful_step_count": 20, "report_multiple_bugs": False},
 }
 _TRUE = frozenset({"1", "true", "yes", "on"})
 

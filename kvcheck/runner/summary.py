@@ -89,6 +89,7 @@ def render_verify(
     locations: Mapping[str, str] | None = None,
     interrupted: bool = False,
     wall_s: float | None = None,
+    command: str = "kvcheck verify",
 ) -> str:
     """The verify summary: the smallest failure in full, the others in a line each, passes
     collapsed, skips grouped by reason.
@@ -96,10 +97,11 @@ def render_verify(
     ``verbosity`` 1 adds a row per test (result, examples, time) and prints every failure
     in full; -1 keeps only the counts and the failures' names. ``locations`` (label ->
     path) are listed at the end. The time shown is ``wall_s`` (the kvcheck command's wall
-    time) when given, else pytest's own session time from ``results``.
+    time) when given, else pytest's own session time from ``results``. ``command`` heads it
+    (``kvcheck campaign`` prints the same summary).
     """
     tests = list(results.get("tests", ()))
-    lines = [_heading("kvcheck verify", results), ""]
+    lines = [_heading(command, results), ""]
     lines += _collection_errors(results)
     if tests and verbosity > 0:
         lines += [*_table(tests), ""]
