@@ -57,12 +57,34 @@ POOL_VARIANTS: tuple[str, ...] = (
 )
 #: DSA index kpools the strategies draw (SGLang 0.5.23 takes any divisor of the page
 #: size; its CUDA kernels need 64-token index pages, so a target like sglang pairs kpool
-#: k with ``page_size = 64 * k`` through its ``pool_spec_limits``).
+#: k with ``page_size = 64 * k`` through its surface).
 INDEX_KPOOLS: tuple[int, ...] = (1, 2, 4)
 #: Decode-context-parallel widths the strategies draw (SGLang's ``--dcp-size``; 1 is off).
 DCP_SIZES: tuple[int, ...] = (1, 2, 4)
 #: Compress-tail rows (one request's ring slot) are bf16: 2 bytes per index channel.
 COMPRESS_TAIL_ITEMSIZE = 2
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One way pools of some families vary: a PoolSpec field and the values kvcheck models
+    (the first is the baseline every target builds)."""
+
+    field: str
+    families: tuple[str, ...]
+    values: tuple[Any, ...]
+    #: The legacy target attribute that declared it before surfaces (still read).
+    legacy_attribute: str
+
+
+#: Every variant axis, one row each. A new variant of an existing family is a new value
+#: (or a new row) here, the PoolSpec field it names, and the target's surface.
+AXES: tuple[Axis, ...] = (
+    Axis("kv_layout", ("mha",), KV_LAYOUTS, "kv_layouts"),
+    Axis("latent_layout", ("dsa",), LATENT_LAYOUTS, "latent_layouts"),
+    Axis("index_kpool", ("dsa",), INDEX_KPOOLS, "index_kpools"),
+    Axis("dcp_size", ("mla", "dsa"), DCP_SIZES, "dcp_sizes"),
+)
 #: Which :class:`PoolSpec` fields describe a pool, by what it is: ``""`` for every pool, then
 #: its family, then each part of its :attr:`PoolSpec.variant` after the family (``kpool``,
 #: ``dcp``; a layout part such as ``hnd`` or ``scaled`` has its field in the family's row).

@@ -1,7 +1,7 @@
 """What a target builds, declared once as data: the pool families, and per family the
 variants and the values it takes.
 
-kvcheck's pools vary along a few *axes* (:data:`AXES`): a :class:`~kvcheck.specs.PoolSpec`
+kvcheck's pools vary along a few *axes* (:data:`kvcheck.specs.AXES`): a PoolSpec
 field whose values name a variant, such as MHA's buffer layout or DSA's index kpool. Every
 target builds each axis's first value (the baseline); anything beyond it is opt-in, so a
 target written before a variant existed is never handed a spec it would silently build as
@@ -13,8 +13,8 @@ suite skips a family it leaves out, and ``kvcheck verify`` prints it in one line
 
 A subclass of a target inherits its surface unless it declares its own.
 
-Adding a variant along a new axis is one row of :data:`AXES` (beside its ``PoolSpec``
-field); a target opts in by naming the axis in its surface.
+Adding a variant along a new axis is one row of :data:`kvcheck.specs.AXES`, beside its
+``PoolSpec`` field; a target opts in by naming the axis in its surface.
 
 Example:
     >>> surface = Surface.of(mha={"kv_layout": ("nhd", "hnd")}, dsa={"index_head_dim": (128,)})
@@ -34,14 +34,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from kvcheck.specs import (
-    DCP_SIZES,
-    INDEX_KPOOLS,
-    KV_LAYOUTS,
-    LATENT_LAYOUTS,
-    POOL_FAMILIES,
-    PoolSpec,
-)
+from kvcheck.specs import AXES, POOL_FAMILIES, Axis, PoolSpec
 
 __all__ = [
     "AXES",
@@ -56,26 +49,6 @@ __all__ = [
 FieldValues = Mapping[str, tuple[Any, ...]]
 
 
-@dataclass(frozen=True)
-class Axis:
-    """One way pools of some families vary: a PoolSpec field and the values kvcheck models
-    (the first is the baseline every target builds)."""
-
-    field: str
-    families: tuple[str, ...]
-    values: tuple[Any, ...]
-    #: The legacy target attribute that declared it before surfaces (still read).
-    legacy_attribute: str
-
-
-#: Every variant axis, one row each. A new variant of an existing family is a new value
-#: (or a new row) here, the PoolSpec field it names, and the target's surface.
-AXES: tuple[Axis, ...] = (
-    Axis("kv_layout", ("mha",), KV_LAYOUTS, "kv_layouts"),
-    Axis("latent_layout", ("dsa",), LATENT_LAYOUTS, "latent_layouts"),
-    Axis("index_kpool", ("dsa",), INDEX_KPOOLS, "index_kpools"),
-    Axis("dcp_size", ("mla", "dsa"), DCP_SIZES, "dcp_sizes"),
-)
 _AXIS_BY_FIELD = {axis.field: axis for axis in AXES}
 _SPEC_FIELDS = frozenset(field.name for field in dataclasses.fields(PoolSpec)) - {"family"}
 #: What a surface may name besides an axis: a PoolSpec field, or ``index_page_size``

@@ -26,7 +26,7 @@ which can overshoot by the padding page and the index-page rounding; kvcheck's a
 at most two pages smaller and never overshoots.
 
 Example (DeepSeek-V3.2 in bf16: 61 * 576 * 2 latent bytes + 61 * 132 indexer bytes):
-    >>> from kvcheck.serving.models import DEEPSEEK_V3_2
+    >>> from kvcheck.vocabulary import DEEPSEEK_V3_2
     >>> cell_size_bytes(DEEPSEEK_V3_2, dtype="bfloat16")
     78324
 """
@@ -97,7 +97,7 @@ def latent_kv_cache_dim(config: ModelConfig, *, dtype: torch.dtype | str) -> int
     values); ValueError naming it otherwise.
 
     Example:
-        >>> from kvcheck.serving.models import DEEPSEEK_V3_2
+        >>> from kvcheck.vocabulary import DEEPSEEK_V3_2
         >>> latent_kv_cache_dim(DEEPSEEK_V3_2, dtype="bfloat16")
         576
         >>> latent_kv_cache_dim(DEEPSEEK_V3_2, dtype="float8_e4m3fn")
@@ -143,7 +143,7 @@ def num_indexer_layers(
     """How many of the pool's layers hold a DSA index-K buffer (0 for MHA and MLA models).
 
     Example:
-        >>> from kvcheck.serving.models import GLM_5_2_LIKE
+        >>> from kvcheck.vocabulary import GLM_5_2_LIKE
         >>> num_indexer_layers(GLM_5_2_LIKE), num_indexer_layers(GLM_5_2_LIKE, enable_hisparse=True)
         (21, 78)
     """
@@ -174,7 +174,7 @@ def cell_size_bytes(
     ``start_layer``/``layer_num`` select the layers one pipeline stage holds (default: all).
 
     Example:
-        >>> from kvcheck.serving.models import GLM_5_2_LIKE, QWEN3_EMBEDDING_8B
+        >>> from kvcheck.vocabulary import GLM_5_2_LIKE, QWEN3_EMBEDDING_8B
         >>> cell_size_bytes(QWEN3_EMBEDDING_8B, dtype="bfloat16")
         147456
         >>> cell_size_bytes(GLM_5_2_LIKE, dtype="bfloat16")
@@ -219,7 +219,7 @@ def pool_bytes(
     v_head_dim]`` V per layer, whatever ``num_tokens`` is.
 
     Example:
-        >>> from kvcheck.serving.models import QWEN3_EMBEDDING_8B
+        >>> from kvcheck.vocabulary import QWEN3_EMBEDDING_8B
         >>> pool_bytes(QWEN3_EMBEDDING_8B, num_tokens=64, dtype="bfloat16", page_size=64)
         18874368
         >>> pool_bytes(QWEN3_EMBEDDING_8B, num_tokens=64, dtype="bfloat16", page_size=64,
@@ -273,7 +273,7 @@ def max_total_num_tokens(
     page and index pages) raises ValueError naming ``budget_bytes`` and that minimum.
 
     Example:
-        >>> from kvcheck.serving.models import QWEN3_EMBEDDING_8B
+        >>> from kvcheck.vocabulary import QWEN3_EMBEDDING_8B
         >>> max_total_num_tokens(QWEN3_EMBEDDING_8B, budget_bytes=60 << 30,
         ...                      dtype="bfloat16", page_size=64)
         436800

@@ -292,7 +292,7 @@ class ServerArgs:
         """Server arguments for serving ``model``: its name and attention architecture.
 
         Example:
-            >>> from kvcheck.serving.models import DEEPSEEK_V3_2
+            >>> from kvcheck.vocabulary import DEEPSEEK_V3_2
             >>> ServerArgs.for_model(DEEPSEEK_V3_2).attention_backend
             'dsa'
         """

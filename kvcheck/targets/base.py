@@ -220,6 +220,43 @@ class ScriptRecipe:
     index_k_write: str = "pool.set_index_k_scale_buffer"
 
 
+# --- a target's reach table (see kvcheck.runner.reach) ----------------------------------
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Part of one source file to measure.
+
+    ``file`` is relative to the target's package directory (``srt/mem_cache/x.py``);
+    ``names`` are top-level class or function names in it, or a class's method
+    (``"Class.method"``) (``None``: the whole file);
+    ``headline`` says whether its lines count towards the headline figure.
+    """
+
+    file: str
+    names: tuple[str, ...] | None = None
+    headline: bool = False
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why unreached lines stay unreached.
+
+    Explains a range in ``file`` (relative, as in :class:`Scope`) inside a method whose
+    qualified name matches the glob ``qualname`` (``"MHATokenToKVPool.get_raw_kv_buffer"``,
+    ``"MHATokenToKVPool._*"``, ``"*"``) when ``pattern`` is ``None`` or the regular
+    expression ``pattern`` is found (``re.search``, multiline) in the range's first source
+    line joined with the header of the innermost block (``if``, ``for``, ``with``, ``try``)
+    that holds it (``if self.use_hnd:``). Only the first line counts, so a pattern for a
+    GPU-only tail of a method does not also explain a range that starts in its CPU part.
+    """
+
+    file: str
+    qualname: str
+    reason: str
+    pattern: str | None = None
+
+
 @runtime_checkable
 class Target(Protocol):
     """Something the suite can check.

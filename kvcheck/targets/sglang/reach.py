@@ -6,7 +6,7 @@ configurator, the pool-family check and the ``--prefill-only-disable-kv-cache`` 
 :data:`REASONS` explains the lines the shipped suite leaves unreached, keyed by file,
 qualified method name (a glob) and, where only part of a method is explained, a regular
 expression over the unreached lines and the header of the block that holds them (see
-:class:`kvcheck.runner.reach.Reason`). No entry names a line number, so the table survives sglang
+:class:`kvcheck.targets.base.Reason`). No entry names a line number, so the table survives sglang
 reformatting its code; a range no entry explains is reported as ``UNEXPLAINED``.
 
 Example:
@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from kvcheck.runner.reach import Reason, Scope
+from kvcheck.targets.base import Reason, Scope
 
 #: The package whose files the scopes name (paths below are relative to its directory).
 PACKAGE = "sglang"
