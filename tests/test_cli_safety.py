@@ -26,7 +26,8 @@ from kvcheck.failures import (
     Reproduction,
     reproduction_from_json,
 )
-from kvcheck.runner import cli, repro
+from kvcheck.runner import checks, cli, repro
+from kvcheck.runner.repro_scripts import python_command, write_repro_scripts
 from kvcheck.runner.results import failures_from_exception
 from kvcheck.runner.summary import render_verify
 from kvcheck.specs import Move, PoolSpec
@@ -138,7 +139,7 @@ def test_module_target_resolves_from_the_current_directory() -> None:
         "from kvcheck.targets.builtin import KVCheckTarget\ntarget = KVCheckTarget()\n"
     )
     try:
-        target, root = cli._checked_target("mymod_kvcheck_cwd:target")
+        target, root = checks.checked_target("mymod_kvcheck_cwd:target")
     finally:
         sys.modules.pop("mymod_kvcheck_cwd", None)
     assert (target, root) == ("mymod_kvcheck_cwd:target", os.getcwd())
@@ -147,8 +148,8 @@ def test_module_target_resolves_from_the_current_directory() -> None:
 
 def test_family_becomes_a_keyword_and_is_validated(capsys: pytest.CaptureFixture[str]) -> None:
     """--family F selects tests whose id contains F; unknown families are usage errors."""
-    assert cli._keyword(None, ["dsa", "mla"]) == "dsa or mla"
-    assert cli._keyword("move", ["dsa"]) == "(dsa) and (move)"
+    assert checks.keyword(None, ["dsa", "mla"]) == "dsa or mla"
+    assert checks.keyword("move", ["dsa"]) == "(dsa) and (move)"
     assert cli.main(["verify", "--family", "gqa"]) == 2
     assert "invalid choice: 'gqa'" in capsys.readouterr().err
 
@@ -195,19 +196,19 @@ def test_scripts_are_written_per_failure_and_shown(
 ) -> None:
     """Each failure with reproduction data gets repro_<test>.py; the summary shows its path."""
     results = _failing_results(reproduction_data={"calls": ["move"], "family": "mha"})
-    note = cli._write_repro_scripts(results, repro_dir=tmp_path / "repros", target="sglang")
+    note = write_repro_scripts(results, repro_dir=tmp_path / "repros", target="sglang")
     assert note is None
     script = tmp_path / "repros" / "repro_test_move_mha_2.py"
     assert script.read_text().startswith("# sglang\n")
     failure = results["tests"][0]["failures"][0]
     assert failure["script"] == str(script)
-    assert failure["script_command"] == f"{cli._python()} {script}"
-    assert f"standalone script: {cli._python()} {script}" in render_verify(results, exit_code=1)
+    assert failure["script_command"] == f"{python_command()} {script}"
+    assert f"standalone script: {python_command()} {script}" in render_verify(results, exit_code=1)
 
 
 def test_script_notes_when_nothing_to_write(tmp_path: Path) -> None:
     """Without reproduction data no folder is created and the note says why."""
-    note = cli._write_repro_scripts(_failing_results(), repro_dir=tmp_path / "r", target="kvcheck")
+    note = write_repro_scripts(_failing_results(), repro_dir=tmp_path / "r", target="kvcheck")
     assert note is not None and "no failure carried reproduction data" in note
     assert not (tmp_path / "r").exists()
 
@@ -278,7 +279,7 @@ def test_verify_writes_a_script_per_failure(
         ["verify", "--suite", str(suite), "--device", "cpu", "--", "-p", "no:randomly"]
     )
     out = capfd.readouterr().out
-    assert f"standalone script: {cli._python()} .kvcheck/repros/repro_test_small.py" in out
+    assert f"standalone script: {python_command()} .kvcheck/repros/repro_test_small.py" in out
     script = Path(".kvcheck/repros/repro_test_small.py").read_text()
     assert script.startswith("# kvcheck\nDATA = ") and "'src': [3]" in script
     assert "DATABASE ERROR: the failing examples of 1 test could not be saved" in out

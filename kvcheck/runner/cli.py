@@ -47,14 +47,25 @@ import json
 import os
 import re
 import shlex
-import shutil
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import kvcheck
+from kvcheck.runner.checks import (
+    DEFAULT_SUITE,
+    UsageProblem,
+    check_database,
+    check_output_path,
+    check_selection,
+    check_workers,
+    checked_device,
+    checked_target,
+    keyword,
+    usable_directory,
+)
 from kvcheck.runner.launch import (
     EXIT_INTERRUPTED,
     Interrupts,
@@ -62,11 +73,11 @@ from kvcheck.runner.launch import (
     pytest_command,
     shown_path,
 )
+from kvcheck.runner.repro_scripts import write_repro_scripts
 from kvcheck.specs import POOL_FAMILIES
 
 __all__ = ["EXIT_INTERRUPTED", "build_parser", "main", "pytest_command"]
 
-DEFAULT_SUITE = "kvcheck.suite"
 DEFAULT_RESULTS_DIR = ".kvcheck"
 _EXIT_STATUS_TEXT = (
     "Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage, target "
@@ -78,10 +89,6 @@ _EXIT_STATUS_TEXT = (
 _DEFAULT_BUDGET_GIB = 64.0
 _DEFAULT_PAGE_SIZE = 64
 _DEFAULT_DTYPE = "bfloat16"
-
-
-class UsageProblem(Exception):
-    """A command-line or environment setting that stops the command before it runs."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -322,7 +329,7 @@ def _targets_to_replay(option: str | None) -> list[str]:
 
     if (option and option.strip()) or os.environ.get(TARGET_ENV_VAR, "").strip():
         return [target_spec(option)]
-    scan = scan_database(_check_database(writable=False))
+    scan = scan_database(check_database(writable=False))
     holding = [held.target for held in scan.targets if held.entries]
     return holding or [DEFAULT_TARGET]
 
@@ -360,30 +367,30 @@ def _checked_settings(
 
     for warning in unknown_env_warnings():
         print(f"kvcheck: warning: {warning}", file=sys.stderr)
-    _check_workers(options.workers)
-    _check_selection(options.keyword, options.families, suite=options.suite)
-    device = _checked_device(options.device)
+    check_workers(options.workers)
+    check_selection(options.keyword, options.families, suite=options.suite)
+    device = checked_device(options.device)
     for option, value in (("--json", options.json_path), ("--junit-xml", options.junit_xml)):
         if value is not None:
-            _check_output_path(option, Path(value))
+            check_output_path(option, Path(value))
     directories = [("--results-dir", Path(options.results_dir))]
     if options.repro_dir:
         directories.append(("--repro-dir", Path(options.repro_dir)))
     for option, directory in directories:  # probed now, created once the target is known
-        _usable_directory(option, directory, keep=False)
-    target, import_root = _checked_target(options.target if target is None else target)
-    made = [_usable_directory(option, directory) for option, directory in directories]
+        usable_directory(option, directory, keep=False)
+    target, import_root = checked_target(options.target if target is None else target)
+    made = [usable_directory(option, directory) for option, directory in directories]
     # Replay reads first: a mistyped path must not be created (and then found empty).
-    database = _check_database(writable=command != "replay")
+    database = check_database(writable=command != "replay")
     scan = None
     if command == "replay":
         scan = _scan_for_replay(database, target=target)
-        _check_database(writable=True)
+        check_database(writable=True)
     return _Settings(
         target=target,
         import_root=import_root,
         device=device,
-        keyword=_keyword(options.keyword, options.families),
+        keyword=keyword(options.keyword, options.families),
         results_dir=made[0],
         repro_dir=made[1] if len(made) > 1 else made[0] / "repros",
         scan=scan,
@@ -456,7 +463,7 @@ def _summarize(
     """Write the scripts, print the summary, write --json; return the exit status."""
     from kvcheck.runner.summary import EXIT_USAGE, render_replay, render_verify
 
-    scripts_note = _write_repro_scripts(
+    scripts_note = write_repro_scripts(
         results,
         repro_dir=settings.repro_dir,
         target=settings.target,
@@ -558,108 +565,7 @@ def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
     return 0
 
 
-# --- checks -----------------------------------------------------------------------------------
-
-
-def _checked_target(name: str | None) -> tuple[str, str | None]:
-    """Resolve the target as pytest will (module:attr is imported from the current
-    directory); return its name and, for module:attr, the directory its module came from.
-    The built-in ``kvcheck`` target, part of this package, is left to pytest: checking it
-    here would only cost the command's start-up an import of torch."""
-    from kvcheck.targets import (
-        BUILTIN_TARGETS,
-        DEFAULT_TARGET,
-        TargetError,
-        resolve_target,
-        target_spec,
-    )
-
-    spec = target_spec(name)
-    if spec == DEFAULT_TARGET:
-        return spec, None
-    try:
-        with _cwd_on_sys_path():
-            resolve_target(name)
-    except TargetError as exc:
-        raise UsageProblem(str(exc)) from exc
-    if spec in BUILTIN_TARGETS:
-        return spec, None
-    from kvcheck.runner.repro import import_root
-
-    return spec, import_root(spec.partition(":")[0].strip())
-
-
-@contextlib.contextmanager
-def _cwd_on_sys_path() -> Iterator[None]:
-    cwd = os.getcwd()
-    added = cwd not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
-    try:
-        yield
-    finally:
-        if added and cwd in sys.path:
-            sys.path.remove(cwd)
-
-
-def _check_selection(keyword: str | None, families: Sequence[str] | None, *, suite: str) -> None:
-    """A -k and --family that select none of the shipped suite's tests, refused now."""
-    if suite != DEFAULT_SUITE:
-        return  # another suite's tests are known only to pytest's collection
-    from kvcheck.runner.selection import selection_problem
-
-    problem = selection_problem(_keyword(keyword, families))
-    if problem is not None:
-        if families:
-            given = " ".join(f"--family {family}" for family in families)
-            given += f" -k {keyword!r}" if keyword else ""
-            problem = f"{given} ({problem})"
-        raise UsageProblem(
-            f"{problem}; -k matches parts of test ids such as test_pool_machines.py::"
-            "test_pool_matches_reference_after_every_step[mha] (pytest -k syntax: and, or, "
-            "not, parentheses); list them with: pytest --collect-only -q --pyargs kvcheck.suite"
-        )
-
-
-def _keyword(keyword: str | None, families: Sequence[str] | None) -> str | None:
-    """The -k expression: the families or-ed, and-ed with the user's -k.
-
-    Example:
-        >>> _keyword("move", ["mha", "dsa"])
-        '(mha or dsa) and (move)'
-        >>> _keyword(None, ["dsa"])
-        'dsa'
-    """
-    if not families:
-        return keyword
-    chosen = " or ".join(dict.fromkeys(families))
-    return f"({chosen}) and ({keyword})" if keyword else chosen
-
-
-def _checked_device(spec: str | None) -> str | None:
-    from kvcheck.runner.devices import DEVICE_ENV_VAR, cuda_problem, parse_device_spec
-
-    if spec is None and not os.environ.get(DEVICE_ENV_VAR, "").strip():
-        return None
-    try:
-        device = parse_device_spec(spec if spec is not None else os.environ[DEVICE_ENV_VAR])
-    except ValueError as exc:
-        raise UsageProblem(str(exc)) from exc
-    if device.startswith("cuda"):
-        problem = cuda_problem(device)
-        if problem is not None:
-            raise UsageProblem(problem)
-    return device
-
-
-def _check_database(*, writable: bool) -> Any:
-    """The database KVCHECK_DB names; with ``writable``, checked with a probe file."""
-    from kvcheck.runner.db import DatabaseSpecError, database_from_env
-
-    try:
-        return database_from_env(writable=writable)
-    except DatabaseSpecError as exc:
-        raise UsageProblem(str(exc)) from exc
+# --- replay's database check -------------------------------------------------------------
 
 
 def _scan_for_replay(database: Any, *, target: str) -> Any:
@@ -692,100 +598,6 @@ def _scan_for_replay(database: Any, *, target: str) -> Any:
             f"(of {scan.entries} in {where}); the database is corrupted or from another tool"
         )
     return scan
-
-
-def _check_output_path(option: str, path: Path) -> None:
-    """Refuse before the run a file that could not be written after it: the file is opened
-    for appending (created, then removed, when it did not exist), whatever ``os.access``
-    claims (``/proc`` passes that check and refuses every new file)."""
-    if path.is_dir():
-        raise UsageProblem(f"{option} {path}: is a directory; give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageProblem(f"{option} {path}: directory {str(parent)!r} does not exist")
-    existed = path.exists()
-    try:
-        with path.open("ab"):
-            pass
-    except OSError as exc:
-        raise UsageProblem(f"{option} {path}: cannot write there ({exc.strerror or exc})") from exc
-    if not existed:
-        with contextlib.suppress(OSError):
-            path.unlink()
-
-
-def _usable_directory(option: str, path: Path, *, keep: bool = True) -> Path:
-    """Create ``path`` and a probe file in it; a UsageProblem saying why when that fails.
-    Without ``keep`` the directories it created are removed again (a check before the
-    slower ones, which must leave nothing behind if one of them fails)."""
-    from kvcheck.runner.db import probe_directory
-
-    created = [parent for parent in (path, *path.parents) if not parent.exists()]
-    try:
-        probe_directory(path)
-    except OSError as exc:
-        raise UsageProblem(f"{option} {path}: cannot write there ({exc.strerror or exc})") from exc
-    if not keep:
-        for directory in created:  # deepest first
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-    return path.resolve()
-
-
-def _write_repro_scripts(
-    results: dict[str, Any], *, repro_dir: Path, target: str, import_root: str | None = None
-) -> str | None:
-    """A standalone script per failure that carries reproduction data; its path goes on the
-    failure as ``script``, and the command that runs it from here as ``script_command``.
-    Returns a note instead of the folder when none could be written."""
-    from kvcheck.runner.summary import FAILING_OUTCOMES
-
-    failures = [
-        (test["nodeid"], failure)
-        for test in results.get("tests", ())
-        if test.get("outcome") in FAILING_OUTCOMES
-        for failure in (test.get("failures") or ())
-        if failure.get("reproduction_data")
-    ]
-    if not failures:
-        return "none (no failure carried reproduction data)"
-    from kvcheck.runner.repro import render_script, script_name  # imports torch
-
-    try:
-        repro_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        return f"not written: cannot create {repro_dir} ({exc.strerror or exc})"
-    used: set[str] = set()
-    for nodeid, failure in failures:
-        path = repro_dir / script_name(nodeid, used)
-        try:
-            data = failure["reproduction_data"]
-            script = render_script(data, target=target, import_root=import_root)
-            path.write_text(script, encoding="utf-8")
-        except Exception as exc:  # one bad script must not hide the others or the summary
-            failure["script_error"] = f"{type(exc).__name__}: {exc}"
-            continue
-        failure["script"] = shown_path(path)
-        failure["script_command"] = f"{_python()} {shlex.quote(shown_path(path))}"
-    return None
-
-
-def _python() -> str:
-    """How the user's shell runs this interpreter: ``python`` when that is the one on PATH
-    (the same file in the same directory: a virtual environment's), else its full path."""
-    found = shutil.which("python")
-    executable = Path(sys.executable)
-    if found is not None and Path(found).parent.resolve() == executable.parent.resolve():
-        with contextlib.suppress(OSError):
-            if os.path.samefile(found, executable):
-                return "python"
-    return shlex.quote(str(executable))
-
-
-def _check_workers(workers: str | None) -> None:
-    if workers is None or workers in ("auto", "logical") or workers.isdigit():
-        return
-    raise UsageProblem(f"-n {workers!r}: expected a number of workers, auto or logical")
 
 
 def _write_json(path: Path, results: dict[str, Any], *, command: str, exit_code: int) -> None:

@@ -35,7 +35,7 @@ class CollectionError(Exception):
 def collect_properties(context: ShardContext, *, keyword: str | None) -> list[Property]:
     """The tests of ``context``'s suite that ``keyword`` (pytest ``-k``) selects, in the
     order the suite runs them. Raises :class:`CollectionError` with pytest's reason."""
-    from kvcheck.runner.cli import pytest_command
+    from kvcheck.runner.launch import pytest_command
 
     with tempfile.TemporaryDirectory(prefix="kvcheck-campaign-collect-") as scratch:
         plan_path = Path(scratch) / "plan.json"

@@ -37,6 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from kvcheck.runner.campaign.plan import DEFAULT_EXAMPLES_PER_TEST
+from kvcheck.runner.checks import (
+    UsageProblem,
+    check_database,
+    check_output_path,
+    checked_device,
+    checked_target,
+    keyword,
+    usable_directory,
+)
+from kvcheck.runner.repro_scripts import write_repro_scripts
 from kvcheck.specs import POOL_FAMILIES
 
 __all__ = ["DEFAULT_MINUTES", "DEFAULT_RESULTS_DIR", "add_campaign_parser", "run_campaign"]
@@ -153,7 +163,6 @@ def add_campaign_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run_campaign(options: argparse.Namespace, extra: Sequence[str]) -> int:
     """The ``campaign`` command's handler: run it and return its exit status."""
-    from kvcheck.runner import cli
     from kvcheck.runner.campaign.collect import CollectionError
     from kvcheck.runner.campaign.ray_executor import RAY_MISSING, ray_available
     from kvcheck.runner.profiles import unknown_env_warnings
@@ -161,16 +170,16 @@ def run_campaign(options: argparse.Namespace, extra: Sequence[str]) -> int:
     time_budget_s, examples = _budgets(options)
     for warning in unknown_env_warnings():
         print(f"kvcheck: warning: {warning}", file=sys.stderr)
-    target, import_root = cli._checked_target(options.target)
-    device = cli._checked_device(options.device)
-    database = cli._check_database(writable=True)
+    target, import_root = checked_target(options.target)
+    device = checked_device(options.device)
+    database = check_database(writable=True)
     for option, value in (("--json", options.json_path), ("--junit-xml", options.junit_xml)):
         if value is not None:
-            cli._check_output_path(option, Path(value))
-    results_dir = cli._usable_directory("--results-dir", Path(options.results_dir))
+            check_output_path(option, Path(value))
+    results_dir = usable_directory("--results-dir", Path(options.results_dir))
     repro_dir = Path(options.repro_dir) if options.repro_dir else results_dir / "repros"
     if not ray_available():
-        raise cli.UsageProblem(RAY_MISSING)
+        raise UsageProblem(RAY_MISSING)
     context = _context(options, target=target, device=device, extra=extra)
     _warn_unshared_database(database, address=options.address)
     seed = options.seed if options.seed is not None else random.randrange(2**31)
@@ -215,7 +224,6 @@ def _collect_and_drive(
 ) -> tuple[Any, Any, int]:
     """Collect the suite while the Ray cluster starts, then run the shards; (the planner,
     the driver's run, the workers)."""
-    from kvcheck.runner import cli
     from kvcheck.runner.campaign.collect import collect_properties
     from kvcheck.runner.campaign.driver import drive
     from kvcheck.runner.campaign.plan import Planner
@@ -223,18 +231,18 @@ def _collect_and_drive(
     from kvcheck.runner.campaign.ray_executor import RayExecutor
     from kvcheck.runner.db import describe_database
 
-    keyword = cli._keyword(options.keyword, options.families)
+    expression = keyword(options.keyword, options.families)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        collecting = pool.submit(collect_properties, context, keyword=keyword)
+        collecting = pool.submit(collect_properties, context, keyword=expression)
         try:
             executor = RayExecutor(context, address=options.address, workers=options.workers)
         except Exception as exc:  # ray.init: an unreachable address, a broken install
             where = options.address or "a local cluster"
-            raise cli.UsageProblem(f"cannot start Ray ({where}): {exc}") from exc
+            raise UsageProblem(f"cannot start Ray ({where}): {exc}") from exc
         with executor:
             properties = collecting.result()
             if not properties:
-                raise cli.UsageProblem("no test of the suite is selected (check -k and --family)")
+                raise UsageProblem("no test of the suite is selected (check -k and --family)")
             planner = Planner(
                 properties,
                 seed=seed,
@@ -267,7 +275,6 @@ def _report(
     import_root: str | None,
 ) -> int:
     """Merge the shards' results, write the scripts and files, print the summary."""
-    from kvcheck.runner import cli
     from kvcheck.runner.campaign.junit import junit_xml
     from kvcheck.runner.campaign.merge import merge_results
     from kvcheck.runner.launch import shown_path
@@ -297,7 +304,7 @@ def _report(
     )
     exit_code = _exit_code(results, interrupted=run.interrupted)
     results["exit_status"] = exit_code
-    scripts_note = cli._write_repro_scripts(
+    scripts_note = write_repro_scripts(
         results, repro_dir=repro_dir, target=context.target, import_root=import_root
     )
     results_path = results_dir / "results.json"
@@ -337,7 +344,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 def _budgets(options: argparse.Namespace) -> tuple[float | None, int | None]:
     """(seconds, examples); a usage error names the bad one."""
-    from kvcheck.runner.cli import UsageProblem
+    from kvcheck.runner.checks import UsageProblem
 
     if options.minutes is not None and not options.minutes > 0:
         raise UsageProblem(f"--minutes={options.minutes} must be positive")

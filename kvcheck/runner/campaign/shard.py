@@ -72,7 +72,7 @@ class ShardContext:
 
 def shard_command(shard: Shard, context: ShardContext, *, results_path: Path) -> list[str]:
     """The pytest command line of ``shard``: its tests, seed and example count."""
-    from kvcheck.runner.cli import pytest_command
+    from kvcheck.runner.launch import pytest_command
     from kvcheck.runner.profiles import CAMPAIGN
 
     return pytest_command(

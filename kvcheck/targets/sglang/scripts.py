@@ -8,8 +8,9 @@ of the Triton kernels the calls reach), and the pool is built from the target's
 
 Example:
     >>> from kvcheck.specs import PoolSpec
+    >>> from kvcheck.targets.sglang import SGLangTarget
     >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="bfloat16")
-    >>> recipe = script_recipe(spec, ())
+    >>> recipe = SGLangTarget().script_recipe(spec, ())
     >>> recipe.build[0]
     'pool = memory_pool.MLATokenToKVPool('
 """
@@ -170,16 +171,11 @@ dsa_quant_k_cache._quantize_k_cache_fast_kernel = CpuQuantizeKernel()
 '''
 
 
-def script_recipe(
-    spec: PoolSpec, ops: Sequence[Any], *, arguments: PoolArguments | None = None
-) -> ScriptRecipe:
+def script_recipe(spec: PoolSpec, ops: Sequence[Any], *, arguments: PoolArguments) -> ScriptRecipe:
     """How a script builds sglang's pool for ``spec`` and runs ``ops`` on it on a CPU
     machine: the setup a launched server would have provided, then the constructor call of
-    ``arguments`` (default: :func:`kvcheck.targets.sglang.target.pool_arguments` on CPU)."""
-    if arguments is None:
-        from kvcheck.targets.sglang.target import pool_arguments
-
-        arguments = pool_arguments(spec, device="cpu")
+    ``arguments`` (the target's :meth:`~kvcheck.targets.sglang.target.SGLangTarget.pool_arguments`
+    on ``"cpu"``)."""
     setup = _setup(spec).splitlines()
     if any(isinstance(op, WriteIndexK) for op in ops):
         setup += _SGLANG_INDEX_K.rstrip("\n").splitlines()
