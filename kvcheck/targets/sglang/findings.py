@@ -60,7 +60,7 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "H1": "DSA host copies move index-K by whole pages: a partial last page's other "
         "tokens are overwritten, and a second request's pages can be missed",
         "T1": "move_kv_cache on a DSA pool with index_kpool > 1 moves the latent rows, then "
-        "fails an assert on the index keys: AssertionError with half a move done",
+        "fails on the index keys (0.5.23: an assert; 0.5.22: an IndexError): half a move done",
         "T2": "DSA get_kv_size_bytes and mem_usage leave out the kpool compress tails",
         "T3": "on a CPU pool, get_cpu_copy hands out views of a request's compress tails "
         "(.to('cpu') does not copy there): later tail writes change the saved copy",
@@ -275,12 +275,13 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         "C4",
         kind="raised AssertionError (dsa float8_e4m3fn*",
     ),
-    # T1 before I: its AssertionError also reads as "instead of ValueError".
+    # T1 before I and X1: its error also reads as "instead of ValueError" (0.5.23: an
+    # AssertionError; 0.5.22: X1's IndexError, after the latent rows moved all the same).
     _finding(
         "T1",
         check="raises",
         call="move_kv_cache",
-        kind="AssertionError instead of ValueError",
+        kind="*instead of ValueError",
         family="*kpool*",
         steer=frozenset(f"{variant}:move" for variant in POOL_VARIANTS if "kpool" in variant),
     ),
@@ -343,6 +344,8 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     ),
     _finding(
         "D21",
+        check="bytes",
+        kind="index_k_with_scale_buffer differs",
         family="dsa*:dcp",
     ),
     _finding(
