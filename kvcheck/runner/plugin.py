@@ -340,7 +340,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         pinned = pinned_finding(target, item.nodeid)
         expected = None if pinned is not None else expected_failure_reason(target, item.nodeid)
         if pinned is not None:
+            from kvcheck.runner.results import PINS_PROPERTY
+
             item.stash[_PINNED_FINDING] = pinned
+            item.user_properties.append((PINS_PROPERTY, pinned.id))
             why = f"pins finding {pinned.id} of target {target.name!r}: {pinned.summary}"
         elif expected is not None:
             item.stash[_EXPECTED_FAILURE] = expected
@@ -816,6 +819,7 @@ def _kvcheck_env() -> dict[str, str]:
 
 def _results_context(session: KVCheckSession) -> dict[str, Any]:
     from kvcheck.runner.db import describe_database
+    from kvcheck.targets.findings import declared_findings
 
     describe = getattr(session.target, "describe", None)
     return {
@@ -823,6 +827,7 @@ def _results_context(session: KVCheckSession) -> dict[str, Any]:
             "name": session.target.name,
             "version": session.target.version,
             "note": describe() if callable(describe) else None,
+            "findings": [finding.id for finding in declared_findings(session.target)],
             "source": session.target_source,
             "surface": session.prepared_target.get("surface") or _describe_surface(session.target),
         },

@@ -83,7 +83,8 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
 _ALL = Releases()
 
 #: Finding id -> the sglang releases it holds for (the one per-release table: whether a
-#: release has a bug is read from running it, recorded here). Checked on 0.5.21, 0.5.22 and
+#: release has a bug is read from running it, recorded here), for every finding of the
+#: document's summary. Checked on 0.5.21, 0.5.22 and
 #: 0.5.23 with ``python -m kvcheck.runner.across`` (README, "sglang releases").
 RELEASES: Mapping[str, Releases] = MappingProxyType(
     {
@@ -106,11 +107,16 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
         "R1": _ALL,
         "R2": _ALL,
         "I": _ALL,
+        # 0.5.21 and 0.5.22 fail the kpool move with X1's IndexError after the latent rows
+        # moved, 0.5.23 asserts.
+        "T1": _ALL,
+        # Preconditions found through the CPU stand-ins (no declared Finding: no suite test
+        # fails on them; docs/sglang-repros/g1.py, g2.py). Before 0.5.22 set_mla_kv_buffer had
+        # no torch path either: writes and reads both needed Triton.
+        "G1": Releases(first="0.5.22"),
+        "G2": _ALL,
         # 0.5.23 allocates fused K/V halves padded to whole pages; earlier releases pad nothing.
         "A1": Releases(first="0.5.23"),
-        # 0.5.21 builds no pooled index keys (a kpool pool keeps a key per token); 0.5.22 fails
-        # the kpool move with X1's IndexError after the latent rows moved, 0.5.23 asserts.
-        "T1": Releases(first="0.5.22"),
         # Fixed in 0.5.23 (the move copies each token's key and scale bytes).
         "X1": Releases(last="0.5.22"),
         # Fixed in 0.5.22 (the conversion moved after the non-CUDA branch).
