@@ -107,6 +107,10 @@ FAMILY_SEPARATOR = ":"
 #:     the run's header and summary (sglang: whether kvcheck is checked against the installed
 #:     release). A target that follows the release it finds says so here, once, instead of
 #:     warning.
+#: ``unavailable: str | None``
+#:     Why the target cannot run on this machine (a package it drives is not installed);
+#:     the resolver refuses it for a run, quoting this, but still hands it out for what
+#:     needs only its declarations (reproduction scripts, the reach table).
 #: ``script_recipe(spec, ops) -> ScriptRecipe | None``
 #:     How a standalone reproduction script builds the target's pool without kvcheck
 #:     (:class:`ScriptRecipe`); ``None`` (or no member): the script calls ``make_pool``.
@@ -128,6 +132,7 @@ FAMILY_SEPARATOR = ":"
 OPTIONAL_MEMBERS: tuple[str, ...] = (
     "prepare",
     "describe",
+    "unavailable",
     "surface",
     "script_recipe",
     "reach_table",

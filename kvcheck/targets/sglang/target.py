@@ -209,6 +209,14 @@ def _prepared() -> ReleaseFacts | None:
     return _facts() if _facts.cache_info().currsize else None
 
 
+def _installed_sglang_version() -> str | None:
+    """The installed sglang's version, None where it is not installed (nothing imported)."""
+    try:
+        return release.installed_release()
+    except ModuleNotFoundError:
+        return None
+
+
 def _is_cuda(device: str | torch.device) -> bool:
     return torch.device(device).type == "cuda"
 
@@ -232,9 +240,17 @@ class SGLangTarget:
     reach_table: str = "kvcheck.targets.sglang.reach"
 
     def __init__(self) -> None:
-        self.version: str = release.installed_release()
-        self.findings = findings_for(self.version)
-        self.expected_failures: Mapping[str, str] = expected_failures_for(self.version)
+        installed = _installed_sglang_version()
+        self.version: str = installed or "not installed"
+        #: Why the target cannot run here (the resolver refuses it for a run, saying this);
+        #: its declarations and script recipes are still there without sglang, as for the
+        #: newest release kvcheck is checked against.
+        self.unavailable: str | None = (
+            None if installed else f"sglang is not installed; {INSTALL_HINT}"
+        )
+        self._declared_release: str = installed or release.KNOWN_RELEASES[-1]
+        self.findings = findings_for(self._declared_release)
+        self.expected_failures: Mapping[str, str] = expected_failures_for(self._declared_release)
         self.cpu_notes: Mapping[str, str] = CPU_NOTES
 
     def __repr__(self) -> str:
@@ -250,7 +266,7 @@ class SGLangTarget:
     @property
     def unsupported(self) -> Mapping[str, str]:
         """Capability -> why the installed release cannot serve it."""
-        reasons = dict(unsupported_for(self.version))
+        reasons = dict(unsupported_for(self._declared_release))
         facts = _prepared()
         if facts is not None:
             reasons.update(facts.unsupported())
@@ -259,7 +275,9 @@ class SGLangTarget:
     def describe(self) -> str:
         """One line for the run's header: the installed release, and whether kvcheck is
         checked against it (:func:`.release.describe_release`)."""
-        return release.describe_release(self.version)
+        if self.unavailable is not None:
+            return self.unavailable
+        return release.describe_release(self._declared_release)
 
     def prepare(self) -> None:
         """Import sglang and read what the installed release offers, now (7-25 s, once per
