@@ -102,16 +102,16 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
         "W1": _ALL,
         "M1": _ALL,
         "H1": _ALL,
-        # The kpool findings need an index kpool above 1, which 0.5.21 does not pool
-        # (its DSA pool keeps a key per token): nothing there can have them.
-        "T2": Releases(first="0.5.22"),
-        "T3": Releases(first="0.5.22"),
+        # 0.5.21's pool has them too (its scripts show it), though the target builds no
+        # kpool pool there (it keeps a key per token): their pins skip on it, saying why.
+        "T2": _ALL,
+        "T3": _ALL,
         "R1": _ALL,
         "R2": _ALL,
         "I": _ALL,
-        # 0.5.22 fails the kpool move with X1's IndexError after the latent rows moved,
-        # 0.5.23 asserts; 0.5.21 has no kpool (above).
-        "T1": Releases(first="0.5.22"),
+        # 0.5.21 and 0.5.22 fail the kpool move with X1's IndexError after the latent rows
+        # moved, 0.5.23 asserts.
+        "T1": _ALL,
         # Preconditions found through the CPU stand-ins (no declared Finding: no suite test
         # fails on them; docs/sglang-repros/g1.py, g2.py). Before 0.5.22 set_mla_kv_buffer had
         # no torch path either: writes and reads both needed Triton.
