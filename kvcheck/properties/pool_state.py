@@ -268,7 +268,11 @@ class _Read:
 
 
 def _reads(
-    pool: Any, spec: Any, expected: Mapping[str, Sequence[np.ndarray]], layer_id: int
+    pool: Any,
+    spec: Any,
+    expected: Mapping[str, Sequence[np.ndarray]],
+    layer_id: int,
+    reference: ReferencePool,
 ) -> list[_Read]:
     """Every read-API answer for global layer ``layer_id``."""
     local = layer_id - spec.start_layer
@@ -280,6 +284,15 @@ def _reads(
     )
     raw_key = getattr(pool, key_name)[local]
     raw_value = getattr(pool, value_name)[local] if mha else None
+    if spec.kv_quant in ("fp4_mx_block16", "fp4"):
+        # Block-16 FP4 pools read back dequantized bf16 values, never their stored bytes.
+        key_bytes = reference.expected_dequantized(layer_id, "k")
+        value_bytes = (
+            reference.expected_dequantized(layer_id, "v")
+            if mha
+            else key_bytes[:, : spec.kv_lora_rank * 2]
+        )
+        raw_key = raw_value = None
     key, value = pool.get_kv_buffer(layer_id)
     reads = [
         _Read(
@@ -299,6 +312,7 @@ def _reads(
         _Read("get_kv_buffer", f"pool.get_kv_buffer({layer_id})[0]", key, key_bytes, raw_key),
         _Read("get_kv_buffer", f"pool.get_kv_buffer({layer_id})[1]", value, value_bytes, raw_value),
     ]
+    reads += _scale_reads(pool, spec, expected, layer_id)
     if spec.family == "dsa":
         name = "index_k_with_scale_buffer"
         reads.append(
@@ -311,6 +325,30 @@ def _reads(
             )
         )
     return reads
+
+
+def _scale_reads(
+    pool: Any, spec: Any, expected: Mapping[str, Sequence[np.ndarray]], layer_id: int
+) -> list[_Read]:
+    """The read API of a quantized pool's stored bytes: MXFP8 ``get_kv_scale_buffer`` (what
+    FA4 reads) and FP4 ``get_raw_kv_buffer`` (payload and token-linear scales)."""
+    local = layer_id - spec.start_layer
+    if spec.kv_quant == "mxfp8":
+        names = ("k_scale_buffer", "v_scale_buffer")
+        answers = pool.get_kv_scale_buffer(layer_id)
+        label = f"pool.get_kv_scale_buffer({layer_id})"
+        method = "get_kv_scale_buffer"
+    elif spec.kv_quant in ("fp4_mx_block16", "nvfp4") and "k_scale_buffer" in expected:
+        names = ("k_buffer", "v_buffer", "k_scale_buffer", "v_scale_buffer")
+        answers = pool.get_raw_kv_buffer(layer_id)
+        label = f"pool.get_raw_kv_buffer({layer_id})"
+        method = "get_raw_kv_buffer"
+    else:
+        return []
+    return [
+        _Read(method, f"{label}[{i}]", answer, expected[name][local], getattr(pool, name)[local])
+        for i, (name, answer) in enumerate(zip(names, answers, strict=True))
+    ]
 
 
 def assert_compress_tails_match_reference(
@@ -353,13 +391,17 @@ def assert_read_api_matches_reference(
     call: str,
     mla_reads: bool = False,
     expected: PoolBytes | None = None,
+    skip_methods: frozenset[str] = frozenset(),
 ) -> None:
     """Every layer read back through the API attention uses equals the reference, byte for
     byte: ``get_key_buffer``, ``get_value_buffer`` and ``get_kv_buffer`` (global layer ids;
     MLA/DSA value = the first ``kv_lora_rank`` channels of the latent row, on every family), DSA
     ``get_index_k_with_scale_buffer``, and with ``mla_reads`` ``get_mla_kv_buffer`` of
     every slot. A pool that ignores ``start_layer``, reads another layer, or hands out a
-    stale copy fails here even when its raw buffers are right.
+    stale copy fails here even when its raw buffers are right. A quantized pool's
+    ``get_kv_scale_buffer`` (MXFP8) and ``get_raw_kv_buffer`` (FP4) are read too, and a
+    block-16 FP4 pool's reads are its dequantized values. ``skip_methods`` names read
+    methods left unread (a target's declared finding).
 
     Example:
         >>> from kvcheck.specs import PoolSpec
@@ -373,7 +415,9 @@ def assert_read_api_matches_reference(
     spec = reference.spec
     expected = reference.expected_buffers() if expected is None else expected
     for layer_id in spec.layer_ids:
-        for read in _reads(pool, spec, expected, layer_id):
+        for read in _reads(pool, spec, expected, layer_id, reference):
+            if read.method in skip_methods:
+                continue
             got = read.got
             if (
                 isinstance(got, torch.Tensor)
@@ -401,12 +445,17 @@ def assert_read_api_matches_reference(
             )
         if mla_reads:
             latent = expected["kv_buffer"][layer_id - spec.start_layer]
-            _check_mla_reads(pool, spec, latent, layer_id, call=call)
+            itemsize = spec.itemsize
+            if spec.kv_quant == "fp4":  # read back dequantized, as bf16
+                latent, itemsize = reference.expected_dequantized(layer_id), 2
+            _check_mla_reads(pool, spec, latent, layer_id, call=call, itemsize=itemsize)
 
 
-def _check_mla_reads(pool: Any, spec: Any, latent: np.ndarray, layer_id: int, *, call: str) -> None:
+def _check_mla_reads(
+    pool: Any, spec: Any, latent: np.ndarray, layer_id: int, *, call: str, itemsize: int
+) -> None:
     __tracebackhide__ = True
-    rank_bytes = spec.kv_lora_rank * spec.itemsize
+    rank_bytes = spec.kv_lora_rank * itemsize
     loc = torch.arange(spec.num_slots, dtype=torch.int64, device=pool_device(pool))
     read = f"pool.get_mla_kv_buffer(layer_id={layer_id}, loc=all {spec.num_slots} slots)"
     signature = FailureSignature(
