@@ -170,6 +170,9 @@ STEER_TAGS: tuple[str, ...] = (
     "dsa:accounting:compress_tails",
 )
 
+#: Pool methods that can change a DSA pool's index keys.
+_INDEX_CHANGING = frozenset({"set_index_k_scale_buffer", "move_kv_cache", "load_cpu_copy"})
+
 #: Tiny pools keep every step cheap: few layers, small heads, at most 32 tokens.
 _MAX_LAYERS = 3
 _MAX_SIZE = 32
@@ -424,6 +427,8 @@ class PoolMachine(RuleBasedStateMachine):
                     for tag in self.steer
                     if tag.startswith(f"{spec.variant}:read:")
                 ),
+                # The paged gather is the costly read: after the steps that change index keys.
+                paged_index_reads=self.steps == 0 or self.last_method in _INDEX_CHANGING,
             )
         assert_layer_range(self.pool, spec, call=call)
         assert_accounting(

@@ -483,7 +483,8 @@ class QuantizedMHATokenToKVPool(_ScaledBuffers):
                     sf.reshape(n, 1, -1),
                 )
             else:
-                g = globals_[part] if globals_[part] is not None else defaults[part]
+                given = globals_[part]
+                g = float(given) if given is not None else defaults[part]
                 payload[part], scales[part] = _quant.nvfp4_quantize(rows, g)
         return payload, scales
 
@@ -558,6 +559,8 @@ class MHATokenToKVPoolMXFP8(_ScaledBuffers):
     """
 
     _POOL_DTYPES = (torch.float8_e4m3fn,)
+    k_scale_buffer: list[torch.Tensor]
+    v_scale_buffer: list[torch.Tensor]
 
     @property
     def interleaved(self) -> bool:
@@ -636,8 +639,8 @@ class MHATokenToKVPoolMXFP8(_ScaledBuffers):
         loc: torch.Tensor,
         cache_k: torch.Tensor,
         cache_v: torch.Tensor,
-        k_scale: torch.Tensor | None = None,
-        v_scale: torch.Tensor | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
         layer_id_override: int | None = None,
     ) -> None:
         """Store fp8 rows with the caller's e8m0 scales (both scales given), or quantize

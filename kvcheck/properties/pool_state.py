@@ -334,7 +334,7 @@ def _scale_reads(
     FA4 reads) and FP4 ``get_raw_kv_buffer`` (payload and token-linear scales)."""
     local = layer_id - spec.start_layer
     if spec.kv_quant == "mxfp8":
-        names = ("k_scale_buffer", "v_scale_buffer")
+        names: tuple[str, ...] = ("k_scale_buffer", "v_scale_buffer")
         answers = pool.get_kv_scale_buffer(layer_id)
         label = f"pool.get_kv_scale_buffer({layer_id})"
         method = "get_kv_scale_buffer"
@@ -392,6 +392,7 @@ def assert_read_api_matches_reference(
     mla_reads: bool = False,
     expected: PoolBytes | None = None,
     skip_methods: frozenset[str] = frozenset(),
+    paged_index_reads: bool = True,
 ) -> None:
     """Every layer read back through the API attention uses equals the reference, byte for
     byte: ``get_key_buffer``, ``get_value_buffer`` and ``get_kv_buffer`` (global layer ids;
@@ -400,8 +401,10 @@ def assert_read_api_matches_reference(
     every slot. A pool that ignores ``start_layer``, reads another layer, or hands out a
     stale copy fails here even when its raw buffers are right. A quantized pool's
     ``get_kv_scale_buffer`` (MXFP8) and ``get_raw_kv_buffer`` (FP4) are read too, and a
-    block-16 FP4 pool's reads are its dequantized values. ``skip_methods`` names read
-    methods left unread (a target's declared finding).
+    block-16 FP4 pool's reads are its dequantized values; with ``paged_index_reads`` a DSA
+    pool's index keys and scales are also read through ``get_index_k_scale_buffer`` and
+    a page table. ``skip_methods`` names read methods left unread (a target's declared
+    finding).
 
     Example:
         >>> from kvcheck.specs import PoolSpec
@@ -443,12 +446,64 @@ def assert_read_api_matches_reference(
                 call=read.label,
                 signature=signature,
             )
+        local = layer_id - spec.start_layer
+        if (
+            spec.family == "dsa"
+            and not spec.skip_mask[local]
+            and "get_index_k_scale_buffer" not in skip_methods
+            and paged_index_reads
+        ):
+            index = expected["index_k_with_scale_buffer"][local]
+            _check_paged_index_reads(pool, spec, index, layer_id, call=call)
         if mla_reads:
             latent = expected["kv_buffer"][layer_id - spec.start_layer]
             itemsize = spec.itemsize
             if spec.kv_quant == "fp4":  # read back dequantized, as bf16
                 latent, itemsize = reference.expected_dequantized(layer_id), 2
             _check_mla_reads(pool, spec, latent, layer_id, call=call, itemsize=itemsize)
+
+
+def _check_paged_index_reads(
+    pool: Any, spec: Any, index: np.ndarray, layer_id: int, *, call: str
+) -> None:
+    """DSA ``get_index_k_scale_buffer`` through a page table of two sequences: every index
+    page in order, then every page but the first in reverse with one slot of the last (the
+    indexer's read of a request's keys and scales, SGLang's ``GetKAndS``)."""
+    __tracebackhide__ = True
+    pages, page_size = index.shape[0], spec.index_page_size
+    key_bytes = index_k_row_bytes(spec.index_head_dim)
+    scale_bytes = index_scale_row_bytes(spec.index_head_dim)
+    order = [list(range(pages)), list(range(pages - 1, 0, -1)) or [0]]
+    lengths = [pages * page_size, (len(order[1]) - 1) * page_size + 1]
+    width = max(len(row) for row in order)
+    table = [row + [0] * (width - len(row)) for row in order]
+    keys, scales = [], []
+    for row, length in zip(order, lengths, strict=True):
+        for slot in range(length):
+            page, offset = row[slot // page_size], slot % page_size
+            keys.append(index[page, offset * key_bytes : (offset + 1) * key_bytes])
+            start = page_size * key_bytes + offset * scale_bytes
+            scales.append(index[page, start : start + scale_bytes])
+    device = pool_device(pool)
+    got = pool.get_index_k_scale_buffer(
+        layer_id,
+        torch.tensor(lengths, dtype=torch.int32, device=device),
+        torch.tensor(table, dtype=torch.int32, device=device),
+        sum(lengths),
+        max(lengths),
+    )
+    read = f"pool.get_index_k_scale_buffer({layer_id}, seq_lens={lengths}, page table {table})"
+    signature = FailureSignature(
+        check="read_api", call="get_index_k_scale_buffer", kind="bytes differ", family=spec.variant
+    )
+    for part, tensor, wanted in zip(("keys", "scales"), got, (keys, scales), strict=True):
+        assert_bytes_equal(
+            read_buffer(tensor).reshape(len(wanted), -1),
+            np.stack(wanted),
+            what=f"{part} after {call}",
+            call=read,
+            signature=signature,
+        )
 
 
 def _check_mla_reads(

@@ -857,8 +857,8 @@ class ReferencePool:
                     layer.v[loc] = bytes(op.v_rows[i])
         elif isinstance(op, WriteMLA) and self.spec.quantized:
             for i, loc in enumerate(op.locs):
-                row = bytes(op.nope_rows[i]) + bytes(op.rope_rows[i])
-                self._store_encoded(op.layer_id, loc, "k", row, op.dtype or "bfloat16", None)
+                latent = bytes(op.nope_rows[i]) + bytes(op.rope_rows[i])
+                self._store_encoded(op.layer_id, loc, "k", latent, op.dtype or "bfloat16", None)
         elif isinstance(op, WriteMLA):
             layer = self._layer(op.layer_id)
             for i, loc in enumerate(op.locs):

@@ -327,6 +327,7 @@ def _quantized_specs(
         )
     heads = draw(st.integers(1, 2))
     layout = NVFP4_LAYOUTS[0]
+    dims: tuple[int, ...]
     if quant == "mxfp8" and draw(st.booleans(), label="interleaved scales"):
         page_size, dims = MXFP8_INTERLEAVED_PAGE, (128,)
     elif quant == "mxfp8":
