@@ -507,10 +507,13 @@ class BrokenTarget(KVCheckTarget):
         self.findings = findings
 
     def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
-        """The broken class for its family; kvcheck's own pool for any other."""
-        if spec.family != self.family:
+        """The broken class where kvcheck would build the pool it breaks (its family and,
+        for a quantized pool, its variant); kvcheck's own pool for any other spec."""
+        arguments = self.pool_arguments(spec, device=device)
+        broken = next(c for c in self.pool_class.__mro__ if c.__module__.startswith("kvcheck."))
+        if spec.family != self.family or arguments.resolve() is not broken:
             return super().make_pool(spec, device=device)
-        return self.pool_arguments(spec, device=device).build(self.pool_class)
+        return arguments.build(self.pool_class)
 
 
 # --- reads, layer ranges and token-granular host copies -------------------------------------
