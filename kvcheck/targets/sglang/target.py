@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from kvcheck.geometry import latent_row_bytes, latent_width
-from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.specs import NVFP4_LAYOUTS, POOL_FAMILIES, PoolSpec
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.targets.sglang import adapt, env
@@ -93,9 +93,34 @@ UNSUPPORTED: Mapping[str, str] = MappingProxyType(
 #: its DSA pool asserts: 64-token index pages ("DSA requires 64-token physical pages":
 #: ``page_size // index_kpool == 64``) and 128-byte index keys. DSA index kpools 1 and 2
 #: only: 2 already takes 128-token pages; 4 (256) only makes every example slower without
-#: reaching other code.
+#: reaching other code. Quantized pools (:data:`QUANTIZED_SURFACE`): MHA fp8 with
+#: per-tensor scales and MLA FP4.
 SURFACE = Surface.everything(
-    dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)}
+    dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)},
+    mha={"kv_quant": ("none", "fp8_scaled"), "nvfp4_layout": (NVFP4_LAYOUTS[0],)},
+    mla={"kv_quant": ("none", "fp4")},
+)
+
+#: The quantized variants (:data:`kvcheck.specs.KV_QUANTS`) the target builds, and why it
+#: leaves the others out.
+QUANTIZED_SURFACE: Mapping[str, str] = MappingProxyType(
+    {
+        "mha:fp8_scaled": "MHATokenToKVPool with an fp8 dtype; writes carry k_scale/v_scale",
+        "mla:fp4": (
+            "MLATokenToKVPoolFP4; on CPU set_mla_kv_buffer's scale-row Triton kernel runs "
+            "as a CPU body (env.cpu_mla_scale_kernel)"
+        ),
+        "mha:cpu_fp8": "not built yet: needs the quant_method constructor argument",
+        "mha:fp4_mx_block16": "not built yet: needs the quant_method constructor argument",
+        "mha:nvfp4": (
+            "not built: its writes quantize with flashinfer's nvfp4_kv_quantize (GPU only), "
+            "whose bytes a CPU stand-in could only assume"
+        ),
+        "mha:mxfp8": (
+            "not built yet: its writes need CPU bodies of the Triton store_sf_interleaved and "
+            "mxfp8 quant-store kernels and of the CUDA store_cache"
+        ),
+    }
 )
 
 #: Capability -> how the target serves it on CPU, where that differs from a GPU server.
@@ -147,6 +172,7 @@ SGLANG_STAND_INS: tuple[str, ...] = (
     "cpu_index_k_kernel",
     "cpu_dsa_quantize_kernel",
     "cpu_mla_read_kernels",
+    "cpu_mla_scale_kernel",
     "guard_swig_exit_warning",
     # this module
     "_refuse_zero_row_index_write",
@@ -468,7 +494,8 @@ def pool_arguments(spec: PoolSpec, *, device: str) -> PoolArguments:
         return PoolArguments(f"{_MEMORY_POOL}:{name}", kwargs)
     kwargs.update(kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim)
     if spec.family == "mla":
-        return PoolArguments(f"{_MEMORY_POOL}:MLATokenToKVPool", kwargs)
+        name = "MLATokenToKVPoolFP4" if spec.kv_quant == "fp4" else "MLATokenToKVPool"
+        return PoolArguments(f"{_MEMORY_POOL}:{name}", kwargs)
     kwargs.update(
         index_head_dim=spec.index_head_dim,
         kv_cache_dim=_kv_cache_dim(spec),
@@ -536,6 +563,7 @@ def _latent_pool_scope(*, cpu: bool, dcp_size: int, dcp_rank: int) -> Iterator[N
             stack.enter_context(env.cpu_index_k_kernel())
             stack.enter_context(env.cpu_mla_read_kernels())
             stack.enter_context(env.cpu_dsa_quantize_kernel())
+            stack.enter_context(env.cpu_mla_scale_kernel())
         yield
 
 
