@@ -66,6 +66,10 @@ class Surface:
     :meth:`everything` or :meth:`baseline`; validated on construction (``ValueError``
     naming the family and field).
 
+    ``notes`` says why a family is left out (key ``"dsa"``) or a field narrowed (key
+    ``"dsa.index_kpool"``), where the target can say so (an installed release that lacks
+    a piece): a test skipped for the surface quotes it (:meth:`note`).
+
     Example:
         >>> Surface.everything().values("dsa", "index_kpool")
         (1, 2, 4)
@@ -76,9 +80,10 @@ class Surface:
     """
 
     families: Mapping[str, FieldValues]
+    notes: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        problems = surface_problems(self.families)
+        problems = surface_problems(self.families) + _note_problems(self.notes)
         if problems:
             raise ValueError("; ".join(problems))
         frozen = {
@@ -87,6 +92,7 @@ class Surface:
             if family in self.families
         }
         object.__setattr__(self, "families", MappingProxyType(frozen))
+        object.__setattr__(self, "notes", MappingProxyType(dict(self.notes)))
 
     @classmethod
     def of(cls, **families: FieldValues) -> Surface:
@@ -168,7 +174,8 @@ class Surface:
         return narrowed
 
     def replace(self, **families: FieldValues | None) -> Surface:
-        """This surface with the named families' declarations replaced (``None`` drops one).
+        """This surface with the named families' declarations replaced (``None`` drops one);
+        its notes are kept.
 
         Example:
             >>> Surface.everything().replace(mha=None, mla=None, dsa=None).describe()
@@ -180,7 +187,27 @@ class Surface:
                 merged.pop(family, None)
             else:
                 merged[family] = declaration
-        return Surface(merged)
+        return Surface(merged, self.notes)
+
+    def with_notes(self, notes: Mapping[str, str]) -> Surface:
+        """This surface with ``notes`` added (key ``family`` or ``family.field``, see
+        :class:`Surface`).
+
+        Example:
+            >>> surface = Surface.baseline().with_notes({"dsa.index_kpool": "no kpool here"})
+            >>> surface.note("dsa", "index_kpool")
+            'no kpool here'
+        """
+        return Surface(self.families, {**self.notes, **notes})
+
+    def note(self, family: str, field: str | None = None) -> str | None:
+        """Why ``family`` is left out, or its ``field`` narrowed, when the target said so.
+
+        Example:
+            >>> Surface.baseline().note("dsa", "dcp_size") is None
+            True
+        """
+        return self.notes.get(family if field is None else f"{family}.{field}")
 
     def describe(self) -> str:
         """One line: each family, with what it takes beyond the baseline and its limits."""
@@ -217,6 +244,19 @@ def surface_problems(families: object) -> list[str]:
             problem = _field_problem(family, field, values)
             if problem:
                 problems.append(f"{where}[{field!r}]{problem}")
+    return problems
+
+
+def _note_problems(notes: object) -> list[str]:
+    if not isinstance(notes, Mapping):
+        return [f"notes: {notes!r} (expected a mapping 'family' or 'family.field' -> why)"]
+    problems = []
+    for key, why in notes.items():
+        family, _, field = str(key).partition(".")
+        if family not in POOL_FAMILIES or (field and field not in LIMIT_NAMES):
+            problems.append(f"notes[{key!r}]: not a pool family or 'family.field'")
+        elif not isinstance(why, str) or not why:
+            problems.append(f"notes[{key!r}]={why!r} must be a non-empty str")
     return problems
 
 
@@ -280,6 +320,6 @@ def surface_of(target: object) -> Surface:
     for family, fields in legacy.items():
         families.setdefault(family, {}).update(fields)
     try:
-        return Surface(families)
+        return Surface(families, declared.notes)
     except ValueError as exc:
         raise ValueError(f"target {name!r}: {exc}") from exc

@@ -106,6 +106,8 @@ class KVCheckTarget:
             )
             if spec.kv_layout != "nhd":
                 kwargs["kv_layout"] = spec.kv_layout
+            if not spec.kv_page_padding:
+                kwargs["kv_page_padding"] = False
             name = "MHATokenToKVPool" if spec.family == "mha" else "NoOpMHATokenToKVPool"
             if spec.kv_quant == "mxfp8":
                 name = "MHATokenToKVPoolMXFP8"
