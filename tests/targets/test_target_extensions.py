@@ -456,12 +456,12 @@ def test_a_subclass_inherits_its_parents_surface() -> None:
 
     assert pool_spec_limits_of(OwnPools()) == pool_spec_limits_of(KVCheckTarget()) == {}
     assert pool_spec_limits_of(BaselineOnly()) == {
-        "mha": {"kv_layout": ("nhd",)},
-        "mla": {"dcp_size": (1,)},
+        "mha": {"kv_layout": ("nhd",), "kv_quant": ("none",), "nvfp4_layout": ("linear+dq",)},
+        "mla": {"dcp_size": (1,), "kv_quant": ("none",)},
         "dsa": {"latent_layout": ("raw",), "index_kpool": (1,), "dcp_size": (1,)},
     }
     narrowed = KVCheckTarget.surface.replace(noop=None, mla=None, dsa=None)
-    assert narrowed.describe() == "mha (kv_layout nhd/hnd)"
+    assert narrowed.describe().startswith("mha (kv_layout nhd/hnd, kv_quant none/fp8_scaled/")
     target = SimpleNamespace(name="t", unsupported={}, surface=narrowed)
     assert "no dsa pool: its surface declares none" in str(
         capability_skip_reason(target, ["dsa_pool"])
