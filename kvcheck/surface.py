@@ -13,6 +13,11 @@ suite skips a family it leaves out, and ``kvcheck verify`` prints it in one line
 
 A subclass of a target inherits its surface unless it declares its own.
 
+A surface also says which tiers around a pool the target builds (:meth:`Surface.with_tiers`):
+the token-to-KV allocators (:data:`kvcheck.tiers.ALLOCATOR_KINDS`) and, per device family,
+the host-pool layouts (:data:`kvcheck.tiers.HOST_LAYOUTS`). Neither is part of the baseline:
+a target that declares none is never handed an allocator or a host pool.
+
 Adding a variant along a new axis is one row of :data:`kvcheck.specs.AXES`, beside its
 ``PoolSpec`` field; a target opts in by naming the axis in its surface.
 
@@ -35,6 +40,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kvcheck.specs import AXES, POOL_FAMILIES, Axis, PoolSpec
+from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS
 
 __all__ = [
     "AXES",
@@ -76,11 +82,21 @@ class Surface:
     """
 
     families: Mapping[str, FieldValues]
+    #: The allocator kinds the target builds (``make_allocator``), of ALLOCATOR_KINDS.
+    allocators: tuple[str, ...] = ()
+    #: Device family -> the host layouts its host pools take (``make_host_pool``).
+    host_layouts: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     def __post_init__(self) -> None:
-        problems = surface_problems(self.families)
+        problems = surface_problems(self.families) + tier_problems(
+            self.allocators, self.host_layouts
+        )
         if problems:
             raise ValueError("; ".join(problems))
+        object.__setattr__(self, "allocators", tuple(self.allocators))
+        object.__setattr__(self, "host_layouts", MappingProxyType(dict(self.host_layouts)))
         frozen = {
             family: MappingProxyType(dict(self.families[family]))
             for family in POOL_FAMILIES
@@ -180,7 +196,45 @@ class Surface:
                 merged.pop(family, None)
             else:
                 merged[family] = declaration
-        return Surface(merged)
+        return dataclasses.replace(self, families=merged)
+
+    def with_tiers(
+        self,
+        *,
+        allocators: tuple[str, ...] | None = None,
+        host_layouts: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> Surface:
+        """This surface with the allocator kinds and host layouts the target builds (None:
+        keep what it declares).
+
+        Example:
+            >>> surface = Surface.of(mha={}).with_tiers(allocators=("token", "paged"),
+            ...                                         host_layouts={"mha": ("layer_first",)})
+            >>> surface.describe_tiers()
+            'allocators token/paged; host pools mha (layer_first)'
+        """
+        return dataclasses.replace(
+            self,
+            allocators=self.allocators if allocators is None else allocators,
+            host_layouts=self.host_layouts if host_layouts is None else host_layouts,
+        )
+
+    def describe_tiers(self) -> str:
+        """One line: the allocator kinds and host layouts declared ("" when none).
+
+        Example:
+            >>> Surface.baseline().describe_tiers()
+            ''
+        """
+        parts = []
+        if self.allocators:
+            parts.append(f"allocators {'/'.join(self.allocators)}")
+        if self.host_layouts:
+            hosts = ", ".join(
+                f"{family} ({'/'.join(layouts)})" for family, layouts in self.host_layouts.items()
+            )
+            parts.append(f"host pools {hosts}")
+        return "; ".join(parts)
 
     def describe(self) -> str:
         """One line: each family, with what it takes beyond the baseline and its limits."""
@@ -217,6 +271,37 @@ def surface_problems(families: object) -> list[str]:
             problem = _field_problem(family, field, values)
             if problem:
                 problems.append(f"{where}[{field!r}]{problem}")
+    return problems
+
+
+def tier_problems(allocators: object, host_layouts: object) -> list[str]:
+    """What is wrong with a surface's allocator kinds and host layouts (empty when fine).
+
+    Example:
+        >>> tier_problems(("token", "buddy"), {"mha": ("page_head",)})
+        ["surface allocators: 'buddy' not in ('token', 'paged', 'swa')"]
+    """
+    problems: list[str] = []
+    if not isinstance(allocators, tuple):
+        problems.append(f"surface allocators={allocators!r} must be a tuple")
+    else:
+        problems.extend(
+            f"surface allocators: {kind!r} not in {ALLOCATOR_KINDS}"
+            for kind in allocators
+            if kind not in ALLOCATOR_KINDS
+        )
+    if not isinstance(host_layouts, Mapping):
+        return [*problems, f"surface host_layouts={host_layouts!r} must be a mapping"]
+    for family, layouts in host_layouts.items():
+        known = HOST_LAYOUTS.get(family)
+        if known is None:
+            problems.append(
+                f"surface host_layouts[{family!r}]: no host pool; of {tuple(HOST_LAYOUTS)}"
+            )
+        elif not isinstance(layouts, tuple) or not layouts or set(layouts) - set(known):
+            problems.append(
+                f"surface host_layouts[{family!r}]={layouts!r} must be a non-empty tuple of {known}"
+            )
     return problems
 
 
@@ -279,6 +364,6 @@ def surface_of(target: object) -> Surface:
     for family, fields in legacy.items():
         families.setdefault(family, {}).update(fields)
     try:
-        return Surface(families)
+        return dataclasses.replace(declared, families=families)
     except ValueError as exc:
         raise ValueError(f"target {name!r}: {exc}") from exc
