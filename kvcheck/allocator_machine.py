@@ -178,21 +178,24 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     def _extend(self, data: st.DataObject) -> None:
         spec = self._spec
+        growable = self._growable()
         continued = data.draw(
-            st.lists(st.sampled_from(self._growable()), unique=True, max_size=3)
-            if self._growable()
+            st.lists(st.sampled_from(growable), unique=True, min_size=1, max_size=3)
+            if growable
             else st.just([]),
             label="continued requests",
         )
         fresh = data.draw(st.integers(0 if continued else 1, 2), label="new requests")
-        limit = spec.size + spec.page_size
+        # Mostly a page or two (what fits), sometimes up to more than the pool holds.
+        small = st.integers(0, 2 * spec.page_size)
+        tokens = st.one_of(small, small, st.integers(0, spec.size + spec.page_size))
         batch: list[tuple[int | None, Request]] = []
         for number in continued:
             row = self.rows[number]
-            grow = data.draw(st.integers(0, limit), label="tokens")
+            grow = data.draw(tokens, label="tokens")
             batch.append((number, Request(len(row), len(row) + grow, row[-1])))
         for _ in range(fresh):
-            batch.append((None, Request(0, data.draw(st.integers(1, limit), label="tokens"), -1)))
+            batch.append((None, Request(0, 1 + data.draw(tokens, label="tokens"), -1)))
         order = data.draw(st.permutations(range(len(batch))), label="batch order")
         batch = [batch[i] for i in order]
         dtype = data.draw(st.sampled_from((torch.int64, torch.int32)), label="lens dtype")

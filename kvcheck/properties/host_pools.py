@@ -198,40 +198,42 @@ def _assert_page_meta(
     part: Any, reference: ReferenceHostPool, number: int, names: list[str], spec: HostPoolSpec
 ) -> None:
     ps = spec.page_size
-    indices = torch.arange(spec.host_size, dtype=torch.int64)
-    ptrs, sizes = part.get_page_buffer_meta(indices)
     spans = _attributes(part, names)
-    named: dict[str, list[tuple[int, int]]] = {}
-    for ptr, size in zip(ptrs, sizes, strict=True):
-        owner = next(
-            (n for n, (base, length) in spans.items() if base <= ptr < base + length), None
-        )
-        if owner is None or ptr + size > spans[owner][0] + spans[owner][1]:
+    for start in range(0, spec.host_size, ps):
+        ptrs, sizes = part.get_page_buffer_meta(torch.arange(start, start + ps, dtype=torch.int64))
+        call = f"get_page_buffer_meta(host slots {start}..{start + ps - 1})"
+        named: dict[str, list[tuple[int, int]]] = {}
+        for ptr, size in zip(ptrs, sizes, strict=True):
+            owner = next(
+                (n for n, (base, length) in spans.items() if base <= ptr < base + length), None
+            )
+            if owner is None or ptr + size > spans[owner][0] + spans[owner][1]:
+                raise failure(
+                    f"got a region of {size} bytes at {ptr:#x} outside every host buffer [{call}]",
+                    signature=_signature(
+                        "buffer_infos", "get_page_buffer_meta", "region outside", spec
+                    ),
+                )
+            base = spans[owner][0]
+            named.setdefault(owner, []).append((ptr - base, ptr - base + size))
+        got = {name: merge_ranges(ranges) for name, ranges in named.items()}
+        want = reference.expected_page_ranges(number, [start])
+        if got != want:
             raise failure(
-                f"got a region of {size} bytes at {ptr:#x} outside every host buffer "
-                f"[get_page_buffer_meta({list(range(0, spec.host_size, ps))} pages)]",
+                f"got regions {got} but should be {want} (the bytes of that page) [{call}]",
                 signature=_signature(
-                    "buffer_infos", "get_page_buffer_meta", "region outside", spec
+                    "buffer_infos", "get_page_buffer_meta", "regions differ", spec
                 ),
             )
-        named.setdefault(owner, []).append((ptr - spans[owner][0], ptr - spans[owner][0] + size))
-    got = {name: merge_ranges(ranges) for name, ranges in named.items()}
-    want = reference.expected_page_ranges(number, list(range(0, spec.host_size, ps)))
-    if got != want:
-        raise failure(
-            f"got regions {got} but should be {want} (the bytes of every host page) "
-            "[get_page_buffer_meta(every host slot)]",
-            signature=_signature("buffer_infos", "get_page_buffer_meta", "regions differ", spec),
-        )
-    _, one = part.get_page_buffer_meta(torch.arange(ps, dtype=torch.int64))
-    element = part.get_page_buffer_element_size()
-    if element != one[0]:
-        raise failure(
-            f"got {element} but should be {one[0]} [get_page_buffer_element_size()]",
-            signature=_signature(
-                "buffer_infos", "get_page_buffer_element_size", "size differs", spec
-            ),
-        )
+        if start == 0:
+            element = part.get_page_buffer_element_size()
+            if element != sizes[0]:
+                raise failure(
+                    f"got {element} but should be {sizes[0]} [get_page_buffer_element_size()]",
+                    signature=_signature(
+                        "buffer_infos", "get_page_buffer_element_size", "size differs", spec
+                    ),
+                )
 
 
 def _assert_tiling(part: Any, names: list[str], spec: HostPoolSpec) -> None:
