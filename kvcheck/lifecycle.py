@@ -460,7 +460,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
         host = torch.tensor(entry.host_ids, dtype=torch.int64)
         self._log(
-            f"load_to_device_per_layer(host_indices={entry.host_ids}, device_indices={slots}, every layer)"
+            f"load_to_device_per_layer(host_indices={entry.host_ids}, "
+            f"device_indices={slots}, every layer)"
         )
         for layer in range(spec.device.layer_num):
             for part in self.parts:

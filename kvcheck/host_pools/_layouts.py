@@ -17,6 +17,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 LAYOUTS: tuple[str, ...] = ("layer_first", "page_first", "page_first_direct", "page_head")
@@ -39,7 +41,7 @@ def host_dims(
     raise ValueError(f"layout={layout!r} not in {LAYOUTS}")
 
 
-def _index(layout: str, layer: int, ids: torch.Tensor, page_size: int) -> tuple[object, ...]:
+def _index(layout: str, layer: int, ids: torch.Tensor, page_size: int) -> tuple[Any, ...]:
     if layout == "layer_first":
         return (layer, ids)
     if layout == "page_first":

@@ -360,7 +360,8 @@ class HostKVCache:
             or data_page.dtype != view.dtype
         ):
             raise ValueError(
-                f"{where}: data_page must hold {view.numel()} values of {view.dtype}, got {data_page!r}"
+                f"{where}: data_page must hold {view.numel()} values of {view.dtype}, "
+                f"got {data_page!r}"
             )
         view.copy_(data_page.reshape(view.shape))
 

@@ -1,4 +1,5 @@
-"""Properties of a token-to-KV allocator, judged against :class:`kvcheck.reference.allocators.ReferenceAllocator`.
+"""Properties of a token-to-KV allocator, judged against
+:class:`kvcheck.reference.allocators.ReferenceAllocator`.
 
 - no slot is handed out twice, and extend/decode answers are page-aligned
   (:func:`assert_answer`: the reference's verdict on what the allocator returned);

@@ -1,4 +1,5 @@
-"""Properties of a host tier, judged against :class:`kvcheck.reference.host_pools.ReferenceHostPool`.
+"""Properties of a host tier, judged against
+:class:`kvcheck.reference.host_pools.ReferenceHostPool`.
 
 ``parts`` is what a target's ``make_host_pool`` returns (:mod:`kvcheck.targets.tiers`):
 the host pool of the device pool's main rows, then any host pool of its other buffers.

@@ -58,7 +58,8 @@ def allocator_specs(
         chosen = tuple(kind for kind in chosen if kind in declared)
         if not chosen:
             raise InvalidArgument(
-                f"target={getattr(target, 'name', target)!r} declares none of kinds={tuple(kinds)!r}"
+                f"target={getattr(target, 'name', target)!r} declares none of "
+                f"kinds={tuple(kinds)!r}"
             )
     return _allocator_specs(tuple(chosen), max_pages, max_page_size)
 

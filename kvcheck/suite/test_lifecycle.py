@@ -39,7 +39,7 @@ def lifecycle_settings() -> settings:
 def test_request_lifecycle_matches_reference(
     kvcheck_target: Any, kvcheck_device: str, family: str
 ) -> None:
-    """allocate -> write -> move -> back up -> free -> allocate -> load -> read, every step exact."""
+    """allocate, write, move, back up, free, allocate, load, read: every step exact."""
     for reason in (
         host_pool_skip_reason(kvcheck_target, family),
         allocator_skip_reason(kvcheck_target, "token"),

@@ -54,7 +54,10 @@ def allocator_skip_reason(target: Any, kind: str) -> str | None:
     surface = surface_of(target)
     if kind not in surface.allocators:
         declared = "/".join(surface.allocators) or "none"
-        return f"target {_name(target)!r} builds no {kind} allocator (its surface declares allocators: {declared})"
+        return (
+            f"target {_name(target)!r} builds no {kind} allocator "
+            f"(its surface declares allocators: {declared})"
+        )
     if not callable(getattr(target, "make_allocator", None)):
         return f"target {_name(target)!r} declares {kind} allocators but has no make_allocator"
     return None
@@ -68,7 +71,10 @@ def host_pool_skip_reason(target: Any, family: str, layout: str | None = None) -
     if not layouts or (layout is not None and layout not in layouts):
         wanted = family if layout is None else f"{family} {layout}"
         declared = surface.describe_tiers() or "none"
-        return f"target {_name(target)!r} builds no {wanted} host pool (its surface declares: {declared})"
+        return (
+            f"target {_name(target)!r} builds no {wanted} host pool "
+            f"(its surface declares: {declared})"
+        )
     if not callable(getattr(target, "make_host_pool", None)):
         return f"target {_name(target)!r} declares host pools but has no make_host_pool"
     return None
