@@ -44,6 +44,7 @@ from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.targets.sglang import adapt, env
 from kvcheck.targets.sglang.findings import EXPECTED_FAILURES, SGLANG_FINDINGS
+from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS, AllocatorSpec, HostPoolSpec
 
 #: The sglang release this adapter was written against.
 SGLANG_VERSION = "0.5.23"
@@ -96,7 +97,7 @@ UNSUPPORTED: Mapping[str, str] = MappingProxyType(
 #: reaching other code.
 SURFACE = Surface.everything(
     dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)}
-)
+).with_tiers(allocators=ALLOCATOR_KINDS, host_layouts=HOST_LAYOUTS)
 
 #: Capability -> how the target serves it on CPU, where that differs from a GPU server.
 CPU_NOTES: Mapping[str, str] = MappingProxyType(
@@ -148,6 +149,7 @@ SGLANG_STAND_INS: tuple[str, ...] = (
     "cpu_dsa_quantize_kernel",
     "cpu_mla_read_kernels",
     "guard_swig_exit_warning",
+    "cpu_kvcacheio",
     # this module
     "_refuse_zero_row_index_write",
     "_published",
@@ -306,6 +308,24 @@ class SGLangTarget:
         if isinstance(index_k_scale, torch.Tensor) and index_k_scale.dtype == torch.uint8:
             index_k_scale = index_k_scale.contiguous().view(torch.float32)
         pool.set_index_k_scale_buffer(layer_id, loc, index_k, index_k_scale)
+
+    # --- allocators and host pools (kvcheck.targets.tiers) ---------------------------------
+
+    def make_allocator(self, spec: AllocatorSpec, *, device: str, kvcache: Any = None) -> Any:
+        """sglang's allocator of ``spec.kind`` (:mod:`kvcheck.targets.sglang.allocators`)."""
+        _sglang()
+        from kvcheck.targets.sglang.allocators import make_allocator
+
+        return make_allocator(spec, device=device, kvcache=kvcache)
+
+    def make_host_pool(
+        self, spec: HostPoolSpec, device_pool: Any, *, device: str
+    ) -> tuple[Any, ...]:
+        """sglang's host pools for ``device_pool`` (:mod:`kvcheck.targets.sglang.host_pools`)."""
+        _sglang()
+        from kvcheck.targets.sglang.host_pools import make_host_pool
+
+        return make_host_pool(spec, device_pool, device=device)
 
     # --- serving --------------------------------------------------------------------------
 
