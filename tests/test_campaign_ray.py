@@ -131,6 +131,6 @@ def test_sigint_stops_the_campaign_and_exits_130_after_the_summary(
     out = "".join(seen) + rest
     assert process.returncode == 130, out
     assert "interrupted: stopping 2 running shard(s)" in out
-    assert "INTERRUPTED (Ctrl-C)" in out and out.rstrip().endswith("exit 130")
+    assert "INTERRUPTED (Ctrl-C or SIGTERM)" in out and out.rstrip().endswith("exit 130")
     results = json.loads((tmp_path / ".kvcheck/campaign/results.json").read_text())
     assert results["campaign"]["interrupted"] and results["exit_status"] == 130

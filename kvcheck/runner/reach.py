@@ -395,7 +395,7 @@ def _reach_table(target: str) -> Any:
     from kvcheck.targets import TargetError, resolve_target
 
     try:
-        resolved = resolve_target(target)
+        resolved = resolve_target(target, available=False)
     except TargetError as exc:
         raise ValueError(str(exc)) from exc
     module = getattr(resolved, "reach_table", None)

@@ -109,7 +109,7 @@ def _recipe(target: str, rep: Reproduction) -> ScriptRecipe:
     resolved: Any = None
     if target in BUILTIN_TARGETS or module in sys.modules:
         try:
-            resolved = resolve_target(target)
+            resolved = resolve_target(target, available=False)
         except TargetError:
             resolved = None
     offer = getattr(resolved, "script_recipe", None)

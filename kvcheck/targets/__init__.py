@@ -104,11 +104,14 @@ def target_spec(name: str | None = None) -> str:
     return from_env or DEFAULT_TARGET
 
 
-def resolve_target(name: str | None = None) -> Target:
+def resolve_target(name: str | None = None, *, available: bool = True) -> Target:
     """Turn a target name into a target, or raise :class:`TargetError` saying why not.
 
     ``None`` means ``KVCHECK_TARGET``, then ``kvcheck``. ``module:attr`` imports
-    ``module`` and looks up ``attr`` (dots allowed: ``pkg.mod:Factory.default``).
+    ``module`` and looks up ``attr`` (dots allowed: ``pkg.mod:Factory.default``). A target
+    that says it cannot run here (its ``unavailable`` reason: sglang not installed) is
+    refused, unless ``available=False`` asks only for its declarations (what a reproduction
+    script or the reach table needs).
 
     Example:
         >>> resolve_target("kvcheck").name
@@ -132,6 +135,9 @@ def resolve_target(name: str | None = None) -> Target:
             f"target {spec!r} resolved to {target!r}, which does not satisfy the kvcheck "
             f"Target protocol: {'; '.join(problems)}"
         )
+    reason = getattr(target, "unavailable", None)
+    if available and reason:
+        raise TargetError(f"target {spec!r}: {reason}")
     return target
 
 

@@ -99,6 +99,10 @@ FAMILY_SEPARATOR = ":"
 #:     parent's. (Targets written before surfaces may still declare ``pool_spec_limits``,
 #:     ``kv_layouts``, ``latent_layouts``, ``index_kpools`` and ``dcp_sizes``; they are
 #:     read into a surface by :func:`kvcheck.surface.surface_of`.)
+#: ``unavailable: str | None``
+#:     Why the target cannot run on this machine (a package it drives is not installed);
+#:     the resolver refuses it for a run, quoting this, but still hands it out for what
+#:     needs only its declarations (reproduction scripts, the reach table).
 #: ``script_recipe(spec, ops) -> ScriptRecipe | None``
 #:     How a standalone reproduction script builds the target's pool without kvcheck
 #:     (:class:`ScriptRecipe`); ``None`` (or no member): the script calls ``make_pool``.
@@ -119,6 +123,7 @@ FAMILY_SEPARATOR = ":"
 #:     to ``expected_failures``, which marks whole tests and so hides any other bug in them.
 OPTIONAL_MEMBERS: tuple[str, ...] = (
     "prepare",
+    "unavailable",
     "surface",
     "script_recipe",
     "reach_table",

@@ -48,6 +48,7 @@ def collect_properties(context: ShardContext, *, keyword: str | None) -> list[Pr
             junit_xml=None,
             keyword=keyword,
             results_path=Path(scratch) / "results.json",
+            import_dir=working_directory(context.cwd),
             extra=[
                 "--collect-only",
                 "-q",

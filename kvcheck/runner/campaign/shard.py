@@ -84,6 +84,7 @@ def shard_command(shard: Shard, context: ShardContext, *, results_path: Path) ->
         junit_xml=None,
         keyword=None,
         results_path=results_path,
+        import_dir=working_directory(context.cwd),
         extra=[
             "-p",
             "kvcheck.runner.campaign.pytest_plugin",
