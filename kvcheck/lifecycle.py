@@ -128,7 +128,9 @@ def lifecycle_specs(target: Any, family: str) -> st.SearchStrategy[HostPoolSpec]
             spec, device=dataclasses.replace(device, size=pages * device.page_size)
         )
 
-    return host_pool_specs(families=(family,), target=target, max_host_pages=4).map(at_least_a_page)
+    return host_pool_specs(
+        families=(family,), target=target, max_host_pages=4, steer=steered_tags(target)
+    ).map(at_least_a_page)
 
 
 def _allocator_spec(device: PoolSpec) -> AllocatorSpec:

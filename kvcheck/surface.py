@@ -88,11 +88,18 @@ class Surface:
     host_layouts: Mapping[str, tuple[str, ...]] = dataclasses.field(
         default_factory=lambda: MappingProxyType({})
     )
+    #: Bytes a token's row (per layer and component) must be a multiple of for its host
+    #: pools to transfer it with the ``kernel`` io backend (SGLang's sgl-kernel transfer ops
+    #: check ``item_size % 8 == 0``); 1: any row.
+    host_kernel_alignment: int = 1
 
     def __post_init__(self) -> None:
         problems = surface_problems(self.families) + tier_problems(
             self.allocators, self.host_layouts
         )
+        alignment = self.host_kernel_alignment
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1:
+            problems.append(f"host_kernel_alignment={alignment!r} must be an int >= 1")
         if problems:
             raise ValueError("; ".join(problems))
         object.__setattr__(self, "allocators", tuple(self.allocators))
@@ -203,9 +210,10 @@ class Surface:
         *,
         allocators: tuple[str, ...] | None = None,
         host_layouts: Mapping[str, tuple[str, ...]] | None = None,
+        host_kernel_alignment: int | None = None,
     ) -> Surface:
-        """This surface with the allocator kinds and host layouts the target builds (None:
-        keep what it declares).
+        """This surface with the allocator kinds and host layouts the target builds, and the
+        row alignment its kernel host transfers need (None: keep what it declares).
 
         Example:
             >>> surface = Surface.of(mha={}).with_tiers(allocators=("token", "paged"),
@@ -217,6 +225,11 @@ class Surface:
             self,
             allocators=self.allocators if allocators is None else allocators,
             host_layouts=self.host_layouts if host_layouts is None else host_layouts,
+            host_kernel_alignment=(
+                self.host_kernel_alignment
+                if host_kernel_alignment is None
+                else host_kernel_alignment
+            ),
         )
 
     def describe_tiers(self) -> str:
@@ -234,6 +247,8 @@ class Surface:
                 f"{family} ({'/'.join(layouts)})" for family, layouts in self.host_layouts.items()
             )
             parts.append(f"host pools {hosts}")
+        if self.host_kernel_alignment > 1:
+            parts.append(f"kernel host io on rows of {self.host_kernel_alignment}-byte multiples")
         return "; ".join(parts)
 
     def describe(self) -> str:

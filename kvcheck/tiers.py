@@ -32,6 +32,7 @@ __all__ = [
     "HOST_FAMILIES",
     "HOST_IO_BACKENDS",
     "HOST_LAYOUTS",
+    "HOST_STEER_TAGS",
     "AllocatorSpec",
     "HostPoolSpec",
     "host_layouts_for",
@@ -60,6 +61,17 @@ HOST_IO_BACKENDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "page_first_direct": ("direct",),
         "page_head": ("kernel",),
     }
+)
+#: Generation tags a declared finding may ask the host-tier checks to steer around:
+#:
+#: ``host:latent:page_first_direct:few_pages``
+#:     no MLA or DSA host pool in ``page_first_direct`` with fewer host pages than layers;
+#: ``host:dsa:indexer_bytes_held``
+#:     the bytes a DSA index-K host pool holds are not compared with its declared size
+#:     (its size per token and page meta still are).
+HOST_STEER_TAGS: tuple[str, ...] = (
+    "host:latent:page_first_direct:few_pages",
+    "host:dsa:indexer_bytes_held",
 )
 #: An MHA pool whose V head dim differs from K's keeps K and V in two host buffers, in the
 #: page-first layouts only (SGLang's ``AsymmetricMHATokenToKVPoolHost``).

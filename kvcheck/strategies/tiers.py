@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from kvcheck.geometry import row_bytes
 from kvcheck.specs import PoolSpec
 from kvcheck.strategies.limits import within_target_limits
 from kvcheck.strategies.pools import pool_specs
@@ -95,12 +96,14 @@ def host_pool_specs(
     max_size: int = 24,
     max_page_size: int = 4,
     target: object | None = None,
+    steer: Sequence[str] = (),
 ) -> st.SearchStrategy[HostPoolSpec]:
     """Host pools mirroring small token-major device pools of ``families`` (any variant
     :func:`kvcheck.strategies.pool_specs` draws of one decode-context-parallel rank, inside the
     ``target``'s surface), in a layout the pool and the target take, with an io backend the
     layout transfers with, and 1 to ``max_host_pages`` host pages. Families the target
-    declares no host layout for are left out.
+    declares no host layout for are left out. ``steer``: tags of
+    :data:`kvcheck.tiers.HOST_STEER_TAGS` the target's findings ask to avoid.
     Shrinks towards the first family's smallest pool, the first layout, one host page.
 
     Example:
@@ -112,7 +115,9 @@ def host_pool_specs(
     chosen = check_choices(families, "families", HOST_FAMILIES)
     check_valid_integer(max_host_pages, "max_host_pages", min_value=1)
     layouts: dict[str, tuple[str, ...]] = {}
+    alignment = 1
     if target is not None:
+        alignment = surface_of(target).host_kernel_alignment
         declared = surface_of(target).host_layouts
         chosen = tuple(family for family in chosen if family in declared)
         layouts = dict(declared)
@@ -130,7 +135,7 @@ def host_pool_specs(
     ).map(lambda spec: dataclasses.replace(spec, kv_layout="nhd"))
     if target is not None:
         devices = within_target_limits(target, devices)
-    return _host_pool_specs(devices, layouts, max_host_pages)
+    return _host_pool_specs(devices, layouts, max_host_pages, alignment, frozenset(steer))
 
 
 @st.composite
@@ -139,8 +144,14 @@ def _host_pool_specs(
     devices: st.SearchStrategy[PoolSpec],
     layouts: dict[str, tuple[str, ...]],
     max_host_pages: int,
+    alignment: int = 1,
+    steer: frozenset[str] = frozenset(),
 ) -> HostPoolSpec:
     device = check_type(PoolSpec, draw(devices, label="device pool"), "device")
+    if device.family == "dsa" and device.skip_topk_layers and all(device.skip_topk_layers):
+        # A DSA pool whose every layer skips top-k holds no index keys, and SGLang builds
+        # no index-K host pool for it (DSATokenToKVPool.host_pool_decls): one layer keeps them.
+        device = dataclasses.replace(device, skip_topk_layers=(False, *device.skip_topk_layers[1:]))
     offered = host_layouts_for(device)
     if device.family in layouts:
         offered = tuple(layout for layout in offered if layout in layouts[device.family])
@@ -150,7 +161,23 @@ def _host_pool_specs(
         offered = tuple(
             layout for layout in host_layouts_for(device) if layout in layouts.get("mha", ())
         )
-    layout = draw(st.sampled_from(offered), label="host layout")
-    io_backend = draw(st.sampled_from(HOST_IO_BACKENDS[layout]), label="io backend")
-    pages = draw(st.integers(1, max_host_pages), label="host pages")
+    backends = {layout: HOST_IO_BACKENDS[layout] for layout in offered}
+    if any(size % alignment for size in row_bytes(device) if size):
+        # The target's kernel transfers take no such row (SGLang: item_size % 8): the
+        # layouts that transfer it another way.
+        backends = {
+            layout: tuple(io for io in ios if io != "kernel")
+            for layout, ios in backends.items()
+            if any(io != "kernel" for io in ios)
+        } or backends
+    layout = draw(st.sampled_from(tuple(backends)), label="host layout")
+    io_backend = draw(st.sampled_from(backends[layout]), label="io backend")
+    fewest = 1
+    if (
+        "host:latent:page_first_direct:few_pages" in steer
+        and layout == "page_first_direct"
+        and device.family in ("mla", "dsa")
+    ):
+        fewest = min(device.layer_num, max_host_pages)
+    pages = draw(st.integers(fewest, max_host_pages), label="host pages")
     return HostPoolSpec(device=device, layout=layout, io_backend=io_backend, host_pages=pages)

@@ -24,6 +24,7 @@ from kvcheck.machines import supported_op_kinds
 from kvcheck.properties.host_pools import check_host_round_trip
 from kvcheck.strategies.tiers import host_pool_specs
 from kvcheck.targets import supports
+from kvcheck.targets.findings import steered_tags
 from kvcheck.targets.tiers import host_pool_skip_reason
 from kvcheck.tiers import HOST_FAMILIES
 
@@ -40,7 +41,10 @@ def test_host_round_trip_is_byte_exact(
     reason = host_pool_skip_reason(kvcheck_target, family)
     if reason is not None:
         pytest.skip(reason)
-    spec = data.draw(host_pool_specs(families=(family,), target=kvcheck_target), label="host pool")
+    specs = host_pool_specs(
+        families=(family,), target=kvcheck_target, steer=steered_tags(kvcheck_target)
+    )
+    spec = data.draw(specs, label="host pool")
     check_host_round_trip(
         kvcheck_target,
         spec,
@@ -48,4 +52,5 @@ def test_host_round_trip_is_byte_exact(
         device=kvcheck_device,
         write_kinds=supported_op_kinds(kvcheck_target, family),
         validates=supports(kvcheck_target, "input_validation"),
+        steer=steered_tags(kvcheck_target),
     )

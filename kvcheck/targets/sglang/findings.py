@@ -56,6 +56,15 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "and host copies take widened ids (its speculative-decoding callers pass widened ids)",
         "I": "pool calls do not validate input: no ValueError for bad locations, layers, "
         "shapes or lengths (I1-I10)",
+        "S1": "a refused SWA alloc_decode keeps the page the other side handed out",
+        "S2": "at page size 1, SWA free after free_swa frees the padding slot 0 on the "
+        "sliding-window side",
+        "B1": "the DSA index-K host pool holds one index page per layer more than it declares",
+        "B3": "the DSA index-K host pool refuses get_page_buffer_meta in layer_first "
+        "(ValueError), where its MLA anchor describes its pages",
+        "B2": "MLA host pools outside layer_first build their per-layer views from pages or "
+        "token rows: get_contiguous_buf_infos describes the wrong bytes, and page_first_direct "
+        "with fewer host pages than layers fails to build",
     }
 )
 
@@ -265,6 +274,54 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
             for variant in POOL_VARIANTS
             if variant.endswith(":dcp") and "kpool" not in variant
         ),
+    ),
+    _finding(
+        "S1",
+        check="refusal",
+        call="alloc_decode",
+        kind="refusal changed the allocator",
+        family="allocator:swa",
+        steer=frozenset({"allocator:swa:one_side_refused"}),
+    ),
+    _finding(
+        "S2",
+        check="available_size",
+        call="free",
+        family="allocator:swa",
+        steer=frozenset({"allocator:swa:free_dead_window"}),
+    ),
+    _finding(
+        "B1",
+        check="buffer_infos",
+        call="get_size_per_token",
+        kind="bytes held differ",
+        family="host:dsa*",
+        steer=frozenset({"host:dsa:indexer_bytes_held"}),
+    ),
+    _finding(
+        "B2",
+        pinned=_pinned("test_b2_*[mla]"),
+        check="buffer_infos",
+        call="get_contiguous_buf_infos",
+        kind="regions differ",
+        family="host:mla:page_first*",
+        steer=frozenset({"host:latent:page_first_direct:few_pages"}),
+    ),
+    Finding(
+        "B2.dsa",
+        FINDINGS["B2"],
+        pinned=_pinned("test_b2_*[dsa]"),
+        check="buffer_infos",
+        call="get_contiguous_buf_infos",
+        kind="regions differ",
+        family="host:dsa*",
+    ),
+    _finding(
+        "B3",
+        check="buffer_infos",
+        call="get_page_buffer_meta",
+        kind="raises ValueError",
+        family="host:dsa*",
     ),
     _finding(
         "I",

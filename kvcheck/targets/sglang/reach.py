@@ -26,6 +26,15 @@ INDEX_KEY_CACHE = "srt/mem_cache/index_key_cache.py"
 POOL_CONFIGURATOR = "srt/model_executor/pool_configurator.py"
 KV_CACHE_CONFIGURATOR = "srt/mem_cache/kv_cache_configurator.py"
 KV_CACHE_HOOK = "srt/arg_groups/kv_cache_hook.py"
+#: The allocators and host pools the sglang target builds (kvcheck.targets.sglang.allocators,
+#: .host_pools), each file its own scope.
+ALLOCATOR_FILES = tuple(
+    f"srt/mem_cache/allocator/{name}.py" for name in ("base", "token", "paged", "swa")
+)
+HOST_POOL_FILES = tuple(
+    f"srt/mem_cache/pool_host/{name}.py"
+    for name in ("base", "common", "mha", "mla", "dsa", "mha_mxfp8")
+)
 
 POOL_CLASSES = (
     "KVCache",
@@ -63,6 +72,9 @@ SCOPES: tuple[Scope, ...] = (
         KV_CACHE_HOOK,
         ("validate_prefill_only_disable_kv_cache_args", "handle_prefill_only_disable_kv_cache"),
     ),
+    # What SGLangTarget.make_allocator and make_host_pool build (the allocator machine, the
+    # host round trip, the lifecycle machine).
+    *(Scope(path) for path in ALLOCATOR_FILES + HOST_POOL_FILES),
 )
 
 # Reasons, one vocabulary (the issue's): where a line can only run, or why it never does.

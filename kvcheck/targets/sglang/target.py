@@ -97,7 +97,12 @@ UNSUPPORTED: Mapping[str, str] = MappingProxyType(
 #: reaching other code.
 SURFACE = Surface.everything(
     dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)}
-).with_tiers(allocators=ALLOCATOR_KINDS, host_layouts=HOST_LAYOUTS)
+).with_tiers(
+    allocators=ALLOCATOR_KINDS,
+    host_layouts=HOST_LAYOUTS,
+    # sgl-kernel's kvcacheio ops check item_size % 8 == 0 (a row the kernel io cannot move).
+    host_kernel_alignment=8,
+)
 
 #: Capability -> how the target serves it on CPU, where that differs from a GPU server.
 CPU_NOTES: Mapping[str, str] = MappingProxyType(
