@@ -66,12 +66,19 @@ HOST_IO_BACKENDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 #:
 #: ``host:latent:page_first_direct:few_pages``
 #:     no MLA or DSA host pool in ``page_first_direct`` with fewer host pages than layers;
+#: ``host:latent:contiguous_buf_infos``
+#:     an MLA or DSA host pool's transfer descriptors (``get_contiguous_buf_infos``) are not
+#:     checked outside ``layer_first`` (its bytes, pages and page meta still are);
+#: ``host:dsa:indexer_layer_first_page_meta``
+#:     a DSA index-K host pool's page meta is not checked in ``layer_first``;
 #: ``host:dsa:indexer_bytes_held``
 #:     the bytes a DSA index-K host pool holds are not compared with its declared size
 #:     (its size per token and page meta still are).
 HOST_STEER_TAGS: tuple[str, ...] = (
     "host:latent:page_first_direct:few_pages",
+    "host:latent:contiguous_buf_infos",
     "host:dsa:indexer_bytes_held",
+    "host:dsa:indexer_layer_first_page_meta",
 )
 #: An MHA pool whose V head dim differs from K's keeps K and V in two host buffers, in the
 #: page-first layouts only (SGLang's ``AsymmetricMHATokenToKVPoolHost``).

@@ -305,7 +305,9 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_contiguous_buf_infos",
         kind="regions differ",
         family="host:mla:page_first*",
-        steer=frozenset({"host:latent:page_first_direct:few_pages"}),
+        steer=frozenset(
+            {"host:latent:page_first_direct:few_pages", "host:latent:contiguous_buf_infos"}
+        ),
     ),
     Finding(
         "B2.dsa",
@@ -315,6 +317,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_contiguous_buf_infos",
         kind="regions differ",
         family="host:dsa*",
+        steer=frozenset({"host:latent:contiguous_buf_infos"}),
     ),
     _finding(
         "B3",
@@ -322,6 +325,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_page_buffer_meta",
         kind="raises ValueError",
         family="host:dsa*",
+        steer=frozenset({"host:dsa:indexer_layer_first_page_meta"}),
     ),
     _finding(
         "I",
