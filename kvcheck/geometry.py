@@ -256,8 +256,10 @@ def tensor_nbytes(spec: PoolSpec) -> dict[str, list[int]]:
 
 
 def fused_kv(spec: PoolSpec) -> bool:
-    """Whether each layer's K and V buffers are the two halves of one allocation: MHA (and
-    the no-op pool) when ``v_head_dim`` equals ``head_dim``, as SGLang allocates them.
+    """Whether each layer's K and V buffers are the two halves of one allocation, each
+    padded to whole pages: MHA (and the no-op pool) when ``v_head_dim`` equals
+    ``head_dim``, as SGLang 0.5.23 allocates them, unless the spec says its target does not
+    pad (``kv_page_padding=False``).
 
     Example:
         >>> fused_kv(PoolSpec(family="mha", size=2, page_size=1, layer_num=1,
@@ -265,7 +267,11 @@ def fused_kv(spec: PoolSpec) -> bool:
         False
     """
     spec = _checked(spec)
-    return spec.family in ("mha", "noop") and spec.head_dim == spec.effective_v_head_dim
+    return (
+        spec.kv_page_padding
+        and spec.family in ("mha", "noop")
+        and spec.head_dim == spec.effective_v_head_dim
+    )
 
 
 def allocated_bytes(spec: PoolSpec) -> int:

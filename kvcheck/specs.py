@@ -91,8 +91,8 @@ AXES: tuple[Axis, ...] = (
 #: :meth:`PoolSpec.described_fields` reads it; a field in no row would never be shown.
 SPEC_FIELDS: dict[str, tuple[str, ...]] = {
     "": ("family", "size", "page_size", "layer_num", "dtype", "start_layer"),
-    "mha": ("head_num", "head_dim", "v_head_dim", "kv_layout"),
-    "noop": ("head_num", "head_dim", "v_head_dim"),
+    "mha": ("head_num", "head_dim", "v_head_dim", "kv_layout", "kv_page_padding"),
+    "noop": ("head_num", "head_dim", "v_head_dim", "kv_page_padding"),
     "mla": ("kv_lora_rank", "qk_rope_head_dim"),
     "dsa": (
         "kv_lora_rank",
@@ -131,6 +131,11 @@ class PoolSpec:
     # MHA: "nhd" (a buffer row per token slot) or "hnd" (a row per page, heads before the
     # page's tokens: ``[pages, head_num, page_size, head_dim]``; whole pages only).
     kv_layout: str = "nhd"
+    # MHA / NoOp: whether K and V rows of the same shape are allocated as the two halves of
+    # one tensor per layer, each padded to whole pages (SGLang 0.5.23, kvcheck's pools);
+    # False: each holds its ``size + page_size`` rows and no more (SGLang 0.5.22 and
+    # earlier allocate K and V separately). A layout fact of the target, read from it.
+    kv_page_padding: bool = True
     # MLA / DSA
     kv_lora_rank: int = 16
     qk_rope_head_dim: int = 8
@@ -226,10 +231,10 @@ class PoolSpec:
         Example:
             >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="float16")
             >>> spec.described_fields()[6:]
-            ('head_num', 'head_dim', 'v_head_dim', 'kv_layout')
+            ('head_num', 'head_dim', 'v_head_dim', 'kv_layout', 'kv_page_padding')
             >>> spec
             PoolSpec(family='mha', size=4, page_size=2, layer_num=1, dtype='float16', \
-start_layer=0, head_num=1, head_dim=8, v_head_dim=None, kv_layout='nhd')
+start_layer=0, head_num=1, head_dim=8, v_head_dim=None, kv_layout='nhd', kv_page_padding=True)
         """
         family, *parts = self.variant.split(":")
         wanted = {name for key in ("", family, *parts) for name in SPEC_FIELDS.get(key, ())}

@@ -72,6 +72,10 @@ class Surface:
     :meth:`everything` or :meth:`baseline`; validated on construction (``ValueError``
     naming the family and field).
 
+    ``notes`` says why a family is left out (key ``"dsa"``) or a field narrowed (key
+    ``"dsa.index_kpool"``), where the target can say so (an installed release that lacks
+    a piece): a test skipped for the surface quotes it (:meth:`note`).
+
     Example:
         >>> Surface.everything().values("dsa", "index_kpool")
         (1, 2, 4)
@@ -82,6 +86,7 @@ class Surface:
     """
 
     families: Mapping[str, FieldValues]
+    notes: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
     #: The allocator kinds the target builds (``make_allocator``), of ALLOCATOR_KINDS.
     allocators: tuple[str, ...] = ()
     #: Device family -> the host layouts its host pools take (``make_host_pool``).
@@ -94,8 +99,10 @@ class Surface:
     host_kernel_alignment: int = 1
 
     def __post_init__(self) -> None:
-        problems = surface_problems(self.families) + tier_problems(
-            self.allocators, self.host_layouts
+        problems = (
+            surface_problems(self.families)
+            + _note_problems(self.notes)
+            + tier_problems(self.allocators, self.host_layouts)
         )
         alignment = self.host_kernel_alignment
         if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1:
@@ -110,6 +117,7 @@ class Surface:
             if family in self.families
         }
         object.__setattr__(self, "families", MappingProxyType(frozen))
+        object.__setattr__(self, "notes", MappingProxyType(dict(self.notes)))
 
     @classmethod
     def of(cls, **families: FieldValues) -> Surface:
@@ -191,7 +199,8 @@ class Surface:
         return narrowed
 
     def replace(self, **families: FieldValues | None) -> Surface:
-        """This surface with the named families' declarations replaced (``None`` drops one).
+        """This surface with the named families' declarations replaced (``None`` drops one);
+        its notes are kept.
 
         Example:
             >>> Surface.everything().replace(noop=None, mla=None, dsa=None).describe()
@@ -250,6 +259,26 @@ class Surface:
         if self.host_kernel_alignment > 1:
             parts.append(f"kernel host io on rows of {self.host_kernel_alignment}-byte multiples")
         return "; ".join(parts)
+
+    def with_notes(self, notes: Mapping[str, str]) -> Surface:
+        """This surface with ``notes`` added (key ``family`` or ``family.field``, see
+        :class:`Surface`).
+
+        Example:
+            >>> surface = Surface.baseline().with_notes({"dsa.index_kpool": "no kpool here"})
+            >>> surface.note("dsa", "index_kpool")
+            'no kpool here'
+        """
+        return dataclasses.replace(self, notes={**self.notes, **notes})
+
+    def note(self, family: str, field: str | None = None) -> str | None:
+        """Why ``family`` is left out, or its ``field`` narrowed, when the target said so.
+
+        Example:
+            >>> Surface.baseline().note("dsa", "dcp_size") is None
+            True
+        """
+        return self.notes.get(family if field is None else f"{family}.{field}")
 
     def describe(self) -> str:
         """One line: each family, with what it takes beyond the baseline and its limits."""
@@ -317,6 +346,25 @@ def tier_problems(allocators: object, host_layouts: object) -> list[str]:
             problems.append(
                 f"surface host_layouts[{family!r}]={layouts!r} must be a non-empty tuple of {known}"
             )
+    return problems
+
+
+#: Note keys for the tiers: why a target builds no allocator or no host pool (a release
+#: without the module).
+TIER_NOTE_KEYS: frozenset[str] = frozenset({"allocators", "host_pools"})
+
+
+def _note_problems(notes: object) -> list[str]:
+    if not isinstance(notes, Mapping):
+        return [f"notes: {notes!r} (expected a mapping 'family' or 'family.field' -> why)"]
+    problems = []
+    for key, why in notes.items():
+        family, _, field = str(key).partition(".")
+        tier = key in TIER_NOTE_KEYS
+        if not tier and (family not in POOL_FAMILIES or (field and field not in LIMIT_NAMES)):
+            problems.append(f"notes[{key!r}]: not a pool family or 'family.field'")
+        elif not isinstance(why, str) or not why:
+            problems.append(f"notes[{key!r}]={why!r} must be a non-empty str")
     return problems
 
 

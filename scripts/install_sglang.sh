@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install sglang 0.5.23 for kvcheck's `sglang` target, beside an existing torch.
+# Install one sglang release for kvcheck's `sglang` target, beside an existing torch.
 #
 # sglang's own dependency list pins a CUDA torch and GPU kernel packages, so it is
 # installed with --no-deps, plus exactly the packages that its pool, configurator and
@@ -8,16 +8,39 @@
 # absent: kvcheck's adapter supplies a stand-in while sglang is imported.
 #
 # Usage:  bash scripts/install_sglang.sh            (idempotent; prints how long it took)
-# Env:    KVCHECK_TORCH_PIN   torch release sglang must sit beside (default 2.13.0)
-#         PYTHON              interpreter whose environment receives the packages
+#         KVCHECK_SGLANG_VERSION=0.5.22 bash scripts/install_sglang.sh
+# Env:    KVCHECK_SGLANG_VERSION  the release (default: the newest known, below)
+#         KVCHECK_TORCH_PIN       torch release sglang must sit beside (default 2.13.0)
+#         PYTHON                  interpreter whose environment receives the packages
+# One environment holds one release: installing another replaces sglang (the pins below
+# are shared). For several releases side by side, make one environment each (README,
+# "sglang releases").
 set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"
 TORCH_PIN="${KVCHECK_TORCH_PIN:-2.13.0}"
-SGLANG_VERSION="0.5.23"
+# The releases kvcheck's target is checked against, oldest first (KNOWN_RELEASES in
+# kvcheck/targets/sglang/release.py); the last is the default.
+KNOWN_RELEASES=(0.5.21 0.5.22 0.5.23)
+SGLANG_VERSION="${KVCHECK_SGLANG_VERSION:-${KNOWN_RELEASES[-1]}}"
 start=$(date +%s)
 
 die() { echo "install_sglang: $*" >&2; exit 1; }
+
+# Pins that differ per release, beside the common set below. None do for 0.5.21-0.5.23:
+# the common set imports all three. Each release's own Requires-Dist differs (0.5.21:
+# transformers==5.12.1, tokenizers==0.22.2, openai==2.6.1; 0.5.22: openai==2.6.1), but
+# 0.5.21's transformers does not import sglang's config package without a real
+# torchvision (AutoImageProcessor is a torchvision dummy before transformers 5.19), so the
+# common transformers==5.19.0 stays; pip reports the others as conflicts, harmlessly.
+# (0.5.20 would need xgrammar==0.2.1 here and is not checked; 0.5.18 imports with no single
+# transformers release under this CPU recipe.)
+case "$SGLANG_VERSION" in
+  0.5.23) RELEASE_PINS=() ;;
+  0.5.22) RELEASE_PINS=() ;;
+  0.5.21) RELEASE_PINS=() ;;
+  *) die "sglang $SGLANG_VERSION is not a release this recipe knows; known: ${KNOWN_RELEASES[*]} (set KVCHECK_SGLANG_VERSION to one of them)" ;;
+esac
 
 torch_version() { "$PYTHON" -c 'from importlib.metadata import version; print(version("torch"))'; }
 
@@ -28,9 +51,10 @@ case "$installed_torch" in
   *) die "found torch $installed_torch but sglang is checked beside torch==$TORCH_PIN (set KVCHECK_TORCH_PIN to override)" ;;
 esac
 
-# Direct imports of sglang's pool code (versions verified with sglang 0.5.23 on CPU).
+# Direct imports of sglang's pool code (verified with sglang 0.5.21, 0.5.22, 0.5.23 on CPU).
 REQUIREMENTS=(
   "sglang==$SGLANG_VERSION"
+  ${RELEASE_PINS[@]+"${RELEASE_PINS[@]}"}
   numpy==2.4.6 orjson==3.8.3 psutil==7.2.2 pybase64==1.5.1 requests==2.34.2
   triton==3.9.0 packaging==26.2 pillow==13.0.0 starlette==1.10.0 msgspec==0.23.0
   pydantic==2.13.4 pyzmq==27.3.0 tqdm==4.70.1 ipython==8.12.3 aiohttp==3.14.5

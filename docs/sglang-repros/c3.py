@@ -18,6 +18,7 @@ Exit 1 and "BUG PRESENT: ..." while the pools exceed the budget; exit 0 and "fix
 once they fit.
 """
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import json
@@ -97,6 +98,24 @@ from sglang.srt.model_executor.pool_configurator import (  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 
+
+@contextlib.contextmanager
+def published(server_args):
+    """``server_args`` published as a launched server would: in a private runtime context
+    (``create_context``, sglang 0.5.22 on), else in the process-wide one, put back after
+    (``snapshot_context`` / ``publish`` / ``restore_context``, sglang 0.5.21)."""
+    if hasattr(runtime_context, "create_context"):
+        with runtime_context.use_context(runtime_context.create_context(server_args, role="test")):
+            yield
+        return
+    state = runtime_context.snapshot_context()
+    try:
+        runtime_context.publish(server_args, role="test")
+        yield
+    finally:
+        runtime_context.restore_context(state)
+
+
 PAGE, TOKENS = 16, 64
 QWEN3 = {
     "architectures": ["Qwen3ForCausalLM"],
@@ -116,8 +135,7 @@ with tempfile.TemporaryDirectory() as model_dir:
     with open(os.path.join(model_dir, "config.json"), "w") as config_file:
         json.dump(QWEN3, config_file)
     server_args = ServerArgs(model_path=model_dir, device="cpu", page_size=PAGE)
-    context = runtime_context.create_context(server_args, role="test")
-    with runtime_context.use_context(context):
+    with published(server_args):
         configurator = KVCacheConfigurator(
             device="cpu",
             gpu_id=0,

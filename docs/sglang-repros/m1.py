@@ -11,7 +11,8 @@ slot 0 after ``set_mla_kv_buffer`` returns the bytes an earlier write left there
 The pool is one MLA layer (kv_lora_rank 4, rope 2, bf16). Row A goes to slot 0 through
 ``set_kv_buffer``; row B to slots 0 and 1 through ``set_mla_kv_buffer``; then
 ``get_key_buffer`` is read back. Exit 1 and "BUG PRESENT: ..." while slot 0 still holds
-row A; exit 0 and "fixed" once both slots hold row B.
+row A; exit 0 and "fixed" once both slots hold row B; exit 3 on a release whose
+``set_mla_kv_buffer`` has no torch path (0.5.21: Triton only), where a CPU cannot run it.
 """
 
 import importlib.abc
@@ -74,8 +75,18 @@ def torchvision_stand_in():
 torchvision_stand_in()
 warnings.simplefilter("ignore")  # sglang warns at import about CPU-only features
 import torch  # noqa: E402
+from sglang.kernels.ops.kvcache import mla_buffer  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool  # noqa: E402
 from sglang.srt.runtime_context import get_parallel  # noqa: E402
+
+if not hasattr(mla_buffer, "set_mla_kv_buffer_naive"):
+    # sglang 0.5.21: set_mla_kv_buffer always launches its Triton kernel (which skips
+    # reserved_skip_index too); with no torch path there is nothing to run on a CPU.
+    print(
+        "cannot check here: this sglang's set_mla_kv_buffer has no torch path "
+        "(set_mla_kv_buffer_naive came with 0.5.22); run it on a GPU"
+    )
+    sys.exit(3)
 
 RANK, ROPE = 4, 2
 layer = SimpleNamespace(layer_id=0)

@@ -22,6 +22,7 @@ Exit 1 and "BUG PRESENT: ..." while the draft's pool refuses the write; exit 0 a
 "fixed" once the draft gets a pool that stores it.
 """
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import json
@@ -119,6 +120,23 @@ QWEN3 = {
 }
 
 
+@contextlib.contextmanager
+def published(server_args):
+    """``server_args`` published as a launched server would: in a private runtime context
+    (``create_context``, sglang 0.5.22 on), else in the process-wide one, put back after
+    (``snapshot_context`` / ``publish`` / ``restore_context``, sglang 0.5.21)."""
+    if hasattr(runtime_context, "create_context"):
+        with runtime_context.use_context(runtime_context.create_context(server_args, role="test")):
+            yield
+        return
+    state = runtime_context.snapshot_context()
+    try:
+        runtime_context.publish(server_args, role="test")
+        yield
+    finally:
+        runtime_context.restore_context(state)
+
+
 def draft_worker_pool(model_dir, **flags):
     """The KV pool sglang's KVCacheConfigurator.configure builds for an EAGLE draft worker
     on the CPU, as ModelRunner.alloc_memory_pool asks for it (the draft takes the target's
@@ -129,8 +147,7 @@ def draft_worker_pool(model_dir, **flags):
     model_config = ModelConfig(
         model_path=model_dir, is_embedding=flags.get("is_embedding"), is_draft_model=True
     )
-    context = runtime_context.create_context(server_args, role="test")
-    with runtime_context.use_context(context):
+    with published(server_args):
         configurator = KVCacheConfigurator(
             device="cpu",
             gpu_id=0,

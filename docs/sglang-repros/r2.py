@@ -75,6 +75,7 @@ def torchvision_stand_in():
 torchvision_stand_in()
 warnings.simplefilter("ignore")  # sglang warns at import about CPU-only features
 import torch  # noqa: E402
+from sglang.kernels.ops.kvcache import mla_buffer  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool  # noqa: E402
 from sglang.srt.runtime_context import get_parallel  # noqa: E402
 
@@ -100,7 +101,10 @@ with get_parallel().override(**RANK_1_OF_2):
     layer = types.SimpleNamespace(layer_id=0)
     nope = torch.tensor([[[1.0, 2.0]]], dtype=torch.bfloat16)
     rope = torch.tensor([[[3.0]]], dtype=torch.bfloat16)
-    pool.set_mla_kv_buffer(layer, torch.tensor([3]), nope, rope)  # widened id 3: row 1
+    if hasattr(mla_buffer, "set_mla_kv_buffer_naive"):  # a torch path (sglang 0.5.22 on)
+        pool.set_mla_kv_buffer(layer, torch.tensor([3]), nope, rope)  # widened id 3: row 1
+    else:  # 0.5.21 launches Triton here: store the row where its kernel's owner rule puts it
+        pool.kv_buffer[0][3 // 2] = torch.cat([nope, rope], dim=-1).view(pool.kv_buffer[0][1].shape)
     written = pool.kv_buffer[0][1].clone()
     try:
         pool.move_kv_cache(torch.tensor([5]), torch.tensor([3]))  # widened 3 -> widened 5

@@ -1,16 +1,18 @@
-"""sglang 0.5.23: a DSA move with index_kpool > 1 moves the latent rows, then fails an assert.
+"""sglang 0.5.21-0.5.23: a DSA move with index_kpool > 1 moves the latent rows, then fails.
 
 ``DSATokenToKVPool.move_kv_cache(tgt_loc, src_loc)`` first moves the latent KV rows
 (``MLATokenToKVPool.move_kv_cache``), then asks the index-K cache to move the index keys.
-With ``index_kpool > 1`` one index key serves ``index_kpool`` tokens, and
+With ``index_kpool > 1`` one index key serves ``index_kpool`` tokens, and sglang 0.5.23's
 ``IndexKeyCache.move`` asserts ``index_kpool == 1`` ("Moving pooled index keys requires
-regrouping tokens"). The call raises ``AssertionError`` with the latent rows already moved:
-half a move done, the other half refused.
+regrouping tokens"); 0.5.21 and 0.5.22 index the page rows with the token ids instead
+(finding X1) and raise ``IndexError``. Either way the call raises with the latent rows
+already moved: half a move done, the other half refused.
 
-A pool with ``index_kpool=2`` (128-token pages, 64-token index pages as sglang asserts)
-gets one latent row written at token 130 and a move of token 130 to token 140. Exit 1 and
-"BUG PRESENT: ..." while the refused move has changed the pool; exit 0 and "fixed" once
-the move either succeeds whole or changes nothing.
+A pool with ``index_kpool=2`` (128-token pages, 64-token index pages as sglang 0.5.22 on
+asserts; 64-token pages on 0.5.21, which asserts them whatever the kpool) gets one latent
+row written at token 130 and a move of token 130 to token 140. Exit 1 and "BUG PRESENT:
+..." while the refused move has changed the pool; exit 0 and "fixed" once the move either
+succeeds whole or changes nothing.
 """
 
 import importlib.abc
@@ -75,7 +77,35 @@ import torch  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool  # noqa: E402
 from sglang.srt.runtime_context import get_parallel  # noqa: E402
 
-PAGE = 128  # index_kpool=2 with the 64-token index pages sglang asserts
+
+def kpool_page():
+    """The page size of an index_kpool=2 pool this release builds: 128 tokens (the 64-token
+    index pages sglang 0.5.22 on asserts), else 64 (0.5.21 asserts 64-token pages whatever
+    the kpool, and keeps an index key per token)."""
+    for page in (128, 64):
+        try:
+            with get_parallel().override(attn_dcp_size=1, dcp_enabled=False, attn_dcp_rank=0):
+                DSATokenToKVPool(
+                    size=page,
+                    page_size=page,
+                    kv_lora_rank=4,
+                    dtype=torch.bfloat16,
+                    qk_rope_head_dim=4,
+                    layer_num=1,
+                    device="cpu",
+                    index_head_dim=128,
+                    enable_memory_saver=False,
+                    kv_cache_dim=8,
+                    index_kpool=2,
+                )
+        except AssertionError:
+            continue
+        return page
+    print("cannot show it here: this release builds no index_kpool=2 pool of 64 or 128 tokens")
+    sys.exit(2)
+
+
+PAGE = kpool_page()
 if not torch.cuda.is_available():  # DSA calls torch.cuda.synchronize() anyway (finding G2)
     torch.cuda.synchronize = lambda device=None: None
 

@@ -79,7 +79,35 @@ import torch  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool  # noqa: E402
 from sglang.srt.runtime_context import get_parallel  # noqa: E402
 
-PAGE, KPOOL, REQUEST = 128, 2, 1  # kpool 2 with the 64-token index pages sglang asserts
+
+def kpool_page():
+    """The page size of an index_kpool=2 pool this release builds: 128 tokens (the 64-token
+    index pages sglang 0.5.22 on asserts), else 64 (0.5.21 asserts 64-token pages whatever
+    the kpool, and keeps an index key per token)."""
+    for page in (128, 64):
+        try:
+            with get_parallel().override(attn_dcp_size=1, dcp_enabled=False, attn_dcp_rank=0):
+                DSATokenToKVPool(
+                    size=page,
+                    page_size=page,
+                    kv_lora_rank=4,
+                    dtype=torch.bfloat16,
+                    qk_rope_head_dim=4,
+                    layer_num=1,
+                    device="cpu",
+                    index_head_dim=128,
+                    enable_memory_saver=False,
+                    kv_cache_dim=8,
+                    index_kpool=2,
+                )
+        except AssertionError:
+            continue
+        return page
+    print("cannot show it here: this release builds no index_kpool=2 pool of 64 or 128 tokens")
+    sys.exit(2)
+
+
+PAGE, KPOOL, REQUEST = kpool_page(), 2, 1
 if not torch.cuda.is_available():
     torch.cuda.synchronize = lambda device=None: None
 

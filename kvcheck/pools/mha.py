@@ -58,6 +58,7 @@ class MHATokenToKVPool(KVCache):
         start_layer: int | None = None,
         end_layer: int | None = None,
         kv_layout: str = "nhd",
+        kv_page_padding: bool = True,
     ) -> None:
         super().__init__(
             size,
@@ -84,6 +85,9 @@ class MHATokenToKVPool(KVCache):
                 f"page_size={self.page_size}"
             )
         self.kv_layout = kv_layout
+        if not isinstance(kv_page_padding, bool):
+            raise ValueError(f"kv_page_padding={kv_page_padding!r} must be a bool")
+        self.kv_page_padding = kv_page_padding
         # Slot arithmetic for the row helpers: None for token rows, the page size for HND.
         self._slot_pages = self.page_size if kv_layout == "hnd" else None
         self.k_buffer, self.v_buffer = self._create_buffers()
@@ -94,9 +98,10 @@ class MHATokenToKVPool(KVCache):
 
     @property
     def fused_kv(self) -> bool:
-        """Whether each layer's K and V are the two halves of one allocation (they are
-        when their shapes match, as in SGLang)."""
-        return self.v_head_dim == self.head_dim
+        """Whether each layer's K and V are the two halves of one allocation, padded to
+        whole pages (they are when their shapes match, as in SGLang 0.5.23, unless the pool
+        was built with ``kv_page_padding=False``, as earlier releases allocate them)."""
+        return self.kv_page_padding and self.v_head_dim == self.head_dim
 
     def _allocated_rows(self) -> int:
         """Rows each K and V buffer's allocation holds: a fused layer pads its halves to

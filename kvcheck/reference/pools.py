@@ -90,10 +90,11 @@ def _v_row_bytes(spec: PoolSpec) -> int:
 
 
 def _mha_allocated_rows(spec: PoolSpec) -> int:
-    # When K and V rows have the same shape, SGLang allocates them as the two halves of one
-    # tensor per layer and pads each half to a whole number of pages.
+    # When K and V rows have the same shape, SGLang 0.5.23 allocates them as the two halves
+    # of one tensor per layer and pads each half to a whole number of pages (earlier
+    # releases allocate each separately: kv_page_padding=False).
     rows = spec.size + spec.page_size
-    if spec.head_dim != spec.effective_v_head_dim:
+    if spec.head_dim != spec.effective_v_head_dim or not spec.kv_page_padding:
         return rows
     pages = rows // spec.page_size + (1 if rows % spec.page_size else 0)
     return pages * spec.page_size

@@ -105,6 +105,9 @@ class KVCheckSession:
     unchosen_settings: tuple[Any, ...] = ()
     #: The device, once resolved (resolving imports torch): see :meth:`device`.
     device_resolved: str | None = field(default=None, init=False)
+    #: Under xdist, the controller runs no ``prepare()``: how a worker described the
+    #: prepared target (its surface), for the results.
+    prepared_target: dict[str, str] = field(default_factory=dict, init=False)
 
     def device(self) -> str:
         """The torch device string to run on, resolved once per process."""
@@ -124,6 +127,8 @@ class KVCheckSession:
 
 
 _SESSION = pytest.StashKey[KVCheckSession]()
+#: The key under which an xdist worker hands the controller its prepared target's description.
+_WORKER_TARGET = "kvcheck_target"
 #: The reason an item runs as one of the target's expected failures.
 _EXPECTED_FAILURE = pytest.StashKey[str]()
 #: Why a test's ``kvcheck_needs`` marker names no capability of the target.
@@ -241,7 +246,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     target = session.target
     env_text = ", ".join(f"{name}={value!r}" for name, value in _kvcheck_env().items())
     lines = [
-        f"kvcheck target: {target.name} {target.version} ({session.target_source})",
+        f"kvcheck target: {_describe_target(target)} ({session.target_source})",
         f"kvcheck surface: {_describe_surface(target)}",
         f"kvcheck device: {_describe_device(session)}",
         f"kvcheck hypothesis profile: {profile}",
@@ -262,6 +267,24 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
             f"kvcheck expected failures: {len(expected)} declared by target {target.name!r} ({how})"
         )
     return lines
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In an xdist worker, hand the controller the prepared target's description (the
+    controller runs no ``prepare()``, and a target may read its surface there)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    kvcheck = session.config.stash.get(_SESSION, None)
+    if isinstance(workeroutput, dict) and kvcheck is not None:
+        workeroutput[_WORKER_TARGET] = {"surface": _describe_surface(kvcheck.target)}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """In the xdist controller, keep the first worker's description of the target."""
+    described = getattr(node, "workeroutput", {}).get(_WORKER_TARGET)
+    session = node.config.stash.get(_SESSION, None)
+    if isinstance(described, dict) and session is not None and not session.prepared_target:
+        session.prepared_target.update(described)
 
 
 @pytest.hookimpl(tryfirst=True)  # before the results collector's lost saves
@@ -317,7 +340,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         pinned = pinned_finding(target, item.nodeid)
         expected = None if pinned is not None else expected_failure_reason(target, item.nodeid)
         if pinned is not None:
+            from kvcheck.runner.results import PINS_PROPERTY
+
             item.stash[_PINNED_FINDING] = pinned
+            item.user_properties.append((PINS_PROPERTY, pinned.id))
             why = f"pins finding {pinned.id} of target {target.name!r}: {pinned.summary}"
         elif expected is not None:
             item.stash[_EXPECTED_FAILURE] = expected
@@ -768,6 +794,15 @@ def _is_tracked(item: pytest.Item, session: KVCheckSession) -> bool:
     return session.record_results or _uses_kvcheck(item)
 
 
+def _describe_target(target: Any) -> str:
+    """``name version``, with the target's note on that version (its optional
+    ``describe()``: whether kvcheck is checked against the installed release, say)."""
+    text = f"{target.name} {target.version}"
+    describe = getattr(target, "describe", None)
+    note = describe() if callable(describe) else None
+    return f"{text}, {note}" if note else text
+
+
 def _describe_surface(target: Any) -> str:
     """The families and variants the target declares it builds, in one line."""
     from kvcheck.surface import surface_of
@@ -784,13 +819,17 @@ def _kvcheck_env() -> dict[str, str]:
 
 def _results_context(session: KVCheckSession) -> dict[str, Any]:
     from kvcheck.runner.db import describe_database
+    from kvcheck.targets.findings import declared_findings
 
+    describe = getattr(session.target, "describe", None)
     return {
         "target": {
             "name": session.target.name,
             "version": session.target.version,
+            "note": describe() if callable(describe) else None,
+            "findings": [finding.id for finding in declared_findings(session.target)],
             "source": session.target_source,
-            "surface": _describe_surface(session.target),
+            "surface": session.prepared_target.get("surface") or _describe_surface(session.target),
         },
         "device": {"requested": session.device_spec, "resolved": session.device_resolved},
         "profile": session.profile_name(),

@@ -8,7 +8,8 @@ Workers (or the single pytest process) attach what only they can see to each rep
   and its ``@reproduce_failure`` blob,
 - ``kvcheck_stored_examples``: stored examples the test fetched from the database,
 - ``kvcheck_device``: the device the worker ran on,
-- ``kvcheck_save_errors``: why saving a failing example to the database failed, if it did.
+- ``kvcheck_save_errors``: why saving a failing example to the database failed, if it did;
+- ``kvcheck_pins``: the id of the target's declared finding the test pins, if it pins one.
 
 On the controller, :class:`ResultsCollector` folds the setup/call/teardown reports into one
 :class:`RecordedTest` per test, writes them as JSON (``--kvcheck-results FILE``), streams
@@ -36,11 +37,13 @@ import pytest
 
 from kvcheck.failures import leaf_exceptions, reproduction_to_json
 from kvcheck.runner.db import save_errors, stored_examples_fetched
+from kvcheck.targets.findings import STEERED_EVENT
 
 __all__ = [
     "DEVICE_PROPERTY",
     "EXAMPLE_HEADING",
     "FAILURES_PROPERTY",
+    "PINS_PROPERTY",
     "RESULTS_FORMAT",
     "SAVE_ERRORS_PROPERTY",
     "STATISTICS_PROPERTY",
@@ -60,6 +63,7 @@ FAILURES_PROPERTY = "kvcheck_failures"
 STORED_PROPERTY = "kvcheck_stored_examples"
 DEVICE_PROPERTY = "kvcheck_device"
 SAVE_ERRORS_PROPERTY = "kvcheck_save_errors"
+PINS_PROPERTY = "kvcheck_pins"
 
 #: Phases whose test cases are examples of the property (shrinking only re-runs failures).
 _EXAMPLE_PHASES = ("explicit", "reuse", "generate", "target")
@@ -78,7 +82,8 @@ def summarize_statistics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Fold Hypothesis statistics dicts (one per ``@given`` run in the test) into counts.
 
     ``examples`` counts passing and failing test cases outside shrinking, ``invalid``
-    those rejected by ``assume``/filters, ``shrinks`` the cases tried while shrinking.
+    those rejected by ``assume``/filters, ``shrinks`` the cases tried while shrinking,
+    ``steered`` the examples rejected per declared finding (finding id -> count).
 
     Example:
         >>> summarize_statistics([])["examples"]
@@ -86,12 +91,20 @@ def summarize_statistics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """
     phases: dict[str, dict[str, float]] = {}
     stopped: list[str] = []
+    steered: Counter[str] = Counter()
     for stats in runs:
         for key, phase_stats in stats.items():
             if not key.endswith("-phase") or not isinstance(phase_stats, Mapping):
                 continue
             name = key.removesuffix("-phase")
-            statuses = Counter(case.get("status") for case in phase_stats.get("test-cases", ()))
+            cases = phase_stats.get("test-cases", ())
+            statuses = Counter(case.get("status") for case in cases)
+            steered.update(
+                str(event).removeprefix(STEERED_EVENT).partition(":")[0]
+                for case in cases
+                for event in case.get("events", ())
+                if str(event).startswith(STEERED_EVENT)
+            )
             entry = phases.setdefault(
                 name, {"valid": 0, "failing": 0, "invalid": 0, "seconds": 0.0}
             )
@@ -111,6 +124,7 @@ def summarize_statistics(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "shrinks": int(sum(shrink.get(key, 0) for key in ("valid", "failing", "invalid"))),
         "phases": phases,
         "stopped_because": stopped,
+        "steered": dict(sorted(steered.items())),
     }
 
 
@@ -218,6 +232,8 @@ class RecordedTest:
     stored_examples: int | None = None
     device: str | None = None
     save_errors: list[str] = field(default_factory=list)
+    #: The declared finding this test pins (it must fail with exactly that finding).
+    pins: str | None = None
 
 
 class ResultsCollector:
@@ -389,6 +405,7 @@ _PROPERTY_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     STORED_PROPERTY: ("stored_examples", int),
     DEVICE_PROPERTY: ("device", str),
     SAVE_ERRORS_PROPERTY: ("save_errors", lambda value: list(json.loads(value))),
+    PINS_PROPERTY: ("pins", str),
 }
 
 

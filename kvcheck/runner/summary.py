@@ -225,8 +225,10 @@ def _heading(command: str, results: Mapping[str, Any]) -> str:
     devices = sorted({t["device"] for t in results.get("tests", ()) if t.get("device")})
     device_text = ", ".join(devices) or device.get("resolved") or device.get("requested", "?")
     surface = f"\nsurface: {target['surface']}" if target.get("surface") else ""
+    note = f", {target['note']}" if target.get("note") else ""
     return (
         f"{command}: target {target.get('name', '?')} {target.get('version', '')}".rstrip()
+        + note
         + f"; device {device_text}; profile {results.get('profile', '?')}"
         + surface
         + f"\ndatabase: {results.get('database', '?')}"

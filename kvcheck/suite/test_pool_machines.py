@@ -28,6 +28,7 @@ from kvcheck.reference import ReferencePool
 from kvcheck.specs import Move, Op, PoolSpec, WriteKV
 from kvcheck.strategies.limits import fit_spec, pool_spec_limits_of
 from kvcheck.strategies.ops import pattern_row
+from kvcheck.surface import surface_of
 
 FAMILIES = ("mha", "mla", "dsa", "noop")
 
@@ -56,7 +57,8 @@ def test_kpool_pool_matches_reference_after_every_step(
     the machine above they are one pool in three, too few for a tail bug to show reliably.
     Skipped for a target that declares no kpool above 1 (``index_kpools``)."""
     if pool_spec_limits_of(kvcheck_target).get("dsa", {}).get("index_kpool") == (1,):
-        pytest.skip("the target builds no DSA index kpool above 1 (it declares no index_kpools)")
+        why = surface_of(kvcheck_target).note("dsa", "index_kpool") or "it declares none"
+        pytest.skip(f"the target builds no DSA index kpool above 1 ({why})")
     specs = default_machine_specs("dsa", index_kpools=(2, 4))
     machine = pool_machine(kvcheck_target, device=kvcheck_device, family="dsa", specs=specs)
     run_state_machine_as_test(machine, settings=machine.TestCase.settings)
@@ -77,7 +79,8 @@ def test_dcp_pool_matches_reference_after_every_step(
     2 or 4, widened ids): in the machines above they are one pool in four. Skipped for a
     target that declares no width above 1 (``dcp_sizes``)."""
     if pool_spec_limits_of(kvcheck_target).get(family, {}).get("dcp_size") == (1,):
-        pytest.skip("the target builds no decode-context-parallel pool (it declares no dcp_sizes)")
+        why = surface_of(kvcheck_target).note(family, "dcp_size") or "it declares no dcp_sizes"
+        pytest.skip(f"the target builds no decode-context-parallel {family} pool ({why})")
     specs = default_machine_specs(family, dcp_sizes=(2, 4))
     machine = pool_machine(kvcheck_target, device=kvcheck_device, family=family, specs=specs)
     run_state_machine_as_test(machine, settings=machine.TestCase.settings)

@@ -216,9 +216,8 @@ def capability_skip_reason(
     for capability, capability_family in dict.fromkeys(wanted):
         family_built = _FAMILY_OF_POOL_CAPABILITY.get(capability)
         if family_built is not None and not surface.builds(family_built):
-            missing.append(
-                f"{capability} (its surface declares no {family_built} pool: {surface.describe()})"
-            )
+            why = surface.note(family_built) or f"its surface declares none: {surface.describe()}"
+            missing.append(f"{capability} (no {family_built} pool: {why})")
         keys = [capability]
         if capability_family is not None:
             keys.append(f"{capability}{FAMILY_SEPARATOR}{capability_family}")
@@ -311,9 +310,10 @@ def _unsupported_key_problem(key: object) -> str | None:
 def _optional_member_problems(target: object) -> list[str]:
     """Problems with the optional members (:data:`OPTIONAL_MEMBERS`) the target has."""
     problems: list[str] = []
-    prepare = getattr(target, "prepare", None)
-    if prepare is not None and not callable(prepare):
-        problems.append(f"prepare: {prepare!r} is not callable")
+    for member in ("prepare", "describe"):
+        value = getattr(target, member, None)
+        if value is not None and not callable(value):
+            problems.append(f"{member}: {value!r} is not callable")
     expected = getattr(target, "expected_failures", None)
     if expected is not None:
         if not isinstance(expected, Mapping):

@@ -87,7 +87,10 @@ FAMILY_SEPARATOR = ":"
 #:     One-time setup (heavy imports, say) that the pytest plugin runs once per test
 #:     process, right after resolving the target and before any test, so that a test
 #:     never pays for it or sees its side effects (a changed recursion limit inside a
-#:     Hypothesis test is an error). An exception stops the run, naming the target.
+#:     Hypothesis test is an error). An exception stops the run, naming the target. A
+#:     target may read what it builds from the implementation here: its ``surface`` and
+#:     ``unsupported`` may narrow once prepared (the xdist controller, which runs no test,
+#:     does not prepare; the results take a worker's surface).
 #: ``surface: kvcheck.surface.Surface``
 #:     What the target builds: the pool families, and per family the variants it takes
 #:     beyond the baseline (MHA's head-major layout, DSA's scaled latent row and index
@@ -99,6 +102,11 @@ FAMILY_SEPARATOR = ":"
 #:     parent's. (Targets written before surfaces may still declare ``pool_spec_limits``,
 #:     ``kv_layouts``, ``latent_layouts``, ``index_kpools`` and ``dcp_sizes``; they are
 #:     read into a surface by :func:`kvcheck.surface.surface_of`.)
+#: ``describe() -> str``
+#:     A short note on the installed version, printed after the target's name and version in
+#:     the run's header and summary (sglang: whether kvcheck is checked against the installed
+#:     release). A target that follows the release it finds says so here, once, instead of
+#:     warning.
 #: ``unavailable: str | None``
 #:     Why the target cannot run on this machine (a package it drives is not installed);
 #:     the resolver refuses it for a run, quoting this, but still hands it out for what
@@ -123,6 +131,7 @@ FAMILY_SEPARATOR = ":"
 #:     to ``expected_failures``, which marks whole tests and so hides any other bug in them.
 OPTIONAL_MEMBERS: tuple[str, ...] = (
     "prepare",
+    "describe",
     "unavailable",
     "surface",
     "script_recipe",

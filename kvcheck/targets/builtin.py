@@ -104,6 +104,8 @@ class KVCheckTarget:
             )
             if spec.kv_layout != "nhd":
                 kwargs["kv_layout"] = spec.kv_layout
+            if not spec.kv_page_padding:
+                kwargs["kv_page_padding"] = False
             name = "MHATokenToKVPool" if spec.family == "mha" else "NoOpMHATokenToKVPool"
             return PoolArguments(f"kvcheck.pools:{name}", kwargs)
         kwargs.update(kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim)

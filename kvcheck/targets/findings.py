@@ -42,6 +42,7 @@ from kvcheck.failures import FailureSignature, PropertyFailure
 
 __all__ = [
     "SIGNATURE_FIELDS",
+    "STEERED_EVENT",
     "Finding",
     "active_findings",
     "declared_findings",
@@ -51,6 +52,9 @@ __all__ = [
     "steer_around",
     "steered_tags",
 ]
+
+#: The Hypothesis event recorded for each example steered around a finding (then its id).
+STEERED_EVENT = "kvcheck: steered around finding "
 
 #: The fields of :class:`FailureSignature` a finding may constrain.
 SIGNATURE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(FailureSignature))
@@ -225,5 +229,5 @@ def steer_around(error: PropertyFailure) -> Exception:
 
     if not currently_in_test_context():
         return error
-    event(f"kvcheck: steered around finding {finding.id}")
+    event(f"{STEERED_EVENT}{finding.id}")
     return UnsatisfiedAssumption(f"kvcheck: known finding {finding.id}: {finding.summary}")

@@ -1,4 +1,4 @@
-"""Pinned reproductions of what the suite finds in sglang 0.5.23 (docs/sglang-findings.md).
+"""Pinned reproductions of what the suite finds in sglang (docs/sglang-findings.md).
 
 Each test runs kvcheck's own check on the minimal example Hypothesis gave for one finding,
 against the active target. On the kvcheck target they pass, which shows the check and the
@@ -6,7 +6,9 @@ example are sound. The sglang target's findings (``kvcheck/targets/sglang/findin
 name these tests as the ones that pin them, so the plugin runs them as strict xfails that
 must fail with exactly that finding's failure: the day sglang changes, the matching test
 passes (or fails differently) and the run fails until the finding is updated. The
-finding ids (``V2``, ``C3``, ...) are the anchors in the doc.
+finding ids (``V2``, ``C3``, ...) are the anchors in the doc. The target declares only the
+findings of the installed release (``RELEASES`` in the findings module): on a release where
+a finding is fixed, or never was, its tests run as plain tests and must pass.
 
 Run against sglang with ``KVCHECK_TARGET=sglang python -m pytest tests/targets``.
 """
@@ -50,10 +52,12 @@ from kvcheck.specs import (
     WriteIndexK,
     WriteKV,
     WriteMLA,
+    WritePrefixValid,
 )
 from kvcheck.strategies.calls import BadCall
 from kvcheck.strategies.limits import fit_spec, pool_spec_limits_of
 from kvcheck.strategies.ops import value_bytes
+from kvcheck.surface import surface_of
 from kvcheck.targets.tiers import (
     allocator_skip_reason,
     build_allocator,
@@ -174,13 +178,25 @@ def test_n3_noop_host_copy_of_any_slot_succeeds(kvcheck_target: Any, kvcheck_dev
     assert accepted
 
 
+def within_surface(target: Any, spec: PoolSpec) -> PoolSpec:
+    """``spec`` with each field the target's surface narrows set to its first accepted value
+    (layout facts of the installed release, such as ``kv_page_padding``)."""
+    limits = pool_spec_limits_of(target).get(spec.family, {})
+    outside = {
+        name: values[0] for name, values in limits.items() if getattr(spec, name) not in values
+    }
+    return fit_spec(spec, **outside) if outside else spec
+
+
 @pytest.mark.kvcheck_needs("mha_pool")
 def test_a1_reported_bytes_include_the_fused_padding(
     kvcheck_target: Any, kvcheck_device: str
 ) -> None:
-    """A1: an MHA pool of 3 tokens in 2-token pages (K and V heads alike, so fused) holds 3
-    pages per K and V half; get_kv_size_bytes and mem_usage must report all of them."""
+    """A1: an MHA pool of 3 tokens in 2-token pages (K and V heads alike, so fused where the
+    release fuses them) holds 3 pages per K and V half; get_kv_size_bytes and mem_usage must
+    report all of them (a release that allocates K and V unpadded reports what it holds)."""
     spec = PoolSpec(family="mha", size=3, page_size=2, layer_num=1, dtype="bfloat16", head_dim=4)
+    spec = within_surface(kvcheck_target, spec)
     assert_accounting(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
 
 
@@ -324,8 +340,12 @@ TAIL_ROWS = (bytes([1, 63]) * 128,)
 
 def kpool_spec(target: Any) -> PoolSpec:
     """:data:`KPOOL` with the index page size the target accepts (sglang: 64, so 128-token
-    pages), else 2."""
-    page = pool_spec_limits_of(target).get("dsa", {}).get("index_page_size", (2,))[0]
+    pages), else 2; skips, saying why, where the target builds no kpool (sglang 0.5.21)."""
+    limits = pool_spec_limits_of(target).get("dsa", {})
+    if KPOOL.index_kpool not in limits.get("index_kpool", (KPOOL.index_kpool,)):
+        why = surface_of(target).note("dsa", "index_kpool") or "its surface declares none"
+        pytest.skip(f"the target builds no DSA index kpool above 1 ({why})")
+    page = limits.get("index_page_size", (2,))[0]
     return fit_spec(KPOOL, index_page_size=page)
 
 
@@ -370,6 +390,62 @@ def test_t3_tail_host_copy_survives_later_tail_writes(
     for op in ops:
         reference.apply(op)
     assert_compress_tails_match_reference(pool, reference, call="the reload")
+
+
+# --- X1, D21: DSA index keys before sglang 0.5.23 ---------------------------------------------
+
+#: Three 64-token pages of one DSA layer with index keys (64: the page sglang asserts).
+DSA_64 = PoolSpec(
+    family="dsa",
+    size=128,
+    page_size=64,
+    layer_num=1,
+    dtype="bfloat16",
+    kv_lora_rank=1,
+    qk_rope_head_dim=1,
+)
+KEY_1 = WriteIndexK(layer_id=0, locs=(1,), key_rows=(bytes(range(128)),), scale_rows=(bytes(4),))
+
+
+@pytest.mark.kvcheck_needs("dsa_pool", "index_k_write", "move")
+def test_x1_dsa_move_carries_one_tokens_index_key(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """X1: moving token 1 to token 2 (both in page 0) carries token 1's index key to token
+    2 and leaves every other page's keys alone."""
+    ops = (KEY_1, Move(tgt=(2,), src=(1,)))
+    pool = _run_ops(kvcheck_target, kvcheck_device, DSA_64, ops)
+    assert pool.size == DSA_64.size
+
+
+@pytest.mark.kvcheck_needs("dsa_pool", "index_k_write")
+def test_d21_dcp_index_buffer_holds_every_widened_id(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """D21: rank 0 of --dcp-size 2 with the default index-K buffer keeps a key for each of
+    the (64 + 64) * 2 widened ids writes carry (the index keys are not split by rank)."""
+    spec = replace(DSA_64, size=64, dcp_size=2, dcp_rank=0)
+    pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
+    assert_pool_matches_reference(pool, ReferencePool(spec), call="pool construction")
+
+
+# --- PV1: prefix-valid writes on a platform without CUDA --------------------------------------
+
+
+@pytest.mark.kvcheck_needs("mha_pool", "prefix_valid_write")
+def test_pv1_fp8_prefix_valid_write_stores_the_rows(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """PV1: an fp8 pool's prefix-valid write stores the fp8 rows it is given, byte for byte
+    (converted once, not twice: 0.5 stays 0.5)."""
+    spec = within_surface(
+        kvcheck_target,
+        PoolSpec(family="mha", size=4, page_size=1, layer_num=1, dtype="float8_e4m3fn", head_dim=2),
+    )
+    row = value_bytes(0.5, "float8_e4m3fn") + value_bytes(-2.0, "float8_e4m3fn")
+    write = WritePrefixValid(
+        layer_id=0, loc_grid=((1,),), commit_lens=(1,), k_rows=(row,), v_rows=(row,)
+    )
+    pool = _run_ops(kvcheck_target, kvcheck_device, spec, (write,))
+    assert pool.size == spec.size
 
 
 # --- R1-R2: decode context parallel --------------------------------------------------------
@@ -424,7 +500,7 @@ SPECS = {
         kv_lora_rank=1,
         qk_rope_head_dim=1,
     ),
-    # 64-token pages: the only DSA page size sglang 0.5.23 builds.
+    # 64-token pages: the only DSA page size the checked sglang releases build.
     "dsa": PoolSpec(
         family="dsa",
         size=64,

@@ -17,7 +17,7 @@ import pytest
 
 from kvcheck.targets.sglang import adapt, env
 from kvcheck.targets.sglang import target as sglang_target
-from kvcheck.targets.sglang.findings import SGLANG_FINDINGS
+from kvcheck.targets.sglang.findings import RELEASES, SGLANG_FINDINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -55,7 +55,7 @@ def _table_rows(section: str) -> list[list[str]]:
 
 def _summary() -> list[dict[str, str]]:
     rows = _table_rows(_section(_text(), "Summary"))
-    names = ("id", "class", "finding", "reached", "reproduction", "checked")
+    names = ("id", "class", "finding", "reached", "reproduction", "releases", "checked")
     assert rows and all(len(row) == len(names) for row in rows), rows[:1]
     return [dict(zip(names, row, strict=True)) for row in rows]
 
@@ -68,9 +68,13 @@ def _anchor_of(cell: str) -> str:
 
 def test_summary_rows_are_classified_and_say_where_they_were_checked() -> None:
     """Every summary row links its entry, has one of the three classes, says where it is
-    reached from and on which sglang release it was checked."""
+    reached from, the releases it holds for (as RELEASES declares them) and on which sglang
+    releases it was checked."""
     for row in _summary():
-        _anchor_of(row["id"])
+        finding_id = _anchor_of(row["id"]).upper()
+        # I10 is declared with I1-I9, as the input-validation group "I".
+        releases = RELEASES.get(finding_id) or RELEASES[finding_id[0]]
+        assert row["releases"] == releases.describe(), row
         assert row["class"] in CLASSES, row
         assert row["reached"] and row["finding"], row
         assert re.fullmatch(r"\d+\.\d+\.\d+(, \d+\.\d+\.\d+)*", row["checked"]), row
@@ -174,7 +178,7 @@ def test_every_entry_anchor_is_on_its_own_heading() -> None:
     lines = _text().splitlines()
     for number, line in enumerate(lines):
         match = ANCHOR.fullmatch(line.strip())
-        if not match or match.group(1) in ("stand-ins", "scaled", "kpool", "dcp"):
+        if not match or match.group(1) in ("stand-ins", "scaled", "kpool", "dcp", "releases"):
             continue
         heading = lines[number + 1]
         label = match.group(1).upper()

@@ -457,7 +457,9 @@ def test_a_subclass_inherits_its_parents_surface() -> None:
     narrowed = KVCheckTarget.surface.replace(noop=None, mla=None, dsa=None)
     assert narrowed.describe() == "mha (kv_layout nhd/hnd)"
     target = SimpleNamespace(name="t", unsupported={}, surface=narrowed)
-    assert "declares no dsa pool" in str(capability_skip_reason(target, ["dsa_pool"]))
+    assert "no dsa pool: its surface declares none" in str(
+        capability_skip_reason(target, ["dsa_pool"])
+    )
     assert capability_skip_reason(target, ["mha_pool"]) is None
 
 

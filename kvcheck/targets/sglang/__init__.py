@@ -6,13 +6,15 @@
 ``adapt``          translations from kvcheck's vocabulary to the objects sglang builds from
                    a checkpoint and server arguments
 ``env``            the scoped CPU stand-ins for what a launched GPU server provides
-``findings``       the declared findings and their pins
+``release``        which release is installed: its pieces per capability, the layouts read
+                   from it, the releases kvcheck is checked against
+``findings``       the declared findings, their pins and the releases each holds for
 ``reach``          the scopes of sglang's code the reach measurement reads, and why each
                    unreached range stays unreached
 ``scripts``        what a standalone reproduction script needs to build sglang's pools
 =================  =========================================================================
 
-Importing the package does not import sglang (7-15 s); the target's first method that needs
+Importing the package does not import sglang (7-25 s); the target's first method that needs
 it does, once per process.
 
 Example:
@@ -20,6 +22,7 @@ Example:
     'sglang'
 """
 
-from kvcheck.targets.sglang.target import SGLANG_VERSION, SURFACE, SGLangTarget
+from kvcheck.targets.sglang.release import KNOWN_RELEASES
+from kvcheck.targets.sglang.target import SURFACE, SGLangTarget
 
-__all__ = ["SGLANG_VERSION", "SURFACE", "SGLangTarget"]
+__all__ = ["KNOWN_RELEASES", "SURFACE", "SGLangTarget"]

@@ -1,4 +1,4 @@
-"""Scoped workarounds that let sglang 0.5.23's real pools run outside an sglang server.
+"""Scoped workarounds that let sglang's real pools run outside an sglang server.
 
 sglang expects a process that its launcher prepared: a GPU, a loadable ``torchvision``,
 published parallel widths and Triton kernels. kvcheck checks sglang's pool code on a
@@ -6,7 +6,9 @@ plain CPU machine, so each gap is bridged here by a context manager that restore
 exactly what it changed when the block ends. The one exception is an exit hook that keeps
 a library sglang loads from crashing the interpreter at shutdown
 (:func:`guard_swig_exit_warning`). Nothing in this module imports sglang at module import
-time; each helper imports what it needs when it runs.
+time; each helper imports what it needs when it runs, or patches the module it is given
+(sglang moves its kernels between modules from release to release: the target finds them
+through the pool code that uses them, see :mod:`.release`).
 
 Example, where sglang is installed::
 
@@ -285,8 +287,9 @@ def cpu_cuda_synchronize() -> Iterator[None]:
         torch.cuda.synchronize = original
 
 
-#: Where sglang keeps the Triton kernel behind ``DSATokenToKVPool.set_index_k_scale_buffer``.
-INDEX_K_KERNEL_MODULE = "sglang.kernels.ops.kvcache.dsa_index_k_cache"
+#: The Triton kernel behind ``DSATokenToKVPool.set_index_k_scale_buffer`` (0.5.23 keeps it in
+#: ``sglang.kernels.ops.kvcache.dsa_index_k_cache``, 0.5.21 and 0.5.22 in
+#: ``sglang.kernels.ops.attention.dsa.index_buf_accessor``).
 INDEX_K_KERNEL_NAME = "_set_k_and_s_triton_kernel"
 
 
@@ -350,16 +353,14 @@ class _CpuIndexKKernel:
 
 
 @contextmanager
-def cpu_index_k_kernel() -> Iterator[None]:
+def cpu_index_k_kernel(module: types.ModuleType) -> Iterator[None]:
     """Run sglang's index-K write on CPU: its Python path, with the Triton kernel's body on CPU.
 
     ``set_index_k_scale_buffer`` checks shapes, dtypes and the page size in Python, then
-    launches a Triton kernel that needs a GPU. Inside the block that one kernel symbol is
-    replaced by :class:`_CpuIndexKKernel`; everything else that runs is sglang's.
+    launches a Triton kernel that needs a GPU. Inside the block that one kernel symbol of
+    ``module`` (the release's index-K kernel module) is replaced by :class:`_CpuIndexKKernel`;
+    everything else that runs is sglang's.
     """
-    import importlib
-
-    module = importlib.import_module(INDEX_K_KERNEL_MODULE)
     original = getattr(module, INDEX_K_KERNEL_NAME)
     setattr(module, INDEX_K_KERNEL_NAME, _CpuIndexKKernel())
     try:
@@ -368,8 +369,9 @@ def cpu_index_k_kernel() -> Iterator[None]:
         setattr(module, INDEX_K_KERNEL_NAME, original)
 
 
-#: Where sglang keeps the Triton kernel that quantizes a scaled fp8 DSA latent row.
-DSA_QUANT_KERNEL_MODULE = "sglang.kernels.ops.quantization.dsa_quant_k_cache"
+#: The Triton kernel that quantizes a scaled fp8 DSA latent row (0.5.23 keeps it in
+#: ``sglang.kernels.ops.quantization.dsa_quant_k_cache``, 0.5.21 and 0.5.22 in
+#: ``sglang.kernels.ops.attention.dsa.quant_k_cache``).
 DSA_QUANT_KERNEL_NAME = "_quantize_k_cache_fast_kernel"
 
 
@@ -423,22 +425,17 @@ class _CpuQuantizeKCacheKernel:
 
 
 @contextmanager
-def cpu_dsa_quantize_kernel() -> Iterator[None]:
+def cpu_dsa_quantize_kernel(module: types.ModuleType) -> Iterator[None]:
     """Run sglang's scaled fp8 DSA latent write on CPU: its Python path
-    (``quantize_k_cache_separate``, then its write), with the quantizing Triton kernel's
-    body on CPU (:class:`_CpuQuantizeKCacheKernel`)."""
-    import importlib
-
-    module = importlib.import_module(DSA_QUANT_KERNEL_MODULE)
+    (``quantize_k_cache_separate``, then its write), with the quantizing Triton kernel of
+    ``module`` (the release's quantizer module) run by a CPU body
+    (:class:`_CpuQuantizeKCacheKernel`)."""
     original = getattr(module, DSA_QUANT_KERNEL_NAME)
     setattr(module, DSA_QUANT_KERNEL_NAME, _CpuQuantizeKCacheKernel())
     try:
         yield
     finally:
         setattr(module, DSA_QUANT_KERNEL_NAME, original)
-
-
-MLA_READ_KERNEL_MODULE = "sglang.kernels.ops.kvcache.mla_buffer"
 
 
 class _CpuGetMlaKernel:
@@ -475,13 +472,73 @@ class _CpuGetMlaKernel:
             )
 
 
-@contextmanager
-def cpu_mla_read_kernels() -> Iterator[None]:
-    """Run sglang's ``get_mla_kv_buffer`` on CPU: its Python path, with the two Triton
-    gather kernels' bodies on CPU (:class:`_CpuGetMlaKernel`)."""
-    import importlib
+class _CpuSetMlaKernel:
+    """CPU body of sglang's ``set_mla_kv_buffer_kernel`` (``rope=True``) and its ``_norope``
+    twin, launched as ``kernel[grid](...)``: what ``set_mla_kv_buffer`` runs on a release
+    without a torch body of its own (``set_mla_kv_buffer_naive``, sglang 0.5.22 on).
 
-    module = importlib.import_module(MLA_READ_KERNEL_MODULE)
+    Transcribed from the kernels: the rope kernel stores row ``i`` of ``cache_k_nope`` then
+    ``cache_k_rope`` into latent row ``loc[i] // DCP_WORLD_SIZE`` when ``loc[i]`` is not
+    ``reserved_skip_index`` and ``loc[i] % DCP_WORLD_SIZE == DCP_RANK``; the norope kernel
+    stores ``cache_k_nope`` at ``loc[i]``. Values are converted to the buffer's dtype on
+    store, as Triton's ``tl.store`` does.
+    """
+
+    def __init__(self, *, rope: bool) -> None:
+        self.rope = rope
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self._launch
+
+    def _launch(
+        self, kv_buffer: torch.Tensor, cache_k_nope: torch.Tensor, *rest: Any, **meta: Any
+    ) -> None:
+        world, rank, skip = 1, 0, None
+        if self.rope:
+            cache_k_rope, loc, skip, _, nope_stride, rope_stride, nope_dim, rope_dim = rest[:8]
+            world, rank = int(meta.get("DCP_WORLD_SIZE", 1)), int(meta.get("DCP_RANK", 0))
+        else:
+            loc, _, nope_stride, nope_dim = rest[:4]
+            cache_k_rope, rope_stride, rope_dim = None, 0, 0
+        token = loc.view(-1).long()
+        valid = token % world == rank
+        if skip is not None:
+            valid &= token != int(skip)
+        rows = kv_buffer.view(kv_buffer.shape[0], -1)
+        count = token.numel()
+        nope = torch.as_strided(cache_k_nope, (count, nope_dim), (nope_stride, 1))
+        target = token[valid] // world
+        rows[target, :nope_dim] = nope[valid].to(rows.dtype)
+        if cache_k_rope is not None and rope_dim:
+            rope = torch.as_strided(cache_k_rope, (count, rope_dim), (rope_stride, 1))
+            rows[target, nope_dim : nope_dim + rope_dim] = rope[valid].to(rows.dtype)
+
+
+@contextmanager
+def cpu_mla_write_kernels(module: types.ModuleType) -> Iterator[None]:
+    """Run sglang's ``set_mla_kv_buffer`` on CPU where the release has no torch body for it:
+    its Python path, with the two Triton scatter kernels of ``module`` (the release's MLA
+    buffer kernel module) run by :class:`_CpuSetMlaKernel`. A release with
+    ``set_mla_kv_buffer_naive`` takes that path on CPU itself, and nothing is patched."""
+    if hasattr(module, "set_mla_kv_buffer_naive"):
+        yield
+        return
+    names = {"set_mla_kv_buffer_kernel": True, "set_mla_kv_buffer_kernel_norope": False}
+    originals = {name: getattr(module, name) for name in names}
+    for name, rope in names.items():
+        setattr(module, name, _CpuSetMlaKernel(rope=rope))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(module, name, original)
+
+
+@contextmanager
+def cpu_mla_read_kernels(module: types.ModuleType) -> Iterator[None]:
+    """Run sglang's ``get_mla_kv_buffer`` on CPU: its Python path, with the two Triton
+    gather kernels of ``module`` (the release's MLA buffer kernel module) run by a CPU body
+    (:class:`_CpuGetMlaKernel`)."""
     names = {"get_mla_kv_buffer_kernel": True, "get_mla_kv_buffer_kernel_norope": False}
     originals = {name: getattr(module, name) for name in names}
     for name, rope in names.items():

@@ -1,4 +1,5 @@
-"""The discrepancies between sglang 0.5.23 and kvcheck's contracts that the suite finds.
+"""The discrepancies between sglang and kvcheck's contracts that the suite finds, and the
+sglang releases each holds for.
 
 :data:`FINDINGS` summarizes each one under the id its section has in
 ``docs/sglang-findings.md``; :data:`SGLANG_FINDINGS` declares each as a
@@ -10,6 +11,18 @@ shipped suite where one exists (``test_each_rule_alone_rejects[backend-triton]``
 otherwise in the repository's ``tests/targets/test_sglang_findings.py``: those run as
 strict expected failures that must fail with exactly that finding, so a fix shows as
 XPASS(strict) until the finding is removed.
+
+Whether a release has a bug is not something the target can read from it: :data:`RELEASES`
+says, per finding, the releases it holds for (checked on each of
+:data:`~.release.KNOWN_RELEASES`; a range open at the end holds for newer releases until a
+run shows otherwise). The target declares only the findings (:func:`findings_for`) and
+expected failures (:func:`expected_failures_for`) that hold for the installed release: on
+a release where a finding is fixed, its pinned tests run as plain tests and must pass.
+
+Example:
+    >>> sorted(f.id for f in findings_for("0.5.21") if f.id not in [g.id for g in
+    ...        findings_for("0.5.23")])
+    ['D21', 'PV1', 'X1']
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ from typing import Any
 
 from kvcheck.specs import POOL_VARIANTS
 from kvcheck.targets.findings import Finding
+from kvcheck.targets.sglang.release import Releases
 
 FINDINGS_DOC = "docs/sglang-findings.md"
 
@@ -46,7 +60,7 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "H1": "DSA host copies move index-K by whole pages: a partial last page's other "
         "tokens are overwritten, and a second request's pages can be missed",
         "T1": "move_kv_cache on a DSA pool with index_kpool > 1 moves the latent rows, then "
-        "fails an assert on the index keys: AssertionError with half a move done",
+        "fails on the index keys (0.5.23: an assert; 0.5.22: an IndexError): half a move done",
         "T2": "DSA get_kv_size_bytes and mem_usage leave out the kpool compress tails",
         "T3": "on a CPU pool, get_cpu_copy hands out views of a request's compress tails "
         "(.to('cpu') does not copy there): later tail writes change the saved copy",
@@ -65,21 +79,82 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "B2": "MLA host pools outside layer_first build their per-layer views from pages or "
         "token rows: get_contiguous_buf_infos describes the wrong bytes, and page_first_direct "
         "with fewer host pages than layers fails to build",
+        "X1": "DSA move_kv_cache moves index-K page rows addressed by token ids: a whole "
+        "page of keys lands on another page, or IndexError after the latent rows moved",
+        "PV1": "on a platform without CUDA, set_kv_buffer_prefix_valid on an fp8 pool "
+        "converts the rows to fp8 twice (0.5 is stored as 48.0)",
+        "D21": "under decode context parallel the default DSA index-K buffer holds a key per "
+        "physical token while writes carry widened ids: keys past its end",
+    }
+)
+
+#: Every release checked.
+_ALL = Releases()
+
+#: Finding id -> the sglang releases it holds for (the one per-release table: whether a
+#: release has a bug is read from running it, recorded here), for every finding of the
+#: document's summary. Checked on 0.5.21, 0.5.22 and
+#: 0.5.23 with ``python -m kvcheck.runner.across`` (README, "sglang releases").
+RELEASES: Mapping[str, Releases] = MappingProxyType(
+    {
+        "V2": _ALL,
+        "P1": _ALL,
+        "K1": _ALL,
+        "C3": _ALL,
+        "C4": _ALL,
+        "L1": _ALL,
+        "L2": _ALL,
+        "N1": _ALL,
+        "N3": _ALL,
+        "N4": _ALL,
+        "N5": _ALL,
+        "W1": _ALL,
+        "M1": _ALL,
+        "H1": _ALL,
+        # The kpool findings need an index kpool above 1, which 0.5.21 does not pool
+        # (its DSA pool keeps a key per token): nothing there can have them.
+        "T2": Releases(first="0.5.22"),
+        "T3": Releases(first="0.5.22"),
+        "R1": _ALL,
+        "R2": _ALL,
+        "I": _ALL,
+        # 0.5.22 fails the kpool move with X1's IndexError after the latent rows moved,
+        # 0.5.23 asserts; 0.5.21 has no kpool (above).
+        "T1": Releases(first="0.5.22"),
+        # Preconditions found through the CPU stand-ins (no declared Finding: no suite test
+        # fails on them; docs/sglang-repros/g1.py, g2.py). Before 0.5.22 set_mla_kv_buffer had
+        # no torch path either: writes and reads both needed Triton.
+        "G1": Releases(first="0.5.22"),
+        "G2": _ALL,
+        # 0.5.23 allocates fused K/V halves padded to whole pages; earlier releases pad nothing.
+        "A1": Releases(first="0.5.23"),
+        # Fixed in 0.5.23 (the move copies each token's key and scale bytes).
+        "X1": Releases(last="0.5.22"),
+        # Fixed in 0.5.22 (the conversion moved after the non-CUDA branch).
+        "PV1": Releases(last="0.5.21"),
+        # Fixed in 0.5.22 (the default is (size + page_size) * dcp_size - page_size).
+        "D21": Releases(last="0.5.21"),
+        # The tiers (allocators, host pools) run on 0.5.23 only: older releases are not
+        # checked (SGLangTarget turns the tiers off there), so these hold from 0.5.23 on.
+        "S1": Releases(first="0.5.23"),
+        "S2": Releases(first="0.5.23"),
+        "B1": Releases(first="0.5.23"),
+        "B2": Releases(first="0.5.23"),
+        "B3": Releases(first="0.5.23"),
     }
 )
 
 
-#: Suite test patterns and the findings that make them fail on sglang 0.5.23.
-#: Tests the target expects to fail as a whole (node-id pattern -> reason). Only one is
-#: left: C3 shows in every example of the capacity property (every budget meets the
+#: Tests the target expects to fail as a whole (node-id pattern -> reason, releases). Only
+#: one is left: C3 shows in every example of the capacity property (every budget meets the
 #: missing padding page), so no example is left to steer to; the finding is pinned by
 #: its own tests like the rest. Every other test keeps checking on sglang.
-EXPECTED_FAILURES: Mapping[str, str] = MappingProxyType(
+EXPECTED_FAILURES: Mapping[str, tuple[str, Releases]] = MappingProxyType(
     {
         "test_serving_configurator.py::test_capacity_fits_its_budget": (
-            "sglang 0.5.23 C3: max_total_num_tokens ignores the padding page, so its pools "
-            "overshoot the budget in every example (also C4; see "
-            f"{FINDINGS_DOC}#c3)"
+            "C3: max_total_num_tokens ignores the padding page, so its pools overshoot the "
+            f"budget in every example (also C4; see {FINDINGS_DOC}#c3)",
+            RELEASES["C3"],
         ),
     }
 )
@@ -100,10 +175,10 @@ def _finding(finding_id: str, pinned: tuple[str, ...] = (), **signature: Any) ->
     )
 
 
-#: Every finding the suite makes on sglang 0.5.23, each matched by the failure it causes. The
-#: suite steers around them (``steer`` tags, :data:`kvcheck.machines.STEER_TAGS`, or by
-#: rejecting the example) and keeps checking the rest; each is pinned by the tests named
-#: in ``pinned``, which must fail with exactly it.
+#: Every finding the suite makes on some checked sglang release (:data:`RELEASES` says which),
+#: each matched by the failure it causes. The suite steers around them (``steer`` tags,
+#: :data:`kvcheck.machines.STEER_TAGS`, or by rejecting the example) and keeps checking the
+#: rest; each is pinned by the tests named in ``pinned``, which must fail with exactly it.
 SGLANG_FINDINGS: tuple[Finding, ...] = (
     _finding(
         "N1",
@@ -224,12 +299,13 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         "C4",
         kind="raised AssertionError (dsa float8_e4m3fn*",
     ),
-    # T1 before I: its AssertionError also reads as "instead of ValueError".
+    # T1 before I and X1: its error also reads as "instead of ValueError" (0.5.23: an
+    # AssertionError; 0.5.22: X1's IndexError, after the latent rows moved all the same).
     _finding(
         "T1",
         check="raises",
         call="move_kv_cache",
-        kind="AssertionError instead of ValueError",
+        kind="*instead of ValueError",
         family="*kpool*",
         steer=frozenset(f"{variant}:move" for variant in POOL_VARIANTS if "kpool" in variant),
     ),
@@ -274,6 +350,27 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
             for variant in POOL_VARIANTS
             if variant.endswith(":dcp") and "kpool" not in variant
         ),
+    ),
+    # X1 after T1 and R2: on a release with X1, their own failures are theirs.
+    _finding(
+        "X1",
+        call="move_kv_cache",
+        family="dsa*",
+        steer=frozenset(
+            f"{variant}:move" for variant in POOL_VARIANTS if variant.startswith("dsa")
+        ),
+    ),
+    _finding(
+        "PV1",
+        check="bytes",
+        call="set_kv_buffer_prefix_valid",
+        family="mha*",
+    ),
+    _finding(
+        "D21",
+        check="bytes",
+        kind="index_k_with_scale_buffer differs",
+        family="*dcp*",
     ),
     _finding(
         "S1",
@@ -334,3 +431,33 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         pinned=_pinned("test_i_bad_operation_is_rejected[*]", "test_i9_*"),
     ),
 )
+
+
+def findings_for(release: str) -> tuple[Finding, ...]:
+    """The findings that hold for sglang ``release`` (:data:`RELEASES`), in declaration
+    order (which decides the match when several could).
+
+    Example:
+        >>> "A1" in [finding.id for finding in findings_for("0.5.22")]
+        False
+    """
+    return tuple(
+        finding for finding in SGLANG_FINDINGS if release in RELEASES[finding.id.split(".")[0]]
+    )
+
+
+def expected_failures_for(release: str) -> Mapping[str, str]:
+    """The expected failures (node-id pattern -> reason) that hold for sglang ``release``,
+    each reason naming the release.
+
+    Example:
+        >>> list(expected_failures_for("0.5.21").values())[0][:16]
+        'sglang 0.5.21 C3'
+    """
+    return MappingProxyType(
+        {
+            pattern: f"sglang {release} {reason}"
+            for pattern, (reason, releases) in EXPECTED_FAILURES.items()
+            if release in releases
+        }
+    )

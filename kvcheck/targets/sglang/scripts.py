@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvcheck.specs import PoolSpec, WriteIndexK
+from kvcheck.specs import PoolSpec, WriteIndexK, WriteMLA
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.targets.sglang.env import dcp_parallel_widths
 
@@ -135,9 +135,15 @@ class CpuKernel:
         return cpu_set_k_and_s
 
 
-from sglang.kernels.ops.kvcache import dsa_index_k_cache  # noqa: E402
+# The kernel's module moves between sglang releases: take the one the index-K cache uses.
+from sglang.srt.mem_cache import index_key_cache  # noqa: E402
 
-dsa_index_k_cache._set_k_and_s_triton_kernel = CpuKernel()
+index_k_kernels = next(
+    module
+    for module in vars(index_key_cache).values()
+    if isinstance(module, types.ModuleType) and hasattr(module, "_set_k_and_s_triton_kernel")
+)
+index_k_kernels._set_k_and_s_triton_kernel = CpuKernel()
 '''
 
 
@@ -165,10 +171,46 @@ class CpuQuantizeKernel:
         return cpu_quantize_k_cache
 
 
-from sglang.kernels.ops.quantization import dsa_quant_k_cache  # noqa: E402
-
-dsa_quant_k_cache._quantize_k_cache_fast_kernel = CpuQuantizeKernel()
+# The quantizer's module moves between sglang releases: take the one the pool module uses.
+quantizer = sys.modules[memory_pool.quantize_k_cache_separate.__module__]
+quantizer._quantize_k_cache_fast_kernel = CpuQuantizeKernel()
 '''
+
+
+_SGLANG_MLA_SET = """
+
+from sglang.kernels.ops.kvcache import mla_buffer  # noqa: E402
+
+if not hasattr(mla_buffer, "set_mla_kv_buffer_naive"):
+    # Releases before 0.5.22 have no torch body for set_mla_kv_buffer: it launches Triton.
+    # These are the CPU bodies of its two scatter kernels, transcribed.
+    def cpu_set_mla(kv_buffer, cache_k_nope, *rest, **meta):
+        if len(rest) >= 8:  # set_mla_kv_buffer_kernel: with rope, DCP owner rule, skip slot
+            cache_k_rope, loc, skip, _, nope_stride, rope_stride, nope_dim, rope_dim = rest[:8]
+            world, rank = meta.get("DCP_WORLD_SIZE", 1), meta.get("DCP_RANK", 0)
+        else:  # set_mla_kv_buffer_kernel_norope
+            loc, _, nope_stride, nope_dim = rest[:4]
+            cache_k_rope, rope_stride, rope_dim, skip, world, rank = None, 0, 0, None, 1, 0
+        token = loc.view(-1).long()
+        valid = token % world == rank
+        if skip is not None:
+            valid &= token != int(skip)
+        rows = kv_buffer.view(kv_buffer.shape[0], -1)
+        nope = torch.as_strided(cache_k_nope, (token.numel(), nope_dim), (nope_stride, 1))
+        rows[token[valid] // world, :nope_dim] = nope[valid].to(rows.dtype)
+        if cache_k_rope is not None and rope_dim:
+            rope = torch.as_strided(cache_k_rope, (token.numel(), rope_dim), (rope_stride, 1))
+            rows[token[valid] // world, nope_dim : nope_dim + rope_dim] = rope[valid].to(
+                rows.dtype
+            )
+
+    class CpuSetMlaKernel:
+        def __getitem__(self, grid):  # launched as kernel[grid](...)
+            return cpu_set_mla
+
+    mla_buffer.set_mla_kv_buffer_kernel = CpuSetMlaKernel()
+    mla_buffer.set_mla_kv_buffer_kernel_norope = CpuSetMlaKernel()
+"""
 
 
 def script_recipe(spec: PoolSpec, ops: Sequence[Any], *, arguments: PoolArguments) -> ScriptRecipe:
@@ -181,6 +223,8 @@ def script_recipe(spec: PoolSpec, ops: Sequence[Any], *, arguments: PoolArgument
         setup += _SGLANG_INDEX_K.rstrip("\n").splitlines()
     if spec.latent_layout == "scaled":
         setup += _SGLANG_SCALED_QUANT.rstrip("\n").splitlines()
+    if spec.family in ("mla", "dsa") and any(isinstance(op, WriteMLA) for op in ops):
+        setup += _SGLANG_MLA_SET.rstrip("\n").splitlines()
     body = "\n".join(f"    {line}" if line else "" for line in setup)
     build = arguments.call_source("pool", qualifier="memory_pool").splitlines()
     if spec.kv_layout == "hnd":
@@ -191,9 +235,9 @@ def script_recipe(spec: PoolSpec, ops: Sequence[Any], *, arguments: PoolArgument
             'del os.environ["SGLANG_USE_HND_KVCACHE"]',
         ]
     return ScriptRecipe(
-        needs="torch and sglang (written for sglang 0.5.23; runs on CPU)",
+        needs="torch and sglang (any release kvcheck is checked against; runs on CPU)",
         imports=(),
-        modules=("importlib.abc", "importlib.machinery", "os", "warnings"),
+        modules=("importlib.abc", "importlib.machinery", "os", "sys", "types", "warnings"),
         setup=(
             "def sglang_setup():\n"
             '    """Import sglang\'s pools as a launched server would have set them up."""\n'

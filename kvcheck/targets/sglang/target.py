@@ -1,4 +1,4 @@
-"""The ``sglang`` target: the installed sglang 0.5.23's real pools and serving functions.
+"""The ``sglang`` target: the installed sglang release's real pools and serving functions.
 
 Pools are sglang's own classes (``MHATokenToKVPool``, ``NoOpMHATokenToKVPool``,
 ``MLATokenToKVPool``, ``DSATokenToKVPool``); validation, pool-family checks, KV sizing
@@ -8,8 +8,15 @@ checkpoint) is supplied by the scoped workarounds in :mod:`kvcheck.targets.sglan
 and the translations in :mod:`kvcheck.targets.sglang.adapt`; each is documented where
 it is used.
 
-Importing this module does not import sglang (7-15 s); the first method that
-needs it does, once per process. Install sglang with ``scripts/install_sglang.sh``.
+The target follows the installed release (:mod:`kvcheck.targets.sglang.release`): each
+piece of sglang is imported on its own, and one a release lacks turns off only the
+capabilities that need it; what the release builds (its surface) is read from it when the
+target is prepared; its findings and expected failures are those whose release range holds
+the installed release (:mod:`kvcheck.targets.sglang.findings`).
+
+Importing this module does not import sglang (7-25 s); :meth:`SGLangTarget.prepare` (or
+the first method that needs it) does, once per process. Install sglang with
+``scripts/install_sglang.sh``.
 
 Example, where sglang is installed::
 
@@ -18,7 +25,8 @@ Example, where sglang is installed::
                                      dtype="bfloat16"), device="cpu")
     type(pool).__module__  # 'sglang.srt.mem_cache.memory_pool'
 
-What sglang 0.5.23 cannot serve is known without importing it:
+What the newest checked release builds is declared without importing it (an older
+release narrows it when the target is prepared):
 
     >>> SURFACE.limits()["dsa"]
     {'index_kpool': (1, 2), 'index_page_size': (64,), 'index_head_dim': (128,)}
@@ -27,12 +35,10 @@ What sglang 0.5.23 cannot serve is known without importing it:
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.util
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from importlib.metadata import PackageNotFoundError, version
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
@@ -42,59 +48,53 @@ from kvcheck.geometry import latent_row_bytes, latent_width
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
-from kvcheck.targets.sglang import adapt, env
-from kvcheck.targets.sglang.findings import EXPECTED_FAILURES, SGLANG_FINDINGS
+from kvcheck.targets.sglang import adapt, env, release
+from kvcheck.targets.sglang.findings import expected_failures_for, findings_for
+from kvcheck.targets.sglang.release import INSTALL_HINT, ReleaseFacts
 from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS, AllocatorSpec, HostPoolSpec
 
-#: The sglang release this adapter was written against.
-SGLANG_VERSION = "0.5.23"
-
-INSTALL_HINT = "install it with `bash scripts/install_sglang.sh` (sglang==0.5.23, --no-deps)"
-
 _MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
-#: sglang modules loaded together, under the torchvision stand-in, on first use.
-_SGLANG_MODULES: Mapping[str, str] = {
-    "memory_pool": _MEMORY_POOL,
-    "kv_cache_hook": "sglang.srt.arg_groups.kv_cache_hook",
-    "configurator": "sglang.srt.mem_cache.kv_cache_configurator",
-    "pool_configurator": "sglang.srt.model_executor.pool_configurator",
-    "model_config": "sglang.srt.configs.model_config",
-    "runtime_context": "sglang.srt.runtime_context",
-    "server_args": "sglang.srt.server_args",
-    "overrides": "sglang.srt.arg_groups.overrides",
-    "platform_hook": "sglang.srt.arg_groups.platform_hook",
-    "index_k_kernels": env.INDEX_K_KERNEL_MODULE,
-    "platforms": "sglang.srt.platforms",
-}
 
 _MHA_ON_META = (
-    "sglang 0.5.23's {cls} calls torch.get_device_module(device) in its constructor, "
+    "sglang {release}'s {cls} calls torch.get_device_module(device) in its constructor, "
     "which raises for 'meta' (MLATokenToKVPool and DSATokenToKVPool do build on meta; "
     "docs/sglang-findings.md#d3)"
 )
 
-#: Why each capability (or capability for one pool family) cannot be served, whatever
-#: the device.
-UNSUPPORTED: Mapping[str, str] = MappingProxyType(
-    {
-        "meta_device:mha": _MHA_ON_META.format(cls="MHATokenToKVPool"),
-        "meta_device:noop": _MHA_ON_META.format(cls="NoOpMHATokenToKVPool"),
-        # Declared rather than expected to fail, so that the differential machines still
-        # compare sglang's pools byte for byte on valid operations; each missing check is
-        # pinned as a strict expected failure in tests/targets/test_sglang_findings.py.
-        "input_validation": (
-            "sglang 0.5.23 pools do not validate their arguments (negative or out-of-range "
-            "locations, duplicate targets, wrong shapes or dtypes, skip-layer index writes: "
-            "findings I1-I9 and I10 in docs/sglang-findings.md#i)"
-        ),
-    }
-)
 
-#: What sglang 0.5.23 builds: every family and variant kvcheck models, inside the layouts
-#: its DSA pool asserts: 64-token index pages ("DSA requires 64-token physical pages":
-#: ``page_size // index_kpool == 64``) and 128-byte index keys. DSA index kpools 1 and 2
-#: only: 2 already takes 128-token pages; 4 (256) only makes every example slower without
-#: reaching other code.
+def unsupported_for(release_name: str) -> Mapping[str, str]:
+    """Why each capability (or capability for one pool family) cannot be served on
+    ``release_name``, whatever the device and whatever pieces it has.
+
+    Example:
+        >>> sorted(unsupported_for("0.5.22"))
+        ['input_validation', 'meta_device:mha', 'meta_device:noop']
+    """
+    return MappingProxyType(
+        {
+            "meta_device:mha": _MHA_ON_META.format(release=release_name, cls="MHATokenToKVPool"),
+            "meta_device:noop": _MHA_ON_META.format(
+                release=release_name, cls="NoOpMHATokenToKVPool"
+            ),
+            # Declared rather than expected to fail, so that the differential machines still
+            # compare sglang's pools byte for byte on valid operations; each missing check is
+            # pinned as a strict expected failure in tests/targets/test_sglang_findings.py.
+            "input_validation": (
+                f"sglang {release_name} pools do not validate their arguments (negative or "
+                "out-of-range locations, duplicate targets, wrong shapes or dtypes, skip-layer "
+                "index writes: findings I1-I9 and I10 in docs/sglang-findings.md#i)"
+            ),
+        }
+    )
+
+
+#: What the newest checked release (sglang 0.5.23) builds: every family and variant kvcheck
+#: models, inside the layouts its DSA pool asserts: 64-token index pages ("DSA requires
+#: 64-token physical pages": ``page_size // index_kpool == 64``) and 128-byte index keys. DSA
+#: index kpools 1 and 2 only: 2 already takes 128-token pages; 4 (256) only makes every
+#: example slower without reaching other code. The bound of what the target draws: once
+#: prepared, the target narrows it to what the installed release builds
+#: (:meth:`.release.ReleaseFacts.surface`: its asserts, parameters and layouts).
 SURFACE = Surface.everything(
     dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)}
 ).with_tiers(
@@ -153,6 +153,7 @@ SGLANG_STAND_INS: tuple[str, ...] = (
     "cpu_index_k_kernel",
     "cpu_dsa_quantize_kernel",
     "cpu_mla_read_kernels",
+    "cpu_mla_write_kernels",
     "guard_swig_exit_warning",
     "cpu_kvcacheio",
     # this module
@@ -183,26 +184,43 @@ _FAMILY_FLAGS: tuple[str, ...] = ("prefill_only_disable_kv_cache", "attention_ba
 
 
 @functools.cache
-def _sglang() -> SimpleNamespace:
-    """Import the sglang modules the target uses (once per process)."""
+def _loaded() -> release.Loaded:
+    """Import the sglang modules the target uses, each on its own (once per process)."""
     if importlib.util.find_spec("sglang") is None:
         raise ModuleNotFoundError(f"sglang is not installed; {INSTALL_HINT}")
-    loaded: dict[str, Any] = {}
     # sglang warns at import about CPU-only features (AWQ, GGUF) and triggers torch
     # deprecation warnings; they are about sglang's environment, not what kvcheck checks.
     with warnings.catch_warnings(), env.torchvision_stand_in():
         warnings.simplefilter("ignore")
-        for key, module_name in _SGLANG_MODULES.items():
-            loaded[key] = importlib.import_module(module_name)
+        loaded = release.load(release.installed_release())
     env.guard_swig_exit_warning()
-    return SimpleNamespace(**loaded)
+    return loaded
+
+
+def _sglang() -> SimpleNamespace:
+    """The sglang modules the target uses, by :data:`.release.NEEDS` name (``None`` where the
+    installed release lacks one); imported once per process."""
+    return _loaded().modules
+
+
+@functools.cache
+def _facts() -> ReleaseFacts:
+    """What the installed release offers, read from it once per process (imports sglang)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return release.probe(_loaded(), declared=SURFACE, env=env)
+
+
+def _prepared() -> ReleaseFacts | None:
+    """The release's facts if this process has read them already, else None (no import)."""
+    return _facts() if _facts.cache_info().currsize else None
 
 
 def _installed_sglang_version() -> str | None:
-    """The installed sglang's version (read from its metadata: nothing is imported)."""
+    """The installed sglang's version, None where it is not installed (nothing imported)."""
     try:
-        return version("sglang")
-    except PackageNotFoundError:
+        return release.installed_release()
+    except ModuleNotFoundError:
         return None
 
 
@@ -211,10 +229,16 @@ def _is_cuda(device: str | torch.device) -> bool:
 
 
 class SGLangTarget:
-    """sglang 0.5.23's pools and serving rules, adapted to the kvcheck target protocol.
+    """The installed sglang release's pools and serving rules, adapted to the kvcheck target
+    protocol.
 
     ``unsupported`` lists what sglang cannot serve with reasons; ``cpu_notes`` says how
-    the capabilities that need a GPU in sglang are served on CPU.
+    the capabilities that need a GPU in sglang are served on CPU. ``version`` is the
+    installed release (read without importing it); ``findings`` and ``expected_failures``
+    are those that hold for it. ``surface`` and ``unsupported`` are read from the release
+    once it is loaded (:meth:`prepare`); before that (the pytest controller of an xdist run,
+    which runs no test), they are the declared bound :data:`SURFACE` and the capabilities
+    every release lacks.
     """
 
     name: str = "sglang"
@@ -226,34 +250,52 @@ class SGLangTarget:
         installed = _installed_sglang_version()
         self.version: str = installed or "not installed"
         #: Why the target cannot run here (the resolver refuses it for a run, saying this);
-        #: its declarations and script recipes are still there without sglang.
+        #: its declarations and script recipes are still there without sglang, as for the
+        #: newest release kvcheck is checked against.
         self.unavailable: str | None = (
             None if installed else f"sglang is not installed; {INSTALL_HINT}"
         )
-        self.unsupported: Mapping[str, str] = UNSUPPORTED
-        self.surface: Surface = SURFACE
-        self.findings = SGLANG_FINDINGS
-        self.expected_failures: Mapping[str, str] = EXPECTED_FAILURES
+        self._declared_release: str = installed or release.KNOWN_RELEASES[-1]
+        self.findings = findings_for(self._declared_release)
+        self.expected_failures: Mapping[str, str] = expected_failures_for(self._declared_release)
         self.cpu_notes: Mapping[str, str] = CPU_NOTES
-        if installed is not None and self.version != SGLANG_VERSION:
-            warnings.warn(
-                f"kvcheck's sglang target was written for sglang {SGLANG_VERSION}; "
-                f"found {self.version}",
-                stacklevel=2,
-            )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, version={self.version!r})"
 
-    def prepare(self) -> None:
-        """Import sglang now (7-15 s, once per process) rather than inside the first test.
+    @property
+    def surface(self) -> Surface:
+        """What the installed release builds (:data:`SURFACE` narrowed to it, each narrowing
+        with a note), once prepared; :data:`SURFACE` before."""
+        facts = _prepared()
+        return SURFACE if facts is None else facts.surface(SURFACE)
 
-        The kvcheck pytest plugin calls this before any test runs: sglang's import raises
-        the interpreter's recursion limit, which Hypothesis reports as an error when it
-        happens inside a property. Also guards the process's exit against a crash in a
-        library sglang loads (:func:`.env.guard_swig_exit_warning`).
+    @property
+    def unsupported(self) -> Mapping[str, str]:
+        """Capability -> why the installed release cannot serve it."""
+        reasons = dict(unsupported_for(self._declared_release))
+        facts = _prepared()
+        if facts is not None:
+            reasons.update(facts.unsupported())
+        return MappingProxyType(reasons)
+
+    def describe(self) -> str:
+        """One line for the run's header: the installed release, and whether kvcheck is
+        checked against it (:func:`.release.describe_release`)."""
+        if self.unavailable is not None:
+            return self.unavailable
+        return release.describe_release(self._declared_release)
+
+    def prepare(self) -> None:
+        """Import sglang and read what the installed release offers, now (7-25 s, once per
+        process) rather than inside the first test.
+
+        The kvcheck pytest plugin calls this before any test runs: a test must not pay for
+        the import, and the strategies draw inside the release's surface, which is read
+        here. Also guards the process's exit against a crash in a library sglang loads
+        (:func:`.env.guard_swig_exit_warning`).
         """
-        _sglang()
+        _facts()
 
     # --- pools ----------------------------------------------------------------------------
 
@@ -264,13 +306,14 @@ class SGLangTarget:
         configurator does. DSA pools get ``kv_cache_dim`` of the spec's latent row (raw:
         ``kv_lora_rank + qk_rope_head_dim``; scaled: the fp8 row's bytes, which makes
         sglang store scaled fp8 rows, as its configurator's ``calculate_mla_kv_cache_dim``
-        does) and the spec's index kpool and compress-tail sizes, and need 64-token index
-        pages (``page_size == 64 * index_kpool``), which sglang asserts. On CPU, MHA pools use
-        sglang's native move. MLA/DSA pools are built, and their methods run, with the
-        parallel widths of rank ``dcp_rank`` of ``dcp_size`` (1 of 1 without DCP), as on a
-        server launched with ``--dcp-size`` (see :mod:`.env`).
+        does) and the spec's index kpool and compress-tail sizes (what the release's
+        constructor takes of them), and need the index pages the release asserts (64 tokens:
+        ``page_size == 64 * index_kpool``). On CPU, MHA pools use sglang's native move.
+        MLA/DSA pools are built, and their methods run, with the parallel widths of rank
+        ``dcp_rank`` of ``dcp_size`` (1 of 1 without DCP), as on a server launched with
+        ``--dcp-size`` (see :mod:`.env`).
         """
-        _sglang()  # sglang's modules, imported under their stand-ins, once per process
+        facts = _facts()  # sglang's modules, imported under their stand-ins, once per process
         arguments = self.pool_arguments(spec, device=device)
         if spec.family in ("mha", "noop"):
             on_cuda = _is_cuda(device)
@@ -286,15 +329,25 @@ class SGLangTarget:
         methods = _MLA_SCOPED_METHODS if spec.family == "mla" else _DSA_SCOPED_METHODS
         on_cpu = not _is_cuda(device)
         scope = functools.partial(
-            _latent_pool_scope, cpu=on_cpu, dcp_size=spec.dcp_size, dcp_rank=spec.dcp_rank
+            _latent_pool_scope,
+            cpu=on_cpu,
+            modules=facts.loaded.modules,
+            dcp_size=spec.dcp_size,
+            dcp_rank=spec.dcp_rank,
         )
         _run_methods_in_scope(pool, methods, scope)
         return pool
 
     def pool_arguments(self, spec: PoolSpec, *, device: str) -> PoolArguments:
         """sglang's pool class and constructor arguments for ``spec`` on ``device``
-        (:func:`pool_arguments`)."""
-        return pool_arguments(spec, device=device)
+        (:func:`pool_arguments`), without the optional parameters the installed release's
+        constructor does not take, once it is loaded."""
+        arguments = pool_arguments(spec, device=device)
+        facts = _prepared()
+        if facts is None:
+            return arguments
+        kwargs = facts.fit_arguments(arguments.kwargs, arguments.class_name)
+        return PoolArguments(arguments.pool_class, kwargs)
 
     def script_recipe(self, spec: PoolSpec, ops: Sequence[Any] = ()) -> ScriptRecipe:
         """How a reproduction script builds this pool with sglang alone
@@ -391,7 +444,7 @@ class SGLangTarget:
         family = _built_family(configurator, is_dsa=is_dsa, flag_on=flag_on)
         if flag_on and not is_draft and family != "noop":
             raise RuntimeError(
-                "sglang 0.5.23 _init_pools: --prefill-only-disable-kv-cache expected "
+                f"sglang {self.version} _init_pools: --prefill-only-disable-kv-cache expected "
                 f"NoOpMHATokenToKVPool but the runtime pool would be the {family} family "
                 f"(kv_cache_dtype={kv_dtype_name!r})"
             )
@@ -523,7 +576,7 @@ def _kv_cache_dim(spec: PoolSpec) -> int:
 def _refuse_zero_row_index_write(pool: Any, layer_id: int) -> None:
     """Stop an index-K write that sglang would launch into a skip layer's zero-row buffer.
 
-    sglang 0.5.23 does not check this (docs/sglang-findings.md#i10); its kernel has no
+    sglang does not check this (docs/sglang-findings.md#i10); its kernel has no
     bounds check, so the launch writes through the empty buffer's null pointer. The error is an
     ``IndexError``, as the CPU kernel body raises, so the finding stays visible.
     """
@@ -545,29 +598,47 @@ def _serving_args(*, enable_hisparse: bool) -> Any:
 
 @contextmanager
 def _published(server_args: Any) -> Iterator[Any]:
-    """Run the block with ``server_args`` published in a private sglang runtime context.
+    """Run the block with ``server_args`` published in sglang's runtime context.
 
     sglang's configurator reads published config namespaces (``get_schedule()``,
-    ``get_memory()``, ...). ``create_context`` builds a context without touching the
-    process-wide one; ``use_context`` activates it for the block only.
+    ``get_memory()``, ...). Where the release has them (0.5.22 on), ``create_context`` builds
+    a context without touching the process-wide one and ``use_context`` activates it for the
+    block only. Otherwise (0.5.21) the process-wide context is saved
+    (``snapshot_context``), ``publish`` fills it, and ``restore_context`` puts it back, as
+    sglang's launcher does after a failed launch.
     """
     runtime = _sglang().runtime_context
-    context = runtime.create_context(server_args, role="test")
-    with runtime.use_context(context):
-        yield context
+    if _facts().private_context:
+        context = runtime.create_context(server_args, role="test")
+        with runtime.use_context(context):
+            yield context
+        return
+    state = runtime.snapshot_context()
+    try:
+        yield runtime.publish(server_args, role="test")
+    finally:
+        runtime.restore_context(state)
 
 
 @contextmanager
-def _latent_pool_scope(*, cpu: bool, dcp_size: int, dcp_rank: int) -> Iterator[None]:
+def _latent_pool_scope(
+    *, cpu: bool, modules: SimpleNamespace, dcp_size: int, dcp_rank: int
+) -> Iterator[None]:
     """What one MLA/DSA pool call needs: the pool's parallel widths (its DCP rank); on
-    CPU, CUDA sync and index kernel."""
+    CPU, CUDA sync and the CPU bodies of the kernels the release has (``modules``: the
+    loaded pieces, ``None`` where the release lacks one)."""
     with ExitStack() as stack:
         stack.enter_context(env.dcp_parallel(dcp_size, dcp_rank))
         if cpu:
             stack.enter_context(env.cpu_cuda_synchronize())
-            stack.enter_context(env.cpu_index_k_kernel())
-            stack.enter_context(env.cpu_mla_read_kernels())
-            stack.enter_context(env.cpu_dsa_quantize_kernel())
+            for stand_in, module in (
+                (env.cpu_index_k_kernel, modules.index_k_kernels),
+                (env.cpu_mla_read_kernels, modules.mla_buffer),
+                (env.cpu_mla_write_kernels, modules.mla_set_path),
+                (env.cpu_dsa_quantize_kernel, modules.dsa_quant_kernels),
+            ):
+                if module is not None:
+                    stack.enter_context(stand_in(module))
         yield
 
 
