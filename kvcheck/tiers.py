@@ -64,8 +64,10 @@ HOST_IO_BACKENDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 )
 #: Generation tags a declared finding may ask the host-tier checks to steer around:
 #:
-#: ``host:latent:page_first_direct:few_pages``
-#:     no MLA or DSA host pool in ``page_first_direct`` with fewer host pages than layers;
+#: ``host:page_major:few_pages``
+#:     no host pool with fewer host pages than layers in a layout whose first dimension is
+#:     the page where the target's per-layer views expect the layer (MLA and DSA
+#:     ``page_first_direct``, MHA ``page_head``);
 #: ``host:latent:contiguous_buf_infos``
 #:     an MLA or DSA host pool's transfer descriptors (``get_contiguous_buf_infos``) are not
 #:     checked outside ``layer_first`` (its bytes, pages and page meta still are);
@@ -75,7 +77,7 @@ HOST_IO_BACKENDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 #:     the bytes a DSA index-K host pool holds are not compared with its declared size
 #:     (its size per token and page meta still are).
 HOST_STEER_TAGS: tuple[str, ...] = (
-    "host:latent:page_first_direct:few_pages",
+    "host:page_major:few_pages",
     "host:latent:contiguous_buf_infos",
     "host:dsa:indexer_bytes_held",
     "host:dsa:indexer_layer_first_page_meta",

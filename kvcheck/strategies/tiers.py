@@ -173,10 +173,10 @@ def _host_pool_specs(
     layout = draw(st.sampled_from(tuple(backends)), label="host layout")
     io_backend = draw(st.sampled_from(backends[layout]), label="io backend")
     fewest = 1
-    if (
-        "host:latent:page_first_direct:few_pages" in steer
-        and layout == "page_first_direct"
-        and device.family in ("mla", "dsa")
+    if "host:page_major:few_pages" in steer and (layout, device.family) in (
+        ("page_first_direct", "mla"),
+        ("page_first_direct", "dsa"),
+        ("page_head", "mha"),
     ):
         fewest = min(device.layer_num, max_host_pages)
     pages = draw(st.integers(fewest, max_host_pages), label="host pages")

@@ -78,7 +78,7 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "(ValueError), where its MLA anchor describes its pages",
         "B2": "MLA host pools outside layer_first build their per-layer views from pages or "
         "token rows: get_contiguous_buf_infos describes the wrong bytes, and page_first_direct "
-        "with fewer host pages than layers fails to build",
+        "(MHA: page_head) with fewer host pages than layers fails to build",
         "X1": "DSA move_kv_cache moves index-K page rows addressed by token ids: a whole "
         "page of keys lands on another page, or IndexError after the latent rows moved",
         "PV1": "on a platform without CUDA, set_kv_buffer_prefix_valid on an fp8 pool "
@@ -402,9 +402,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_contiguous_buf_infos",
         kind="regions differ",
         family="host:mla:page_first*",
-        steer=frozenset(
-            {"host:latent:page_first_direct:few_pages", "host:latent:contiguous_buf_infos"}
-        ),
+        steer=frozenset({"host:page_major:few_pages", "host:latent:contiguous_buf_infos"}),
     ),
     Finding(
         "B2.dsa",
