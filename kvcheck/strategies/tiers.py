@@ -10,7 +10,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -96,7 +96,7 @@ def host_pool_specs(
     max_size: int = 24,
     max_page_size: int = 4,
     target: object | None = None,
-    steer: Sequence[str] = (),
+    steer: Collection[str] = (),
 ) -> st.SearchStrategy[HostPoolSpec]:
     """Host pools mirroring small token-major device pools of ``families`` (any variant
     :func:`kvcheck.strategies.pool_specs` draws of one decode-context-parallel rank, inside the

@@ -601,17 +601,18 @@ class ReleaseFacts:
             kept = tuple(v for v in (current or values) if v in values) or values
             families[family][name] = kept
             notes.setdefault(key, why)
-        tiers = {"allocators": declared.allocators, "host_pools": declared.host_layouts}
-        for tier, why in self.tiers_off().items():
-            if tiers[tier]:
-                tiers[tier] = () if tier == "allocators" else {}
-                notes[tier] = why
+        allocators, host_layouts = declared.allocators, declared.host_layouts
+        off = self.tiers_off()
+        if allocators and "allocators" in off:
+            allocators, notes["allocators"] = (), off["allocators"]
+        if host_layouts and "host_pools" in off:
+            host_layouts, notes["host_pools"] = {}, off["host_pools"]
         return dataclasses.replace(
             declared,
             families=families,
             notes=notes,
-            allocators=tiers["allocators"],
-            host_layouts=tiers["host_pools"],
+            allocators=allocators,
+            host_layouts=host_layouts,
         )
 
     def tiers_off(self) -> dict[str, str]:
