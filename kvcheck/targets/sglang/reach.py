@@ -450,13 +450,11 @@ TIER_REASONS: tuple[Reason, ...] = (
     Reason(_AB, "BaseTokenToKVPoolAllocator.available_size", ABSTRACT),
     Reason(_AB, "BaseTokenToKVPoolAllocator.get_all_free_pages", ABSTRACT),
     *(
-        Reason(path, f"*.{name}", ALLOCATOR_HOOKS)
-        for path in ALLOCATOR_FILES
+        Reason(_AB, f"BaseTokenToKVPoolAllocator.{name}", ALLOCATOR_HOOKS)
         for name in (
             "create_prefill_budget",
             "check_decode_capacity",
             "evict_to_free_tokens",
-            "reclaim_for_prealloc",
             "get_extend_allocation_demand",
             "max_new_tokens_for_memory",
             "prealloc_*",
@@ -465,9 +463,21 @@ TIER_REASONS: tuple[Reason, ...] = (
             "verify_byte_accounting",
             "debug_print",
             "mamba_full_cache_donor",
+            "translate_kv_indices_for_transfer",
+            "get_kvcache",
+            "resize",
+            "size_full",
+        )
+    ),
+    *(
+        Reason(_AS, f"*SWATokenToKVPoolAllocator.{name}", ALLOCATOR_HOOKS)
+        for name in (
+            "create_prefill_budget",
+            "evict_to_free_tokens",
+            "reclaim_for_prealloc",
+            "debug_print",
             "swa_capacity_and_available",
             "_conserve_*",
-            "translate_kv_indices_for_transfer",
             "translate_swa_indices_for_transfer",
             "get_kvcache",
             "resize",
@@ -482,7 +492,7 @@ TIER_REASONS: tuple[Reason, ...] = (
     Reason(_AP, "PagedTokenToKVPoolAllocator.alloc*", GPU_ONLY, pattern=r"_kernel\["),
     Reason(_AP, "PagedTokenToKVPoolAllocator.*", DEBUG_MEMORY_POOL, pattern=r"assert|_debug_"),
     Reason(_AP, "PagedTokenToKVPoolAllocator._debug_check_no_duplicate_pages", DEBUG_MEMORY_POOL),
-    Reason(_AS, "<module>", NPU_ONLY, pattern=r"npu"),
+    Reason(_AS, "*", NPU_ONLY, pattern=r"import torch_npu"),
     Reason(_AS, "SWATokenToKVPoolAllocator.__init__", NPU_ONLY, pattern=r"NPU|npu"),
     Reason(_AS, "SWATokenToKVPoolAllocator.__init__", GPU_ONLY, pattern=r"platform_allocator_cls"),
     Reason(_AS, "SWATokenToKVPoolAllocator._free_swa_pages_cuda", GPU_ONLY),
@@ -523,7 +533,7 @@ TIER_REASONS: tuple[Reason, ...] = (
     Reason(_HC, "ShmHostTensorAllocator.*", HOST_SERVING),
     Reason(_HC, "get_allocator_*", HOST_SERVING),
     *(
-        Reason(path, "<module>", GPU_ONLY, pattern=r"sgl_kernel|_kvcacheio|npu")
+        Reason(path, "*", GPU_ONLY, pattern=r"from sgl_kernel|_kvcacheio import|sgl_kernel_npu")
         for path in (_HMHA, _HMLA, _HDSA)
     ),
     *(
