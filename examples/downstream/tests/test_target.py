@@ -35,4 +35,4 @@ def test_target_builds_the_counting_pool(kvcheck_target: Any, kvcheck_device: st
 def test_unsupported_families_are_skipped_with_the_reason(kvcheck_target: Any) -> None:
     """Properties needing an MLA pool would be skipped: the target's surface has no MLA pool."""
     reason = capability_skip_reason(kvcheck_target, ["mla_pool"])
-    assert reason is not None and "declares no mla pool" in reason
+    assert reason is not None and "no mla pool: its surface declares none" in reason
