@@ -201,8 +201,10 @@ def encode_op(pool: Any, op: Op, *, device: str | torch.device, copies: dict[str
         grid = torch.tensor([list(row) for row in op.loc_grid], dtype=torch.int64, device=device)
         commits = torch.tensor(list(op.commit_lens), dtype=torch.int32, device=device)
         heads = pool.head_num
-        k = rows_tensor(op.k_rows, dtype=pool.dtype, inner=(heads, pool.head_dim), device=device)
-        v = rows_tensor(op.v_rows, dtype=pool.dtype, inner=(heads, pool.v_head_dim), device=device)
+        # A quantized pool takes the caller's float rows (op.dtype) and encodes them.
+        dtype = pool.dtype if op.dtype is None else getattr(torch, op.dtype)
+        k = rows_tensor(op.k_rows, dtype=dtype, inner=(heads, pool.head_dim), device=device)
+        v = rows_tensor(op.v_rows, dtype=dtype, inner=(heads, pool.v_head_dim), device=device)
         return PoolCall("set_kv_buffer_prefix_valid", (layer, grid, commits, k, v))
     if isinstance(op, WriteIndexK):
         dim = getattr(pool, "index_head_dim", DSA_QUANT_BLOCK)
@@ -254,7 +256,20 @@ def request_kwargs(op: HostCopy | HostReload) -> tuple[tuple[str, int], ...]:
 
 
 def _encode_write_kv(pool: Any, op: WriteKV, *, device: str | torch.device) -> PoolCall:
-    """``set_kv_buffer``: rows in the pool's dtype, or the caller's payload and its scales."""
+    """``set_kv_buffer``: rows in the pool's dtype, or the caller's payload and its scales
+    (MXFP8's e8m0 block scales as tensors); with ``op.override`` the layer goes as
+    ``layer_id_override`` and ``layer`` is None."""
+    call = _encode_write_kv_rows(pool, op, device=device)
+    if not op.override:
+        return call
+    return PoolCall(
+        call.method,
+        (None, *call.args[1:]),
+        kwargs=(*call.kwargs, ("layer_id_override", op.layer_id)),
+    )
+
+
+def _encode_write_kv_rows(pool: Any, op: WriteKV, *, device: str | torch.device) -> PoolCall:
     layer = SimpleNamespace(layer_id=op.layer_id)
     loc = loc_tensor(op.locs, device=device)
     payload = op.payload
@@ -271,6 +286,12 @@ def _encode_write_kv(pool: Any, op: WriteKV, *, device: str | torch.device) -> P
     )
     v_dim = -1 if v_rows else pool.v_head_dim
     v = rows_tensor(v_rows, dtype=dtype, inner=(heads, v_dim), device=device)
+    if payload is not None and (payload.k_scale_rows or payload.v_scale_rows):
+        k_scale, v_scale = (
+            rows_tensor(rows, dtype=torch.float8_e8m0fnu, inner=(heads, -1), device=device)
+            for rows in (payload.k_scale_rows, payload.v_scale_rows)
+        )
+        return PoolCall("set_kv_buffer", (layer, loc, k, v, k_scale, v_scale))
     if payload is None or (payload.k_scale is None and payload.v_scale is None):
         return PoolCall("set_kv_buffer", (layer, loc, k, v))
     return PoolCall("set_kv_buffer", (layer, loc, k, v, payload.k_scale, payload.v_scale))
@@ -291,6 +312,7 @@ def describe_op(op: Op) -> str:
         'pool.move_kv_cache(tgt_loc=[1, 2], src_loc=[2, 2])'
     """
     if isinstance(op, WriteKV):
+        layer = f"layer_id_override={op.layer_id}" if op.override else f"layer_id={op.layer_id}"
         if op.payload is not None:
             payload = op.payload
             scales = "".join(
@@ -298,13 +320,18 @@ def describe_op(op: Op) -> str:
                 for name, value in (("k_scale", payload.k_scale), ("v_scale", payload.v_scale))
                 if value is not None
             )
+            if payload.k_scale_rows:
+                scales += (
+                    f", e8m0 k_scale={_bytes_summary(payload.k_scale_rows)},"
+                    f" v_scale={_bytes_summary(payload.v_scale_rows)}"
+                )
             return (
-                f"pool.set_kv_buffer(layer_id={op.layer_id}, loc={list(op.locs)}, "
+                f"pool.set_kv_buffer({layer}, loc={list(op.locs)}, "
                 f"{payload.dtype} k_rows={_bytes_summary(payload.k_rows)}, "
                 f"v_rows={_bytes_summary(payload.v_rows)}{scales})"
             )
         return (
-            f"pool.set_kv_buffer(layer_id={op.layer_id}, loc={list(op.locs)}, "
+            f"pool.set_kv_buffer({layer}, loc={list(op.locs)}, "
             f"k_rows={_bytes_summary(op.k_rows)}, v_rows={_bytes_summary(op.v_rows)})"
         )
     if isinstance(op, WriteMLA):
@@ -318,7 +345,9 @@ def describe_op(op: Op) -> str:
         return (
             f"pool.set_kv_buffer_prefix_valid(layer_id={op.layer_id}, "
             f"loc_2d={[list(row) for row in op.loc_grid]}, commit_lens={list(op.commit_lens)}, "
-            f"k_rows={_bytes_summary(op.k_rows)}, v_rows={_bytes_summary(op.v_rows)})"
+            f"k_rows={_bytes_summary(op.k_rows)}, v_rows={_bytes_summary(op.v_rows)}"
+            + ("" if op.dtype is None else f", dtype={op.dtype}")
+            + ")"
         )
     if isinstance(op, WriteIndexK):
         return (

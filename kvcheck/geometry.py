@@ -30,16 +30,19 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from kvcheck.specs import DSA_QUANT_BLOCK, PoolSpec
+from kvcheck.specs import DSA_QUANT_BLOCK, MXFP8_INTERLEAVED_PAGE, QUANT_BLOCKS, PoolSpec
 
 __all__ = [
     "COMPRESS_TAIL_BUFFERS",
     "FAMILY_BUFFERS",
     "INDEX_BUFFER",
     "KV_BUFFER_ATTRIBUTES",
+    "SCALE_BUFFERS",
+    "WORKSPACE_BUFFERS",
     "allocated_bytes",
     "buffer_bytes",
     "fused_kv",
@@ -51,6 +54,8 @@ __all__ = [
     "num_index_pages",
     "row_bytes",
     "row_elements",
+    "scale_buffer_shapes",
+    "scale_row_bytes",
     "scaled_fp8_latent_row_bytes",
     "tensor_nbytes",
 ]
@@ -62,12 +67,27 @@ INDEX_BUFFER = "index_k_with_scale_buffer"
 #: the order failures and reports name them.
 #: The DSA pool's per-request compress tails (keys, scores), one tensor per local layer.
 COMPRESS_TAIL_BUFFERS: tuple[str, ...] = ("_compress_tail_k", "_compress_tail_score")
+#: A quantized pool's block scales, one tensor per local layer: MHA K and V scales in the
+#: token-linear (or, MXFP8 on 128-token pages, FA4's interleaved) layout, NVFP4's
+#: TRT-LLM native layout, and MLA FP4's latent-row scales (SGLang's names).
+SCALE_BUFFERS: tuple[str, ...] = (
+    "k_scale_buffer",
+    "v_scale_buffer",
+    "native_k_scale_buffer",
+    "native_v_scale_buffer",
+    "kv_scale_buffer",
+)
+#: NVFP4's dequant workspace: one fp8 K and one V tensor shared by every layer (scratch:
+#: held and counted, never compared).
+WORKSPACE_BUFFERS: tuple[str, ...] = ("dq_k_buffer", "dq_v_buffer")
 KV_BUFFER_ATTRIBUTES: tuple[str, ...] = (
     "k_buffer",
     "v_buffer",
     "kv_buffer",
     INDEX_BUFFER,
     *COMPRESS_TAIL_BUFFERS,
+    *SCALE_BUFFERS,
+    *WORKSPACE_BUFFERS,
 )
 
 #: The buffers each pool family holds.
@@ -152,17 +172,85 @@ def row_elements(spec: PoolSpec) -> tuple[int, int]:
 
 def row_bytes(spec: PoolSpec) -> tuple[int, int]:
     """(K or latent bytes, V bytes or 0) one token stores in one layer (a scaled latent
-    row: :func:`latent_row_bytes`).
+    row: :func:`latent_row_bytes`; packed FP4: half a byte per value).
 
     Example:
         >>> row_bytes(PoolSpec(family="mha", size=2, page_size=1, layer_num=1,
         ...                    dtype="bfloat16", head_num=2, head_dim=4, v_head_dim=3))
         (16, 12)
+        >>> row_bytes(PoolSpec(family="mla", size=2, page_size=1, layer_num=1,
+        ...                    dtype="float4_e2m1fn_x2", kv_quant="fp4", kv_lora_rank=32,
+        ...                    qk_rope_head_dim=16))
+        (24, 0)
     """
     if _checked(spec).latent_layout == "scaled":
         return latent_row_bytes(spec), 0
     key, value = row_elements(spec)
+    if spec.kv_quant in ("fp4_mx_block16", "nvfp4", "fp4"):
+        return key // 2, value // 2
     return key * spec.itemsize, value * spec.itemsize
+
+
+def scale_row_bytes(spec: PoolSpec) -> tuple[int, int]:
+    """(K or latent scale bytes, V scale bytes) one token holds in one layer: a byte per
+    block of :data:`kvcheck.specs.QUANT_BLOCKS` values (e8m0 for MXFP8 and the block-16
+    FP4 encoding, e4m3 for NVFP4, in each layout it keeps); ``(0, 0)`` without scales.
+
+    Example:
+        >>> scale_row_bytes(PoolSpec(family="mha", size=2, page_size=1, layer_num=1,
+        ...                          dtype="float8_e4m3fn", kv_quant="mxfp8", head_num=2,
+        ...                          head_dim=64, v_head_dim=32))
+        (4, 2)
+    """
+    block = QUANT_BLOCKS.get(_checked(spec).kv_quant)
+    if block is None:
+        return 0, 0
+    key, value = row_elements(spec)
+    return key // block, value // block
+
+
+def scale_buffer_shapes(spec: PoolSpec) -> dict[str, tuple[int, ...]]:
+    """The shape of each scale and workspace buffer a quantized pool holds (SGLang's):
+    ``k_scale_buffer``/``v_scale_buffer`` ``[rows, head_num * dim // 16]``
+    (``fp4_mx_block16``: blocks run over the flattened heads), ``[rows, head_num,
+    dim // 16]`` (NVFP4 linear) or ``[rows, head_num, dim // 32]`` (MXFP8 flat),
+    ``[pages, head_num, 32, 4, dim // 32]`` (MXFP8 on 128-token pages, FA4's layout);
+    NVFP4 native ``[pages, head_num, page_size, dim // 16]``; MLA FP4 ``kv_scale_buffer``
+    ``[rows, (kv_lora_rank + qk_rope_head_dim) // 16]``; NVFP4's shared dequant workspace
+    ``[rows, head_num, dim]`` fp8. ``rows = size + page_size``.
+
+    Example:
+        >>> spec = PoolSpec(family="mha", size=128, page_size=128, layer_num=1,
+        ...                 dtype="float8_e4m3fn", kv_quant="mxfp8", head_dim=128)
+        >>> scale_buffer_shapes(spec)["k_scale_buffer"]
+        (2, 1, 32, 4, 4)
+    """
+    spec = _checked(spec)
+    rows, heads, quant = spec.num_slots, spec.head_num, spec.kv_quant
+    dims = {"k": spec.head_dim, "v": spec.effective_v_head_dim}
+    shapes: dict[str, tuple[int, ...]] = {}
+    if quant == "fp4":
+        return {"kv_scale_buffer": (rows, latent_width(spec) // 16)}
+    if quant == "fp4_mx_block16":
+        return {f"{p}_scale_buffer": (rows, heads * d // 16) for p, d in dims.items()}
+    if quant == "mxfp8":
+        for part, dim in dims.items():
+            if spec.page_size == MXFP8_INTERLEAVED_PAGE:
+                shape: tuple[int, ...] = (rows // spec.page_size, heads, 32, 4, dim // 32)
+            else:
+                shape = (rows, heads, dim // 32)
+            shapes[f"{part}_scale_buffer"] = shape
+    if quant == "nvfp4":
+        for part, dim in dims.items():
+            if "linear" in spec.nvfp4_scales:
+                shapes[f"{part}_scale_buffer"] = (rows, heads, dim // 16)
+            if "native" in spec.nvfp4_scales:
+                pages = rows // spec.page_size
+                shapes[f"native_{part}_scale_buffer"] = (pages, heads, spec.page_size, dim // 16)
+        if spec.dequant_workspace:
+            for part, dim in dims.items():
+                shapes[f"dq_{part}_buffer"] = (rows, heads, dim)
+    return shapes
 
 
 def index_k_row_bytes(index_head_dim: int) -> int:
@@ -235,10 +323,15 @@ def tensor_nbytes(spec: PoolSpec) -> dict[str, list[int]]:
     spec = _checked(spec)
     layers = spec.layer_num
     key, value = row_bytes(spec)
+    scales = {
+        # The dequant workspace is one tensor shared by every layer.
+        name: [math.prod(shape)] * (1 if name.startswith("dq_") else layers)
+        for name, shape in scale_buffer_shapes(spec).items()
+    }
     if spec.family in ("mha", "noop"):
         rows = spec.page_size if spec.family == "noop" else spec.num_slots
-        return {"k_buffer": [rows * key] * layers, "v_buffer": [rows * value] * layers}
-    result = {"kv_buffer": [spec.num_slots * key] * layers}
+        return {"k_buffer": [rows * key] * layers, "v_buffer": [rows * value] * layers, **scales}
+    result = {"kv_buffer": [spec.num_slots * key] * layers, **scales}
     if spec.family == "dsa":
         if len(spec.skip_mask) != layers:
             raise ValueError(
@@ -267,6 +360,8 @@ def fused_kv(spec: PoolSpec) -> bool:
         False
     """
     spec = _checked(spec)
+    if spec.quantized:  # the quantized pools allocate each buffer on its own
+        return False
     return (
         spec.kv_page_padding
         and spec.family in ("mha", "noop")

@@ -511,6 +511,9 @@ class LifecycleMachine(RuleBasedStateMachine):
                     self.ref_pool,
                     call=call,
                     mla_reads=device.family in ("mla", "dsa") and device.latent_layout == "raw",
+                    # The paged index-K gather (GetKAndS, a GPU kernel in SGLang) is the pool
+                    # machines' check; the lifecycle reads a request's tokens back.
+                    paged_index_reads=False,
                 )
                 self.loaded = []
         except AssertionError as exc:

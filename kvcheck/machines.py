@@ -33,6 +33,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,7 +44,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvcheck.calls import describe_op, op_method
 from kvcheck.failures import FailureSignature, PropertyFailure, Reproduction
-from kvcheck.properties.accounting import assert_accounting, assert_contiguous_buf_infos
+from kvcheck.properties.accounting import (
+    assert_accounting,
+    assert_contiguous_buf_infos,
+    assert_scale_buf_infos,
+)
 from kvcheck.properties.assertions import failure
 from kvcheck.properties.ops import apply_op_like_reference
 from kvcheck.properties.pool_state import (
@@ -58,8 +64,13 @@ from kvcheck.specs import (
     POOL_FAMILIES,
     POOL_VARIANTS,
     HostCopy,
+    HostReload,
+    Move,
     Op,
     PoolSpec,
+    WriteKV,
+    WriteMLA,
+    WritePrefixValid,
 )
 from kvcheck.strategies import ops as draws
 from kvcheck.strategies import pool_specs
@@ -126,17 +137,41 @@ _STEP_KINDS: tuple[tuple[str, str | None], ...] = (
 #: ``dsa:accounting:compress_tails``
 #:     ``get_kv_size_bytes`` and ``mem_usage`` are expected to leave out the DSA compress
 #:     tails (every other byte is still checked);
+#: ``VARIANT:accounting:scales``
+#:     the same for a quantized pool's scale buffers;
+#: ``VARIANT:scale_buf_infos``
+#:     the invariant does not ask ``VARIANT``'s pools for scale descriptors;
+#: ``VARIANT:read:METHOD``
+#:     the invariant does not read ``VARIANT``'s pools through read-API ``METHOD``;
+#: ``VARIANT:v_head_dim``
+#:     ``VARIANT``'s pools keep ``v_head_dim == head_dim``;
+#: ``VARIANT:slot0``
+#:     no operation writes slot 0 of ``VARIANT``'s pools (writes, move and reload targets);
 #: ``FAMILY:host_copy:request``
 #:     host copies and reloads of ``FAMILY`` never name a request slot (DSA compress tails).
 STEER_TAGS: tuple[str, ...] = (
     *(f"{variant}:{kind}" for variant in POOL_VARIANTS for kind, _ in _STEP_KINDS[1:]),
     *(f"{variant}:contiguous_buf_infos" for variant in POOL_VARIANTS),
+    *(
+        f"{variant}:{what}"
+        for variant in POOL_VARIANTS
+        for what in (
+            "accounting:scales",
+            "scale_buf_infos",
+            "read:get_value_buffer",
+            "v_head_dim",
+            "slot0",
+        )
+    ),
     "cast_write:scales",
     "write_mla:slot0",
     *(f"{family}:host_copy:partial_pages" for family in POOL_FAMILIES),
     *(f"{family}:host_copy:request" for family in POOL_FAMILIES),
     "dsa:accounting:compress_tails",
 )
+
+#: Pool methods that can change a DSA pool's index keys.
+_INDEX_CHANGING = frozenset({"set_index_k_scale_buffer", "move_kv_cache", "load_cpu_copy"})
 
 #: Tiny pools keep every step cheap: few layers, small heads, at most 32 tokens.
 _MAX_LAYERS = 3
@@ -170,6 +205,7 @@ def default_machine_specs(
     *,
     index_kpools: tuple[int, ...] = INDEX_KPOOLS,
     dcp_sizes: tuple[int, ...] = DCP_SIZES,
+    kv_quants: tuple[str, ...] = ("none",),
 ) -> st.SearchStrategy[PoolSpec]:
     """The small pool specs a machine for ``family`` draws when none are given.
 
@@ -177,7 +213,7 @@ def default_machine_specs(
     pages of up to 4; MHA/NoOp sometimes with a V head dim of its own; DSA with every kind
     of skip mask and an index kpool of ``index_kpools`` (``(2, 4)``: pooled ones only);
     MLA/DSA one rank of a decode-context-parallel width of ``dcp_sizes`` (``(2, 4)``:
-    always DCP).
+    always DCP); MHA/MLA a quantized variant of ``kv_quants`` (``("mxfp8",)``: MXFP8 only).
     Shrinks towards one bfloat16 layer at layer 0, page_size=1, one page.
 
     Example:
@@ -195,6 +231,7 @@ def default_machine_specs(
         max_page_size=_MAX_PAGE_SIZE,
         index_kpools=index_kpools,
         dcp_sizes=dcp_sizes,
+        kv_quants=kv_quants,
     )
 
 
@@ -351,6 +388,8 @@ class PoolMachine(RuleBasedStateMachine):
         else:
             strategy = getattr(draws, f"{kind}_ops")(spec)
         op: Op = data.draw(strategy, label="op")
+        if f"{spec.variant}:slot0" in self.steer and 0 in written_slots(op):
+            return None  # the target's finding: slot 0 is its padding sink
         return op
 
     # -- the invariant -------------------------------------------------------------------
@@ -383,6 +422,13 @@ class PoolMachine(RuleBasedStateMachine):
                 and spec.family in ("mla", "dsa")
                 and spec.latent_layout == "raw",
                 expected=expected,
+                skip_methods=frozenset(
+                    tag.rsplit(":", 1)[1]
+                    for tag in self.steer
+                    if tag.startswith(f"{spec.variant}:read:")
+                ),
+                # The paged gather is the costly read: after the steps that change index keys.
+                paged_index_reads=self.steps == 0 or self.last_method in _INDEX_CHANGING,
             )
         assert_layer_range(self.pool, spec, call=call)
         assert_accounting(
@@ -392,6 +438,7 @@ class PoolMachine(RuleBasedStateMachine):
             state_buf_infos="state_buf_infos" not in skipped,
             compress_tails="compress_tail" not in skipped,
             tails_counted="dsa:accounting:compress_tails" not in self.steer,
+            scales_counted=f"{spec.variant}:accounting:scales" not in self.steer,
         )
         if spec.compress_tails and "compress_tail" not in skipped:
             assert_compress_tails_match_reference(self.pool, self.reference, call=call)
@@ -400,6 +447,12 @@ class PoolMachine(RuleBasedStateMachine):
             and f"{spec.variant}:contiguous_buf_infos" not in self.steer
         ):
             assert_contiguous_buf_infos(self.pool, spec, call=call)
+        if (
+            spec.quantized
+            and "contiguous_buf_infos" not in skipped
+            and f"{spec.variant}:scale_buf_infos" not in self.steer
+        ):
+            assert_scale_buf_infos(self.pool, spec, call=call)
         check_valid = getattr(self.pool, "check_valid", None)
         if callable(check_valid):
             try:
@@ -414,6 +467,32 @@ class PoolMachine(RuleBasedStateMachine):
                         family=spec.variant,
                     ),
                 ) from exc
+
+
+def _steer_v_head_dim(spec: PoolSpec, *, steer: frozenset[str]) -> PoolSpec:
+    """``spec`` with V shaped like K where a finding steers its variant off its own V dim."""
+    if f"{spec.variant}:v_head_dim" in steer and spec.v_head_dim is not None:
+        return dataclasses.replace(spec, v_head_dim=None)
+    return spec
+
+
+def written_slots(op: Op) -> frozenset[int]:
+    """The slots an operation writes: write locations, move and reload targets.
+
+    Example:
+        >>> from kvcheck.specs import Move
+        >>> sorted(written_slots(Move(tgt=(3, 0), src=(1, 1))))
+        [0, 3]
+    """
+    if isinstance(op, WriteKV | WriteMLA):
+        return frozenset(op.locs)
+    if isinstance(op, WritePrefixValid):
+        return frozenset(slot for row in op.loc_grid for slot in row)
+    if isinstance(op, Move):
+        return frozenset(op.tgt)
+    if isinstance(op, HostReload):
+        return frozenset(op.indices)
+    return frozenset()
 
 
 def make_reproduction(spec: PoolSpec, ops: tuple[Op, ...], note: str, *, check: str = "") -> Any:
@@ -490,6 +569,9 @@ def pool_machine(
     if not isinstance(chosen_specs, st.SearchStrategy):
         raise ValueError(f"specs={specs!r} must be a Hypothesis strategy of PoolSpec")
     chosen_specs = within_target_limits(target, chosen_specs)
+    steer = steered_tags(target)
+    if any(tag.endswith(":v_head_dim") for tag in steer):
+        chosen_specs = chosen_specs.map(functools.partial(_steer_v_head_dim, steer=steer))
     if skip is None:
         skip = {
             capability
@@ -516,7 +598,7 @@ def pool_machine(
             "device": device,
             "family": family,
             "skipped": frozenset(skip),
-            "steer": steered_tags(target),
+            "steer": steer,
             "__module__": __name__,
             "__qualname__": name,
         },

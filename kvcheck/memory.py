@@ -101,7 +101,10 @@ def buffer_tensors(pool: Any) -> list[BufferTensor]:
     """
     found = []
     for name in KV_BUFFER_ATTRIBUTES:
-        for layer, tensor in enumerate(getattr(pool, name, None) or ()):
+        held = getattr(pool, name, None)
+        if isinstance(held, torch.Tensor):  # one tensor every layer shares (a workspace)
+            held = [held]
+        for layer, tensor in enumerate(held or ()):
             if not isinstance(tensor, torch.Tensor):
                 raise ValueError(f"pool.{name}[{layer}]={tensor!r} is not a torch.Tensor")
             found.append(BufferTensor(name, layer, tensor))

@@ -28,6 +28,9 @@ DTYPE_ITEMSIZE: dict[str, int] = {
     "float8_e5m2": 1,
 }
 FP8_DTYPES: frozenset[str] = frozenset({"float8_e4m3fn", "float8_e5m2"})
+#: Packed FP4 (two e2m1 values per byte): the dtype of SGLang's FP4 KV pools. Not a
+#: :data:`DTYPE_ITEMSIZE` name: only a quantized pool (:data:`KV_QUANTS`) takes it.
+FP4_DTYPE = "float4_e2m1fn_x2"
 
 #: DSA index keys are fp8 with one fp32 scale per block of this many channels.
 DSA_QUANT_BLOCK = 128
@@ -39,10 +42,53 @@ KV_LAYOUTS: tuple[str, ...] = ("nhd", "hnd")
 LATENT_LAYOUTS: tuple[str, ...] = ("raw", "scaled")
 #: The only dtype a ``scaled`` latent row takes (its values are e4m3 fp8).
 SCALED_LATENT_DTYPE = "float8_e4m3fn"
+#: Quantized KV caches (SGLang 0.5.23's ``--kv-cache-dtype``), per family, "none" first:
+#: MHA fp8 whose writes carry per-tensor scales (``fp8_scaled``, SGLang's plain pool), the
+#: CPU fp8 method (``cpu_fp8``: ``cpu_fp8_e4m3``), MXFP8 (fp8 values, one e8m0 scale per
+#: 32; interleaved scales for 128-token pages, flat otherwise), FP4 with one exponent per
+#: 16 values (``fp4_mx_block16``) and NVFP4 (e4m3 block scales, a global scale per layer,
+#: linear and/or TRT-LLM native scale layouts: :data:`NVFP4_LAYOUTS`); MLA FP4 (``fp4``,
+#: the block-16 encoding of its latent row).
+MHA_KV_QUANTS: tuple[str, ...] = (
+    "none",
+    "fp8_scaled",
+    "cpu_fp8",
+    "mxfp8",
+    "fp4_mx_block16",
+    "nvfp4",
+)
+MLA_KV_QUANTS: tuple[str, ...] = ("none", "fp4")
+KV_QUANTS: tuple[str, ...] = (*MHA_KV_QUANTS, *MLA_KV_QUANTS[1:])
+#: The dtypes a pool of each quantized variant takes (the first is what strategies draw).
+QUANT_DTYPES: dict[str, tuple[str, ...]] = {
+    "fp8_scaled": ("float8_e4m3fn", "float8_e5m2"),
+    "cpu_fp8": ("float8_e4m3fn",),
+    "mxfp8": ("float8_e4m3fn",),
+    "fp4_mx_block16": (FP4_DTYPE,),
+    "nvfp4": (FP4_DTYPE,),
+    "fp4": (FP4_DTYPE,),
+}
+#: NVFP4 scale layouts, as SGLang selects them from the attention backends: token-linear
+#: e4m3 scales with the shared fp8 dequant workspace (FlashInfer prefill, SM120), both
+#: layouts with it (SM100), linear only and TRT-LLM's native (swizzled, paged) only.
+NVFP4_LAYOUTS: tuple[str, ...] = ("linear+dq", "both+dq", "linear", "native")
+#: Values per scale of each block-scaled variant (``fp4`` and ``nvfp4``: 16; MXFP8: 32).
+QUANT_BLOCKS: dict[str, int] = {"mxfp8": 32, "fp4_mx_block16": 16, "nvfp4": 16, "fp4": 16}
+#: MXFP8 keeps its scales interleaved (FA4's layout) for this page size, flat otherwise.
+MXFP8_INTERLEAVED_PAGE = 128
 #: What :attr:`PoolSpec.variant` can be: a family, or a family with a layout of its own.
 POOL_VARIANTS: tuple[str, ...] = (
     "mha",
     "mha:hnd",
+    "mha:fp8_scaled",
+    "mha:fp8_scaled:hnd",
+    "mha:cpu_fp8",
+    "mha:mxfp8",
+    "mha:mxfp8:flat",
+    "mha:fp4_mx_block16",
+    "mha:nvfp4",
+    "mha:nvfp4:native",
+    "mla:fp4",
     "noop",
     "mla",
     "dsa",
@@ -75,6 +121,17 @@ class Axis:
     values: tuple[Any, ...]
     #: The legacy target attribute that declared it before surfaces (still read).
     legacy_attribute: str
+    #: Families whose values are a part of ``values`` (baseline first): (family, values).
+    per_family: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+    def values_for(self, family: str) -> tuple[Any, ...]:
+        """The values ``family``'s pools take along this axis.
+
+        Example:
+            >>> [axis.values_for("mla") for axis in AXES if axis.field == "kv_quant"]
+            [('none', 'fp4')]
+        """
+        return dict(self.per_family).get(family, self.values)
 
 
 #: Every variant axis, one row each. A new variant of an existing family is a new value
@@ -84,6 +141,14 @@ AXES: tuple[Axis, ...] = (
     Axis("latent_layout", ("dsa",), LATENT_LAYOUTS, "latent_layouts"),
     Axis("index_kpool", ("dsa",), INDEX_KPOOLS, "index_kpools"),
     Axis("dcp_size", ("mla", "dsa"), DCP_SIZES, "dcp_sizes"),
+    Axis(
+        "kv_quant",
+        ("mha", "mla"),
+        KV_QUANTS,
+        "kv_quants",
+        per_family=(("mha", MHA_KV_QUANTS), ("mla", MLA_KV_QUANTS)),
+    ),
+    Axis("nvfp4_layout", ("mha",), NVFP4_LAYOUTS, "nvfp4_layouts"),
 )
 #: Which :class:`PoolSpec` fields describe a pool, by what it is: ``""`` for every pool, then
 #: its family, then each part of its :attr:`PoolSpec.variant` after the family (``kpool``,
@@ -104,6 +169,9 @@ SPEC_FIELDS: dict[str, tuple[str, ...]] = {
     ),
     "kpool": ("index_kpool", "index_kpool_compress", "tail_extra_slots", "max_running_requests"),
     "dcp": ("dcp_size", "dcp_rank"),
+    # A quantized variant names its kv_quant value; NVFP4 also its scale layouts.
+    **{quant: ("kv_quant",) for quant in KV_QUANTS[1:]},
+    "nvfp4": ("kv_quant", "nvfp4_layout"),
 }
 
 
@@ -161,12 +229,18 @@ class PoolSpec:
     # every rank keeps one per widened id.
     dcp_size: int = 1
     dcp_rank: int = 0
+    # MHA / MLA quantized KV cache (:data:`KV_QUANTS`): the payload buffers hold encoded
+    # values and scale buffers beside them hold each block's scale (see kvcheck.geometry).
+    kv_quant: str = "none"
+    # MHA NVFP4: which scale layouts the pool keeps (:data:`NVFP4_LAYOUTS`).
+    nvfp4_layout: str = "linear+dq"
 
     def __post_init__(self) -> None:
-        # Only the layout, kpool and DCP fields are checked here: the rest stays plain
-        # data, checked by the reference and the pools, as before.
+        # Only the layout, kpool, DCP and quantization fields are checked here: the rest
+        # stays plain data, checked by the reference and the pools, as before.
         self._check_kpool()
         self._check_dcp()
+        _check_quant(self)
         if self.latent_layout not in LATENT_LAYOUTS:
             raise ValueError(f"latent_layout={self.latent_layout!r} not in {LATENT_LAYOUTS}")
         if self.latent_layout == "raw":
@@ -311,9 +385,17 @@ start_layer=0, head_num=1, head_dim=8, v_head_dim=None, kv_layout='nhd', kv_page
     def variant(self) -> str:
         """The family, with the buffer layout when it is not the default (``"mha:hnd"``,
         ``"dsa:scaled"``), ``kpool`` for a DSA index kpool above 1 (``"dsa:kpool"``) and
-        ``dcp`` for decode context parallel (``"mla:dcp"``):
+        ``dcp`` for decode context parallel (``"mla:dcp"``); a quantized pool names its
+        :data:`KV_QUANTS` value, ``flat`` for MXFP8 scales off 128-token pages and
+        ``native`` for NVFP4 with TRT-LLM's native scales (``"mha:mxfp8:flat"``):
         what a failure's signature names, so a finding can be about one variant only."""
         parts: list[str] = [self.family]
+        if self.kv_quant != "none":
+            parts.append(self.kv_quant)
+            if self.kv_quant == "mxfp8" and self.page_size != MXFP8_INTERLEAVED_PAGE:
+                parts.append("flat")
+            if self.kv_quant == "nvfp4" and "native" in _nvfp4_scales(self.nvfp4_layout):
+                parts.append("native")
         if self.latent_layout != "raw":
             parts.append(self.latent_layout)
         elif self.kv_layout != "nhd":
@@ -330,7 +412,26 @@ start_layer=0, head_num=1, head_dim=8, v_head_dim=None, kv_layout='nhd', kv_page
 
     @property
     def itemsize(self) -> int:
-        return DTYPE_ITEMSIZE[self.dtype]
+        """Bytes per value of ``dtype``; for packed FP4, 1 (a storage byte holds two)."""
+        return 1 if self.dtype == FP4_DTYPE else DTYPE_ITEMSIZE[self.dtype]
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the pool keeps encoded values with block scales (or, ``cpu_fp8``, the
+        CPU fp8 method's own buffers): any :data:`KV_QUANTS` value but ``none`` and
+        ``fp8_scaled`` (SGLang's plain pool, whose scales are per tensor, the caller's)."""
+        return self.kv_quant not in ("none", "fp8_scaled")
+
+    @property
+    def nvfp4_scales(self) -> tuple[str, ...]:
+        """The NVFP4 scale layouts the pool keeps (``("linear",)``, ``("native",)`` or
+        both); ``()`` for other pools."""
+        return _nvfp4_scales(self.nvfp4_layout) if self.kv_quant == "nvfp4" else ()
+
+    @property
+    def dequant_workspace(self) -> bool:
+        """Whether an NVFP4 pool keeps the shared fp8 dequant workspace (FlashInfer prefill)."""
+        return self.kv_quant == "nvfp4" and self.nvfp4_layout.endswith("+dq")
 
     @property
     def skip_mask(self) -> tuple[bool, ...]:
@@ -346,6 +447,82 @@ start_layer=0, head_num=1, head_dim=8, v_head_dim=None, kv_layout='nhd', kv_page
         if self.index_buf_size is not None:
             return self.index_buf_size
         return self.token_slots - self.page_size
+
+
+def _nvfp4_scales(layout: str) -> tuple[str, ...]:
+    scales = layout.removesuffix("+dq")
+    return ("linear", "native") if scales == "both" else (scales,)
+
+
+def _quant_geometry_problem(spec: PoolSpec) -> str | None:
+    """Why ``spec``'s shapes cannot hold its quantized variant's blocks (None: they can)."""
+    quant, dims = spec.kv_quant, (spec.head_dim, spec.effective_v_head_dim)
+    if quant == "mxfp8":
+        if any(dim % 32 for dim in dims):
+            return f"head_dim={dims[0]} and v_head_dim={dims[1]} must be multiples of 32"
+        if spec.page_size == MXFP8_INTERLEAVED_PAGE and spec.size % spec.page_size:
+            return f"interleaved scales (page_size=128) need whole pages, got size={spec.size}"
+    elif quant == "fp4_mx_block16":
+        if any(spec.head_num * dim % 16 for dim in dims):
+            return f"head_num * head_dim and head_num * v_head_dim ({dims}) must be multiples of 16"
+    elif quant == "nvfp4":
+        native = "native" in spec.nvfp4_scales
+        block = 64 if native else 16
+        if any(dim % block for dim in dims):
+            return f"head_dim and v_head_dim ({dims}) must be multiples of {block}"
+        if native and (spec.page_size % 4 or spec.size % spec.page_size):
+            return (
+                f"native NVFP4 scales need page_size % 4 == 0 and whole pages, got"
+                f" page_size={spec.page_size}, size={spec.size}"
+            )
+    elif quant == "fp4":
+        if spec.kv_lora_rank % 16 or spec.qk_rope_head_dim % 16:
+            return (
+                f"kv_lora_rank={spec.kv_lora_rank} and qk_rope_head_dim="
+                f"{spec.qk_rope_head_dim} must be multiples of 16 (each part is quantized"
+                " in blocks of 16)"
+            )
+        if spec.dcp_size > 1:
+            return "no decode context parallel (SGLang's FP4 scale kernel has no DCP path)"
+    return None
+
+
+def _check_quant(spec: PoolSpec) -> None:
+    """The quantization fields of ``spec`` agree with its family, dtype and shapes."""
+    quant = spec.kv_quant
+    allowed = {"mha": MHA_KV_QUANTS, "mla": MLA_KV_QUANTS}.get(spec.family, ("none",))
+    if quant not in allowed:
+        raise ValueError(f"kv_quant={quant!r} not in {allowed} for family={spec.family!r}")
+    if spec.nvfp4_layout not in NVFP4_LAYOUTS:
+        raise ValueError(f"nvfp4_layout={spec.nvfp4_layout!r} not in {NVFP4_LAYOUTS}")
+    if spec.nvfp4_layout != NVFP4_LAYOUTS[0] and quant != "nvfp4":
+        raise ValueError(f"nvfp4_layout={spec.nvfp4_layout!r} needs kv_quant='nvfp4'")
+    if quant == "none":
+        if spec.dtype == FP4_DTYPE:
+            raise ValueError(f"dtype={FP4_DTYPE!r} needs a quantized kv_quant (fp4, nvfp4, ...)")
+        return
+    if spec.dtype not in QUANT_DTYPES[quant]:
+        raise ValueError(
+            f"kv_quant={quant!r} needs dtype in {QUANT_DTYPES[quant]}, got {spec.dtype!r}"
+        )
+    if spec.quantized and spec.kv_layout != "nhd":
+        raise ValueError(f"kv_quant={quant!r} pools are token-major only (kv_layout='nhd')")
+    if any(
+        not isinstance(v, int) or isinstance(v, bool)
+        for v in (
+            spec.head_num,
+            spec.head_dim,
+            spec.effective_v_head_dim,
+            spec.kv_lora_rank,
+            spec.qk_rope_head_dim,
+            spec.page_size,
+            spec.size,
+        )
+    ):
+        return  # the reference and the pools report malformed sizes
+    problem = _quant_geometry_problem(spec)
+    if problem is not None:
+        raise ValueError(f"kv_quant={quant!r}: {problem}")
 
 
 # --- operations -------------------------------------------------------------------------
@@ -368,6 +545,10 @@ class Payload:
     v_rows: tuple[bytes, ...] = ()
     k_scale: float | None = None
     v_scale: float | None = None
+    #: MXFP8's scaled write: the caller's e8m0 block scales, one row of bytes per token
+    #: (``[head_num, dim // 32]``) beside fp8 ``k_rows``/``v_rows``; stored as given.
+    k_scale_rows: tuple[bytes, ...] = ()
+    v_scale_rows: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -376,7 +557,10 @@ class WriteKV:
 
     For MLA/DSA ``v_rows`` is empty: the latent row is the whole cache entry. ``payload``
     (optional) is what the caller passes instead when it writes in another dtype; the
-    rows are then what the pool must store.
+    rows are then what the pool must store. A quantized pool (:attr:`PoolSpec.quantized`)
+    is always written from a ``payload``, with ``k_rows``/``v_rows`` empty: what it must
+    store (encoded values and block scales) is the reference's encoding of it.
+    ``override`` passes the layer as ``layer_id_override=layer_id`` with ``layer=None``.
     """
 
     layer_id: int
@@ -384,6 +568,7 @@ class WriteKV:
     k_rows: tuple[bytes, ...]
     v_rows: tuple[bytes, ...] = ()
     payload: Payload | None = None
+    override: bool = False
 
 
 @dataclass(frozen=True)
@@ -410,7 +595,8 @@ class WritePrefixValid:
     ``b`` commits only its first ``commit_lens[b]``.
 
     ``k_rows``/``v_rows`` hold one row per grid cell, row-major; uncommitted cells are
-    passed to the pool but must not be written.
+    passed to the pool but must not be written. ``dtype`` names the rows' dtype when it is
+    not the pool's (a quantized pool takes bf16 rows and stores their encoding).
     """
 
     layer_id: int
@@ -418,6 +604,7 @@ class WritePrefixValid:
     commit_lens: tuple[int, ...]
     k_rows: tuple[bytes, ...]
     v_rows: tuple[bytes, ...]
+    dtype: str | None = None
 
 
 @dataclass(frozen=True)

@@ -141,7 +141,7 @@ class Surface:
         families: dict[str, dict[str, tuple[Any, ...]]] = {f: {} for f in POOL_FAMILIES}
         for axis in AXES:
             for family in axis.families:
-                families[family][axis.field] = axis.values
+                families[family][axis.field] = axis.values_for(family)
         for family, fields in limits.items():
             families.setdefault(family, {}).update(fields)
         return cls(families)
@@ -172,7 +172,7 @@ class Surface:
             return declared[field]
         axis = _AXIS_BY_FIELD.get(field)
         if axis is not None and family in axis.families:
-            return axis.values[:1]
+            return axis.values_for(family)[:1]
         return None
 
     def limits(self) -> dict[str, dict[str, tuple[Any, ...]]]:
@@ -180,8 +180,8 @@ class Surface:
         does not take in full and every other field it declares.
 
         Example:
-            >>> Surface.baseline().limits()["mha"]
-            {'kv_layout': ('nhd',)}
+            >>> Surface.baseline().limits()["mla"]
+            {'dcp_size': (1,), 'kv_quant': ('none',)}
         """
         narrowed: dict[str, dict[str, tuple[Any, ...]]] = {}
         for family in self.families:
@@ -189,7 +189,7 @@ class Surface:
             for axis in AXES:
                 if family in axis.families:
                     values = self.values(family, axis.field)
-                    if values is not None and set(values) != set(axis.values):
+                    if values is not None and set(values) != set(axis.values_for(family)):
                         fields[axis.field] = values
             for field, values in self.families[family].items():
                 if field not in _AXIS_BY_FIELD:
@@ -203,8 +203,8 @@ class Surface:
         its notes are kept.
 
         Example:
-            >>> Surface.everything().replace(noop=None, mla=None, dsa=None).describe()
-            'mha (kv_layout nhd/hnd)'
+            >>> Surface.everything().replace(mha=None, mla=None, dsa=None).describe()
+            'noop'
         """
         merged: dict[str, FieldValues] = dict(self.families)
         for family, declaration in families.items():
@@ -378,9 +378,10 @@ def _field_problem(family: str, field: object, values: object) -> str | None:
         return None
     if family not in axis.families:
         return f": {field} varies only for {', '.join(axis.families)} pools"
-    baseline = axis.values[0]
-    if baseline not in values or set(values) - set(axis.values):
-        return f"={values!r} must include the baseline {baseline!r}, of {axis.values}"
+    known = axis.values_for(family)
+    baseline = known[0]
+    if baseline not in values or set(values) - set(known):
+        return f"={values!r} must include the baseline {baseline!r}, of {known}"
     return None
 
 

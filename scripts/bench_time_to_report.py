@@ -143,6 +143,19 @@ KVCHECK_TWINS: tuple[Twin, ...] = (
     # Two bugs, one declared as a finding by the twin test: here both are undeclared.
     _pool_twin("silent-reload-moving-noop", "noop", "SilentReloadMovingNoOp"),
     _pool_twin("silent-reload-noop", "noop", "SilentReloadNoOp"),
+    _pool_twin("override-blind-mha", "mha", "OverrideBlindMHA"),
+    _pool_twin("page-table-blind-read-dsa", "dsa", "PageTableBlindReadDSA"),
+    # Quantized pools: each is drawn by its variant's own machine run.
+    _pool_twin("scale-leaving-move-fp4", "mha", "ScaleLeavingMoveFP4"),
+    _pool_twin("scale-leaving-move-mla-fp4", "mla", "ScaleLeavingMoveMLAFP4"),
+    _pool_twin("payload-only-reload-fp4", "mha", "PayloadOnlyReloadFP4"),
+    _pool_twin("scale-uncounting-mla-fp4", "mla", "ScaleUncountingMLAFP4"),
+    _pool_twin("scale-undescribing-fp4", "mha", "ScaleUndescribingFP4"),
+    _pool_twin("swapped-interleave-mxfp8", "mha", "SwappedInterleaveMXFP8"),
+    _pool_twin("v-shaped-by-k-fp4", "mha", "VShapedByKFP4"),
+    _pool_twin("unscaled-cast-cpu-fp8", "mha", "UnscaledCastCPUFP8"),
+    _pool_twin("payload-only-prefix-valid-fp4", "mha", "PayloadOnlyPrefixValidFP4"),
+    _pool_twin("swapped-scale-read-fp4", "mha", "SwappedScaleReadFP4"),
     *(
         _serving_twin(f"forgets-{rule}", f"forgets_rule({rule!r})", "forgets_rule")
         for rule in RULES

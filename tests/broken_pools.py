@@ -18,8 +18,12 @@ import torch
 from kvcheck.pools import (
     DSATokenToKVPool,
     MHATokenToKVPool,
+    MHATokenToKVPoolMXFP8,
     MLATokenToKVPool,
+    MLATokenToKVPoolFP4,
     NoOpMHATokenToKVPool,
+    QuantizedMHATokenToKVPool,
+    _quant,
 )
 from kvcheck.pools._checks import check_payload, require_int
 from kvcheck.pools._dcp import owned_mask
@@ -54,7 +58,7 @@ class MoveIgnoresV(MHATokenToKVPool):
     def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         tgt, src = self._move_locations(tgt_loc, src_loc)
         if tgt.numel():
-            move_rows(self.k_buffer, tgt=tgt, src=src)
+            move_rows(self.k_buffer, tgt=tgt, src=src, page_size=self._slot_pages)
 
 
 class SequentialMoveMLA(MLATokenToKVPool):
@@ -370,6 +374,123 @@ class OwnedIndexMoveDcpDSA(DSATokenToKVPool):
         super().move_kv_cache(tgt[owned], src[owned])
 
 
+# --- quantized pools: scales are state ----------------------------------------------------
+
+
+class ScaleLeavingMoveFP4(QuantizedMHATokenToKVPool):
+    """Moves the packed payload and leaves the block scales behind (SGLang's Q2, on MHA)."""
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        tgt, src = self._move_locations(tgt_loc, src_loc)
+        for buffer in self.k_buffer + self.v_buffer:
+            buffer.index_copy_(0, tgt, buffer.index_select(0, src))
+
+
+class ScaleLeavingMoveMLAFP4(MLATokenToKVPoolFP4):
+    """The MLA FP4 pool moving its latent rows but not ``kv_scale_buffer`` (SGLang's Q2)."""
+
+    def move_kv_cache(self, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
+        tgt, src = self._move_locations(tgt_loc, src_loc)
+        for buffer in self.kv_buffer:
+            buffer.index_copy_(0, tgt, buffer.index_select(0, src))
+
+
+class PayloadOnlyReloadFP4(QuantizedMHATokenToKVPool):
+    """A reload that writes back the copied payload and not its scales (SGLang's Q1)."""
+
+    def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
+        idx = self._locations("indices", indices, distinct=True, where="load_cpu_copy")
+        for part in ("k", "v"):
+            layers = zip(getattr(self, f"{part}_buffer"), kv_cache_cpu.parts[part], strict=True)
+            for buffer, rows in layers:
+                buffer.index_copy_(0, idx, rows)
+
+
+class ScaleUncountingMLAFP4(MLATokenToKVPoolFP4):
+    """``get_kv_size_bytes`` counts the payload and not the scale buffers (SGLang's Q3)."""
+
+    def get_kv_size_bytes(self) -> int:
+        return sum(buffer.nbytes for buffer in self.kv_buffer)
+
+
+class ScaleUndescribingFP4(QuantizedMHATokenToKVPool):
+    """Describes its payload for transfer and no scale buffer (SGLang's Q4)."""
+
+    def get_kv_scale_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
+        return [], [], []
+
+
+class _SwappedInterleave(_quant.ScaleLayout):
+    """FA4's interleave with the two token axes read the other way round: token offset
+    ``o`` at ``[o // 4, o % 4]`` instead of ``[o % 32, o // 32]`` (a bijection: moves and
+    copies within the pool stay consistent, the bytes are where FA4 does not read them)."""
+
+    def _swapped(self, loc: torch.Tensor) -> torch.Tensor:
+        offset = loc % self.page_size
+        return (loc - offset) + (offset % 4) * 32 + offset // 4
+
+    def gather(self, buffer: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+        return super().gather(buffer, self._swapped(loc))
+
+    def scatter(self, buffer: torch.Tensor, loc: torch.Tensor, scales: torch.Tensor) -> None:
+        super().scatter(buffer, self._swapped(loc), scales)
+
+
+class SwappedInterleaveMXFP8(MHATokenToKVPoolMXFP8):
+    """Stores each token's e8m0 scales at the wrong place of the interleaved page."""
+
+    def _create_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        buffers = super()._create_buffers()
+        self._scale_layouts = {
+            name: (
+                part,
+                _SwappedInterleave(**vars(layout)) if layout.kind == "interleaved" else layout,
+            )
+            for name, (part, layout) in self._scale_layouts.items()
+        }
+        return buffers
+
+
+class VShapedByKFP4(QuantizedMHATokenToKVPool):
+    """Shapes V and its scales by ``head_dim`` and ignores ``v_head_dim`` (SGLang's Q5)."""
+
+    def _payload_dim(self, part: str) -> int:
+        return self.head_dim
+
+
+class UnscaledCastCPUFP8(QuantizedMHATokenToKVPool):
+    """The CPU fp8 method storing the caller's values without dividing by its scales."""
+
+    def set_kv_buffer(
+        self, layer: Any, loc: Any, cache_k: Any, cache_v: Any, *args: Any, **kwargs: Any
+    ) -> None:  # type: ignore[override]
+        kwargs.pop("k_scale", None)
+        kwargs.pop("v_scale", None)
+        super().set_kv_buffer(layer, loc, cache_k, cache_v, None, None, **kwargs)
+
+
+class PayloadOnlyPrefixValidFP4(QuantizedMHATokenToKVPool):
+    """A prefix-valid write that stores the encoded payload and leaves the scales as they
+    were (a write path that forgets its second buffer)."""
+
+    def set_kv_buffer_prefix_valid(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        saved = {name: [b.clone() for b in getattr(self, name)] for name in self._scale_layouts}
+        super().set_kv_buffer_prefix_valid(*args, **kwargs)
+        for name, layers in saved.items():
+            for buffer, before in zip(getattr(self, name), layers, strict=True):
+                buffer.copy_(before)
+
+
+class SwappedScaleReadFP4(QuantizedMHATokenToKVPool):
+    """``get_key_buffer`` dequantizes K with V's block scales."""
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        local = self._local_layer(layer_id, where="get_key_buffer")
+        rows = self.k_buffer[local].reshape(self.num_slots, -1)
+        values = _quant.fp4_block16_dequantize(rows, self.v_scale_buffer[local])
+        return values.reshape(self.num_slots, self.head_num, -1)
+
+
 # --- serving them --------------------------------------------------------------------------
 
 
@@ -386,10 +507,13 @@ class BrokenTarget(KVCheckTarget):
         self.findings = findings
 
     def make_pool(self, spec: PoolSpec, *, device: str) -> Any:
-        """The broken class for its family; kvcheck's own pool for any other."""
-        if spec.family != self.family:
+        """The broken class where kvcheck would build the pool it breaks (its family and,
+        for a quantized pool, its variant); kvcheck's own pool for any other spec."""
+        arguments = self.pool_arguments(spec, device=device)
+        broken = next(c for c in self.pool_class.__mro__ if c.__module__.startswith("kvcheck."))
+        if spec.family != self.family or arguments.resolve() is not broken:
             return super().make_pool(spec, device=device)
-        return self.pool_arguments(spec, device=device).build(self.pool_class)
+        return arguments.build(self.pool_class)
 
 
 # --- reads, layer ranges and token-granular host copies -------------------------------------
@@ -420,6 +544,27 @@ class ShiftedRowsReadDSA(DSATokenToKVPool):
     def get_index_k_with_scale_buffer(self, layer_id: int) -> torch.Tensor:
         buffer = super().get_index_k_with_scale_buffer(layer_id)
         return buffer.roll(1, dims=0) if buffer.shape[0] > 1 else buffer
+
+
+class OverrideBlindMHA(MHATokenToKVPool):
+    """``set_kv_buffer`` writes the pool's first layer whenever ``layer_id_override`` is
+    given (as if it read a local id), whatever global layer it names."""
+
+    def set_kv_buffer(self, layer: Any, loc: Any, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        if kwargs.get("layer_id_override") is not None:
+            kwargs["layer_id_override"] = self.start_layer
+        super().set_kv_buffer(layer, loc, *args, **kwargs)
+
+
+class PageTableBlindReadDSA(DSATokenToKVPool):
+    """``get_index_k_scale_buffer`` reads each sequence's slots from pages 0, 1, ... in
+    order, ignoring its page table (right only where the table happens to be 0, 1, ...)."""
+
+    def get_index_k_scale_buffer(
+        self, layer_id: int, seq_len_tensor: Any, page_indices: Any, *args: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        identity = torch.arange(page_indices.shape[1]).expand_as(page_indices)
+        return super().get_index_k_scale_buffer(layer_id, seq_len_tensor, identity, *args)
 
 
 class EndLayerFromZeroMLA(MLATokenToKVPool):

@@ -29,15 +29,23 @@ from broken_pools import (
     LocSortingMHA,
     MoveIgnoresV,
     NarrowIndexDcpDSA,
+    OverrideBlindMHA,
     OwnedIndexMoveDcpDSA,
     OwnerBlindDcpMLA,
     PageGranularReloadMHA,
     PageRowMoveDSA,
+    PageTableBlindReadDSA,
+    PayloadOnlyPrefixValidFP4,
+    PayloadOnlyReloadFP4,
     RareCombinationWriteMHA,
     RawWidthScaledDSA,
     RingStartTailDSA,
     RopeDroppingMLA,
     ScaleDividingMHA,
+    ScaleLeavingMoveFP4,
+    ScaleLeavingMoveMLAFP4,
+    ScaleUncountingMLAFP4,
+    ScaleUndescribingFP4,
     SequentialMoveMLA,
     ShiftedRowsReadDSA,
     SilentNoOp,
@@ -48,6 +56,8 @@ from broken_pools import (
     StaleViewMLA,
     StartLayerBlindReadMHA,
     SwappedBlockScalesDSA,
+    SwappedInterleaveMXFP8,
+    SwappedScaleReadFP4,
     TokenMajorMoveMHA,
     TokenPageIndexKpoolDSA,
     UncollapsedCopyDcpDSA,
@@ -55,7 +65,9 @@ from broken_pools import (
     UncountedTailsDSA,
     UnpaddedReportMHA,
     UnrefusedKVWriteDcpMLA,
+    UnscaledCastCPUFP8,
     ValidatingMoveNoOp,
+    VShapedByKFP4,
     WholeTailItemDSA,
 )
 from hypothesis import HealthCheck, Phase, find, settings
@@ -160,13 +172,19 @@ def small_machine(
     keep: frozenset[str] = BASIC,
     findings: tuple = (),
     dtype_names: tuple[str, ...] | None = None,
+    kv_quants: tuple[str, ...] = ("none",),
 ) -> type:
     """``family``'s machine on the broken pool, checking only the ``keep`` capabilities
-    (on pools of ``dtype_names``, default any)."""
+    (on pools of ``dtype_names``, default any, and of the quantized variants ``kv_quants``)."""
     # Pools of at most two layers and two pages keep each shrink step cheap; every bug
     # below shows on such a pool.
     specs = pool_specs(
-        families=(family,), dtype_names=dtype_names, max_layers=2, max_size=8, max_page_size=4
+        families=(family,),
+        dtype_names=dtype_names,
+        max_layers=2,
+        max_size=8,
+        max_page_size=4,
+        kv_quants=kv_quants,
     )
     return pool_machine(
         BrokenTarget(family, pool_class, findings),
@@ -185,11 +203,17 @@ def machine_failure(
     keep: frozenset[str] = BASIC,
     findings: tuple = (),
     dtype_names: tuple[str, ...] | None = None,
+    kv_quants: tuple[str, ...] = ("none",),
 ) -> tuple[str, list[str], int]:
     """Run ``family``'s machine on the broken pool; return the failure message, the shrunk
     steps (one line per operation drawn) and the layer count of the shrunk pool."""
     message, notes = machine_report(
-        family, pool_class, keep=keep, findings=findings, dtype_names=dtype_names
+        family,
+        pool_class,
+        keep=keep,
+        findings=findings,
+        dtype_names=dtype_names,
+        kv_quants=kv_quants,
     )
     steps = [line for line in notes.splitlines() if line.startswith("Draw ") and "(op)" in line]
     layers = re.search(r"layer_num=(\d+)", notes)
@@ -204,11 +228,17 @@ def machine_report(
     keep: frozenset[str] = BASIC,
     findings: tuple = (),
     dtype_names: tuple[str, ...] | None = None,
+    kv_quants: tuple[str, ...] = ("none",),
 ) -> tuple[str, str]:
     """Run ``family``'s machine on the broken pool; return the failure message and the notes
     Hypothesis attached (the shrunk example as it is printed)."""
     machine = small_machine(
-        family, pool_class, keep=keep, findings=findings, dtype_names=dtype_names
+        family,
+        pool_class,
+        keep=keep,
+        findings=findings,
+        dtype_names=dtype_names,
+        kv_quants=kv_quants,
     )
     with pytest.raises(PropertyFailure) as caught, active_findings(findings):
         run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
@@ -291,6 +321,21 @@ def test_machine_catches_index_k_reads_of_the_wrong_rows() -> None:
     """get_index_k_with_scale_buffer with its page rows rolled fails after one index write."""
     message, steps, layers = machine_failure("dsa", ShiftedRowsReadDSA, keep=READS)
     assert "get_index_k_with_scale_buffer" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_machine_catches_a_write_that_ignores_layer_id_override() -> None:
+    """A write by layer_id_override that lands on the first layer fails on a two-layer pool."""
+    message, steps, layers = machine_failure("mha", OverrideBlindMHA, keep=frozenset())
+    assert "layer_id_override=" in message
+    assert len(steps) <= 2 and layers == 2, steps
+
+
+def test_machine_catches_paged_index_reads_that_ignore_the_page_table() -> None:
+    """get_index_k_scale_buffer reading pages in order instead of through the page table
+    fails once an index key sits on a page the table visits out of order."""
+    message, steps, layers = machine_failure("dsa", PageTableBlindReadDSA, keep=READS)
+    assert "get_index_k_scale_buffer" in message
     assert len(steps) <= 2 and layers <= 2, steps
 
 
@@ -393,6 +438,103 @@ def test_machine_catches_a_scaled_write_that_divides_the_callers_tensor() -> Non
         "mha", ScaleDividingMHA, keep=frozenset({"cast_write"})
     )
     assert "the caller's tensor" in message and "set_kv_buffer" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+# --- quantized pools: scales are state -------------------------------------------------------
+
+FP4 = ("fp4_mx_block16",)
+
+
+def test_machine_catches_a_move_that_leaves_the_scales_behind() -> None:
+    """An FP4 MHA move of the payload alone fails on the target's scale buffer, shrunk to a
+    write and a move."""
+    message, steps, layers = machine_failure("mha", ScaleLeavingMoveFP4, kv_quants=FP4)
+    assert "move_kv_cache" in message and "_scale_buffer" in message
+    assert len(steps) <= 3 and layers <= 2, steps
+
+
+def test_mla_machine_catches_a_move_that_leaves_the_scales_behind() -> None:
+    """SGLang's Q2 shape: the MLA FP4 move of latent rows without kv_scale_buffer."""
+    message, steps, layers = machine_failure("mla", ScaleLeavingMoveMLAFP4, kv_quants=("fp4",))
+    assert "move_kv_cache" in message and "kv_scale_buffer" in message
+    assert len(steps) <= 3 and layers <= 2, steps
+
+
+def test_machine_catches_a_reload_that_leaves_the_scales_behind() -> None:
+    """SGLang's Q1 shape: a reload of the copied payload without its scales."""
+    message, steps, layers = machine_failure("mha", PayloadOnlyReloadFP4, kv_quants=FP4)
+    assert "load_cpu_copy" in message and "_scale_buffer" in message
+    assert len(steps) <= 4 and layers <= 2, steps
+
+
+def test_accounting_catches_scales_left_uncounted() -> None:
+    """SGLang's Q3 shape: get_kv_size_bytes without the scale buffers fails on a freshly
+    built MLA FP4 pool, named as such."""
+    message, steps, layers = machine_failure(
+        "mla", ScaleUncountingMLAFP4, keep=frozenset(), kv_quants=("fp4",)
+    )
+    assert "get_kv_size_bytes" in message and "pool construction" in message
+    assert not steps and layers == 1, steps
+    spec = PoolSpec(family="mla", size=2, page_size=2, layer_num=1, dtype="float4_e2m1fn_x2",
+                    kv_quant="fp4", kv_lora_rank=16, qk_rope_head_dim=16)  # fmt: skip
+    pool = BrokenTarget("mla", ScaleUncountingMLAFP4).make_pool(spec, device=CPU)
+    with pytest.raises(PropertyFailure) as caught:
+        assert_kv_size_bytes(pool, spec)
+    assert caught.value.signature.kind == "scale buffers unreported"
+    assert_kv_size_bytes(pool, spec, scales_counted=False)  # the rest still adds up
+
+
+def test_machine_catches_scale_buffers_left_undescribed() -> None:
+    """SGLang's Q4 shape: transfer descriptors of the payload and none of the scales."""
+    message, steps, layers = machine_failure(
+        "mha", ScaleUndescribingFP4, keep=frozenset({"contiguous_buf_infos"}), kv_quants=FP4
+    )
+    assert "get_kv_scale_buf_infos" in message and "pool construction" in message
+    assert not steps and layers == 1, steps
+
+
+def test_machine_catches_interleaved_scales_at_the_wrong_place() -> None:
+    """MXFP8 scales written (and read back) at the wrong place of FA4's interleaved page
+    fail on the first write of a token whose offset the two layouts map apart."""
+    message, steps, layers = machine_failure("mha", SwappedInterleaveMXFP8, kv_quants=("mxfp8",))
+    assert "k_scale_buffer" in message or "v_scale_buffer" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_machine_catches_a_quantized_geometry_that_ignores_v_head_dim() -> None:
+    """SGLang's Q5 shape: V and its scales shaped by head_dim fail a pool whose V head dim
+    differs, at construction."""
+    message, steps, layers = machine_failure("mha", VShapedByKFP4, keep=frozenset(), kv_quants=FP4)
+    assert "pool construction" in message
+    assert not steps and layers == 1, steps
+
+
+def test_machine_catches_a_cast_write_that_ignores_the_scales() -> None:
+    """The CPU fp8 method storing the caller's values undivided fails on a cast write
+    that carries a scale."""
+    message, steps, layers = machine_failure(
+        "mha", UnscaledCastCPUFP8, keep=frozenset({"cast_write"}), kv_quants=("cpu_fp8",)
+    )
+    assert "set_kv_buffer" in message and "_scale=" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_machine_catches_a_prefix_valid_write_without_its_scales() -> None:
+    """A prefix-valid write that stores the payload and not its scales is caught."""
+    message, steps, layers = machine_failure(
+        "mha", PayloadOnlyPrefixValidFP4, keep=frozenset({"prefix_valid_write"}), kv_quants=FP4
+    )
+    assert "set_kv_buffer_prefix_valid" in message and "_scale_buffer" in message
+    assert len(steps) <= 2 and layers <= 2, steps
+
+
+def test_machine_catches_a_read_dequantized_with_the_wrong_scales() -> None:
+    """get_key_buffer dequantizing K with V's scales fails the read-API check."""
+    message, steps, layers = machine_failure(
+        "mha", SwappedScaleReadFP4, keep=frozenset({"read_api"}), kv_quants=FP4
+    )
+    assert "get_key_buffer" in message
     assert len(steps) <= 2 and layers <= 2, steps
 
 

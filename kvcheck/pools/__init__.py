@@ -10,6 +10,10 @@ byte accounting):
   validate their arguments and do nothing.
 - :class:`MLATokenToKVPool`: one latent buffer per layer; ``set_mla_kv_buffer`` /
   ``get_mla_kv_buffer`` take and give the latent row as its nope and rope parts.
+- :class:`QuantizedMHATokenToKVPool` (SGLang's quant methods ``cpu_fp8_e4m3``,
+  ``fp4_mx_block16``, ``nvfp4``), :class:`MHATokenToKVPoolMXFP8` and
+  :class:`MLATokenToKVPoolFP4`: quantized pools whose block scales are state, written,
+  moved, copied, counted and described with their payload.
 - :class:`DSATokenToKVPool`: MLA plus the DSA indexer's paged fp8 keys, with skip layers;
   token-granular moves and host copies, paged reads (``get_index_k_scale_buffer``).
 
@@ -31,13 +35,18 @@ Example:
 from kvcheck.pools.base import KVCache
 from kvcheck.pools.dsa import DSATokenToKVPool
 from kvcheck.pools.mha import MHATokenToKVPool
+from kvcheck.pools.mha_quant import MHATokenToKVPoolMXFP8, QuantizedMHATokenToKVPool
 from kvcheck.pools.mla import MLATokenToKVPool
+from kvcheck.pools.mla_fp4 import MLATokenToKVPoolFP4
 from kvcheck.pools.noop import NoOpMHATokenToKVPool
 
 __all__ = [
     "DSATokenToKVPool",
     "KVCache",
     "MHATokenToKVPool",
+    "MHATokenToKVPoolMXFP8",
     "MLATokenToKVPool",
+    "MLATokenToKVPoolFP4",
     "NoOpMHATokenToKVPool",
+    "QuantizedMHATokenToKVPool",
 ]

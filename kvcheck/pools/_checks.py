@@ -389,7 +389,13 @@ def check_page_table(
             f"{where}: page_indices[{b}, {w}]={int(pages[b, w])} not in [0, {num_pages})"
             " (index-K pages)"
         )
-    seq = torch.repeat_interleave(torch.arange(batch, device=table.device), lens)
+    # Built from Python ints: torch's repeat_interleave stalls on a busy CPU's thread pool.
+    counts = lens.tolist()
+    seq = torch.tensor(
+        [b for b, count in enumerate(counts) for _ in range(count)],
+        dtype=torch.int64,
+        device=table.device,
+    )
     starts = torch.cumsum(lens, 0) - lens
     j = torch.arange(total, device=table.device) - starts[seq]
     tokens = pages[seq, j // page_size] * page_size + j % page_size

@@ -31,24 +31,31 @@ SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (
     torch.float8_e5m2,
 )
 FP8_DTYPES: frozenset[torch.dtype] = frozenset({torch.float8_e4m3fn, torch.float8_e5m2})
+#: Packed FP4 (two e2m1 values a byte): only the quantized pools take it, stored as uint8.
+FP4_DTYPE: torch.dtype = torch.float4_e2m1fn_x2
+#: Payload dtypes the quantized pools encode (what attention layers hand them).
+FLOAT_PAYLOAD_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def check_pool_dtype(dtype: object) -> torch.dtype:
-    """Return ``dtype`` if a pool can hold it, else raise ``ValueError`` naming the choices.
+def check_pool_dtype(
+    dtype: object, allowed: tuple[torch.dtype, ...] = SUPPORTED_DTYPES
+) -> torch.dtype:
+    """Return ``dtype`` if a pool can hold it (one of ``allowed``), else raise
+    ``ValueError`` naming the choices.
 
     Example:
         >>> check_pool_dtype(torch.float16)
         torch.float16
     """
-    if not isinstance(dtype, torch.dtype) or dtype not in SUPPORTED_DTYPES:
-        allowed = ", ".join(str(d) for d in SUPPORTED_DTYPES)
-        raise ValueError(f"dtype={dtype!r} is not supported; allowed: {allowed}")
+    if not isinstance(dtype, torch.dtype) or dtype not in allowed:
+        allowed_names = ", ".join(str(d) for d in allowed)
+        raise ValueError(f"dtype={dtype!r} is not supported; allowed: {allowed_names}")
     return dtype
 
 
 def storage_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a pool's tensors are allocated with: ``uint8`` for fp8, else ``dtype``."""
-    return torch.uint8 if dtype in FP8_DTYPES else dtype
+    """The dtype a pool's tensors are allocated with: ``uint8`` for fp8 and FP4, else ``dtype``."""
+    return torch.uint8 if dtype in FP8_DTYPES or dtype == FP4_DTYPE else dtype
 
 
 def payload_dtypes(dtype: torch.dtype) -> tuple[torch.dtype, ...]:

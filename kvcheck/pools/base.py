@@ -40,6 +40,7 @@ from kvcheck.pools._checks import (
     resolve_device,
 )
 from kvcheck.pools._dtypes import (
+    SUPPORTED_DTYPES,
     accepted_payload_dtypes,
     as_storage,
     check_pool_dtype,
@@ -89,6 +90,9 @@ class KVCache(abc.ABC):
     validated payload into storage rows.
     """
 
+    #: The cache dtypes the pool takes (the quantized pools take their own).
+    _POOL_DTYPES: tuple[torch.dtype, ...] = SUPPORTED_DTYPES
+
     def __init__(
         self,
         size: int,
@@ -102,7 +106,7 @@ class KVCache(abc.ABC):
     ) -> None:
         self.size = require_int("size", size, minimum=1)
         self.page_size = require_int("page_size", page_size, minimum=1)
-        self.dtype = check_pool_dtype(dtype)
+        self.dtype = check_pool_dtype(dtype, self._POOL_DTYPES)
         self.store_dtype = storage_dtype(self.dtype)
         self.layer_num = require_int("layer_num", layer_num, minimum=1)
         self.start_layer = (

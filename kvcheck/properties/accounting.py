@@ -23,7 +23,13 @@ import math
 from typing import Any
 
 from kvcheck.failures import FailureSignature
-from kvcheck.geometry import COMPRESS_TAIL_BUFFERS, allocated_bytes, buffer_bytes, tensor_nbytes
+from kvcheck.geometry import (
+    COMPRESS_TAIL_BUFFERS,
+    SCALE_BUFFERS,
+    allocated_bytes,
+    buffer_bytes,
+    tensor_nbytes,
+)
 from kvcheck.memory import buffer_storages, storage_bytes
 from kvcheck.properties.assertions import assert_equal, fail
 from kvcheck.reference import (
@@ -31,6 +37,7 @@ from kvcheck.reference import (
     expected_compress_tail_buf_infos,
     expected_kv_size_bytes,
     expected_mem_usage,
+    expected_scale_buf_infos,
     expected_state_buf_infos,
 )
 from kvcheck.specs import PoolSpec
@@ -42,6 +49,7 @@ __all__ = [
     "assert_held_bytes",
     "assert_kv_size_bytes",
     "assert_mem_usage",
+    "assert_scale_buf_infos",
     "assert_state_buf_infos",
     "reported_total_bytes",
 ]
@@ -92,7 +100,16 @@ def _reported_kind(reported_total: float, spec: PoolSpec) -> str:
     tails = _tail_bytes(spec)
     if tails and reported_total == buffer_bytes(spec) - tails:
         return "compress tails unreported"
+    scales = _scale_bytes(spec)
+    if scales and reported_total == buffer_bytes(spec) - scales:
+        return "scale buffers unreported"
     return "reported bytes differ"
+
+
+def _scale_bytes(spec: PoolSpec) -> int:
+    """Bytes of a quantized pool's scale buffers (0 without)."""
+    sizes = tensor_nbytes(spec)
+    return sum(sum(sizes.get(name, ())) for name in SCALE_BUFFERS)
 
 
 def _signature(call: str, reported_total: float, spec: PoolSpec) -> FailureSignature:
@@ -111,12 +128,18 @@ def _tail_bytes(spec: PoolSpec) -> int:
 
 
 def assert_kv_size_bytes(
-    pool: Any, spec: PoolSpec, *, call: str = "pool construction", tails_counted: bool = True
+    pool: Any,
+    spec: PoolSpec,
+    *,
+    call: str = "pool construction",
+    tails_counted: bool = True,
+    scales_counted: bool = True,
 ) -> None:
     """``get_kv_size_bytes()`` equals the formula and, except for NoOp, the bytes held
-    (the allocations behind the buffers, fused K/V padding included). With
-    ``tails_counted=False`` (a target's declared finding) both leave out the DSA compress
-    tails, and every other byte is still checked.
+    (the allocations behind the buffers, fused K/V padding included, a quantized pool's
+    scale buffers and dequant workspace too). With ``tails_counted=False`` or
+    ``scales_counted=False`` (a target's declared finding) both leave out the DSA compress
+    tails or the scale buffers, and every other byte is still checked.
 
     Example:
         >>> from kvcheck.targets import resolve_target
@@ -127,7 +150,9 @@ def assert_kv_size_bytes(
     __tracebackhide__ = True
     reported = _normalized(pool.get_kv_size_bytes())
     total = reported_total_bytes(reported)
-    left_out = 0 if tails_counted else _tail_bytes(spec)
+    left_out = (0 if tails_counted else _tail_bytes(spec)) + (
+        0 if scales_counted else _scale_bytes(spec)
+    )
     expected = expected_kv_size_bytes(spec)
     if left_out:
         expected = reported_total_bytes(expected) - left_out
@@ -147,10 +172,16 @@ def assert_kv_size_bytes(
 
 
 def assert_mem_usage(
-    pool: Any, spec: PoolSpec, *, call: str = "pool construction", tails_counted: bool = True
+    pool: Any,
+    spec: PoolSpec,
+    *,
+    call: str = "pool construction",
+    tails_counted: bool = True,
+    scales_counted: bool = True,
 ) -> None:
     """``mem_usage`` is the reported bytes in GiB (``0.0`` for NoOp; without the DSA
-    compress tails when ``tails_counted`` is false).
+    compress tails or the scale buffers when ``tails_counted`` or ``scales_counted`` is
+    false).
 
     Example:
         >>> from kvcheck.targets import resolve_target
@@ -159,7 +190,10 @@ def assert_mem_usage(
     """
     __tracebackhide__ = True
     got = float(pool.mem_usage)
-    expected = expected_mem_usage(spec) - (0 if tails_counted else _tail_bytes(spec) / _GIB)
+    left_out = (0 if tails_counted else _tail_bytes(spec)) + (
+        0 if scales_counted else _scale_bytes(spec)
+    )
+    expected = expected_mem_usage(spec) - left_out / _GIB
     if not math.isclose(got, expected, rel_tol=1e-12, abs_tol=0.0):
         raise fail(
             got=got,
@@ -264,6 +298,56 @@ def assert_contiguous_buf_infos(
             )
 
 
+def assert_scale_buf_infos(pool: Any, spec: PoolSpec, *, call: str = "pool construction") -> None:
+    """A quantized pool's ``get_kv_scale_buf_infos()`` describes every scale buffer a
+    transfer engine must ship with the payload (SGLang's MXFP8 descriptors): each layout's
+    K buffers of every layer, then its V buffers (MLA FP4: its latent scales), with the
+    buffer's ``data_ptr()``, its bytes and one page; a pool that lacks the method, or
+    leaves a scale buffer out, fails.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=2,
+        ...                 dtype="float8_e4m3fn", kv_quant="mxfp8", head_dim=32)
+        >>> assert_scale_buf_infos(resolve_target("kvcheck").make_pool(spec, device="cpu"), spec)
+    """
+    __tracebackhide__ = True
+    where = f"pool.get_kv_scale_buf_infos() after {call}"
+    lens, item_lens = expected_scale_buf_infos(spec)
+    if not lens:
+        return
+
+    def signature(kind: str) -> FailureSignature:
+        return FailureSignature(
+            check="scale_buf_infos", call="get_kv_scale_buf_infos", kind=kind, family=spec.variant
+        )
+
+    describe = getattr(pool, "get_kv_scale_buf_infos", None)
+    if not callable(describe):
+        raise fail(
+            got="no get_kv_scale_buf_infos",
+            expected=f"descriptors of {len(lens)} scale buffers",
+            call=where,
+            signature=signature("scale buffers undescribed"),
+        )
+    ptrs, got_lens, got_items = (list(part) for part in describe())
+    names = [name for name in SCALE_BUFFERS if name in tensor_nbytes(spec)]
+    buffers = [buffer for name in names for buffer in getattr(pool, name)]
+    for what, got, wanted in (
+        ("lens", got_lens, lens),
+        ("item_lens", got_items, item_lens),
+        ("ptrs", ptrs, [buffer.data_ptr() for buffer in buffers]),
+    ):
+        if [int(value) for value in got] != wanted:
+            raise fail(
+                got=got,
+                expected=wanted,
+                call=where,
+                detail=what,
+                signature=signature(f"{what} wrong"),
+            )
+
+
 def assert_accounting(
     pool: Any,
     spec: PoolSpec,
@@ -272,6 +356,7 @@ def assert_accounting(
     state_buf_infos: bool = True,
     compress_tails: bool = True,
     tails_counted: bool = True,
+    scales_counted: bool = True,
 ) -> None:
     """All accounting properties at once: held bytes, ``get_kv_size_bytes``, ``mem_usage``
     and, for DSA when ``state_buf_infos`` is true, ``get_state_buf_infos``; for a DSA pool
@@ -287,8 +372,9 @@ def assert_accounting(
     """
     __tracebackhide__ = True
     assert_held_bytes(pool, spec, call=call)
-    assert_kv_size_bytes(pool, spec, call=call, tails_counted=tails_counted)
-    assert_mem_usage(pool, spec, call=call, tails_counted=tails_counted)
+    counted = {"tails_counted": tails_counted, "scales_counted": scales_counted}
+    assert_kv_size_bytes(pool, spec, call=call, **counted)
+    assert_mem_usage(pool, spec, call=call, **counted)
     if state_buf_infos and spec.family == "dsa":
         assert_state_buf_infos(pool, spec, call=call)
     # A DSA pool without tails that has the method must describe none.

@@ -268,7 +268,11 @@ class _Read:
 
 
 def _reads(
-    pool: Any, spec: Any, expected: Mapping[str, Sequence[np.ndarray]], layer_id: int
+    pool: Any,
+    spec: Any,
+    expected: Mapping[str, Sequence[np.ndarray]],
+    layer_id: int,
+    reference: ReferencePool,
 ) -> list[_Read]:
     """Every read-API answer for global layer ``layer_id``."""
     local = layer_id - spec.start_layer
@@ -280,6 +284,15 @@ def _reads(
     )
     raw_key = getattr(pool, key_name)[local]
     raw_value = getattr(pool, value_name)[local] if mha else None
+    if spec.kv_quant in ("fp4_mx_block16", "fp4"):
+        # Block-16 FP4 pools read back dequantized bf16 values, never their stored bytes.
+        key_bytes = reference.expected_dequantized(layer_id, "k")
+        value_bytes = (
+            reference.expected_dequantized(layer_id, "v")
+            if mha
+            else key_bytes[:, : spec.kv_lora_rank * 2]
+        )
+        raw_key = raw_value = None
     key, value = pool.get_kv_buffer(layer_id)
     reads = [
         _Read(
@@ -299,6 +312,7 @@ def _reads(
         _Read("get_kv_buffer", f"pool.get_kv_buffer({layer_id})[0]", key, key_bytes, raw_key),
         _Read("get_kv_buffer", f"pool.get_kv_buffer({layer_id})[1]", value, value_bytes, raw_value),
     ]
+    reads += _scale_reads(pool, spec, expected, layer_id)
     if spec.family == "dsa":
         name = "index_k_with_scale_buffer"
         reads.append(
@@ -311,6 +325,30 @@ def _reads(
             )
         )
     return reads
+
+
+def _scale_reads(
+    pool: Any, spec: Any, expected: Mapping[str, Sequence[np.ndarray]], layer_id: int
+) -> list[_Read]:
+    """The read API of a quantized pool's stored bytes: MXFP8 ``get_kv_scale_buffer`` (what
+    FA4 reads) and FP4 ``get_raw_kv_buffer`` (payload and token-linear scales)."""
+    local = layer_id - spec.start_layer
+    if spec.kv_quant == "mxfp8":
+        names: tuple[str, ...] = ("k_scale_buffer", "v_scale_buffer")
+        answers = pool.get_kv_scale_buffer(layer_id)
+        label = f"pool.get_kv_scale_buffer({layer_id})"
+        method = "get_kv_scale_buffer"
+    elif spec.kv_quant in ("fp4_mx_block16", "nvfp4") and "k_scale_buffer" in expected:
+        names = ("k_buffer", "v_buffer", "k_scale_buffer", "v_scale_buffer")
+        answers = pool.get_raw_kv_buffer(layer_id)
+        label = f"pool.get_raw_kv_buffer({layer_id})"
+        method = "get_raw_kv_buffer"
+    else:
+        return []
+    return [
+        _Read(method, f"{label}[{i}]", answer, expected[name][local], getattr(pool, name)[local])
+        for i, (name, answer) in enumerate(zip(names, answers, strict=True))
+    ]
 
 
 def assert_compress_tails_match_reference(
@@ -353,13 +391,20 @@ def assert_read_api_matches_reference(
     call: str,
     mla_reads: bool = False,
     expected: PoolBytes | None = None,
+    skip_methods: frozenset[str] = frozenset(),
+    paged_index_reads: bool = True,
 ) -> None:
     """Every layer read back through the API attention uses equals the reference, byte for
     byte: ``get_key_buffer``, ``get_value_buffer`` and ``get_kv_buffer`` (global layer ids;
     MLA/DSA value = the first ``kv_lora_rank`` channels of the latent row, on every family), DSA
     ``get_index_k_with_scale_buffer``, and with ``mla_reads`` ``get_mla_kv_buffer`` of
     every slot. A pool that ignores ``start_layer``, reads another layer, or hands out a
-    stale copy fails here even when its raw buffers are right.
+    stale copy fails here even when its raw buffers are right. A quantized pool's
+    ``get_kv_scale_buffer`` (MXFP8) and ``get_raw_kv_buffer`` (FP4) are read too, and a
+    block-16 FP4 pool's reads are its dequantized values; with ``paged_index_reads`` a DSA
+    pool's index keys and scales are also read through ``get_index_k_scale_buffer`` and
+    a page table. ``skip_methods`` names read methods left unread (a target's declared
+    finding).
 
     Example:
         >>> from kvcheck.specs import PoolSpec
@@ -373,7 +418,11 @@ def assert_read_api_matches_reference(
     spec = reference.spec
     expected = reference.expected_buffers() if expected is None else expected
     for layer_id in spec.layer_ids:
-        for read in _reads(pool, spec, expected, layer_id):
+        for read in _reads(pool, spec, expected, layer_id, reference):
+            # get_kv_buffer's second half is get_value_buffer's answer: skipped with it.
+            value_half = read.label.endswith(")[1]") and read.method == "get_kv_buffer"
+            if read.method in skip_methods or (value_half and "get_value_buffer" in skip_methods):
+                continue
             got = read.got
             if (
                 isinstance(got, torch.Tensor)
@@ -399,20 +448,82 @@ def assert_read_api_matches_reference(
                 call=read.label,
                 signature=signature,
             )
+        local = layer_id - spec.start_layer
+        if (
+            spec.family == "dsa"
+            and not spec.skip_mask[local]
+            and "get_index_k_scale_buffer" not in skip_methods
+            and paged_index_reads
+        ):
+            index = expected["index_k_with_scale_buffer"][local]
+            _check_paged_index_reads(pool, spec, index, layer_id, call=call)
         if mla_reads:
             latent = expected["kv_buffer"][layer_id - spec.start_layer]
-            _check_mla_reads(pool, spec, latent, layer_id, call=call)
+            itemsize = spec.itemsize
+            if spec.kv_quant == "fp4":  # read back dequantized, as bf16
+                latent, itemsize = reference.expected_dequantized(layer_id), 2
+            _check_mla_reads(pool, spec, latent, layer_id, call=call, itemsize=itemsize)
 
 
-def _check_mla_reads(pool: Any, spec: Any, latent: np.ndarray, layer_id: int, *, call: str) -> None:
+def _check_paged_index_reads(
+    pool: Any, spec: Any, index: np.ndarray, layer_id: int, *, call: str
+) -> None:
+    """DSA ``get_index_k_scale_buffer`` through a page table of two sequences: every index
+    page in order, then every page but the first in reverse with one slot of the last (the
+    indexer's read of a request's keys and scales, SGLang's ``GetKAndS``)."""
     __tracebackhide__ = True
-    rank_bytes = spec.kv_lora_rank * spec.itemsize
+    pages, page_size = index.shape[0], spec.index_page_size
+    key_bytes = index_k_row_bytes(spec.index_head_dim)
+    scale_bytes = index_scale_row_bytes(spec.index_head_dim)
+    order = [list(range(pages)), list(range(pages - 1, 0, -1)) or [0]]
+    lengths = [pages * page_size, (len(order[1]) - 1) * page_size + 1]
+    width = max(len(row) for row in order)
+    table = [row + [0] * (width - len(row)) for row in order]
+    keys, scales = [], []
+    for row, length in zip(order, lengths, strict=True):
+        for slot in range(length):
+            page, offset = row[slot // page_size], slot % page_size
+            keys.append(index[page, offset * key_bytes : (offset + 1) * key_bytes])
+            start = page_size * key_bytes + offset * scale_bytes
+            scales.append(index[page, start : start + scale_bytes])
+    device = pool_device(pool)
+    got = pool.get_index_k_scale_buffer(
+        layer_id,
+        torch.tensor(lengths, dtype=torch.int32, device=device),
+        torch.tensor(table, dtype=torch.int32, device=device),
+        sum(lengths),
+        max(lengths),
+    )
+    read = f"pool.get_index_k_scale_buffer({layer_id}, seq_lens={lengths}, page table {table})"
+    signature = FailureSignature(
+        check="read_api", call="get_index_k_scale_buffer", kind="bytes differ", family=spec.variant
+    )
+    for part, tensor, wanted in zip(("keys", "scales"), got, (keys, scales), strict=True):
+        assert_bytes_equal(
+            read_buffer(tensor).reshape(len(wanted), -1),
+            np.stack(wanted),
+            what=f"{part} after {call}",
+            call=read,
+            signature=signature,
+        )
+
+
+def _check_mla_reads(
+    pool: Any, spec: Any, latent: np.ndarray, layer_id: int, *, call: str, itemsize: int
+) -> None:
+    __tracebackhide__ = True
+    rank_bytes = spec.kv_lora_rank * itemsize
     loc = torch.arange(spec.num_slots, dtype=torch.int64, device=pool_device(pool))
     read = f"pool.get_mla_kv_buffer(layer_id={layer_id}, loc=all {spec.num_slots} slots)"
     signature = FailureSignature(
         check="read_api", call="get_mla_kv_buffer", kind="bytes differ", family=spec.variant
     )
-    nope, rope = pool.get_mla_kv_buffer(_Layer(layer_id), loc)
+    if getattr(spec, "quantized", False):
+        # A quantized pool's rows come back dequantized, in the dtype the caller names
+        # (attention passes the model dtype; sglang's default is the FP4 pool dtype).
+        nope, rope = pool.get_mla_kv_buffer(_Layer(layer_id), loc, torch.bfloat16)
+    else:
+        nope, rope = pool.get_mla_kv_buffer(_Layer(layer_id), loc)
     assert_bytes_equal(
         read_buffer(nope),
         latent[:, :rank_bytes],

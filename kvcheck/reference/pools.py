@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcheck.reference import quant
 from kvcheck.specs import (
     COMPRESS_TAIL_ITEMSIZE,
     DSA_QUANT_BLOCK,
@@ -48,6 +50,7 @@ __all__ = [
     "expected_kv_size_bytes",
     "expected_mem_usage",
     "expected_num_index_pages",
+    "expected_scale_buf_infos",
     "expected_state_buf_infos",
     "fp8_e4m3fn_byte",
     "index_k_row_bytes",
@@ -56,6 +59,8 @@ __all__ = [
 ]
 
 _GIB = 1 << 30
+#: Dtypes a quantized pool encodes from.
+_FLOAT_PAYLOADS: tuple[str, ...] = ("bfloat16", "float16", "float32")
 
 
 # --- per-token row sizes -----------------------------------------------------------------
@@ -82,25 +87,32 @@ def index_scale_row_bytes(index_head_dim: int) -> int:
 
 
 def _k_row_bytes(spec: PoolSpec) -> int:
+    if spec.quantized:
+        return quant.payload_row_bytes(spec, "k")
     return spec.head_num * spec.head_dim * spec.itemsize
 
 
 def _v_row_bytes(spec: PoolSpec) -> int:
+    if spec.quantized:
+        return quant.payload_row_bytes(spec, "v")
     return spec.head_num * spec.effective_v_head_dim * spec.itemsize
 
 
 def _mha_allocated_rows(spec: PoolSpec) -> int:
     # When K and V rows have the same shape, SGLang 0.5.23 allocates them as the two halves
     # of one tensor per layer and pads each half to a whole number of pages (earlier
-    # releases allocate each separately: kv_page_padding=False).
+    # releases allocate each separately: kv_page_padding=False; the quantized pools allocate
+    # their buffers one by one).
     rows = spec.size + spec.page_size
-    if spec.head_dim != spec.effective_v_head_dim or not spec.kv_page_padding:
+    if spec.head_dim != spec.effective_v_head_dim or not spec.kv_page_padding or spec.quantized:
         return rows
     pages = rows // spec.page_size + (1 if rows % spec.page_size else 0)
     return pages * spec.page_size
 
 
 def _latent_row_bytes(spec: PoolSpec) -> int:
+    if spec.quantized:
+        return quant.payload_row_bytes(spec, "k")
     if spec.latent_layout == "scaled":
         # fp8 values, one fp32 scale per 128 of them, then the rope values as bf16.
         return spec.kv_lora_rank + spec.kv_lora_rank // 128 * 4 + spec.qk_rope_head_dim * 2
@@ -256,6 +268,8 @@ def expected_kv_size_bytes(spec: PoolSpec) -> tuple[int, int] | int:
     """
     if spec.family == "noop":
         return (0, 0)
+    if spec.quantized:
+        return quant.quantized_kv_size_bytes(spec)
     if spec.family == "mha":
         rows = spec.layer_num * _mha_allocated_rows(spec)
         return (rows * _k_row_bytes(spec), rows * _v_row_bytes(spec))
@@ -314,6 +328,21 @@ def expected_mem_usage(spec: PoolSpec) -> float:
     return total / _GIB
 
 
+def expected_scale_buf_infos(spec: PoolSpec) -> tuple[list[int], list[int]]:
+    """``(lens, item_lens)`` of a quantized pool's ``get_kv_scale_buf_infos()``
+    (:func:`kvcheck.reference.quant.quantized_scale_buf_infos`); ``([], [])`` for a pool
+    without scale buffers.
+
+    Example:
+        >>> expected_scale_buf_infos(PoolSpec(family="mla", size=2, page_size=2, layer_num=2,
+        ...     dtype="float4_e2m1fn_x2", kv_quant="fp4", kv_lora_rank=16, qk_rope_head_dim=16))
+        ([8, 8], [4, 4])
+    """
+    if not spec.quantized:
+        return [], []
+    return quant.quantized_scale_buf_infos(spec)
+
+
 def expected_state_buf_infos(spec: PoolSpec) -> tuple[list[int], list[int]]:
     """``(lens, item_lens)`` of a DSA pool's ``get_state_buf_infos()``, one entry per local layer.
 
@@ -343,6 +372,9 @@ class _LayerState:
 
     k: dict[int, bytes] = field(default_factory=dict)  # MHA K, or MLA/DSA latent
     v: dict[int, bytes] = field(default_factory=dict)  # MHA V only
+    # A quantized pool's block scales of the row above, per slot ([heads, blocks] bytes).
+    k_scale: dict[int, bytes] = field(default_factory=dict)
+    v_scale: dict[int, bytes] = field(default_factory=dict)
     index_key: dict[int, bytes] = field(default_factory=dict)  # DSA, per index slot
     index_scale: dict[int, bytes] = field(default_factory=dict)  # DSA, per index slot
     # DSA compress tails: (request slot, ring slot) -> one bf16 row
@@ -358,6 +390,8 @@ class _TokenSnapshot:
     v: tuple[bytes, ...]
     index_key: tuple[bytes | None, ...]  # None where the layer skips index-K
     index_scale: tuple[bytes | None, ...]
+    k_scale: tuple[bytes, ...] = ()  # a quantized pool's block scales, per layer
+    v_scale: tuple[bytes, ...] = ()
 
 
 #: One request's compress tails in every layer, as a host copy carries them: per layer
@@ -582,6 +616,8 @@ class ReferencePool:
         )
         if problem is not None:
             return problem
+        if spec.quantized:
+            return self._quantized_write_problem(op)
         if op.payload is not None:
             problem = self._payload_problem(op)
             if problem is not None:
@@ -603,6 +639,44 @@ class ReferencePool:
                 " its rows would land at widened ids; write with set_mla_kv_buffer"
             )
         return problem
+
+    def _quantized_write_problem(self, op: WriteKV) -> tuple[type[Exception], str] | None:
+        """A quantized pool takes float rows it encodes (bf16, fp16, fp32), or for MXFP8's
+        scaled write fp8 rows with their e8m0 scales; MXFP8 encodes itself (no scales) on
+        the interleaved layout (128-token pages) only."""
+        spec, payload, count = self.spec, op.payload, len(op.locs)
+        if payload is None:
+            return ValueError, f"{spec.variant} pools are written from a float payload"
+        parts = ("k",) if spec.family == "mla" else ("k", "v")
+        if payload.k_scale_rows or payload.v_scale_rows:
+            if spec.kv_quant != "mxfp8" or payload.dtype != "float8_e4m3fn":
+                return ValueError, "only MXFP8 takes the caller's block scales, with fp8 rows"
+            for part in parts:
+                rows = payload.k_rows if part == "k" else payload.v_rows
+                scales = payload.k_scale_rows if part == "k" else payload.v_scale_rows
+                problem = self._rows_problem(
+                    f"payload.{part}_rows", rows, count, quant.payload_row_bytes(spec, part)
+                ) or self._rows_problem(
+                    f"payload.{part}_scale_rows", scales, count, quant.scale_row_bytes(spec, part)
+                )
+                if problem is not None:
+                    return problem
+            return None
+        if payload.dtype not in _FLOAT_PAYLOADS:
+            return ValueError, f"payload.dtype={payload.dtype!r} is not one of {_FLOAT_PAYLOADS}"
+        if spec.kv_quant == "mxfp8" and spec.page_size != 128:
+            return ValueError, (
+                "MXFP8 encodes a write itself only on the interleaved layout (page_size=128):"
+                " other pages need the caller's K and V scales"
+            )
+        itemsize = DTYPE_ITEMSIZE[payload.dtype]
+        for part in parts:
+            rows = payload.k_rows if part == "k" else payload.v_rows
+            width = _row_values(spec, part) * itemsize
+            problem = self._rows_problem(f"payload.{part}_rows", rows, count, width)
+            if problem is not None:
+                return problem
+        return None
 
     def _payload_problem(self, op: WriteKV) -> tuple[type[Exception], str] | None:
         """A payload in another dtype holds the same number of values as the stored rows."""
@@ -627,6 +701,20 @@ class ReferencePool:
         count = len(op.locs)
         scaled = spec.latent_layout == "scaled"
         dtype = spec.dtype if op.dtype is None else op.dtype
+        if spec.quantized:
+            if dtype not in _FLOAT_PAYLOADS:
+                return ValueError, f"dtype={dtype!r}: an FP4 latent row is encoded from floats"
+            itemsize = DTYPE_ITEMSIZE[dtype]
+            return (
+                self._layer_problem(op.layer_id)
+                or self._locs_problem("locs", op.locs, distinct=True)
+                or self._rows_problem(
+                    "nope_rows", op.nope_rows, count, spec.kv_lora_rank * itemsize
+                )
+                or self._rows_problem(
+                    "rope_rows", op.rope_rows, count, spec.qk_rope_head_dim * itemsize
+                )
+            )
         if scaled and dtype != "bfloat16":
             return ValueError, f"dtype={dtype!r}: a scaled latent row is written from bfloat16"
         if not scaled and dtype != spec.dtype:
@@ -664,11 +752,20 @@ class ReferencePool:
             if not 0 <= commit <= width:
                 return ValueError, f"commit_lens={op.commit_lens!r}: {commit} not in [0, {width}]"
         cells = len(op.loc_grid) * width
+        if spec.kv_quant == "mxfp8":
+            return RuntimeError, "MXFP8 refuses prefix-valid writes (they would not carry scales)"
+        k_bytes, v_bytes = _k_row_bytes(spec), _v_row_bytes(spec)
+        if spec.quantized:
+            if op.dtype not in _FLOAT_PAYLOADS:
+                return ValueError, f"dtype={op.dtype!r}: {spec.variant} encodes float rows"
+            itemsize = DTYPE_ITEMSIZE[op.dtype]
+            k_bytes = _row_values(spec, "k") * itemsize
+            v_bytes = _row_values(spec, "v") * itemsize
         return (
             self._layer_problem(op.layer_id)
             or self._locs_problem("committed locs", _committed(op), distinct=True)
-            or self._rows_problem("k_rows", op.k_rows, cells, _k_row_bytes(spec))
-            or self._rows_problem("v_rows", op.v_rows, cells, _v_row_bytes(spec))
+            or self._rows_problem("k_rows", op.k_rows, cells, k_bytes)
+            or self._rows_problem("v_rows", op.v_rows, cells, v_bytes)
         )
 
     def _write_index_k_problem(self, op: WriteIndexK) -> tuple[type[Exception], str] | None:
@@ -751,12 +848,18 @@ class ReferencePool:
             if isinstance(op, HostCopy):
                 self._host_copies[op.name] = ()
             return
-        if isinstance(op, WriteKV):
+        if isinstance(op, WriteKV) and self.spec.quantized:
+            self._apply_quantized_write(op)
+        elif isinstance(op, WriteKV):
             layer = self._layer(op.layer_id)
             for i, loc in enumerate(op.locs):
                 layer.k[loc] = bytes(op.k_rows[i])
                 if self.spec.family == "mha":
                     layer.v[loc] = bytes(op.v_rows[i])
+        elif isinstance(op, WriteMLA) and self.spec.quantized:
+            for i, loc in enumerate(op.locs):
+                latent = bytes(op.nope_rows[i]) + bytes(op.rope_rows[i])
+                self._store_encoded(op.layer_id, loc, "k", latent, op.dtype or "bfloat16", None)
         elif isinstance(op, WriteMLA):
             layer = self._layer(op.layer_id)
             for i, loc in enumerate(op.locs):
@@ -773,6 +876,13 @@ class ReferencePool:
             for row, (locs, commit) in enumerate(zip(op.loc_grid, op.commit_lens, strict=True)):
                 for column in range(commit):
                     cell = row * width + column
+                    if self.spec.quantized:
+                        dtype = op.dtype or "bfloat16"
+                        for part, rows in (("k", op.k_rows), ("v", op.v_rows)):
+                            self._store_encoded(
+                                op.layer_id, locs[column], part, rows[cell], dtype, None
+                            )
+                        continue
                     layer.k[locs[column]] = bytes(op.k_rows[cell])
                     layer.v[locs[column]] = bytes(op.v_rows[cell])
         elif isinstance(op, WriteIndexK):
@@ -806,6 +916,34 @@ class ReferencePool:
     def _layer(self, layer_id: int) -> _LayerState:
         return self._layers[layer_id - self.spec.start_layer]
 
+    def _store_encoded(
+        self, layer_id: int, slot: int, part: str, data: bytes, dtype: str, scale: float | None
+    ) -> None:
+        """Store one token's ``part`` row (given in ``dtype``) as the variant encodes it."""
+        layer = self._layer(layer_id)
+        stored, scales = quant.encode_row(self.spec, part, data, dtype, scale)
+        getattr(layer, part)[slot] = stored
+        if quant.scale_buffer_names(self.spec):
+            getattr(layer, f"{part}_scale")[slot] = scales
+
+    def _apply_quantized_write(self, op: WriteKV) -> None:
+        """``set_kv_buffer`` on a quantized pool: MXFP8's scaled write stores the caller's
+        fp8 bytes and e8m0 scales as given; every other write encodes the payload."""
+        payload = op.payload
+        assert payload is not None
+        layer = self._layer(op.layer_id)
+        parts = ("k",) if self.spec.family == "mla" else ("k", "v")
+        for i, loc in enumerate(op.locs):
+            for part in parts:
+                rows = payload.k_rows if part == "k" else payload.v_rows
+                if payload.k_scale_rows:  # MXFP8 scaled: stored as given
+                    scale_rows = payload.k_scale_rows if part == "k" else payload.v_scale_rows
+                    getattr(layer, part)[loc] = bytes(rows[i])
+                    getattr(layer, f"{part}_scale")[loc] = bytes(scale_rows[i])
+                    continue
+                scale = payload.k_scale if part == "k" else payload.v_scale
+                self._store_encoded(op.layer_id, loc, part, rows[i], payload.dtype, scale)
+
     def _latent_row(self, token: int) -> int | None:
         """The latent row holding ``token`` on this rank, or None (another DCP rank's)."""
         ranks = self.spec.dcp_size
@@ -830,6 +968,8 @@ class ReferencePool:
             v=tuple(b"" if row is None else layer.v.get(row, b"") for layer in self._layers),
             index_key=tuple(keys),
             index_scale=tuple(scales),
+            k_scale=tuple(layer.k_scale.get(slot, b"") for layer in self._layers),
+            v_scale=tuple(layer.v_scale.get(slot, b"") for layer in self._layers),
         )
 
     def _restore(self, slot: int, snapshot: _TokenSnapshot) -> None:
@@ -840,6 +980,9 @@ class ReferencePool:
             if row is not None:
                 _put(layer.k, row, snapshot.k[local])
                 _put(layer.v, row, snapshot.v[local])
+            if self.spec.quantized:  # scales travel with their payload
+                _put(layer.k_scale, slot, snapshot.k_scale[local])
+                _put(layer.v_scale, slot, snapshot.v_scale[local])
             if self._has_index_k(local):
                 _put(layer.index_key, index_slot, snapshot.index_key[local])
                 _put(layer.index_scale, index_slot, snapshot.index_scale[local])
@@ -990,11 +1133,53 @@ class ReferencePool:
             tails.append(out)
         return tails[0], tails[1]
 
+    def expected_scale_buffer(self, name: str, layer_id: int) -> np.ndarray:
+        """A quantized pool's scale buffer ``name`` of global layer ``layer_id``, in its
+        layout (:func:`kvcheck.reference.quant.render_scales`).
+
+        Example:
+            >>> spec = PoolSpec(family="mla", size=2, page_size=2, layer_num=1,
+            ...                 dtype="float4_e2m1fn_x2", kv_quant="fp4", kv_lora_rank=16,
+            ...                 qk_rope_head_dim=16)
+            >>> ReferencePool(spec).expected_scale_buffer("kv_scale_buffer", 0).shape
+            (4, 2)
+        """
+        if name not in quant.scale_buffer_names(self.spec):
+            raise ValueError(f"spec {self.spec.variant!r} keeps no {name}")
+        local = self._check_family(layer_id, ("mha", "mla"), "scale buffers")
+        layer = self._layers[local]
+        part = "v" if name.startswith(("v_", "native_v")) else "k"
+        return quant.render_scales(self.spec, name, getattr(layer, f"{part}_scale"))
+
+    def expected_dequantized(self, layer_id: int, part: str = "k") -> np.ndarray:
+        """The values a block-16 FP4 pool's read API gives for every slot of one layer, as
+        bf16 bytes ``[rows, values * 2]``: MHA ``fp4_mx_block16`` K (``part="k"``) or V, MLA
+        FP4 latent rows (a slot never written holds zeros and reads zeros).
+
+        Example:
+            >>> spec = PoolSpec(family="mla", size=2, page_size=2, layer_num=1,
+            ...                 dtype="float4_e2m1fn_x2", kv_quant="fp4", kv_lora_rank=16,
+            ...                 qk_rope_head_dim=16)
+            >>> ReferencePool(spec).expected_dequantized(0).shape
+            (4, 64)
+        """
+        if self.spec.kv_quant not in ("fp4_mx_block16", "fp4"):
+            raise ValueError(f"spec {self.spec.variant!r}: its read API returns stored bytes")
+        local = self._check_family(layer_id, ("mha", "mla"), "dequantized reads")
+        layer = self._layers[local]
+        values = _row_values(self.spec, part)
+        out = np.zeros((self.spec.num_slots, values * 2), dtype=np.uint8)
+        stored, scales = getattr(layer, part), getattr(layer, f"{part}_scale")
+        for slot, data in stored.items():
+            out[slot] = np.frombuffer(_dequantized_row(data, scales[slot]), dtype=np.uint8)
+        return out
+
     def expected_buffers(self) -> dict[str, list[np.ndarray]]:
         """Every expected buffer, keyed by the pool attribute that holds it, one per local layer.
 
-        Keys: ``k_buffer``/``v_buffer`` (MHA, NoOp), ``kv_buffer`` (MLA, DSA) and
-        ``index_k_with_scale_buffer`` (DSA). Compare with
+        Keys: ``k_buffer``/``v_buffer`` (MHA, NoOp), ``kv_buffer`` (MLA, DSA),
+        ``index_k_with_scale_buffer`` (DSA) and a quantized pool's scale buffers
+        (:func:`kvcheck.reference.quant.scale_buffer_names`, in their layouts). Compare with
         ``pool.<key>[i].view(torch.uint8).reshape(rows, -1)``.
 
         Example:
@@ -1003,15 +1188,33 @@ class ReferencePool:
             ['index_k_with_scale_buffer', 'kv_buffer']
         """
         ids = self.spec.layer_ids
+        scales = {
+            name: [self.expected_scale_buffer(name, i) for i in ids]
+            for name in quant.scale_buffer_names(self.spec)
+        }
         if self.spec.family in ("mha", "noop"):
             return {
                 "k_buffer": [self.expected_k_buffer(i) for i in ids],
                 "v_buffer": [self.expected_v_buffer(i) for i in ids],
+                **scales,
             }
-        buffers = {"kv_buffer": [self.expected_kv_buffer(i) for i in ids]}
+        buffers = {"kv_buffer": [self.expected_kv_buffer(i) for i in ids], **scales}
         if self.spec.family == "dsa":
             buffers["index_k_with_scale_buffer"] = [self.expected_index_k_buffer(i) for i in ids]
         return buffers
+
+
+@functools.lru_cache(maxsize=4096)
+def _dequantized_row(data: bytes, scales: bytes) -> bytes:
+    """A block-16 FP4 row's values as bf16 bytes (rows repeat from step to step: cached)."""
+    return quant.bf16_row_bytes(quant.fp4_block16_decode(data, scales))
+
+
+def _row_values(spec: PoolSpec, part: str) -> int:
+    """Values of one token's K (MLA: latent) or V row."""
+    if spec.family == "mla":
+        return spec.kv_lora_rank + spec.qk_rope_head_dim
+    return spec.head_num * (spec.head_dim if part == "k" else spec.effective_v_head_dim)
 
 
 def _committed(op: WritePrefixValid) -> tuple[int, ...]:

@@ -65,6 +65,12 @@ SUITE_TESTS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_pool_matches_reference_after_every_step[mha]",
         "test_pool_matches_reference_after_every_step[mla]",
         "test_pool_matches_reference_after_every_step[noop]",
+        "test_quantized_pool_matches_reference_after_every_step[cpu_fp8]",
+        "test_quantized_pool_matches_reference_after_every_step[fp4]",
+        "test_quantized_pool_matches_reference_after_every_step[fp4_mx_block16]",
+        "test_quantized_pool_matches_reference_after_every_step[fp8_scaled]",
+        "test_quantized_pool_matches_reference_after_every_step[mxfp8]",
+        "test_quantized_pool_matches_reference_after_every_step[nvfp4]",
     ),
     ("test_serving_configurator.py", "hypothesis kvcheck_needs"): (
         "test_capacity_fits_its_budget",

@@ -28,7 +28,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from kvcheck.specs import PoolSpec
+from kvcheck.specs import FP4_DTYPE, NVFP4_LAYOUTS, PoolSpec
 from kvcheck.surface import LIMIT_NAMES, surface_of
 from kvcheck.validation import check_type
 
@@ -87,7 +87,8 @@ def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
     and an ``index_buf_size`` keeps its extra pages beyond SGLang's default (``size``, or
     ``(size + page_size) * dcp_size - page_size`` under decode context parallel).
     ``index_page_size`` sets ``page_size`` to it times the (new) ``index_kpool``; a kpool
-    of 1 drops the compress-tail fields; a new ``dcp_size`` keeps the rank inside it (rank
+    of 1 drops the compress-tail fields; ``kv_quant="none"`` drops the FP4 dtype (for
+    bfloat16) and the NVFP4 layout; a new ``dcp_size`` keeps the rank inside it (rank
     modulo width).
 
     Example:
@@ -102,6 +103,10 @@ def fit_spec(spec: PoolSpec, **values: Any) -> PoolSpec:
     if unknown:
         raise ValueError(f"values: {unknown} are not PoolSpec fields")
     changes = dict(values)
+    if changes.get("kv_quant", spec.kv_quant) == "none" and spec.kv_quant != "none":
+        # Back to an unquantized pool: the FP4 dtype and NVFP4 layouts go with the variant.
+        changes.setdefault("dtype", "bfloat16" if spec.dtype == FP4_DTYPE else spec.dtype)
+        changes["nvfp4_layout"] = NVFP4_LAYOUTS[0]
     kpool = changes.get("index_kpool", spec.index_kpool)
     if kpool == 1:
         changes.update(index_kpool_compress=False, max_running_requests=None, tail_extra_slots=0)
@@ -137,6 +142,10 @@ def _fitted(
     values = {
         name: getattr(spec, name)
         if getattr(spec, name) in allowed
+        # A quantized variant the target does not build becomes its unquantized pool
+        # (another variant would need other shapes).
+        else "none"
+        if name == "kv_quant"
         else draw(st.sampled_from(allowed), label=f"{spec.family} {name} the target accepts")
         for name, allowed in fields.items()
     }

@@ -36,7 +36,8 @@ Example:
     >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="bfloat16",
     ...                 head_dim=1)
     >>> find(write_kv_ops(spec), lambda op: True)
-    WriteKV(layer_id=0, locs=(0,), k_rows=(b'\\x01\\x01',), v_rows=(b'\\x01\\x01',), payload=None)
+    WriteKV(layer_id=0, locs=(0,), k_rows=(b'\\x01\\x01',), v_rows=(b'\\x01\\x01',), \
+payload=None, override=False)
 """
 
 from __future__ import annotations
@@ -258,7 +259,10 @@ def family_op_kinds(spec: PoolSpec) -> tuple[str, ...]:
         # A scaled latent row is written only from its bf16 parts (set_mla_kv_buffer);
         # under decode context parallel set_kv_buffer is refused (no DCP-aware path).
         "write_kv": spec.latent_layout == "raw" and spec.dcp_size == 1,
-        "cast_write_kv": spec.latent_layout == "raw" and spec.dcp_size == 1,
+        # MXFP8 quantizes a write itself (no caller scales) on 128-token pages only.
+        "cast_write_kv": spec.latent_layout == "raw"
+        and spec.dcp_size == 1
+        and spec.variant != "mha:mxfp8:flat",
     }
     return tuple(kind for kind in OP_KINDS if applies.get(kind, True))
 
@@ -361,13 +365,127 @@ def _write_kv_ops(
     layer_ids: tuple[int, ...] | None,
     extra_k_bytes: int,
 ) -> WriteKV:
+    if spec.quantized:
+        return draw(_quant_write_kv_ops(spec, locs, layer_ids, extra_k_bytes > 0, cast=False))
     layer_id = draw(choice(layer_ids or tuple(spec.layer_ids)), label="layer_id")
     if locs is None:
         locs = _draw_locs(draw, spec, slots=spec.num_slots)
     k_bytes, v_bytes = row_bytes(spec)
     k_rows = draw(payload_rows(spec.dtype, len(locs), k_bytes + extra_k_bytes), label="k_rows")
     v_rows = draw(payload_rows(spec.dtype, len(locs), v_bytes), label="v_rows") if v_bytes else ()
-    return WriteKV(layer_id=layer_id, locs=locs, k_rows=k_rows, v_rows=v_rows)
+    override = _draw_override(draw, spec)
+    return WriteKV(layer_id=layer_id, locs=locs, k_rows=k_rows, v_rows=v_rows, override=override)
+
+
+def _draw_override(draw: st.DrawFn, spec: PoolSpec) -> bool:
+    """An MHA write names its layer by ``layer_id_override`` one time in four (shrinks to
+    ``layer.layer_id``)."""
+    return spec.family == "mha" and bool(draw(choice(_QUARTER), label="layer_id_override"))
+
+
+#: True one time in four; shrinks to False.
+_QUARTER: tuple[bool, ...] = (False, False, False, True)
+
+# --- quantized pools' payloads ---------------------------------------------------------------
+
+#: Values a quantized pool's payloads take: multiples of 1/4 up to 8, their negatives and
+#: zero (1.0 first: a shrunk row still shows), each row scaled by a power of two. Every
+#: encoder rounds them as SGLang's kernels do: no block maximum over 6 (or 448) lies just
+#: above a power of two, and rounding ties (0.25, 1.25, 2.5, 5 over a power of two) occur.
+QUANT_VALUES: tuple[float, ...] = (
+    1.0,
+    *(i / 4 for i in range(1, 33) if i != 4),
+    *(-i / 4 for i in range(1, 33)),
+    0.0,
+)
+#: Powers of two a quantized payload row is scaled by (exponents; 0 is the shrink target).
+QUANT_POWERS: tuple[int, int] = (-6, 6)
+#: e8m0 scale bytes MXFP8's callers pass: any exponent but 0xFF (NaN).
+_E8M0_BYTES = 254
+
+
+def float_row_bytes(values: tuple[float, ...], dtype: str) -> bytes:
+    """Little-endian bytes of ``values`` (each exact in ``dtype``: bf16, fp16 or fp32).
+
+    Example:
+        >>> float_row_bytes((1.0, -2.0), "bfloat16").hex()
+        '803f00c0'
+    """
+    array = np.array(values, dtype=np.float32)
+    if dtype == "bfloat16":
+        return (array.view(np.uint32) >> 16).astype("<u2").tobytes()
+    return array.astype(np.dtype(dtype).newbyteorder("<")).tobytes()
+
+
+@st.composite
+def _quant_rows(draw: st.DrawFn, count: int, values: int, dtype: str) -> tuple[bytes, ...]:
+    rows = []
+    for _ in range(count):
+        start = draw(_ints(0, len(QUANT_VALUES) - 1), label="first value")
+        step = draw(_ints(0, len(QUANT_VALUES) - 1), label="value step")
+        power = 2.0 ** draw(_ints(*QUANT_POWERS), label="power of two")
+        row = tuple(
+            QUANT_VALUES[(start + step * i) % len(QUANT_VALUES)] * power for i in range(values)
+        )
+        rows.append(float_row_bytes(row, dtype))
+    return tuple(rows)
+
+
+@functools.lru_cache(maxsize=1024)
+def quant_rows(count: int, values: int, dtype: str) -> st.SearchStrategy[tuple[bytes, ...]]:
+    """``count`` rows of ``values`` payload values for a quantized pool, in ``dtype`` (see
+    :data:`QUANT_VALUES`): three choices per row. Shrinks towards rows of 1.0."""
+    return _quant_rows(count, values, dtype)
+
+
+@st.composite
+def _e8m0_rows(draw: st.DrawFn, count: int, row_bytes: int) -> tuple[bytes, ...]:
+    rows = []
+    for _ in range(count):
+        start = draw(_ints(0, _E8M0_BYTES - 1), label="first scale")
+        step = draw(_ints(0, _E8M0_BYTES - 1), label="scale step")
+        rows.append(bytes(1 + (start + step * i) % _E8M0_BYTES for i in range(row_bytes)))
+    return tuple(rows)
+
+
+@st.composite
+def _quant_write_kv_ops(
+    draw: st.DrawFn,
+    spec: PoolSpec,
+    locs: tuple[int, ...] | None,
+    layer_ids: tuple[int, ...] | None,
+    too_long: bool,
+    cast: bool,
+) -> WriteKV:
+    """A write to a quantized pool: bf16 rows it encodes (``cast``: fp16 or fp32 rows,
+    with the caller's ``k_scale``/``v_scale``), or for MXFP8 fp8 rows with e8m0 scales
+    (``cast``: float rows it encodes itself)."""
+    layer_id = draw(choice(layer_ids or tuple(spec.layer_ids)), label="layer_id")
+    if locs is None:
+        locs = _draw_locs(draw, spec, slots=spec.num_slots)
+    override = _draw_override(draw, spec)
+    k_values, v_values = row_elements(spec)
+    heads = spec.head_num if spec.family == "mha" else 1
+    extra = heads if too_long else 0  # one value more per head: an invalid write
+    if spec.kv_quant == "mxfp8" and not cast:
+        k_rows = draw(payload_rows("float8_e4m3fn", len(locs), k_values + extra), label="k_rows")
+        v_rows = draw(payload_rows("float8_e4m3fn", len(locs), v_values), label="v_rows")
+        payload = Payload(
+            dtype="float8_e4m3fn",
+            k_rows=k_rows,
+            v_rows=v_rows,
+            k_scale_rows=draw(_e8m0_rows(len(locs), k_values // 32), label="k scales"),
+            v_scale_rows=draw(_e8m0_rows(len(locs), v_values // 32), label="v scales"),
+        )
+        return WriteKV(layer_id=layer_id, locs=locs, k_rows=(), payload=payload, override=override)
+    dtype = draw(choice(("float16", "float32")), label="dtype") if cast else "bfloat16"
+    scaled = cast and spec.kv_quant in ("cpu_fp8", "fp4_mx_block16", "nvfp4")
+    k_scale = draw(choice(CAST_SCALES), label="k_scale") if scaled else None
+    v_scale = draw(choice(CAST_SCALES), label="v_scale") if scaled else None
+    k_rows = draw(quant_rows(len(locs), k_values + extra, dtype), label="k_rows")
+    v_rows = draw(quant_rows(len(locs), v_values, dtype), label="v_rows") if v_values else ()
+    payload = Payload(dtype=dtype, k_rows=k_rows, v_rows=v_rows, k_scale=k_scale, v_scale=v_scale)
+    return WriteKV(layer_id=layer_id, locs=locs, k_rows=(), payload=payload, override=override)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -408,10 +526,12 @@ def _cast_write_kv_ops(draw: st.DrawFn, spec: PoolSpec, scales: bool) -> WriteKV
     locs = _draw_locs(draw, spec, slots=spec.num_slots)
     caller = draw(choice(tuple(d for d in CALLER_DTYPES if d != spec.dtype)), label="dtype")
     k_values, v_values = row_elements(spec)
-    # SGLang's MLA/DSA writes convert without scales; MHA divides by them first.
+    # SGLang's MLA/DSA writes convert without scales; MHA divides by them first (fp8
+    # with per-tensor scales: always).
     scaled = scales and spec.family in ("mha", "noop")
-    k_scale = draw(choice(CAST_SCALES), label="k_scale") if scaled else None
-    v_scale = draw(choice(CAST_SCALES), label="v_scale") if scaled else None
+    options = CAST_SCALES[1:] if spec.kv_quant == "fp8_scaled" else CAST_SCALES
+    k_scale = draw(choice(options), label="k_scale") if scaled else None
+    v_scale = draw(choice(options), label="v_scale") if scaled else None
     k_rows, k_payload = draw(_cast_rows(len(locs), k_values, spec.dtype, caller, k_scale))
     v_rows: tuple[bytes, ...] = ()
     v_payload: tuple[bytes, ...] = ()
@@ -429,11 +549,16 @@ def cast_write_kv_ops(spec: PoolSpec, *, scales: bool = True) -> st.SearchStrate
     never the pool's), which the pool converts; MHA/NoOp writes carry ``k_scale`` and
     ``v_scale`` (None, 2, 0.5 or 1) that divide the values first, as SGLang does. Values
     come from :data:`EXACT_VALUES`, so the stored bytes (``k_rows``/``v_rows``) are exact.
+    On a quantized pool: fp16 or fp32 rows of :data:`QUANT_VALUES` it encodes, with scales
+    where its quant method reads them (MXFP8: float rows it quantizes itself).
 
-    ``scales=False`` never passes scales. Shrinks towards one token at slot 0 of the
-    lowest layer, values 1.0, no scales.
+    ``scales=False`` never passes scales; an ``fp8_scaled`` pool always gets them. Shrinks
+    towards one token at slot 0 of the lowest layer, values 1.0, no scales.
     """
-    return _cast_write_kv_ops(_checked(spec), scales)
+    checked = _checked(spec)
+    if checked.quantized:
+        return _quant_write_kv_ops(checked, None, None, False, cast=True)
+    return _cast_write_kv_ops(checked, scales)
 
 
 @st.composite
@@ -448,6 +573,10 @@ def _write_mla_ops(draw: st.DrawFn, spec: PoolSpec, padding_slot: bool) -> Write
             if free
             else tuple(loc for loc in locs if loc)
         )
+    if spec.quantized:  # FP4: bf16 parts the pool encodes
+        nope = draw(quant_rows(len(locs), spec.kv_lora_rank, "bfloat16"), label="nope")
+        rope = draw(quant_rows(len(locs), spec.qk_rope_head_dim, "bfloat16"), label="rope")
+        return WriteMLA(layer_id, locs, nope, rope, dtype="bfloat16")
     # A scaled latent row is quantized from bf16 parts; a raw one takes the pool's dtype.
     dtype = "bfloat16" if spec.latent_layout == "scaled" else spec.dtype
     itemsize = DTYPE_ITEMSIZE[dtype]
@@ -493,6 +622,16 @@ def _write_prefix_valid_ops(draw: st.DrawFn, spec: PoolSpec) -> WritePrefixValid
     cells = _draw_locs(draw, spec, count=batch * width)
     grid = tuple(cells[row * width : (row + 1) * width] for row in range(batch))
     commits = tuple(draw(_ints(0, width), label="commit_len") for _ in range(batch))
+    if spec.quantized:  # bf16 rows the pool encodes
+        k_values, v_values = row_elements(spec)
+        return WritePrefixValid(
+            layer_id=layer_id,
+            loc_grid=grid,
+            commit_lens=commits,
+            k_rows=draw(quant_rows(len(cells), k_values, "bfloat16"), label="k_rows"),
+            v_rows=draw(quant_rows(len(cells), v_values, "bfloat16"), label="v_rows"),
+            dtype="bfloat16",
+        )
     k_bytes, v_bytes = row_bytes(spec)
     k_rows = draw(payload_rows(spec.dtype, len(cells), k_bytes), label="k_rows")
     v_rows = draw(payload_rows(spec.dtype, len(cells), v_bytes), label="v_rows")

@@ -18,11 +18,18 @@ from hypothesis.errors import InvalidArgument
 from kvcheck.specs import (
     DCP_SIZES,
     DTYPE_ITEMSIZE,
+    FP4_DTYPE,
     FP8_DTYPES,
     INDEX_KPOOLS,
     KV_LAYOUTS,
+    KV_QUANTS,
     LATENT_LAYOUTS,
+    MHA_KV_QUANTS,
+    MLA_KV_QUANTS,
+    MXFP8_INTERLEAVED_PAGE,
+    NVFP4_LAYOUTS,
     POOL_FAMILIES,
+    QUANT_DTYPES,
     SCALED_LATENT_DTYPE,
     PoolSpec,
 )
@@ -184,8 +191,12 @@ def _pool_specs(
     max_start_layer: int,
     kpools: tuple[int, ...],
     dcp_sizes: tuple[int, ...],
+    quants: tuple[str, ...] = ("none",),
 ) -> PoolSpec:
     family = draw(st.sampled_from(families))
+    quant = draw(_kv_quants(family, quants, dtype_names))
+    if quant != "none":
+        return draw(_quantized_specs(family, quant, dtype_names, max_layers, max_start_layer))
     dtype = draw(st.sampled_from(dtype_names))
     layer_num = draw(st.integers(1, max_layers))
     page_size = draw(page_sizes(family=family, max_page_size=min(max_page_size, max_size)))
@@ -259,6 +270,104 @@ def _pool_specs(
 _QUARTER = (False, False, False, True)
 
 
+def _family_quants(family: str, quants: tuple[str, ...], dtype_names: tuple[str, ...]) -> list[str]:
+    """The quantized variants of ``quants`` that ``family`` has and ``dtype_names`` allows."""
+    known = {"mha": MHA_KV_QUANTS, "mla": MLA_KV_QUANTS}.get(family, ("none",))
+    return [
+        quant
+        for quant in known
+        if quant in quants
+        and (quant == "none" or set(QUANT_DTYPES[quant]) & (set(dtype_names) | {FP4_DTYPE}))
+    ]
+
+
+@st.composite
+def _kv_quants(
+    draw: Callable[..., Any], family: str, quants: tuple[str, ...], dtype_names: tuple[str, ...]
+) -> str:
+    """A quantized variant of ``family`` among ``quants``: "none" when that is the only
+    one (nothing is drawn, so specs draw as before quantized pools existed), else any
+    (shrinking to the first: "none" where it is one)."""
+    choices = _family_quants(family, quants, dtype_names)
+    if choices in ([], ["none"]):
+        return "none"
+    return str(draw(st.sampled_from(choices), label="kv_quant"))
+
+
+@st.composite
+def _quantized_specs(
+    draw: Callable[..., Any],
+    family: str,
+    quant: str,
+    dtype_names: tuple[str, ...],
+    max_layers: int,
+    max_start_layer: int,
+) -> PoolSpec:
+    """A small pool of quantized variant ``quant``, in shapes its blocks fit: MXFP8 on
+    128-token pages (head dims 128: FA4's store kernel) or on pages of 1-4 tokens (head
+    dims 32 or 64); FP4 head dims whose rows split into blocks of 16 (NVFP4 with native
+    scales: 64, pages of 4 or 8); MLA FP4 ranks of 16 or 32 with a 16-value rope part.
+    V head dims of their own where the variant allows one."""
+    dtypes = [d for d in QUANT_DTYPES[quant] if d in dtype_names or d == FP4_DTYPE]
+    common: dict[str, Any] = {
+        "family": family,
+        "kv_quant": quant,
+        "dtype": draw(st.sampled_from(dtypes)),
+        "layer_num": draw(st.integers(1, max_layers)),
+        "start_layer": draw(st.integers(0, max_start_layer)),
+    }
+    page_size = draw(st.integers(1, 4))
+    if family == "mla":
+        return PoolSpec(
+            **common,
+            page_size=page_size,
+            size=page_size * draw(st.integers(1, 3)),
+            kv_lora_rank=draw(st.sampled_from((16, 32))),
+            qk_rope_head_dim=16,
+        )
+    heads = draw(st.integers(1, 2))
+    layout = NVFP4_LAYOUTS[0]
+    dims: tuple[int, ...]
+    if quant == "mxfp8" and draw(st.booleans(), label="interleaved scales"):
+        page_size, dims = MXFP8_INTERLEAVED_PAGE, (128,)
+    elif quant == "mxfp8":
+        dims = (32, 64)
+    elif quant == "nvfp4":
+        layout = draw(st.sampled_from(NVFP4_LAYOUTS), label="nvfp4_layout")
+        native = "native" in layout or layout.startswith("both")
+        dims = (64,) if native else (16, 32)
+        if native:
+            page_size = draw(st.sampled_from((4, 8)))
+    elif quant == "fp4_mx_block16":
+        dims = (16, 32) if heads == 1 else (8, 16, 32)
+    else:
+        dims = tuple(range(1, 9))
+    head_dim = draw(st.sampled_from(dims))
+    v_head_dim = draw(st.none() | st.sampled_from(dims), label="v_head_dim")
+    pages = 1 if page_size == MXFP8_INTERLEAVED_PAGE else draw(st.integers(1, 3))
+    size = page_size * pages
+    whole = page_size == MXFP8_INTERLEAVED_PAGE or "native" in _nvfp4(layout)
+    if not whole and page_size > 1:
+        size -= draw(st.integers(0, page_size - 1), label="tokens short of whole pages")
+    extra: dict[str, Any] = {"nvfp4_layout": layout} if quant == "nvfp4" else {}
+    if quant == "fp8_scaled" and size % page_size == 0:
+        extra["kv_layout"] = draw(st.sampled_from(KV_LAYOUTS))
+    return PoolSpec(
+        **common,
+        page_size=page_size,
+        size=size,
+        head_num=heads,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        **extra,
+    )
+
+
+def _nvfp4(layout: str) -> tuple[str, ...]:
+    scales = layout.removesuffix("+dq")
+    return ("linear", "native") if scales == "both" else (scales,)
+
+
 @st.composite
 def _dcp_fields(draw: Callable[..., Any], dcp_sizes: tuple[int, ...]) -> dict[str, Any]:
     """Decode context parallel: none (the shrink target) or, in about a quarter of the
@@ -308,6 +417,7 @@ def pool_specs(
     max_start_layer: int = 3,
     index_kpools: Sequence[int] = INDEX_KPOOLS,
     dcp_sizes: Sequence[int] = DCP_SIZES,
+    kv_quants: Sequence[str] = ("none",),
     target: object | None = None,
 ) -> st.SearchStrategy[PoolSpec]:
     """Small :class:`~kvcheck.specs.PoolSpec` values for any of ``families``.
@@ -322,7 +432,10 @@ def pool_specs(
     least the smallest kpool); MLA and DSA specs run decode context parallel in about a
     quarter of the examples (every one without 1 in ``dcp_sizes``), at a width of
     ``dcp_sizes`` above 1 (default 2 and 4) and any rank, with whole pages (shrinking to
-    ``dcp_size=1``); float8_e4m3fn DSA specs may take
+    ``dcp_size=1``); MHA and MLA specs take a quantized variant of ``kv_quants`` (default
+    "none" only: each quantized variant has a machine run of its own), in small shapes its
+    blocks fit (:data:`kvcheck.specs.KV_QUANTS`; the quantized dtype it needs, shrinking to
+    "none" where that is one of them); float8_e4m3fn DSA specs may take
     SGLang's scaled latent row, ``latent_layout="scaled"`` with ``kv_lora_rank`` 128 or
     256 and ``qk_rope_head_dim`` 64 or 0 (shrinking to ``"raw"``); ``page_size`` is at most
     ``min(max_page_size, max_size)`` (powers of two for DSA). MHA/NoOp specs may carry a
@@ -362,6 +475,7 @@ def pool_specs(
     check_valid_integer(max_start_layer, "max_start_layer", min_value=0)
     kpools = check_choices(index_kpools, "index_kpools", INDEX_KPOOLS)
     widths = check_choices(dcp_sizes, "dcp_sizes", DCP_SIZES)
+    quants = check_choices(kv_quants, "kv_quants", KV_QUANTS)
     specs = _pool_specs(
         chosen,
         names,
@@ -371,6 +485,7 @@ def pool_specs(
         max_start_layer,
         tuple(kpools),
         tuple(widths),
+        tuple(quants),
     )
     return specs if target is None else within_target_limits(target, specs)
 

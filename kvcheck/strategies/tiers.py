@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from kvcheck.geometry import row_bytes
-from kvcheck.specs import PoolSpec
+from kvcheck.specs import KV_QUANTS, PoolSpec
 from kvcheck.strategies.limits import within_target_limits
 from kvcheck.strategies.pools import pool_specs
 from kvcheck.surface import surface_of
@@ -148,6 +148,10 @@ def _host_pool_specs(
     steer: frozenset[str] = frozenset(),
 ) -> HostPoolSpec:
     device = check_type(PoolSpec, draw(devices, label="device pool"), "device")
+    if device.kv_quant != KV_QUANTS[0]:
+        # Host pools of quantized pools (their scales on the host) are not modelled yet: the
+        # unquantized pool of the same geometry.
+        device = dataclasses.replace(device, kv_quant=KV_QUANTS[0])
     if device.family == "dsa" and device.skip_topk_layers and all(device.skip_topk_layers):
         # A DSA pool whose every layer skips top-k holds no index keys, and SGLang builds
         # no index-K host pool for it (DSATokenToKVPool.host_pool_decls): one layer keeps them.

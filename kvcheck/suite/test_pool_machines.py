@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck.calls import describe_op, op_method
@@ -84,6 +85,45 @@ def test_dcp_pool_matches_reference_after_every_step(
     specs = default_machine_specs(family, dcp_sizes=(2, 4))
     machine = pool_machine(kvcheck_target, device=kvcheck_device, family=family, specs=specs)
     run_state_machine_as_test(machine, settings=machine.TestCase.settings)
+    assert machine.__name__.lower().startswith(family)
+
+
+#: Every quantized variant (``kvcheck.specs.KV_QUANTS``) gets a machine run of its own: the
+#: family machines above draw unquantized pools only.
+QUANTIZED = (
+    ("mha", "fp8_scaled"),
+    ("mha", "cpu_fp8"),
+    ("mha", "mxfp8"),
+    ("mha", "fp4_mx_block16"),
+    ("mha", "nvfp4"),
+    ("mla", "fp4"),
+)
+
+
+@pytest.mark.parametrize(
+    ("family", "quant"),
+    [
+        pytest.param(family, quant, marks=pytest.mark.kvcheck_needs(f"{family}_pool"), id=quant)
+        for family, quant in QUANTIZED
+    ],
+)
+def test_quantized_pool_matches_reference_after_every_step(
+    kvcheck_target: Any, kvcheck_device: str, family: str, quant: str
+) -> None:
+    """A quantized pool's payload and every scale buffer equal the reference after every
+    step (writes, moves, host copies and their reloads, reads, accounting and scale
+    descriptors). Skipped for a target that does not build the variant (``kv_quants``)."""
+    taken = pool_spec_limits_of(kvcheck_target).get(family, {}).get("kv_quant")
+    if taken is not None and quant not in taken:
+        pytest.skip(f"the target builds no {family}:{quant} pool (its surface's kv_quant)")
+    specs = default_machine_specs(family, kv_quants=(quant,))
+    machine = pool_machine(kvcheck_target, device=kvcheck_device, family=family, specs=specs)
+    # A fifth of the profile's examples (20 in the default profile): six variant runs at
+    # the full count doubled the default run's CPU time; at a fifth they add about a third.
+    profile = machine.TestCase.settings
+    run_state_machine_as_test(
+        machine, settings=settings(profile, max_examples=max(1, profile.max_examples // 5))
+    )
     assert machine.__name__.lower().startswith(family)
 
 

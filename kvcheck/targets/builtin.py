@@ -34,6 +34,11 @@ _FAMILY_OF_CLASS: tuple[tuple[str, str], ...] = (
     ("MHATokenToKVPool", "mha"),
 )
 
+#: PoolSpec.kv_quant -> the quant method of kvcheck's QuantizedMHATokenToKVPool (SGLang's names).
+_QUANT_METHODS: Mapping[str, str] = MappingProxyType(
+    {"cpu_fp8": "cpu_fp8_e4m3", "fp4_mx_block16": "fp4_mx_block16", "nvfp4": "nvfp4"}
+)
+
 #: Small pool used to ask pool selection which family it picks (built on "meta": no memory).
 _PROBE_TOKENS = 64
 _PROBE_PAGE_SIZE = 64
@@ -107,8 +112,17 @@ class KVCheckTarget:
             if not spec.kv_page_padding:
                 kwargs["kv_page_padding"] = False
             name = "MHATokenToKVPool" if spec.family == "mha" else "NoOpMHATokenToKVPool"
+            if spec.kv_quant == "mxfp8":
+                name = "MHATokenToKVPoolMXFP8"
+            elif spec.quantized:
+                name = "QuantizedMHATokenToKVPool"
+                kwargs["quant_method"] = _QUANT_METHODS[spec.kv_quant]
+                if spec.kv_quant == "nvfp4":
+                    kwargs["nvfp4_layout"] = spec.nvfp4_layout
             return PoolArguments(f"kvcheck.pools:{name}", kwargs)
         kwargs.update(kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim)
+        if spec.kv_quant == "fp4":
+            return PoolArguments("kvcheck.pools:MLATokenToKVPoolFP4", kwargs)
         if spec.dcp_size > 1:
             kwargs.update(dcp_size=spec.dcp_size, dcp_rank=spec.dcp_rank)
         if spec.family == "mla":

@@ -23,7 +23,11 @@ import pytest
 import torch
 
 from kvcheck.calls import PoolCall, describe_op, op_method
-from kvcheck.properties.accounting import assert_accounting, assert_contiguous_buf_infos
+from kvcheck.properties.accounting import (
+    assert_accounting,
+    assert_contiguous_buf_infos,
+    assert_scale_buf_infos,
+)
 from kvcheck.properties.allocators import allocator_sizes, assert_allocator_state, assert_refusal
 from kvcheck.properties.host_pools import assert_host_buffer_infos
 from kvcheck.properties.inputs import assert_rejected_call_changes_nothing
@@ -32,6 +36,7 @@ from kvcheck.properties.ops import apply_op_like_reference
 from kvcheck.properties.pool_state import (
     assert_compress_tails_match_reference,
     assert_pool_matches_reference,
+    assert_read_api_matches_reference,
 )
 from kvcheck.properties.serving import (
     check_capacity_fits_budget,
@@ -761,3 +766,83 @@ def test_b3_dsa_index_host_layer_first_describes_its_pages(
     parts = _host_parts(kvcheck_target, kvcheck_device, spec)
     steer = {"host:dsa:indexer_bytes_held"}  # B1 shows first otherwise
     assert_host_buffer_infos(parts, ReferenceHostPool(spec), spec=spec, steer=steer)
+
+
+# --- Q2-Q11: quantized pools ---------------------------------------------------------------
+
+MLA_FP4 = PoolSpec(
+    family="mla",
+    size=2,
+    page_size=1,
+    layer_num=1,
+    dtype="float4_e2m1fn_x2",
+    kv_quant="fp4",
+    kv_lora_rank=16,
+    qk_rope_head_dim=16,
+)
+#: One bf16 latent row of 1.0s: block scale byte 125 (2^-2) on every block, never 0.
+ONES_ROW = value_bytes(1.0, "bfloat16") * 32
+WRITE_FP4 = WriteKV(
+    layer_id=0,
+    locs=(1,),
+    k_rows=(),
+    v_rows=(),
+    payload=Payload(dtype="bfloat16", k_rows=(ONES_ROW,)),
+)
+
+
+def _built_variant(target: Any, spec: PoolSpec) -> PoolSpec:
+    """``spec``, skipping the test for a target whose surface leaves its variant out."""
+    taken = pool_spec_limits_of(target).get(spec.family, {}).get("kv_quant")
+    if taken is not None and spec.kv_quant not in taken:
+        pytest.skip(f"the target builds no {spec.variant} pool")
+    return spec
+
+
+@pytest.mark.kvcheck_needs("mla_pool", "move")
+def test_q2_mla_fp4_move_carries_the_scales(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q2: a written MLA FP4 token moved to another slot arrives with its block scales."""
+    spec = _built_variant(kvcheck_target, MLA_FP4)
+    _run_ops(kvcheck_target, kvcheck_device, spec, (WRITE_FP4, Move(tgt=(2,), src=(1,))))
+
+
+@pytest.mark.kvcheck_needs("mla_pool", "host_copy")
+def test_q2_mla_fp4_reload_carries_the_scales(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q2: a written MLA FP4 token copied to the host and reloaded to another slot arrives
+    with its block scales."""
+    spec = _built_variant(kvcheck_target, MLA_FP4)
+    ops: tuple[Op, ...] = (
+        WRITE_FP4,
+        HostCopy(name="token", indices=(1,)),
+        HostReload(name="token", indices=(2,)),
+    )
+    _run_ops(kvcheck_target, kvcheck_device, spec, ops)
+
+
+@pytest.mark.kvcheck_needs("mla_pool")
+def test_q3_mla_fp4_reported_bytes_include_the_scales(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """Q3: get_kv_size_bytes and mem_usage of an MLA FP4 pool count kv_scale_buffer."""
+    spec = _built_variant(kvcheck_target, MLA_FP4)
+    assert_accounting(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
+
+
+@pytest.mark.kvcheck_needs("mla_pool", "contiguous_buf_infos")
+def test_q4_mla_fp4_describes_its_scales(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q4: an MLA FP4 pool describes its scale buffers for transfer (get_kv_scale_buf_infos)."""
+    spec = _built_variant(kvcheck_target, MLA_FP4)
+    assert_scale_buf_infos(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
+
+
+@pytest.mark.kvcheck_needs("mla_pool")
+def test_q11_mla_fp4_value_buffer_is_dequantized(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q11: get_value_buffer of an MLA FP4 pool reads the dequantized latent, as
+    get_key_buffer does."""
+    spec = _built_variant(kvcheck_target, MLA_FP4)
+    pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
+    reference = ReferencePool(spec)
+    apply_op_like_reference(
+        kvcheck_target, pool, reference, WRITE_FP4, device=kvcheck_device, copies={}
+    )
+    assert_read_api_matches_reference(pool, reference, call=describe_op(WRITE_FP4))

@@ -60,6 +60,10 @@ class MLATokenToKVPool(_MLA):
                          WIDTHS["attn_dcp_size"], WIDTHS["attn_dcp_rank"])
 
 
+class MLATokenToKVPoolFP4(MLATokenToKVPool):
+    pass
+
+
 class DSATokenToKVPool(_DSA):
     def __init__(self, size, page_size, kv_lora_rank, dtype, qk_rope_head_dim, layer_num,
                  device, index_head_dim, enable_memory_saver, start_layer=None,
@@ -132,7 +136,7 @@ def _package(
         ),
         "kernels/ops/kvcache/mla_buffer.py": (
             "def get_mla_kv_buffer_kernel(): pass\n\ndef get_mla_kv_buffer_kernel_norope(): pass\n"
-            "\ndef set_mla_kv_buffer_naive(): pass\n"
+            "\ndef set_mla_kv_buffer_naive(): pass\n\ndef set_mla_kv_scale_buffer_kernel(): pass\n"
         ),
         "srt/runtime_context.py": runtime,
         "srt/server_args.py": "class ServerArgs:\n    pass\n",

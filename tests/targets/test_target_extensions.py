@@ -392,6 +392,10 @@ _FINDINGS_TESTS = """
     def test_pins_f1_but_passes(kvcheck_target):
         check(2, "odd")
 
+    def test_pins_f1_where_the_target_cannot_build_it(kvcheck_target):
+        import pytest
+        pytest.skip("the target builds no such pool here")
+
     @given(st.integers(0, 100))
     def test_property_with_the_finding_only(kvcheck_target, x):
         check(x, "odd")
@@ -407,7 +411,8 @@ def test_findings_are_matched_by_their_failure(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pinned test xfails only with its finding's failure (another failure, or a pass,
-    fails the run); a property steers around the finding yet still fails on a second bug."""
+    fails the run; a skip with its reason stays a skip); a property steers around the
+    finding yet still fails on a second bug."""
     for name in list(os.environ):
         if name.startswith(("KVCHECK_", "PYTEST_XDIST_")):
             monkeypatch.delenv(name)
@@ -422,9 +427,10 @@ def test_findings_are_matched_by_their_failure(
         settings._profiles.clear()
         settings._profiles.update(saved)
         settings.load_profile(current)
-    result.assert_outcomes(passed=1, xfailed=1, failed=3)
+    result.assert_outcomes(passed=1, xfailed=1, failed=3, skipped=1)
     result.stdout.fnmatch_lines(
         [
+            "*SKIPPED*the target builds no such pool here*",
             "*XFAIL*test_pins_f1_with_its_failure*pins finding F1*",
             "*FAILED*test_pins_f1_but_fails_otherwise*",
             "*FAILED*test_pins_f1_but_passes*",
@@ -450,12 +456,12 @@ def test_a_subclass_inherits_its_parents_surface() -> None:
 
     assert pool_spec_limits_of(OwnPools()) == pool_spec_limits_of(KVCheckTarget()) == {}
     assert pool_spec_limits_of(BaselineOnly()) == {
-        "mha": {"kv_layout": ("nhd",)},
-        "mla": {"dcp_size": (1,)},
+        "mha": {"kv_layout": ("nhd",), "kv_quant": ("none",), "nvfp4_layout": ("linear+dq",)},
+        "mla": {"dcp_size": (1,), "kv_quant": ("none",)},
         "dsa": {"latent_layout": ("raw",), "index_kpool": (1,), "dcp_size": (1,)},
     }
     narrowed = KVCheckTarget.surface.replace(noop=None, mla=None, dsa=None)
-    assert narrowed.describe() == "mha (kv_layout nhd/hnd)"
+    assert narrowed.describe().startswith("mha (kv_layout nhd/hnd, kv_quant none/fp8_scaled/")
     target = SimpleNamespace(name="t", unsupported={}, surface=narrowed)
     assert "no dsa pool: its surface declares none" in str(
         capability_skip_reason(target, ["dsa_pool"])

@@ -64,6 +64,7 @@ _POOL_DTYPES: Mapping[str, torch.dtype] = {
     "float16": torch.float16,
     "float8_e4m3fn": torch.float8_e4m3fn,
     "float8_e5m2": torch.float8_e5m2,
+    "float4_e2m1fn_x2": torch.float4_e2m1fn_x2,
 }
 
 #: The model dtype sglang's "auto" KV dtype falls back to for the configs kvcheck names.

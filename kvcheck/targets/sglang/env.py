@@ -550,6 +550,61 @@ def cpu_mla_read_kernels(module: types.ModuleType) -> Iterator[None]:
             setattr(module, name, original)
 
 
+class _CpuMlaScaleKernel:
+    """CPU body of sglang's ``set_mla_kv_scale_buffer_kernel`` (MLA FP4's scale rows),
+    launched as ``kernel[grid](...)``.
+
+    The Triton kernel writes, for each ``loc[i]`` other than ``reserved_skip_index``, the
+    ``nope_dim`` scale bytes of ``cache_k_nope[i]`` then the ``rope_dim`` of
+    ``cache_k_rope[i]`` to row ``loc[i]`` of the scale buffer; it skips the reserved slot
+    (0) and, like the kernel, has no decode-context-parallel handling.
+    """
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self._launch
+
+    def _launch(
+        self,
+        kv_buffer: torch.Tensor,
+        cache_k_nope: torch.Tensor,
+        cache_k_rope: torch.Tensor,
+        loc: torch.Tensor,
+        reserved_skip_index: int,
+        _buffer_stride: int,
+        _nope_stride: int,
+        _rope_stride: int,
+        nope_dim: int,
+        rope_dim: int,
+        **_block: Any,
+    ) -> None:
+        locs = loc.view(-1).long()
+        keep = locs != int(reserved_skip_index)
+        count = locs.numel()
+        rows = kv_buffer.view(kv_buffer.shape[0], -1)
+        nope = cache_k_nope.reshape(count, -1)[:, :nope_dim]
+        rope = cache_k_rope.reshape(count, -1)[:, :rope_dim]
+        rows[locs[keep], : nope_dim + rope_dim] = torch.cat((nope, rope), dim=1)[keep].to(
+            rows.dtype
+        )
+
+
+@contextmanager
+def cpu_mla_scale_kernel(module: types.ModuleType) -> Iterator[None]:
+    """Run sglang's MLA FP4 ``set_mla_kv_buffer`` on CPU: its Python path, with the Triton
+    scale-row kernel of ``module`` (the release's MLA buffer kernel module) run by
+    :class:`_CpuMlaScaleKernel`. A release without that kernel is left as it is."""
+    name = "set_mla_kv_scale_buffer_kernel"
+    original = getattr(module, name, None)
+    if original is None:
+        yield
+        return
+    setattr(module, name, _CpuMlaScaleKernel())
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
 #: The DeprecationWarning SWIG 4 modules (sentencepiece, which sglang imports) emit while the
 #: interpreter shuts down, when their runtime creates its ``swigvarlink`` type.
 SWIG_EXIT_WARNING = "builtin type swigvarlink has no __module__ attribute"

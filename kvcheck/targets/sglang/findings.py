@@ -85,6 +85,15 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "converts the rows to fp8 twice (0.5 is stored as 48.0)",
         "D21": "under decode context parallel the default DSA index-K buffer holds a key per "
         "physical token while writes carry widened ids: keys past its end",
+        "Q2": "MLA FP4 move_kv_cache, get_cpu_copy and load_cpu_copy carry the payload and "
+        "not kv_scale_buffer: moved or reloaded tokens keep the target slot's old scales",
+        "Q3": "MLA FP4 get_kv_size_bytes and mem_usage leave out kv_scale_buffer (1/9 of "
+        "the pool), which the configurator's cell size counts",
+        "Q4": "FP4 pools (MLA FP4, MHA fp4_mx_block16 and nvfp4's linear scales) describe "
+        "only their payload for transfer: no scale-buffer descriptor, so a PD decode side "
+        "receives the payload without its scales",
+        "Q11": "MLA FP4 get_value_buffer returns the layer's packed FP4 bytes (nope and "
+        "rope mixed, no scales), not the dequantized latent get_key_buffer returns",
     }
 )
 
@@ -111,16 +120,16 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
         "W1": _ALL,
         "M1": _ALL,
         "H1": _ALL,
-        # The kpool findings need an index kpool above 1, which 0.5.21 does not pool
-        # (its DSA pool keeps a key per token): nothing there can have them.
-        "T2": Releases(first="0.5.22"),
-        "T3": Releases(first="0.5.22"),
+        # 0.5.21's pool has them too (its scripts show it), though the target builds no
+        # kpool pool there (it keeps a key per token): their pins skip on it, saying why.
+        "T2": _ALL,
+        "T3": _ALL,
         "R1": _ALL,
         "R2": _ALL,
         "I": _ALL,
-        # 0.5.22 fails the kpool move with X1's IndexError after the latent rows moved,
-        # 0.5.23 asserts; 0.5.21 has no kpool (above).
-        "T1": Releases(first="0.5.22"),
+        # 0.5.21 and 0.5.22 fail the kpool move with X1's IndexError after the latent rows
+        # moved, 0.5.23 asserts.
+        "T1": _ALL,
         # Preconditions found through the CPU stand-ins (no declared Finding: no suite test
         # fails on them; docs/sglang-repros/g1.py, g2.py). Before 0.5.22 set_mla_kv_buffer had
         # no torch path either: writes and reads both needed Triton.
@@ -141,6 +150,9 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
         "B1": Releases(first="0.5.23"),
         "B2": Releases(first="0.5.23"),
         "B3": Releases(first="0.5.23"),
+        # The quantized pools were checked on 0.5.23 only (the MLA FP4 pool's scale-row
+        # kernel and pool class are looked for per release: release.NEEDS).
+        **{finding: Releases(first="0.5.23") for finding in ("Q2", "Q3", "Q4", "Q11")},
     }
 )
 
@@ -199,16 +211,22 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         check="raises",
         call="*_cpu_copy",
         kind="AssertionError*",
-        family="mha:hnd",
-        steer=frozenset({"mha:hnd:host_copy", "mha:hnd:host_reload"}),
+        family="*:hnd",  # mha:hnd and mha:fp8_scaled:hnd
+        steer=frozenset(
+            f"{variant}:{kind}"
+            for variant in ("mha:hnd", "mha:fp8_scaled:hnd")
+            for kind in ("host_copy", "host_reload")
+        ),
     ),
     _finding(
         "L2",
         check="contiguous_buf_infos",
         call="get_contiguous_buf_infos",
         kind="raises AssertionError",
-        family="mha:hnd",
-        steer=frozenset({"mha:hnd:contiguous_buf_infos"}),
+        family="*:hnd",
+        steer=frozenset(
+            {"mha:hnd:contiguous_buf_infos", "mha:fp8_scaled:hnd:contiguous_buf_infos"}
+        ),
     ),
     _finding(
         "N4",
@@ -282,7 +300,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         "A1",
         check="accounting",
         kind="fused K/V page padding unreported",
-        family="mha",
+        family="mha*",  # the plain pool and the fp8 one with per-tensor scales (same code)
     ),
     _finding(
         "C3",
@@ -421,6 +439,34 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         kind="raises ValueError",
         family="host:dsa*",
         steer=frozenset({"host:dsa:indexer_layer_first_page_meta"}),
+    ),
+    _finding(
+        "Q2",
+        check="bytes",
+        kind="kv_scale_buffer differs*",
+        family="mla:fp4",
+        steer=frozenset({"mla:fp4:move", "mla:fp4:host_copy", "mla:fp4:host_reload"}),
+    ),
+    _finding(
+        "Q3",
+        check="accounting",
+        kind="scale buffers unreported",
+        family="mla:fp4",
+        steer=frozenset({"mla:fp4:accounting:scales"}),
+    ),
+    _finding(
+        "Q4",
+        check="scale_buf_infos",
+        call="get_kv_scale_buf_infos",
+        family="mla:fp4",
+        steer=frozenset({"mla:fp4:scale_buf_infos"}),
+    ),
+    _finding(
+        "Q11",
+        check="read_api",
+        call="get_value_buffer",
+        family="mla:fp4",
+        steer=frozenset({"mla:fp4:read:get_value_buffer"}),
     ),
     _finding(
         "I",

@@ -41,6 +41,7 @@ POOL_CLASSES = (
     "MHATokenToKVPool",
     "NoOpMHATokenToKVPool",
     "MLATokenToKVPool",
+    "MLATokenToKVPoolFP4",
     "DSATokenToKVPool",
 )
 
@@ -91,6 +92,15 @@ SERVING_ONLY = (
 )
 ABSTRACT = "unreachable: the abstract base's body, overridden by every pool"
 DEAD = "unreachable: no caller anywhere in sglang 0.5.23"
+FP4_NO_ROPE = (
+    "an MLA FP4 latent without a rope part (qk_rope_head_dim 0): no MLA checkpoint has one, "
+    "so kvcheck draws FP4 pools with a rope part (sglang's scale-row kernel call would then "
+    "read the shape of None)"
+)
+FP4_STORE_DTYPE = (
+    "unreachable: MLATokenToKVPoolFP4 always stores uint8 for its float4_e2m1fn_x2 dtype, "
+    "so the branches for a pool storing its own dtype (or fp8 DSA rows) never run"
+)
 STEERED_T3 = (
     "steered around finding T3: on CPU a host copy of a request's compress tails holds "
     "views of the pool, so the suite names no request slot in sglang's host copies"
@@ -207,6 +217,28 @@ REASONS: tuple[Reason, ...] = (
     ),
     Reason(_MP, "MLATokenToKVPool.*", VARIANT, pattern=_guarded_by(r"shape\[0\] == 0")),
     # --- DSATokenToKVPool ---------------------------------------------------------------------
+    Reason(_MP, "MLATokenToKVPoolFP4._clear_buffers", DEAD),
+    Reason(
+        _MP, "MLATokenToKVPoolFP4.get_key_buffer", SERVING_ONLY, pattern=r"layer_transfer_counter"
+    ),
+    Reason(
+        _MP,
+        "MLATokenToKVPoolFP4.*",
+        FP4_STORE_DTYPE,
+        pattern=r"(return self\.kv_buffer\[layer_id - self\.start_layer\]|\[loc\] = cache_k)$",
+    ),
+    Reason(
+        _MP,
+        "MLATokenToKVPoolFP4.set_mla_kv_buffer",
+        FP4_NO_ROPE,
+        pattern=r"cache_k_rope_fp4 = None",
+    ),
+    Reason(
+        _MP,
+        "MLATokenToKVPoolFP4.set_mla_kv_buffer",
+        FP4_STORE_DTYPE,
+        pattern=_guarded_by(r"dsa_kv_cache_store_fp8"),
+    ),
     Reason(_MP, "DSATokenToKVPool.host_pool_decls", SERVING_ONLY),
     Reason(_MP, "DSATokenToKVPool._clear_buffers", DEAD),
     Reason(_MP, "DSATokenToKVPool._should_allocate_index_layer", VARIANT),

@@ -230,6 +230,21 @@ NEEDS: tuple[Need, ...] = (
     ),
     Need("mla_class", "MLA pool", _POOL, names=("MLATokenToKVPool",), capabilities=("mla_pool",)),
     Need("dsa_class", "DSA pool", _POOL, names=("DSATokenToKVPool",), capabilities=("dsa_pool",)),
+    # The MLA FP4 pool and its scale-row kernel (a CPU body on CPU): checked on 0.5.23.
+    Need(
+        "mla_fp4_class",
+        "MLA FP4 pool",
+        _POOL,
+        names=("MLATokenToKVPoolFP4",),
+        narrows={"mla.kv_quant": ("none",)},
+    ),
+    Need(
+        "mla_fp4_scale_kernel",
+        "MLA FP4 scale-row kernel module",
+        "sglang.kernels.ops.kvcache.mla_buffer",
+        names=("set_mla_kv_scale_buffer_kernel",),
+        narrows={"mla.kv_quant": ("none",)},
+    ),
     # MLA/DSA pools read their parallel widths from here (env.dcp_parallel).
     Need(
         "runtime_context",

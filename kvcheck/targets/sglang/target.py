@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from kvcheck.geometry import latent_row_bytes, latent_width
-from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.specs import NVFP4_LAYOUTS, POOL_FAMILIES, PoolSpec
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.targets.sglang import adapt, env, release
@@ -94,14 +94,39 @@ def unsupported_for(release_name: str) -> Mapping[str, str]:
 #: index kpools 1 and 2 only: 2 already takes 128-token pages; 4 (256) only makes every
 #: example slower without reaching other code. The bound of what the target draws: once
 #: prepared, the target narrows it to what the installed release builds
-#: (:meth:`.release.ReleaseFacts.surface`: its asserts, parameters and layouts).
+#: (:meth:`.release.ReleaseFacts.surface`: its asserts, parameters and layouts). Quantized
+#: pools (:data:`QUANTIZED_SURFACE`): MHA fp8 with per-tensor scales and MLA FP4.
 SURFACE = Surface.everything(
-    dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)}
+    dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)},
+    mha={"kv_quant": ("none", "fp8_scaled"), "nvfp4_layout": (NVFP4_LAYOUTS[0],)},
+    mla={"kv_quant": ("none", "fp4")},
 ).with_tiers(
     allocators=ALLOCATOR_KINDS,
     host_layouts=HOST_LAYOUTS,
     # sgl-kernel's kvcacheio ops check item_size % 8 == 0 (a row the kernel io cannot move).
     host_kernel_alignment=8,
+)
+
+#: The quantized variants (:data:`kvcheck.specs.KV_QUANTS`) the target builds, and why it
+#: leaves the others out.
+QUANTIZED_SURFACE: Mapping[str, str] = MappingProxyType(
+    {
+        "mha:fp8_scaled": "MHATokenToKVPool with an fp8 dtype; writes carry k_scale/v_scale",
+        "mla:fp4": (
+            "MLATokenToKVPoolFP4; on CPU set_mla_kv_buffer's scale-row Triton kernel runs "
+            "as a CPU body (env.cpu_mla_scale_kernel)"
+        ),
+        "mha:cpu_fp8": "not built yet: needs the quant_method constructor argument",
+        "mha:fp4_mx_block16": "not built yet: needs the quant_method constructor argument",
+        "mha:nvfp4": (
+            "not built: its writes quantize with flashinfer's nvfp4_kv_quantize (GPU only), "
+            "whose bytes a CPU stand-in could only assume"
+        ),
+        "mha:mxfp8": (
+            "not built yet: its writes need CPU bodies of the Triton store_sf_interleaved and "
+            "mxfp8 quant-store kernels and of the CUDA store_cache"
+        ),
+    }
 )
 
 #: Capability -> how the target serves it on CPU, where that differs from a GPU server.
@@ -154,6 +179,7 @@ SGLANG_STAND_INS: tuple[str, ...] = (
     "cpu_dsa_quantize_kernel",
     "cpu_mla_read_kernels",
     "cpu_mla_write_kernels",
+    "cpu_mla_scale_kernel",
     "guard_swig_exit_warning",
     "cpu_kvcacheio",
     # this module
@@ -553,7 +579,8 @@ def pool_arguments(spec: PoolSpec, *, device: str) -> PoolArguments:
         return PoolArguments(f"{_MEMORY_POOL}:{name}", kwargs)
     kwargs.update(kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim)
     if spec.family == "mla":
-        return PoolArguments(f"{_MEMORY_POOL}:MLATokenToKVPool", kwargs)
+        name = "MLATokenToKVPoolFP4" if spec.kv_quant == "fp4" else "MLATokenToKVPool"
+        return PoolArguments(f"{_MEMORY_POOL}:{name}", kwargs)
     kwargs.update(
         index_head_dim=spec.index_head_dim,
         kv_cache_dim=_kv_cache_dim(spec),
@@ -636,6 +663,7 @@ def _latent_pool_scope(
                 (env.cpu_mla_read_kernels, modules.mla_buffer),
                 (env.cpu_mla_write_kernels, modules.mla_set_path),
                 (env.cpu_dsa_quantize_kernel, modules.dsa_quant_kernels),
+                (env.cpu_mla_scale_kernel, modules.mla_fp4_scale_kernel),
             ):
                 if module is not None:
                     stack.enter_context(stand_in(module))
