@@ -13,6 +13,11 @@ suite skips a family it leaves out, and ``kvcheck verify`` prints it in one line
 
 A subclass of a target inherits its surface unless it declares its own.
 
+A surface also says which tiers around a pool the target builds (:meth:`Surface.with_tiers`):
+the token-to-KV allocators (:data:`kvcheck.tiers.ALLOCATOR_KINDS`) and, per device family,
+the host-pool layouts (:data:`kvcheck.tiers.HOST_LAYOUTS`). Neither is part of the baseline:
+a target that declares none is never handed an allocator or a host pool.
+
 Adding a variant along a new axis is one row of :data:`kvcheck.specs.AXES`, beside its
 ``PoolSpec`` field; a target opts in by naming the axis in its surface.
 
@@ -35,6 +40,7 @@ from types import MappingProxyType
 from typing import Any
 
 from kvcheck.specs import AXES, POOL_FAMILIES, Axis, PoolSpec
+from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS
 
 __all__ = [
     "AXES",
@@ -81,11 +87,30 @@ class Surface:
 
     families: Mapping[str, FieldValues]
     notes: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+    #: The allocator kinds the target builds (``make_allocator``), of ALLOCATOR_KINDS.
+    allocators: tuple[str, ...] = ()
+    #: Device family -> the host layouts its host pools take (``make_host_pool``).
+    host_layouts: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
+    #: Bytes a token's row (per layer and component) must be a multiple of for its host
+    #: pools to transfer it with the ``kernel`` io backend (SGLang's sgl-kernel transfer ops
+    #: check ``item_size % 8 == 0``); 1: any row.
+    host_kernel_alignment: int = 1
 
     def __post_init__(self) -> None:
-        problems = surface_problems(self.families) + _note_problems(self.notes)
+        problems = (
+            surface_problems(self.families)
+            + _note_problems(self.notes)
+            + tier_problems(self.allocators, self.host_layouts)
+        )
+        alignment = self.host_kernel_alignment
+        if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1:
+            problems.append(f"host_kernel_alignment={alignment!r} must be an int >= 1")
         if problems:
             raise ValueError("; ".join(problems))
+        object.__setattr__(self, "allocators", tuple(self.allocators))
+        object.__setattr__(self, "host_layouts", MappingProxyType(dict(self.host_layouts)))
         frozen = {
             family: MappingProxyType(dict(self.families[family]))
             for family in POOL_FAMILIES
@@ -187,7 +212,53 @@ class Surface:
                 merged.pop(family, None)
             else:
                 merged[family] = declaration
-        return Surface(merged, self.notes)
+        return dataclasses.replace(self, families=merged)
+
+    def with_tiers(
+        self,
+        *,
+        allocators: tuple[str, ...] | None = None,
+        host_layouts: Mapping[str, tuple[str, ...]] | None = None,
+        host_kernel_alignment: int | None = None,
+    ) -> Surface:
+        """This surface with the allocator kinds and host layouts the target builds, and the
+        row alignment its kernel host transfers need (None: keep what it declares).
+
+        Example:
+            >>> surface = Surface.of(mha={}).with_tiers(allocators=("token", "paged"),
+            ...                                         host_layouts={"mha": ("layer_first",)})
+            >>> surface.describe_tiers()
+            'allocators token/paged; host pools mha (layer_first)'
+        """
+        return dataclasses.replace(
+            self,
+            allocators=self.allocators if allocators is None else allocators,
+            host_layouts=self.host_layouts if host_layouts is None else host_layouts,
+            host_kernel_alignment=(
+                self.host_kernel_alignment
+                if host_kernel_alignment is None
+                else host_kernel_alignment
+            ),
+        )
+
+    def describe_tiers(self) -> str:
+        """One line: the allocator kinds and host layouts declared ("" when none).
+
+        Example:
+            >>> Surface.baseline().describe_tiers()
+            ''
+        """
+        parts = []
+        if self.allocators:
+            parts.append(f"allocators {'/'.join(self.allocators)}")
+        if self.host_layouts:
+            hosts = ", ".join(
+                f"{family} ({'/'.join(layouts)})" for family, layouts in self.host_layouts.items()
+            )
+            parts.append(f"host pools {hosts}")
+        if self.host_kernel_alignment > 1:
+            parts.append(f"kernel host io on rows of {self.host_kernel_alignment}-byte multiples")
+        return "; ".join(parts)
 
     def with_notes(self, notes: Mapping[str, str]) -> Surface:
         """This surface with ``notes`` added (key ``family`` or ``family.field``, see
@@ -198,7 +269,7 @@ class Surface:
             >>> surface.note("dsa", "index_kpool")
             'no kpool here'
         """
-        return Surface(self.families, {**self.notes, **notes})
+        return dataclasses.replace(self, notes={**self.notes, **notes})
 
     def note(self, family: str, field: str | None = None) -> str | None:
         """Why ``family`` is left out, or its ``field`` narrowed, when the target said so.
@@ -247,13 +318,50 @@ def surface_problems(families: object) -> list[str]:
     return problems
 
 
+def tier_problems(allocators: object, host_layouts: object) -> list[str]:
+    """What is wrong with a surface's allocator kinds and host layouts (empty when fine).
+
+    Example:
+        >>> tier_problems(("token", "buddy"), {"mha": ("page_head",)})
+        ["surface allocators: 'buddy' not in ('token', 'paged', 'swa')"]
+    """
+    problems: list[str] = []
+    if not isinstance(allocators, tuple):
+        problems.append(f"surface allocators={allocators!r} must be a tuple")
+    else:
+        problems.extend(
+            f"surface allocators: {kind!r} not in {ALLOCATOR_KINDS}"
+            for kind in allocators
+            if kind not in ALLOCATOR_KINDS
+        )
+    if not isinstance(host_layouts, Mapping):
+        return [*problems, f"surface host_layouts={host_layouts!r} must be a mapping"]
+    for family, layouts in host_layouts.items():
+        known = HOST_LAYOUTS.get(family)
+        if known is None:
+            problems.append(
+                f"surface host_layouts[{family!r}]: no host pool; of {tuple(HOST_LAYOUTS)}"
+            )
+        elif not isinstance(layouts, tuple) or not layouts or set(layouts) - set(known):
+            problems.append(
+                f"surface host_layouts[{family!r}]={layouts!r} must be a non-empty tuple of {known}"
+            )
+    return problems
+
+
+#: Note keys for the tiers: why a target builds no allocator or no host pool (a release
+#: without the module).
+TIER_NOTE_KEYS: frozenset[str] = frozenset({"allocators", "host_pools"})
+
+
 def _note_problems(notes: object) -> list[str]:
     if not isinstance(notes, Mapping):
         return [f"notes: {notes!r} (expected a mapping 'family' or 'family.field' -> why)"]
     problems = []
     for key, why in notes.items():
         family, _, field = str(key).partition(".")
-        if family not in POOL_FAMILIES or (field and field not in LIMIT_NAMES):
+        tier = key in TIER_NOTE_KEYS
+        if not tier and (family not in POOL_FAMILIES or (field and field not in LIMIT_NAMES)):
             problems.append(f"notes[{key!r}]: not a pool family or 'family.field'")
         elif not isinstance(why, str) or not why:
             problems.append(f"notes[{key!r}]={why!r} must be a non-empty str")
@@ -320,6 +428,6 @@ def surface_of(target: object) -> Surface:
     for family, fields in legacy.items():
         families.setdefault(family, {}).update(fields)
     try:
-        return Surface(families, declared.notes)
+        return dataclasses.replace(declared, families=families)
     except ValueError as exc:
         raise ValueError(f"target {name!r}: {exc}") from exc

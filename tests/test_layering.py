@@ -11,10 +11,13 @@ import kvcheck
 #: from its own layer's package and from any layer listed before it.
 LAYERS: tuple[str, ...] = (
     "specs",
+    "tiers",
     "surface",
     "validation",
     "vocabulary",
     "pools",
+    "allocators",
+    "host_pools",
     "serving",
     "reference",
     "geometry",
@@ -26,6 +29,8 @@ LAYERS: tuple[str, ...] = (
     "targets",
     "properties",
     "machines",
+    "allocator_machine",
+    "lifecycle",
     "suite",
     "runner",
 )

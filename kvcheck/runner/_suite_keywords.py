@@ -17,9 +17,19 @@ SUITE_TESTS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_reported_bytes_equal_bytes_held[mla]",
         "test_reported_bytes_equal_bytes_held[noop]",
     ),
+    ("test_allocators.py", "parametrize"): (
+        "test_allocator_matches_reference_after_every_call[paged]",
+        "test_allocator_matches_reference_after_every_call[swa]",
+        "test_allocator_matches_reference_after_every_call[token]",
+    ),
     ("test_attention.py", "hypothesis kvcheck_needs"): (
         "test_noop_pool_matches_full_pool",
         "test_paged_attention_matches_raw_kv",
+    ),
+    ("test_host_pools.py", "hypothesis kvcheck_needs parametrize"): (
+        "test_host_round_trip_is_byte_exact[dsa]",
+        "test_host_round_trip_is_byte_exact[mha]",
+        "test_host_round_trip_is_byte_exact[mla]",
     ),
     ("test_inputs.py", "hypothesis kvcheck_needs parametrize"): (
         "test_calls_leave_caller_tensors_unchanged[dsa]",
@@ -29,6 +39,11 @@ SUITE_TESTS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_rejected_calls_leave_pool_unchanged[dsa]",
         "test_rejected_calls_leave_pool_unchanged[mha]",
         "test_rejected_calls_leave_pool_unchanged[mla]",
+    ),
+    ("test_lifecycle.py", "kvcheck_needs parametrize"): (
+        "test_request_lifecycle_matches_reference[dsa]",
+        "test_request_lifecycle_matches_reference[mha]",
+        "test_request_lifecycle_matches_reference[mla]",
     ),
     ("test_noop.py", "hypothesis kvcheck_needs"): (
         "test_noop_holds_only_placeholders",

@@ -29,8 +29,11 @@ SUITE_PACKAGE = "kvcheck.suite"
 
 #: The suite's modules, cheapest first (single process on CPU, kvcheck-ci profile,
 #: 2026-12-02: serving modules 0.5-2 s each, skip layers 2 s, accounting 6 s, no-op 8 s,
-#: machines 26 s, inputs 24 s, attention 8 s). The machines come before the input checks
-#: and attention because they catch most pool bugs. A module not listed runs last.
+#: machines 26 s, inputs 24 s, attention 8 s; 2026-12-03, on a loaded machine: allocators
+#: 12 s, host pools 14 s, lifecycle 9 s). The machines come before the input checks and
+#: attention because they catch most pool bugs; the lifecycle machine, which runs the
+#: allocator, the pool and the host tier together, right after them. A module not listed
+#: runs last.
 REPORT_ORDER: tuple[str, ...] = (
     "test_serving_validation",
     "test_serving_selection",
@@ -39,7 +42,10 @@ REPORT_ORDER: tuple[str, ...] = (
     "test_skip_layers",
     "test_accounting",
     "test_noop",
+    "test_allocators",
+    "test_host_pools",
     "test_pool_machines",
+    "test_lifecycle",
     "test_inputs",
     "test_attention",
 )

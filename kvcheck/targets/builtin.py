@@ -24,6 +24,7 @@ import kvcheck
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
+from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS, AllocatorSpec, HostPoolSpec
 
 #: Pool class name -> family, most specific first (NoOp derives from MHA, DSA from MLA).
 _FAMILY_OF_CLASS: tuple[tuple[str, str], ...] = (
@@ -56,7 +57,9 @@ class KVCheckTarget:
     unsupported: Mapping[str, str] = MappingProxyType({})
     #: Every family and every variant kvcheck models; a subclass inherits it unless it
     #: declares its own (``surface = KVCheckTarget.surface.replace(dsa=None)``, say).
-    surface: Surface = Surface.everything()
+    surface: Surface = Surface.everything().with_tiers(
+        allocators=ALLOCATOR_KINDS, host_layouts=HOST_LAYOUTS
+    )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, version={self.version!r})"
@@ -163,6 +166,54 @@ class KVCheckTarget:
             build=tuple(arguments.call_source("pool").splitlines()),
         )
 
+    # --- allocators and host pools (kvcheck.targets.tiers) -------------------------------
+
+    def make_allocator(self, spec: AllocatorSpec, *, device: str, kvcache: Any = None) -> Any:
+        """kvcheck's allocator of ``spec.kind`` (:mod:`kvcheck.allocators`)."""
+        import torch
+
+        from kvcheck import allocators
+
+        if spec.kind == "token":
+            return allocators.TokenToKVPoolAllocator(
+                spec.size, torch.bfloat16, device, kvcache, spec.need_sort
+            )
+        if spec.kind == "paged":
+            return allocators.PagedTokenToKVPoolAllocator(
+                spec.size, spec.page_size, torch.bfloat16, device, kvcache, spec.need_sort
+            )
+        return allocators.SWATokenToKVPoolAllocator(
+            spec.size,
+            spec.size_swa,
+            spec.page_size,
+            torch.bfloat16,
+            device,
+            kvcache,
+            spec.need_sort,
+        )
+
+    def make_host_pool(
+        self, spec: HostPoolSpec, device_pool: Any, *, device: str
+    ) -> tuple[Any, ...]:
+        """kvcheck's host tier for ``device_pool`` (:mod:`kvcheck.host_pools`): the MHA or MLA
+        host pool of its main buffers and, when the pool has other per-layer buffers (a DSA
+        pool's index-K pages, a variant's scales), a :class:`DSAIndexerPoolHost` for them."""
+        from kvcheck import host_pools
+
+        main = ("k_buffer", "v_buffer") if spec.kind == "mha" else ("kv_buffer",)
+        cls = (
+            host_pools.MHATokenToKVPoolHost
+            if spec.kind == "mha"
+            else host_pools.MLATokenToKVPoolHost
+        )
+        anchor = cls(
+            device_pool, 2.0, 0, spec.page_size, spec.layout, host_token_capacity=spec.host_size
+        )
+        others = tuple(name for name in _layer_buffers(device_pool) if name not in main)
+        if not others:
+            return (anchor,)
+        return (anchor, host_pools.DSAIndexerPoolHost(device_pool, anchor, buffer_names=others))
+
     def write_index_k(
         self, pool: Any, layer_id: int, loc: Any, index_k: Any, index_k_scale: Any
     ) -> None:
@@ -255,6 +306,20 @@ def pool_family(pool: Any) -> str:
         if class_name in names:
             return family
     raise ValueError(f"pool={pool!r} is not one of kvcheck's pool families {POOL_FAMILIES}")
+
+
+def _layer_buffers(pool: Any) -> list[str]:
+    """The public per-layer buffers of a kvcheck pool (``*_buffer`` lists of tensors, one per
+    layer): what its host tier mirrors, whatever the variant adds."""
+    import torch
+
+    names = []
+    for name, value in vars(pool).items():
+        if name.startswith("_") or not name.endswith("_buffer") or not isinstance(value, list):
+            continue
+        if len(value) == pool.layer_num and all(isinstance(t, torch.Tensor) for t in value):
+            names.append(name)
+    return names
 
 
 def _checked_flags(flags: Mapping[str, Any]) -> dict[str, Any]:

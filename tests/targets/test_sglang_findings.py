@@ -28,6 +28,8 @@ from kvcheck.properties.accounting import (
     assert_contiguous_buf_infos,
     assert_scale_buf_infos,
 )
+from kvcheck.properties.allocators import allocator_sizes, assert_allocator_state, assert_refusal
+from kvcheck.properties.host_pools import assert_host_buffer_infos
 from kvcheck.properties.inputs import assert_rejected_call_changes_nothing
 from kvcheck.properties.noop import assert_noop_write_raises
 from kvcheck.properties.ops import apply_op_like_reference
@@ -42,6 +44,8 @@ from kvcheck.properties.serving import (
     check_skip_rule,
 )
 from kvcheck.reference import ReferencePool
+from kvcheck.reference.allocators import ReferenceAllocator, Request
+from kvcheck.reference.host_pools import ReferenceHostPool
 from kvcheck.specs import (
     HostCopy,
     HostReload,
@@ -59,6 +63,13 @@ from kvcheck.strategies.calls import BadCall
 from kvcheck.strategies.limits import fit_spec, pool_spec_limits_of
 from kvcheck.strategies.ops import value_bytes
 from kvcheck.surface import surface_of
+from kvcheck.targets.tiers import (
+    allocator_skip_reason,
+    build_allocator,
+    build_host_pool,
+    host_pool_skip_reason,
+)
+from kvcheck.tiers import AllocatorSpec, HostPoolSpec
 from kvcheck.vocabulary import ModelConfig
 
 #: The smallest DSA model Hypothesis draws (one layer, DeepSeek's latent geometry).
@@ -627,6 +638,134 @@ def kvcheck_target_dsa_page(target: Any) -> int:
     """The DSA page size (of index kpool 1) the target accepts (sglang: 64), else 2."""
     limits = pool_spec_limits_of(target).get("dsa", {})
     return int(limits.get("page_size", limits.get("index_page_size", (2,)))[0])
+
+
+# --- S1, S2: the sliding-window allocator ---------------------------------------------------
+
+
+def _allocator(target: Any, device: str, spec: AllocatorSpec) -> Any:
+    reason = allocator_skip_reason(target, spec.kind)
+    if reason is not None:
+        pytest.skip(reason)
+    return build_allocator(target, spec, device=device)
+
+
+def _ids(*values: int) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int64)
+
+
+def test_s1_refused_swa_decode_changes_nothing(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """S1: a decode the sliding-window side cannot serve is refused and takes no full-side page."""
+    spec = AllocatorSpec(kind="swa", size=16, page_size=4, size_swa=8)
+    allocator = _allocator(kvcheck_target, kvcheck_device, spec)
+    reference = ReferenceAllocator(spec)
+    request = Request(0, 8, -1)
+    out = allocator.alloc_extend(_ids(0), _ids(0), _ids(8), _ids(8), _ids(-1), 8)
+    slots = [int(x) for x in out.tolist()]
+    peers = [int(x) for x in allocator.translate_loc_from_full_to_swa(out).tolist()]
+    assert not reference.grow("alloc_extend", [request], slots, peers)
+    decode = Request(8, 9, slots[-1])
+    before = allocator_sizes(allocator, spec)
+    refused = allocator.alloc_decode(_ids(9), _ids(9), _ids(slots[-1])) is None
+    assert_refusal(
+        refused,
+        reference.refuses_pages(reference.new_pages([decode])),
+        before=before,
+        allocator=allocator,
+        call="alloc_decode(seq_lens=[9])",
+        spec=spec,
+    )
+
+
+def test_s2_page1_swa_free_after_window_free_keeps_the_padding_slot(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """S2: free() of a request whose window was freed releases no sliding-window slot twice."""
+    spec = AllocatorSpec(kind="swa", size=16, page_size=1, size_swa=16)
+    allocator = _allocator(kvcheck_target, kvcheck_device, spec)
+    reference = ReferenceAllocator(spec)
+    for need in (12, 2):
+        out = allocator.alloc(need)
+        peers = [int(x) for x in allocator.translate_loc_from_full_to_swa(out).tolist()]
+        assert not reference.alloc(need, [int(x) for x in out.tolist()], peers)
+    row = [int(x) for x in out.tolist()]
+    allocator.free_swa(torch.tensor(row))
+    reference.free_swa(row)
+    allocator.free(torch.tensor(row))
+    reference.free(row)
+    assert_allocator_state(allocator, reference, call=f"free({row})")
+
+
+# --- B1, B2: host pools -------------------------------------------------------------------
+
+
+def _host_parts(target: Any, device: str, spec: HostPoolSpec) -> tuple[Any, ...]:
+    reason = host_pool_skip_reason(target, spec.kind, spec.layout)
+    if reason is not None:
+        pytest.skip(reason)
+    pool = target.make_pool(spec.device, device=device)
+    return build_host_pool(target, spec, pool, device=device)
+
+
+#: The smallest DSA pool sglang builds (64-token index pages) with a 4-byte latent row.
+DSA_HOST_DEVICE = PoolSpec(
+    family="dsa",
+    size=64,
+    page_size=64,
+    layer_num=1,
+    dtype="bfloat16",
+    kv_lora_rank=1,
+    qk_rope_head_dim=1,
+    index_head_dim=128,
+)
+
+
+@pytest.mark.kvcheck_needs("dsa_pool")
+def test_b1_dsa_index_host_holds_what_it_declares(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """B1: the index-K host pool holds host size * get_size_per_token() bytes, no more."""
+    spec = HostPoolSpec(
+        device=DSA_HOST_DEVICE, layout="layer_first", io_backend="direct", host_pages=1
+    )
+    parts = _host_parts(kvcheck_target, kvcheck_device, spec)
+    assert_host_buffer_infos(parts, ReferenceHostPool(spec), spec=spec)
+
+
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(f, marks=pytest.mark.kvcheck_needs(f"{f}_pool"), id=f) for f in ("mla", "dsa")],
+)
+def test_b2_latent_host_page_first_describes_its_layers(
+    kvcheck_target: Any, kvcheck_device: str, family: str
+) -> None:
+    """B2: a page_first latent host pool's transfer descriptors tile its buffer, layer by layer."""
+    if family == "mla":
+        device = PoolSpec(
+            family="mla",
+            size=8,
+            page_size=4,
+            layer_num=2,
+            dtype="bfloat16",
+            kv_lora_rank=2,
+            qk_rope_head_dim=2,
+        )
+    else:
+        device = replace(DSA_HOST_DEVICE, layer_num=2, kv_lora_rank=2, qk_rope_head_dim=2)
+    spec = HostPoolSpec(device=device, layout="page_first", io_backend="kernel", host_pages=2)
+    parts = _host_parts(kvcheck_target, kvcheck_device, spec)
+    assert_host_buffer_infos(parts[:1], ReferenceHostPool(spec), spec=spec)
+
+
+@pytest.mark.kvcheck_needs("dsa_pool")
+def test_b3_dsa_index_host_layer_first_describes_its_pages(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """B3: the index-K host pool in layer_first answers get_page_buffer_meta for its pages."""
+    spec = HostPoolSpec(
+        device=DSA_HOST_DEVICE, layout="layer_first", io_backend="direct", host_pages=1
+    )
+    parts = _host_parts(kvcheck_target, kvcheck_device, spec)
+    steer = {"host:dsa:indexer_bytes_held"}  # B1 shows first otherwise
+    assert_host_buffer_infos(parts, ReferenceHostPool(spec), spec=spec, steer=steer)
 
 
 # --- Q2-Q11: quantized pools ---------------------------------------------------------------

@@ -161,6 +161,19 @@ def _package(
         ),
         "srt/platforms.py": "current_platform = None\n",
         "srt/speculative/spec_info.py": "class SpeculativeAlgorithm:\n    NONE = None\n",
+        "srt/mem_cache/allocator/__init__.py": (
+            "class TokenToKVPoolAllocator:\n    pass\n\n"
+            "class PagedTokenToKVPoolAllocator:\n    pass\n"
+        ),
+        "srt/mem_cache/allocator/swa.py": "class SWATokenToKVPoolAllocator:\n    pass\n",
+        "srt/mem_cache/swa_memory_pool.py": "class SWAKVPool:\n    pass\n",
+        "srt/mem_cache/pool_host/mha.py": (
+            "class MHATokenToKVPoolHost:\n    pass\n\ndef get_mha_host_pool_cls(i): pass\n"
+        ),
+        "srt/mem_cache/pool_host/mla.py": "class MLATokenToKVPoolHost:\n    pass\n",
+        "srt/mem_cache/pool_host/dsa.py": (
+            "class DSAIndexerPoolHost:\n    pass\n\ndef make_dsa_indexer_pool_decl(p): pass\n"
+        ),
     }
 
 
@@ -314,3 +327,17 @@ def test_release_ranges_and_the_release_note() -> None:
     assert describe_release("0.5.1").startswith("older than the releases")
     with pytest.raises(ValueError, match="empty"):
         Releases(first="0.5.23", last="0.5.22")
+
+
+def test_a_release_without_a_tier_module_builds_no_such_tier(fake_sglang: Path) -> None:
+    """Without its index-K host module a release builds no host pools (the surface says why);
+    its allocators stay; a release the tiers are not checked on builds neither."""
+    modules = _package()
+    del modules["srt/mem_cache/pool_host/dsa.py"]
+    facts = _read(fake_sglang, modules)
+    surface = facts.surface(SURFACE)
+    assert surface.host_layouts == {} and surface.allocators == SURFACE.allocators
+    assert "pool_host.dsa" in (surface.note("host_pools") or "")
+    older = release.probe(release.load("0.5.22"), declared=SURFACE, env=env)
+    assert set(older.tiers_off()) == {"allocators", "host_pools"}
+    assert older.surface(SURFACE).allocators == ()

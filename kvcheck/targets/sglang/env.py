@@ -244,6 +244,26 @@ def dcp_parallel(dcp_size: int = 1, dcp_rank: int = 0) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def cpu_kvcacheio(*buffers: Any) -> Iterator[None]:
+    """Give sglang's host pools (``pool_host.mha``, ``.mla``, ``.dsa``) CPU bodies of the
+    ``sgl_kernel.kvcacheio`` transfer ops they call, resolving raw addresses inside
+    ``buffers`` (the device pool's and the host pool's tensors), for the block only.
+
+    On CPU sglang imports none of the ops (``sgl_kernel`` is CUDA/HIP only), so its host
+    transfers raise ``NameError``; the bodies transcribe sgl-kernel's (see
+    :mod:`kvcheck.targets.sglang.kvcacheio`). Where CUDA is available nothing is patched.
+    """
+    if torch.cuda.is_available():
+        yield
+        return
+    from kvcheck.targets.sglang import kvcacheio
+
+    modules = [importlib.import_module(name) for name in kvcacheio.HOST_POOL_MODULES]
+    with kvcacheio.installed(modules, *buffers):
+        yield
+
+
 def _no_cuda_synchronize(device: int | str | torch.device | None = None) -> None:
     """Stands in for ``torch.cuda.synchronize`` on CPU, where there is nothing to wait for."""
 

@@ -70,6 +70,15 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "and host copies take widened ids (its speculative-decoding callers pass widened ids)",
         "I": "pool calls do not validate input: no ValueError for bad locations, layers, "
         "shapes or lengths (I1-I10)",
+        "S1": "a refused SWA alloc_decode keeps the page the other side handed out",
+        "S2": "at page size 1, SWA free after free_swa frees the padding slot 0 on the "
+        "sliding-window side",
+        "B1": "the DSA index-K host pool holds one index page per layer more than it declares",
+        "B3": "the DSA index-K host pool refuses get_page_buffer_meta in layer_first "
+        "(ValueError), where its MLA anchor describes its pages",
+        "B2": "MLA host pools outside layer_first build their per-layer views from pages or "
+        "token rows: get_contiguous_buf_infos describes the wrong bytes, and page_first_direct "
+        "(MHA: page_head) with fewer host pages than layers fails to build",
         "X1": "DSA move_kv_cache moves index-K page rows addressed by token ids: a whole "
         "page of keys lands on another page, or IndexError after the latent rows moved",
         "PV1": "on a platform without CUDA, set_kv_buffer_prefix_valid on an fp8 pool "
@@ -134,6 +143,15 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
         "PV1": Releases(last="0.5.21"),
         # Fixed in 0.5.22 (the default is (size + page_size) * dcp_size - page_size).
         "D21": Releases(last="0.5.21"),
+        # The target builds the tiers (allocators, host pools) from 0.5.23 on; s1.py and
+        # s2.py show S1 and S2 on 0.5.22 too (on 0.5.21 the paged allocator is Triton-only:
+        # they cannot check there). B1-B3 were checked on 0.5.23 only (b2.py drives 0.5.23's
+        # host-pool API).
+        "S1": Releases(first="0.5.22"),
+        "S2": Releases(first="0.5.22"),
+        "B1": Releases(first="0.5.23"),
+        "B2": Releases(first="0.5.23"),
+        "B3": Releases(first="0.5.23"),
         # q2-q4.py show Q2-Q4 on 0.5.21 and 0.5.22 as on 0.5.23 (the MLA FP4 pool and its
         # scale buffer are the same); the suite builds the pool where the release has the
         # pieces it needs (release.NEEDS).
@@ -376,6 +394,56 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         family="*dcp*",
     ),
     _finding(
+        "S1",
+        check="refusal",
+        call="alloc_decode",
+        kind="refusal changed the allocator",
+        family="allocator:swa",
+        steer=frozenset({"allocator:swa:one_side_refused"}),
+    ),
+    _finding(
+        "S2",
+        check="available_size",
+        call="free",
+        family="allocator:swa",
+        steer=frozenset({"allocator:swa:free_dead_window"}),
+    ),
+    _finding(
+        "B1",
+        check="buffer_infos",
+        call="get_size_per_token",
+        kind="bytes held differ",
+        family="host:dsa*",
+        steer=frozenset({"host:dsa:indexer_bytes_held"}),
+    ),
+    _finding(
+        "B2",
+        pinned=_pinned("test_b2_*[mla]"),
+        check="buffer_infos",
+        call="get_contiguous_buf_infos",
+        kind="regions differ",
+        family="host:mla:page_first*",
+        steer=frozenset({"host:page_major:few_pages", "host:latent:contiguous_buf_infos"}),
+    ),
+    Finding(
+        "B2.dsa",
+        FINDINGS["B2"],
+        pinned=_pinned("test_b2_*[dsa]"),
+        check="buffer_infos",
+        call="get_contiguous_buf_infos",
+        kind="regions differ",
+        family="host:dsa*",
+        steer=frozenset({"host:latent:contiguous_buf_infos"}),
+    ),
+    _finding(
+        "B3",
+        check="buffer_infos",
+        call="get_page_buffer_meta",
+        kind="raises ValueError",
+        family="host:dsa*",
+        steer=frozenset({"host:dsa:indexer_layer_first_page_meta"}),
+    ),
+    _finding(
         "Q2",
         check="bytes",
         kind="kv_scale_buffer differs*",
@@ -420,7 +488,9 @@ def findings_for(release: str) -> tuple[Finding, ...]:
         >>> "A1" in [finding.id for finding in findings_for("0.5.22")]
         False
     """
-    return tuple(finding for finding in SGLANG_FINDINGS if release in RELEASES[finding.id])
+    return tuple(
+        finding for finding in SGLANG_FINDINGS if release in RELEASES[finding.id.split(".")[0]]
+    )
 
 
 def expected_failures_for(release: str) -> Mapping[str, str]:

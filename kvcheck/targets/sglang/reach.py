@@ -26,6 +26,15 @@ INDEX_KEY_CACHE = "srt/mem_cache/index_key_cache.py"
 POOL_CONFIGURATOR = "srt/model_executor/pool_configurator.py"
 KV_CACHE_CONFIGURATOR = "srt/mem_cache/kv_cache_configurator.py"
 KV_CACHE_HOOK = "srt/arg_groups/kv_cache_hook.py"
+#: The allocators and host pools the sglang target builds (kvcheck.targets.sglang.allocators,
+#: .host_pools), each file its own scope.
+ALLOCATOR_FILES = tuple(
+    f"srt/mem_cache/allocator/{name}.py" for name in ("base", "token", "paged", "swa")
+)
+HOST_POOL_FILES = tuple(
+    f"srt/mem_cache/pool_host/{name}.py"
+    for name in ("base", "common", "mha", "mla", "dsa", "mha_mxfp8")
+)
 
 POOL_CLASSES = (
     "KVCache",
@@ -64,6 +73,9 @@ SCOPES: tuple[Scope, ...] = (
         KV_CACHE_HOOK,
         ("validate_prefill_only_disable_kv_cache_args", "handle_prefill_only_disable_kv_cache"),
     ),
+    # What SGLangTarget.make_allocator and make_host_pool build (the allocator machine, the
+    # host round trip, the lifecycle machine).
+    *(Scope(path) for path in ALLOCATOR_FILES + HOST_POOL_FILES),
 )
 
 # Reasons, one vocabulary (the issue's): where a line can only run, or why it never does.
@@ -424,3 +436,160 @@ REASONS: tuple[Reason, ...] = (
     Reason(_MP, "*", SERVING_ONLY, pattern=_guarded_by(r"layer_transfer_counter")),
     Reason(_MP, "*", VARIANT, pattern=_guarded_by(r"layer_num == 0|layer_shard")),
 )
+
+# --- allocators and host pools (issue 24) ----------------------------------------------------
+_AB, _AT, _AP, _AS = ALLOCATOR_FILES
+_HB, _HC, _HMHA, _HMLA, _HDSA, _HMX = HOST_POOL_FILES
+
+ALLOCATOR_HOOKS = (
+    "scheduler hooks a launched server calls around the allocator (prefill budgets, "
+    "preallocation, tree-cache eviction, decode capacity, resize, sizes, byte-accounting and "
+    "debug prints, transfer-index translation); the suite checks the allocation API itself"
+)
+DEBUG_MEMORY_POOL = "SGLANG_DEBUG_MEMORY_POOL only (debug-mode assertions and duplicate checks)"
+HOST_PINNED = (
+    "CUDA/HIP pinned host memory (cudaHostRegister, hipHostMalloc, device-accessible "
+    "pointers): on CPU the target builds host pools with pin_memory=False"
+)
+HOST_SERVING = (
+    "multi-rank or storage-backend setup of a launched server (torch.distributed host sizing, "
+    "shared host layouts, host-memory budgets, L3 storage and shm allocators)"
+)
+HOST_JIT = (
+    "CUDA/HIP only: the JIT HiCache transfer kernels and write-back staging (can_use_jit, "
+    "hicache_device_kernels: False on CPU, where sglang takes the kvcacheio ops)"
+)
+HOST_OTHER_CLASSES = (
+    "host pool classes the target does not build: MHATokenToKOnlyPoolHost (MiniMax index-K), "
+    "HiSparseMHATokenToKVPoolHost (HiSparse), DSAIndexerHostPoolBuilder (the hybrid pool "
+    "assembler's path to DSAIndexerPoolHost, which the target builds directly)"
+)
+HOST_MXFP8 = (
+    "the MXFP8 host pool is not built: it needs an MXFP8 device pool (quantized pools, a "
+    "separate issue) and the staged JIT write-back kernels (CUDA/HIP)"
+)
+TIERS_TO_DO = (
+    "reachable on CPU, not driven by the suite yet (to do): segment frees, "
+    "alloc_extend_swa_tail, the pure-SWA allocator, SWA request rings, allocator host-copy "
+    "delegations and empty frees; host-pool drafts, layer sharding, DCP and dummy host pools, "
+    "page_unified, split-heads page meta, stride alignment, destroy, and the refusals of "
+    "layouts or io backends the suite never asks for"
+)
+
+TIER_REASONS: tuple[Reason, ...] = (
+    # --- allocators ---------------------------------------------------------------------------
+    Reason(_AB, "BaseTokenToKVPoolAllocator.*", ABSTRACT, pattern=r"raise NotImplementedError"),
+    Reason(_AB, "BaseTokenToKVPoolAllocator.available_size", ABSTRACT),
+    Reason(_AB, "BaseTokenToKVPoolAllocator.get_all_free_pages", ABSTRACT),
+    *(
+        Reason(_AB, f"BaseTokenToKVPoolAllocator.{name}", ALLOCATOR_HOOKS)
+        for name in (
+            "create_prefill_budget",
+            "check_decode_capacity",
+            "evict_to_free_tokens",
+            "get_extend_allocation_demand",
+            "max_new_tokens_for_memory",
+            "prealloc_*",
+            "request_slot_reserve",
+            "set_hicache_transfer_done_event",
+            "verify_byte_accounting",
+            "debug_print",
+            "mamba_full_cache_donor",
+            "translate_kv_indices_for_transfer",
+            "get_kvcache",
+            "resize",
+            "size_full",
+        )
+    ),
+    *(
+        Reason(_AS, f"*SWATokenToKVPoolAllocator.{name}", ALLOCATOR_HOOKS)
+        for name in (
+            "create_prefill_budget",
+            "evict_to_free_tokens",
+            "reclaim_for_prealloc",
+            "debug_print",
+            "swa_capacity_and_available",
+            "_conserve_*",
+            "translate_swa_indices_for_transfer",
+            "get_kvcache",
+            "resize",
+            "size",
+            "size_full",
+            "size_swa",
+            "swa_req_ring",
+            "swa_ring_cost_tokens",
+        )
+    ),
+    Reason(_AP, "PagedTokenToKVPoolAllocator.__init__", GPU_ONLY, pattern=r"try:|_is_hip|unique"),
+    Reason(_AP, "PagedTokenToKVPoolAllocator.alloc*", GPU_ONLY, pattern=r"_kernel\["),
+    Reason(_AP, "PagedTokenToKVPoolAllocator.*", DEBUG_MEMORY_POOL, pattern=r"assert|_debug_"),
+    Reason(_AP, "PagedTokenToKVPoolAllocator._debug_check_no_duplicate_pages", DEBUG_MEMORY_POOL),
+    Reason(_AS, "*", NPU_ONLY, pattern=r"import torch_npu"),
+    Reason(_AS, "SWATokenToKVPoolAllocator.__init__", NPU_ONLY, pattern=r"NPU|npu"),
+    Reason(_AS, "SWATokenToKVPoolAllocator.__init__", GPU_ONLY, pattern=r"platform_allocator_cls"),
+    Reason(_AS, "SWATokenToKVPoolAllocator._free_swa_pages_cuda", GPU_ONLY),
+    Reason(_AS, "SWATokenToKVPoolAllocator._free_swa_pages", GPU_ONLY, pattern=r"_cuda\("),
+    Reason(_AS, "SWATokenToKVPoolAllocator.alloc_decode", NPU_ONLY, pattern=r"indices_2d|npu"),
+    # --- host pools ---------------------------------------------------------------------------
+    Reason(_HB, "HostKVCache.*", ABSTRACT, pattern=r"raise NotImplementedError\(\)"),
+    Reason(_HB, "HostKVCache.destroy", HOST_PINNED),
+    Reason(
+        _HB,
+        "*",
+        HOST_SERVING,
+        pattern=r"host_size|budget|distributed|ranks|domain|shared_host|sync_fixed",
+    ),
+    *(
+        Reason(_HB, name, HOST_SERVING)
+        for name in (
+            "host_memory_budget_*",
+            "ranks_per_host",
+            "shared_host_layout_domains",
+            "sync_fixed_hicache_size",
+            "uses_shared_host_layout",
+        )
+    ),
+    *(
+        Reason(_HC, name, HOST_PINNED)
+        for name in (
+            "_alloc_hip_host_tensor",
+            "_cuda_host_*",
+            "_hip_*",
+            "_log_hip_owned_host_pool",
+            "_resolve_device_accessible_ptr_fn",
+            "alloc_with_pin_memory*",
+            "make_kernel_ptr_table",
+        )
+    ),
+    Reason(_HC, "alloc_with_host_register", HOST_PINNED, pattern=r"register|assert"),
+    Reason(_HC, "ShmHostTensorAllocator.*", HOST_SERVING),
+    Reason(_HC, "get_allocator_*", HOST_SERVING),
+    *(
+        Reason(path, "*", GPU_ONLY, pattern=r"from sgl_kernel|_kvcacheio import|sgl_kernel_npu")
+        for path in (_HMHA, _HMLA, _HDSA)
+    ),
+    *(
+        Reason(path, "*", HOST_JIT, pattern=r"jit_|can_use_|staging|staged|_is_cuda|_is_hip")
+        for path in (_HMHA, _HMLA, _HDSA)
+    ),
+    *(
+        Reason(path, "*", NPU_ONLY, pattern=r"npu|ascend|memfabric|kernel_ascend|_is_npu")
+        for path in (_HMHA, _HMLA, _HDSA)
+    ),
+    Reason(_HMLA, "MLATokenToKVPoolHost._ascendc_*", NPU_ONLY),
+    Reason(_HMLA, "MLATokenToKVPoolHost._build_ascendc_component_meta", NPU_ONLY),
+    Reason(_HMLA, "MLATokenToKVPoolHost._launch_ascendc_kv_exchange", NPU_ONLY),
+    Reason(_HMLA, "MLATokenToKVPoolHost._rewrite_host_base_to_dva", NPU_ONLY),
+    Reason(_HMLA, "MLATokenToKVPoolHost._transfer_ascendc_sparse_copy", NPU_ONLY),
+    Reason(_HMLA, "MLATokenToKVPoolHost._npu_*", NPU_ONLY),
+    Reason(_HMHA, "MHATokenToKVPoolHost._npu_*", NPU_ONLY),
+    Reason(_HMHA, "prepare_mha_write_back_staging", HOST_JIT),
+    Reason(_HMHA, "MHATokenToKOnlyPoolHost.*", HOST_OTHER_CLASSES),
+    Reason(_HMHA, "HiSparseMHATokenToKVPoolHost.*", HOST_OTHER_CLASSES),
+    Reason(_HDSA, "DSAIndexerHostPoolBuilder.*", HOST_OTHER_CLASSES),
+    Reason(_HMX, "*", HOST_MXFP8),
+    # What is left is the suite's to-do list, named as such.
+    *(Reason(path, "*", TIERS_TO_DO) for path in ALLOCATOR_FILES + HOST_POOL_FILES),
+)
+
+REASONS = REASONS + TIER_REASONS

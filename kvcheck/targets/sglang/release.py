@@ -36,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import sys
@@ -203,6 +204,17 @@ class Need:
             return f"the module {need} takes {name} from"
         return self.module
 
+
+#: The releases the tiers (allocators, host pools) are checked on; the target turns them off
+#: on any other (ReleaseFacts.surface says why).
+TIER_RELEASES = Releases(first="0.5.23")
+#: The needs each tier takes: every one of them, or the tier is off.
+TIER_NEEDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "allocators": ("allocators", "swa_allocator", "swa_pool"),
+        "host_pools": ("host_mha", "host_mla", "host_dsa"),
+    }
+)
 
 #: Every piece the target uses, and what it serves. Keys of the loaded namespace are the
 #: ``name`` of each row (``_sglang().memory_pool``).
@@ -385,6 +397,39 @@ NEEDS: tuple[Need, ...] = (
         "sglang.srt.speculative.spec_info",
         names=("SpeculativeAlgorithm",),
         capabilities=("pool_selection", "configurator"),
+    ),
+    # The tiers around the pools (SGLangTarget.make_allocator, make_host_pool): without one
+    # of these a release builds no allocators or no host pools (ReleaseFacts.surface).
+    Need(
+        "allocators",
+        "token and paged allocators",
+        "sglang.srt.mem_cache.allocator",
+        names=("TokenToKVPoolAllocator", "PagedTokenToKVPoolAllocator"),
+    ),
+    Need(
+        "swa_allocator",
+        "SWA allocator",
+        "sglang.srt.mem_cache.allocator.swa",
+        names=("SWATokenToKVPoolAllocator",),
+    ),
+    Need("swa_pool", "SWA pool", "sglang.srt.mem_cache.swa_memory_pool", names=("SWAKVPool",)),
+    Need(
+        "host_mha",
+        "MHA host pool module",
+        "sglang.srt.mem_cache.pool_host.mha",
+        names=("MHATokenToKVPoolHost", "get_mha_host_pool_cls"),
+    ),
+    Need(
+        "host_mla",
+        "MLA host pool module",
+        "sglang.srt.mem_cache.pool_host.mla",
+        names=("MLATokenToKVPoolHost",),
+    ),
+    Need(
+        "host_dsa",
+        "DSA index-K host pool module",
+        "sglang.srt.mem_cache.pool_host.dsa",
+        names=("DSAIndexerPoolHost", "make_dsa_indexer_pool_decl"),
     ),
 )
 
@@ -571,7 +616,34 @@ class ReleaseFacts:
             kept = tuple(v for v in (current or values) if v in values) or values
             families[family][name] = kept
             notes.setdefault(key, why)
-        return Surface(families, notes)
+        allocators, host_layouts = declared.allocators, declared.host_layouts
+        off = self.tiers_off()
+        if allocators and "allocators" in off:
+            allocators, notes["allocators"] = (), off["allocators"]
+        if host_layouts and "host_pools" in off:
+            host_layouts, notes["host_pools"] = {}, off["host_pools"]
+        return dataclasses.replace(
+            declared,
+            families=families,
+            notes=notes,
+            allocators=allocators,
+            host_layouts=host_layouts,
+        )
+
+    def tiers_off(self) -> dict[str, str]:
+        """Tier (``allocators``, ``host_pools``) -> why this release builds none: a piece it
+        lacks, or a release the tiers are not checked on (:data:`TIER_RELEASES`)."""
+        off: dict[str, str] = {}
+        for tier, needs in TIER_NEEDS.items():
+            missing = [self.loaded.missing[name] for name in needs if name in self.loaded.missing]
+            if missing:
+                off[tier] = missing[0]
+            elif self.release not in TIER_RELEASES:
+                off[tier] = (
+                    f"sglang {self.release}: kvcheck checks sglang's {tier.replace('_', ' ')} on "
+                    f"sglang {TIER_RELEASES.first} and later only"
+                )
+        return off
 
     def _narrowings(self) -> Iterator[tuple[str, tuple[Any, ...], str]]:
         release = self.release

@@ -51,6 +51,7 @@ from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.targets.sglang import adapt, env, release
 from kvcheck.targets.sglang.findings import expected_failures_for, findings_for
 from kvcheck.targets.sglang.release import INSTALL_HINT, ReleaseFacts
+from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS, AllocatorSpec, HostPoolSpec
 
 _MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 
@@ -99,6 +100,11 @@ SURFACE = Surface.everything(
     dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)},
     mha={"kv_quant": ("none", "fp8_scaled"), "nvfp4_layout": (NVFP4_LAYOUTS[0],)},
     mla={"kv_quant": ("none", "fp4")},
+).with_tiers(
+    allocators=ALLOCATOR_KINDS,
+    host_layouts=HOST_LAYOUTS,
+    # sgl-kernel's kvcacheio ops check item_size % 8 == 0 (a row the kernel io cannot move).
+    host_kernel_alignment=8,
 )
 
 #: The quantized variants (:data:`kvcheck.specs.KV_QUANTS`) the target builds, and why it
@@ -175,6 +181,7 @@ SGLANG_STAND_INS: tuple[str, ...] = (
     "cpu_mla_write_kernels",
     "cpu_mla_scale_kernel",
     "guard_swig_exit_warning",
+    "cpu_kvcacheio",
     # this module
     "_refuse_zero_row_index_write",
     "_published",
@@ -392,6 +399,24 @@ class SGLangTarget:
         if isinstance(index_k_scale, torch.Tensor) and index_k_scale.dtype == torch.uint8:
             index_k_scale = index_k_scale.contiguous().view(torch.float32)
         pool.set_index_k_scale_buffer(layer_id, loc, index_k, index_k_scale)
+
+    # --- allocators and host pools (kvcheck.targets.tiers) ---------------------------------
+
+    def make_allocator(self, spec: AllocatorSpec, *, device: str, kvcache: Any = None) -> Any:
+        """sglang's allocator of ``spec.kind`` (:mod:`kvcheck.targets.sglang.allocators`)."""
+        _sglang()
+        from kvcheck.targets.sglang.allocators import make_allocator
+
+        return make_allocator(spec, device=device, kvcache=kvcache)
+
+    def make_host_pool(
+        self, spec: HostPoolSpec, device_pool: Any, *, device: str
+    ) -> tuple[Any, ...]:
+        """sglang's host pools for ``device_pool`` (:mod:`kvcheck.targets.sglang.host_pools`)."""
+        _sglang()
+        from kvcheck.targets.sglang.host_pools import make_host_pool
+
+        return make_host_pool(spec, device_pool, device=device)
 
     # --- serving --------------------------------------------------------------------------
 

@@ -1,0 +1,486 @@
+"""A differential state machine for a target's token-to-KV allocator.
+
+Each example draws one allocator (:func:`kvcheck.strategies.allocator_specs`), builds it
+through the target and a :class:`~kvcheck.reference.allocators.ReferenceAllocator` beside it,
+and runs the calls SGLang's scheduler makes, shaped as its callers shape them
+(``srt/mem_cache/allocation.py``): ``alloc`` for page size 1 and for a host load-back,
+``alloc_extend`` for a prefill batch (new requests and continued ones, int64 or int32 lengths,
+as the speculative-decoding path passes), ``alloc_decode`` (one token per request), ``free`` of
+finished requests, alone or in a free group (a request's row split over two frees in it),
+``free_swa`` of the pages that left a request's sliding window, ``free_full`` of those pages
+when the request finishes, a drain (``alloc`` of everything free, then freed) and, for a
+target that validates input, bad calls. Every answer is judged by the reference (no slot
+handed out twice, page alignment, refused exactly when the pages do not cover it, a refusal
+changes nothing) and after every step ``available_size()`` (and SWA's two sides and its
+mapping) must equal the truth.
+
+Example::
+
+    from hypothesis.stateful import run_state_machine_as_test
+    from kvcheck.allocator_machine import allocator_machine
+    from kvcheck.targets import resolve_target
+
+    Machine = allocator_machine(resolve_target("kvcheck"), device="cpu", kind="paged")
+    run_state_machine_as_test(Machine, settings=Machine.TestCase.settings)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from hypothesis import settings as Settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvcheck.properties.allocators import (
+    allocator_sizes,
+    assert_allocator_state,
+    assert_answer,
+    assert_bad_call_refused,
+    assert_refusal,
+)
+from kvcheck.reference.allocators import ReferenceAllocator, Request
+from kvcheck.strategies.tiers import allocator_specs
+from kvcheck.targets import supports
+from kvcheck.targets.findings import steered_tags
+from kvcheck.targets.tiers import allocator_skip_reason, build_allocator
+from kvcheck.tiers import ALLOCATOR_KINDS, AllocatorSpec
+
+__all__ = ["ALLOCATOR_STEER_TAGS", "AllocatorMachine", "allocator_machine"]
+
+#: Generation tags a declared finding may ask the allocator machine to steer around:
+#:
+#: ``allocator:swa:one_side_refused``
+#:     no extend or decode that one side of a sliding-window allocator can serve and the
+#:     other cannot;
+#: ``allocator:swa:free_dead_window``
+#:     a request whose window was freed is freed as SGLang's callers free it: ``free_full``
+#:     of the pages that left the window, ``free`` of the rest (never ``free`` of the row).
+ALLOCATOR_STEER_TAGS: tuple[str, ...] = (
+    "allocator:swa:one_side_refused",
+    "allocator:swa:free_dead_window",
+)
+
+_KINDS = ("pause", "alloc", "extend", "decode", "free", "free_swa", "drain", "bad")
+
+
+def _lens(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype)
+
+
+class AllocatorMachine(RuleBasedStateMachine):
+    """Drives a target's allocator and the reference with the same calls (see the module)."""
+
+    target: Any = None
+    device: str = "cpu"
+    kind: str = "token"
+    validates: bool = True
+    steer: frozenset[str] = frozenset()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.allocator: Any = None
+        self.reference: ReferenceAllocator | None = None
+        self.spec: AllocatorSpec | None = None
+        #: request id -> its row of full-side slots, in token order
+        self.rows: dict[int, list[int]] = {}
+        #: request id -> how many of its first tokens left the sliding window
+        self.dead: dict[int, int] = {}
+        self.freed: list[int] = []  # slots of pages freed last (for double frees)
+        self.next_request = 0
+        self.last_call = "allocator construction"
+
+    def _build(self, spec: AllocatorSpec) -> None:
+        self.spec = spec
+        self.reference = ReferenceAllocator(spec)
+        self.allocator = build_allocator(self.target, spec, device=self.device)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @property
+    def _spec(self) -> AllocatorSpec:
+        assert self.spec is not None
+        return self.spec
+
+    @property
+    def _ref(self) -> ReferenceAllocator:
+        assert self.reference is not None
+        return self.reference
+
+    def _peers(self, slots: torch.Tensor) -> list[int]:
+        if self._spec.kind != "swa" or not len(slots):
+            return []
+        return [int(x) for x in self.allocator.translate_loc_from_full_to_swa(slots).tolist()]
+
+    def _kinds(self) -> tuple[str, ...]:
+        spec = self._spec
+        kinds = ["pause", "free", "drain"]
+        if spec.page_size == 1:
+            kinds.append("alloc")
+        else:
+            kinds += ["extend", "decode"]
+            if spec.kind == "paged":
+                kinds.append("alloc")
+        if spec.kind == "swa":
+            kinds.append("free_swa")
+        if self.validates:
+            kinds.append("bad")
+        return tuple(kind for kind in _KINDS if kind in kinds)
+
+    # -- the one rule ----------------------------------------------------------------------
+
+    @precondition(lambda self: self.allocator is not None)
+    @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        """One call of a drawn kind on the allocator and the reference."""
+        kind = data.draw(st.sampled_from(self._kinds()), label="kind")
+        if kind != "pause":
+            getattr(self, f"_{kind}")(data)
+
+    # -- allocating ------------------------------------------------------------------------
+
+    def _alloc(self, data: st.DataObject) -> None:
+        spec = self._spec
+        pages = data.draw(st.integers(0, spec.num_pages), label="pages")
+        self._alloc_tokens(pages * spec.page_size)
+
+    def _alloc_tokens(self, need: int) -> list[int] | None:
+        spec, ref = self._spec, self._ref
+        call = self.last_call = f"alloc({need})"
+        before = allocator_sizes(self.allocator, spec)
+        out = self.allocator.alloc(need)
+        assert_refusal(
+            out is None,
+            ref.refuses_pages(need // spec.page_size),
+            before=before,
+            allocator=self.allocator,
+            call=call,
+            spec=spec,
+        )
+        if out is None:
+            return None
+        slots = [int(x) for x in out.tolist()]
+        assert_answer(ref.alloc(need, slots, self._peers(out)), call=call, spec=spec)
+        if slots:
+            self._add_request(slots)
+        return slots
+
+    def _add_request(self, slots: list[int]) -> int:
+        number = self.next_request
+        self.next_request += 1
+        self.rows[number] = list(slots)
+        self.dead[number] = 0
+        return number
+
+    def _growable(self) -> list[int]:
+        return [number for number, row in self.rows.items() if row]
+
+    def _extend(self, data: st.DataObject) -> None:
+        spec = self._spec
+        growable = self._growable()
+        continued = data.draw(
+            st.lists(st.sampled_from(growable), unique=True, min_size=1, max_size=3)
+            if growable
+            else st.just([]),
+            label="continued requests",
+        )
+        fresh = data.draw(st.integers(0 if continued else 1, 2), label="new requests")
+        # Mostly a page or two (what fits), sometimes up to more than the pool holds.
+        small = st.integers(0, 2 * spec.page_size)
+        tokens = st.one_of(small, small, st.integers(0, spec.size + spec.page_size))
+        batch: list[tuple[int | None, Request]] = []
+        for number in continued:
+            row = self.rows[number]
+            grow = data.draw(tokens, label="tokens")
+            batch.append((number, Request(len(row), len(row) + grow, row[-1])))
+        for _ in range(fresh):
+            batch.append((None, Request(0, 1 + data.draw(tokens, label="tokens"), -1)))
+        order = data.draw(st.permutations(range(len(batch))), label="batch order")
+        batch = [batch[i] for i in order]
+        dtype = data.draw(st.sampled_from((torch.int64, torch.int32)), label="lens dtype")
+        self._grow("alloc_extend", batch, dtype)
+
+    def _decode(self, data: st.DataObject) -> None:
+        numbers = self._growable()
+        if not numbers:
+            return
+        chosen = data.draw(
+            st.lists(st.sampled_from(numbers), unique=True, min_size=1, max_size=3),
+            label="requests",
+        )
+        batch: list[tuple[int | None, Request]] = [
+            (n, Request(len(self.rows[n]), len(self.rows[n]) + 1, self.rows[n][-1])) for n in chosen
+        ]
+        self._grow("alloc_decode", batch, torch.int64)
+
+    def _one_side_refuses(self, requests: list[Request]) -> bool:
+        ref = self._ref
+        if ref.swa is None:
+            return False
+        pages = ref.new_pages(requests)
+        return (pages > len(ref.full.free)) != (pages > len(ref.swa.free))
+
+    def _grow(
+        self, method: str, batch: list[tuple[int | None, Request]], dtype: torch.dtype
+    ) -> None:
+        spec, ref = self._spec, self._ref
+        requests = [request for _, request in batch]
+        if "allocator:swa:one_side_refused" in self.steer and self._one_side_refuses(requests):
+            return
+        prefix = [r.prefix for r in requests]
+        seq = [r.seq for r in requests]
+        last = _lens([r.last_loc for r in requests], dtype)
+        total = sum(s - p for p, s in zip(prefix, seq, strict=True))
+        if method == "alloc_extend":
+            call = f"alloc_extend(prefix_lens={prefix}, seq_lens={seq}, last_loc={last.tolist()})"
+            args: tuple[Any, ...] = (
+                _lens(prefix, dtype),
+                _lens(prefix, dtype),
+                _lens(seq, dtype),
+                _lens(seq, dtype),
+                last,
+                total,
+            )
+        else:
+            call = f"alloc_decode(seq_lens={seq}, last_loc={last.tolist()})"
+            args = (_lens(seq, dtype), _lens(seq, dtype), last)
+        self.last_call = call
+        before = allocator_sizes(self.allocator, spec)
+        out = getattr(self.allocator, method)(*args)
+        assert_refusal(
+            out is None,
+            ref.refuses_pages(ref.new_pages(requests)),
+            before=before,
+            allocator=self.allocator,
+            call=call,
+            spec=spec,
+        )
+        if out is None:
+            return
+        slots = [int(x) for x in out.tolist()]
+        assert_answer(ref.grow(call, requests, slots, self._peers(out)), call=call, spec=spec)
+        position = 0
+        for number, request in batch:
+            grown = slots[position : position + request.seq - request.prefix]
+            position += len(grown)
+            if number is None:
+                self._add_request(grown)
+            else:
+                self.rows[number].extend(grown)
+
+    # -- freeing ---------------------------------------------------------------------------
+
+    def _free(self, data: st.DataObject) -> None:
+        if not self.rows:
+            return
+        chosen = data.draw(
+            st.lists(st.sampled_from(sorted(self.rows)), unique=True, min_size=1, max_size=3),
+            label="finished requests",
+        )
+        grouped = data.draw(st.booleans(), label="free group")
+        calls: list[tuple[str, list[int]]] = []
+        for number in chosen:
+            row, dead = self.rows[number], self.dead[number]
+            if dead and (
+                "allocator:swa:free_dead_window" in self.steer
+                or data.draw(st.booleans(), label="free_full the dead window")
+            ):
+                calls += [("free_full", row[:dead]), ("free", row[dead:])]
+            elif grouped and len(row) > 1 and data.draw(st.booleans(), label="split row"):
+                cut = data.draw(st.integers(1, len(row) - 1), label="split at")
+                calls += [("free", row[:cut]), ("free", row[cut:])]
+            else:
+                calls.append(("free", row))
+        self.last_call = ("group: " if grouped else "") + ", ".join(
+            f"{m}({ids})" for m, ids in calls
+        )
+        ref = self._ref
+        if grouped:
+            self.allocator.free_group_begin()
+            ref.free_group_begin()
+        for method, ids in calls:
+            if not ids:
+                continue
+            getattr(self.allocator, method)(torch.tensor(ids, dtype=torch.int64))
+            if method == "free_full":
+                ref.full.release(ids)
+            else:
+                ref.free(ids)
+        if grouped:
+            self.allocator.free_group_end()
+            ref.free_group_end()
+        self.freed = [slot for number in chosen for slot in self.rows[number]]
+        for number in chosen:
+            del self.rows[number]
+            del self.dead[number]
+
+    def _free_swa(self, data: st.DataObject) -> None:
+        ps = self._spec.page_size
+        candidates = [
+            n for n, row in self.rows.items() if (len(row) - 1) // ps > self.dead[n] // ps
+        ]
+        if not candidates:
+            return
+        number = data.draw(st.sampled_from(candidates), label="request")
+        row, dead = self.rows[number], self.dead[number]
+        # Whole pages out of the window, never the page of the last token.
+        upto = (
+            data.draw(
+                st.integers(dead // ps + 1, (len(row) - 1) // ps), label="window starts at page"
+            )
+            * ps
+        )
+        ids = row[dead:upto]
+        self.last_call = f"free_swa({ids})"
+        self.allocator.free_swa(torch.tensor(ids, dtype=torch.int64))
+        self._ref.free_swa(ids)
+        self.dead[number] = upto
+
+    def _drain(self, data: st.DataObject) -> None:
+        spec, ref = self._spec, self._ref
+        need = ref.available_size()
+        if spec.page_size == 1 or spec.kind == "paged":
+            slots = self._alloc_tokens(need)
+        else:
+            before = set(self.rows)
+            if need:
+                self._grow("alloc_extend", [(None, Request(0, need, -1))], torch.int64)
+            slots = [s for n in set(self.rows) - before for s in self.rows[n]]
+        if not slots:
+            return
+        number = next(n for n, row in self.rows.items() if row == slots)
+        self.last_call = f"free({slots}) after draining"
+        self.allocator.free(torch.tensor(slots, dtype=torch.int64))
+        ref.free(slots)
+        del self.rows[number]
+        del self.dead[number]
+
+    # -- bad input -------------------------------------------------------------------------
+
+    def _bad(self, data: st.DataObject) -> None:
+        spec, ref = self._spec, self._ref
+        choices = ["out of range", "padding slot", "negative alloc"]
+        if self.freed and all(ref.free_problem([s]) for s in self.freed):
+            choices.append("double free")
+        if self.rows and any(len(r) > 0 for r in self.rows.values()):
+            choices.append("repeated slot")
+        if spec.page_size > 1 and spec.kind == "paged":
+            choices.append("unaligned alloc")
+        if spec.page_size > 1 and self._growable():
+            choices.append("wrong last_loc")
+        why = data.draw(st.sampled_from(choices), label="bad input")
+        allocator = self.allocator
+        if why in ("out of range", "padding slot", "double free", "repeated slot"):
+            if why == "out of range":
+                ids = [
+                    spec.size + spec.page_size + data.draw(st.integers(0, 3), label="past the end")
+                ]
+            elif why == "padding slot":
+                ids = [0]
+            elif why == "double free":
+                ids = [data.draw(st.sampled_from(self.freed), label="freed slot")]
+            else:
+                row = self.rows[
+                    data.draw(
+                        st.sampled_from([n for n, r in self.rows.items() if r]), label="request"
+                    )
+                ]
+                ids = [row[-1], row[-1]]
+            call = self.last_call = f"free({ids})"
+            assert_bad_call_refused(
+                lambda: allocator.free(torch.tensor(ids, dtype=torch.int64)),
+                allocator=allocator,
+                call=call,
+                spec=spec,
+                why=why,
+            )
+            return
+        if why in ("negative alloc", "unaligned alloc"):
+            need = (
+                -spec.page_size
+                if why == "negative alloc"
+                else data.draw(st.integers(1, spec.page_size - 1), label="tokens")
+            )
+            call = self.last_call = f"alloc({need})"
+            if spec.kind == "swa" and spec.page_size > 1:
+                return  # no alloc on a paged sliding-window allocator
+            assert_bad_call_refused(
+                lambda: allocator.alloc(need), allocator=allocator, call=call, spec=spec, why=why
+            )
+            return
+        number = data.draw(st.sampled_from(self._growable()), label="request")
+        row = self.rows[number]
+        # The request's second-to-last slot (never its last: at the wrong offset) or slot 0.
+        wrong = row[-2] if len(row) > 1 else 0
+        t = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        call = self.last_call = (
+            f"alloc_extend(prefix_lens=[{len(row)}], seq_lens=[{len(row) + 1}], last_loc=[{wrong}])"
+        )
+        assert_bad_call_refused(
+            lambda: allocator.alloc_extend(
+                t(len(row)), t(len(row)), t(len(row) + 1), t(len(row) + 1), t(wrong), 1
+            ),
+            allocator=allocator,
+            call=call,
+            spec=spec,
+            why=why,
+        )
+
+    # -- the invariant ---------------------------------------------------------------------
+
+    @invariant()
+    def sizes_match_reference(self) -> None:
+        """``available_size()`` (SWA: both sides and the mapping) equals the truth."""
+        if self.allocator is not None:
+            assert_allocator_state(self.allocator, self._ref, call=self.last_call)
+
+
+def allocator_machine(
+    target: Any,
+    *,
+    device: str,
+    kind: str,
+    specs: st.SearchStrategy[AllocatorSpec] | None = None,
+    settings: Settings | None = None,
+) -> type[AllocatorMachine]:
+    """A state machine class that checks ``target``'s allocator of ``kind``.
+
+    ``specs`` draws each example's allocator (default: :func:`allocator_specs` of ``kind``).
+    Bad calls run only when the target supports ``input_validation``. ``ValueError`` when the
+    target's surface declares no allocator of ``kind``.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> allocator_machine(resolve_target("kvcheck"), device="cpu", kind="swa").__name__
+        'SWAAllocatorMachine'
+    """
+    if kind not in ALLOCATOR_KINDS:
+        raise ValueError(f"kind={kind!r} not in {ALLOCATOR_KINDS}")
+    reason = allocator_skip_reason(target, kind)
+    if reason is not None:
+        raise ValueError(reason)
+    chosen = allocator_specs(kinds=(kind,)) if specs is None else specs
+
+    @initialize(spec=chosen)
+    def build(self: AllocatorMachine, spec: AllocatorSpec) -> None:
+        """Build the target's allocator and the reference from one spec."""
+        self._build(spec)
+
+    name = f"{kind.upper() if kind == 'swa' else kind.capitalize()}AllocatorMachine"
+    machine: type[AllocatorMachine] = type(
+        name,
+        (AllocatorMachine,),
+        {
+            "build": build,
+            "target": target,
+            "device": device,
+            "kind": kind,
+            "validates": supports(target, "input_validation"),
+            "steer": steered_tags(target),
+            "__module__": __name__,
+            "__qualname__": name,
+        },
+    )
+    machine.TestCase.settings = settings if settings is not None else Settings()
+    return machine

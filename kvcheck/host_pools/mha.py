@@ -1,0 +1,125 @@
+"""kvcheck's MHA host pool, SGLang 0.5.23's ``MHATokenToKVPoolHost`` (and, for a V head dim of
+its own, ``AsymmetricMHATokenToKVPoolHost``) in one class.
+
+Symmetric pools keep K and V in one host buffer ``kv_buffer`` of shape ``(2, ...)`` in any of
+the four layouts (:mod:`kvcheck.host_pools._layouts`); a pool whose V head dim differs keeps
+``k_buffer`` and ``v_buffer`` apart, in the page-first layouts only, and has no flat data
+pages (as SGLang's has none).
+
+Example:
+    >>> import torch
+    >>> from kvcheck.pools import MHATokenToKVPool
+    >>> device = MHATokenToKVPool(size=8, page_size=2, dtype=torch.float16, head_num=2,
+    ...                           head_dim=4, layer_num=3, device="cpu")
+    >>> host = MHATokenToKVPoolHost(device, 2.0, 0, 2, "page_head", host_token_capacity=4)
+    >>> tuple(host.kv_buffer.shape), host.get_size_per_token()
+    ((2, 2, 2, 2, 3, 4), 96)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kvcheck.host_pools._layouts import host_dims
+from kvcheck.host_pools.base import Component, HostKVCache
+
+
+class MHATokenToKVPoolHost(HostKVCache):
+    """Host copies of an MHA pool's K and V rows."""
+
+    LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
+    ASYMMETRIC_LAYOUTS = ("page_first", "page_first_direct")
+
+    def _device_dtype(self) -> torch.dtype:
+        return self.device_pool.k_buffer[0].dtype
+
+    def _dims(self, device_pool: Any) -> tuple[int, int, int]:
+        heads, head_dim = tuple(device_pool.k_buffer[0].shape[1:])
+        v_head_dim = int(device_pool.v_buffer[0].shape[-1])
+        return int(heads), int(head_dim), v_head_dim
+
+    def size_per_token_of(self, device_pool: Any) -> int:
+        heads, head_dim, v_head_dim = self._dims(device_pool)
+        itemsize = device_pool.k_buffer[0].element_size()
+        return (head_dim + v_head_dim) * heads * int(device_pool.layer_num) * itemsize
+
+    def init_kv_buffer(self) -> None:
+        self.head_num, self.head_dim, self.v_head_dim = self._dims(self.device_pool)
+        self.asymmetric = self.v_head_dim != self.head_dim
+        if self.asymmetric and self.layout not in self.ASYMMETRIC_LAYOUTS:
+            raise ValueError(
+                f"{type(self).__name__}: layout={self.layout!r} not in {self.ASYMMETRIC_LAYOUTS}"
+                f" for head_dim={self.head_dim} != v_head_dim={self.v_head_dim}"
+            )
+        layers = list(range(self.layer_num))
+        itemsize = torch.empty(0, dtype=self.dtype).element_size()
+        shape = {"layers": self.layer_num, "slots": self.size, "page_size": self.page_size}
+        k_dims = host_dims(self.layout, row=(self.head_num, self.head_dim), **shape)
+        if self.asymmetric:
+            v_dims = host_dims(self.layout, row=(self.head_num, self.v_head_dim), **shape)
+            self._k = torch.zeros(k_dims, dtype=self.dtype, device=self.device)
+            self._v = torch.zeros(v_dims, dtype=self.dtype, device=self.device)
+            self.kv_buffer: Any = (self._k, self._v)
+        else:
+            self.kv_buffer = torch.zeros((2, *k_dims), dtype=self.dtype, device=self.device)
+            self._k, self._v = self.kv_buffer[0], self.kv_buffer[1]
+        self.components = [
+            Component(
+                "k_buffer", self._k, layers, "token", self.head_num * self.head_dim * itemsize
+            ),
+            Component(
+                "v_buffer", self._v, layers, "token", self.head_num * self.v_head_dim * itemsize
+            ),
+        ]
+
+    @property
+    def k_buffer(self) -> torch.Tensor:
+        return self._k
+
+    @property
+    def v_buffer(self) -> torch.Tensor:
+        return self._v
+
+    def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
+        """The page starting at host slot ``index``: ``kv_buffer`` sliced by the layout."""
+        where = f"{type(self).__name__}.get_data_page"
+        if self.asymmetric:
+            raise NotImplementedError(f"{where}: no flat data pages when head_dim != v_head_dim")
+        index = self._page_start(where, index)
+        ps = self.page_size
+        if self.layout == "layer_first":
+            page = self.kv_buffer[:, :, index : index + ps]
+        elif self.layout == "page_first":
+            page = self.kv_buffer[:, index : index + ps]
+        else:
+            page = self.kv_buffer[:, index // ps : index // ps + 1]
+        return page.flatten() if flat else page
+
+    def get_page_buffer_meta(self, indices: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Per page (and per layer for ``layer_first``): its K region, then its V region."""
+        starts = self._check_meta(indices)
+        ptrs: list[int] = []
+        sizes: list[int] = []
+        k_row = self.components[0].row_bytes
+        v_row = self.components[1].row_bytes
+        for start in starts:
+            if self.layout == "layer_first":
+                for layer in range(self.layer_num):
+                    offset = layer * self.size + start
+                    ptrs += [
+                        self._k.data_ptr() + offset * k_row,
+                        self._v.data_ptr() + offset * v_row,
+                    ]
+                    sizes += [self.page_size * k_row, self.page_size * v_row]
+            else:
+                ptrs += [
+                    self._k.data_ptr() + start * self.layer_num * k_row,
+                    self._v.data_ptr() + start * self.layer_num * v_row,
+                ]
+                sizes += [
+                    self.layer_num * self.page_size * k_row,
+                    self.layer_num * self.page_size * v_row,
+                ]
+        return ptrs, sizes

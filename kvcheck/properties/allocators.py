@@ -1,0 +1,177 @@
+"""Properties of a token-to-KV allocator, judged against
+:class:`kvcheck.reference.allocators.ReferenceAllocator`.
+
+- no slot is handed out twice, and extend/decode answers are page-aligned
+  (:func:`assert_answer`: the reference's verdict on what the allocator returned);
+- ``available_size()`` (and a sliding-window allocator's two sides and its full-to-window
+  mapping) equals the truth after every step (:func:`assert_allocator_state`);
+- an allocation is refused exactly when the free pages do not cover it, and a refused one
+  changes nothing, on either side (:func:`assert_refusal`);
+- bad input (a double free, a foreign slot, an id out of range, a size that is not whole
+  pages) raises ``ValueError`` and changes nothing (:func:`assert_bad_call_refused`,
+  capability ``input_validation``).
+
+Failures carry a :class:`~kvcheck.failures.FailureSignature` whose family is
+``allocator:<kind>``, so a target's findings can match them.
+
+Example:
+    >>> import torch
+    >>> from kvcheck.allocators import TokenToKVPoolAllocator
+    >>> from kvcheck.reference.allocators import ReferenceAllocator
+    >>> from kvcheck.tiers import AllocatorSpec
+    >>> spec = AllocatorSpec(kind="token", size=4, page_size=1)
+    >>> allocator = TokenToKVPoolAllocator(4, torch.bfloat16, "cpu", None, False)
+    >>> reference = ReferenceAllocator(spec)
+    >>> assert_answer(reference.alloc(2, allocator.alloc(2).tolist()), call="alloc(2)", spec=spec)
+    >>> assert_allocator_state(allocator, reference, call="alloc(2)")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvcheck.failures import FailureSignature
+from kvcheck.properties.assertions import failure
+from kvcheck.reference.allocators import ReferenceAllocator
+from kvcheck.tiers import AllocatorSpec
+
+__all__ = [
+    "allocator_family",
+    "allocator_sizes",
+    "assert_allocator_state",
+    "assert_answer",
+    "assert_bad_call_refused",
+    "assert_refusal",
+]
+
+
+def allocator_family(spec: AllocatorSpec) -> str:
+    """The signature family of ``spec``'s failures: ``allocator:<kind>``.
+
+    Example:
+        >>> allocator_family(AllocatorSpec(kind="swa", size=2, page_size=1, size_swa=2))
+        'allocator:swa'
+    """
+    return f"allocator:{spec.kind}"
+
+
+def _signature(check: str, call: str, kind: str, spec: AllocatorSpec) -> FailureSignature:
+    method = call.split("(")[0]
+    return FailureSignature(check=check, call=method, kind=kind, family=allocator_family(spec))
+
+
+def assert_answer(problems: list[str], *, call: str, spec: AllocatorSpec) -> None:
+    """Fail with the reference's objections to an allocation's answer (none: it holds)."""
+    __tracebackhide__ = True
+    if not problems:
+        return
+    twice = any("held" in p or "twice" in p or "padding" in p for p in problems)
+    kind = "slot handed out twice" if twice else "page alignment"
+    raise failure(
+        f"allocator answer breaks the contract [{call}]\n" + "\n".join(problems[:6]),
+        signature=_signature("allocation", call, kind, spec),
+    )
+
+
+def allocator_sizes(allocator: Any, spec: AllocatorSpec) -> dict[str, int]:
+    """What the allocator reports: ``available_size()`` (and, for SWA, each side's)."""
+    sizes = {"available_size()": int(allocator.available_size())}
+    if spec.kind == "swa":
+        sizes["full_available_size()"] = int(allocator.full_available_size())
+        sizes["swa_available_size()"] = int(allocator.swa_available_size())
+    return sizes
+
+
+def _expected_sizes(reference: ReferenceAllocator) -> dict[str, int]:
+    sizes = {"available_size()": reference.available_size()}
+    if reference.swa is not None:
+        sizes["full_available_size()"] = reference.full.available_size()
+        sizes["swa_available_size()"] = reference.swa.available_size()
+    return sizes
+
+
+def assert_allocator_state(allocator: Any, reference: ReferenceAllocator, *, call: str) -> None:
+    """``available_size()`` (SWA: both sides, and every full-side slot's window peer) equals
+    the reference after ``call``."""
+    __tracebackhide__ = True
+    spec = reference.spec
+    got, expected = allocator_sizes(allocator, spec), _expected_sizes(reference)
+    if got != expected:
+        raise failure(
+            f"got {got} but should be {expected} [after {call}]",
+            signature=_signature("available_size", call, "size differs", spec),
+        )
+    if spec.kind != "swa":
+        return
+    import torch
+
+    slots = list(range(spec.size + spec.page_size))
+    peers = allocator.translate_loc_from_full_to_swa(torch.tensor(slots, dtype=torch.int64))
+    got_map = [int(x) for x in peers.tolist()]
+    want_map = reference.expected_mapping(slots)
+    if got_map != want_map:
+        first = next(i for i, (a, b) in enumerate(zip(got_map, want_map, strict=True)) if a != b)
+        raise failure(
+            f"got window peer {got_map[first]} of full slot {first} but should be "
+            f"{want_map[first]} [after {call}]",
+            signature=_signature("swa_mapping", call, "mapping differs", spec),
+        )
+
+
+def assert_refusal(
+    refused: bool,
+    should_refuse: bool,
+    *,
+    before: dict[str, int],
+    allocator: Any,
+    call: str,
+    spec: AllocatorSpec,
+) -> None:
+    """An allocation returned None exactly when the reference refuses it, and a refused one
+    left every size as it was (``before``: :func:`allocator_sizes` before the call)."""
+    __tracebackhide__ = True
+    if refused != should_refuse:
+        got = "None" if refused else "slots"
+        want = "None (the free pages do not cover it)" if should_refuse else "slots"
+        raise failure(
+            f"got {got} but should be {want} [{call}]",
+            signature=_signature("refusal", call, "refused" if refused else "not refused", spec),
+        )
+    if refused:
+        after = allocator_sizes(allocator, spec)
+        if after != before:
+            raise failure(
+                f"got {after} after a refused allocation but should be {before} [{call}]",
+                signature=_signature("refusal", call, "refusal changed the allocator", spec),
+            )
+
+
+def assert_bad_call_refused(
+    run: Callable[[], Any], *, allocator: Any, call: str, spec: AllocatorSpec, why: str
+) -> None:
+    """``run()`` (a call with bad input: ``why``) raises ``ValueError`` and changes no size."""
+    __tracebackhide__ = True
+    before = allocator_sizes(allocator, spec)
+    try:
+        run()
+    except ValueError:
+        pass
+    except Exception as exc:  # any other exception is the wrong kind of refusal
+        raise failure(
+            f"got {type(exc).__name__}: {exc} but should be ValueError [{call}: {why}]",
+            signature=_signature(
+                "raises", call, f"{type(exc).__name__} instead of ValueError", spec
+            ),
+        ) from exc
+    else:
+        raise failure(
+            f"got no exception but should be ValueError [{call}: {why}]",
+            signature=_signature("raises", call, "no exception instead of ValueError", spec),
+        )
+    after = allocator_sizes(allocator, spec)
+    if after != before:
+        raise failure(
+            f"got {after} after a refused call but should be {before} [{call}: {why}]",
+            signature=_signature("raises", call, "refusal changed the allocator", spec),
+        )

@@ -1,0 +1,187 @@
+"""Allocators and host pools to check: :class:`kvcheck.tiers.AllocatorSpec` and
+:class:`kvcheck.tiers.HostPoolSpec` values, inside a target's surface.
+
+Example:
+    >>> from hypothesis import find
+    >>> find(allocator_specs(kinds=("paged",)), lambda spec: True)
+    AllocatorSpec(kind='paged', size=2, page_size=2, size_swa=0, need_sort=False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Sequence
+
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from kvcheck.geometry import row_bytes
+from kvcheck.specs import KV_QUANTS, PoolSpec
+from kvcheck.strategies.limits import within_target_limits
+from kvcheck.strategies.pools import pool_specs
+from kvcheck.surface import surface_of
+from kvcheck.tiers import (
+    ALLOCATOR_KINDS,
+    HOST_FAMILIES,
+    HOST_IO_BACKENDS,
+    AllocatorSpec,
+    HostPoolSpec,
+    host_layouts_for,
+)
+from kvcheck.validation import check_choices, check_type, check_valid_integer
+
+__all__ = ["allocator_specs", "host_pool_specs"]
+
+
+def allocator_specs(
+    *,
+    kinds: Sequence[str] = ALLOCATOR_KINDS,
+    max_pages: int = 8,
+    max_page_size: int = 4,
+    target: object | None = None,
+) -> st.SearchStrategy[AllocatorSpec]:
+    """Small allocators of ``kinds`` (those the ``target``'s surface declares, when given):
+    ``token`` at page size 1; ``paged`` at page sizes 2 to ``max_page_size``; ``swa`` at page
+    size 1 (token sides) or above (paged sides), its sliding-window side up to as large as
+    its full side; 1 to ``max_pages`` pages a side, sometimes with ``need_sort``.
+    Shrinks towards the first kind, the smallest page size, one page, no ``need_sort``.
+
+    Example:
+        >>> from hypothesis import find
+        >>> find(allocator_specs(kinds=("swa",)), lambda spec: spec.page_size > 1).size_swa
+        2
+    """
+    chosen = check_choices(kinds, "kinds", ALLOCATOR_KINDS)
+    check_valid_integer(max_pages, "max_pages", min_value=1)
+    check_valid_integer(max_page_size, "max_page_size", min_value=2)
+    if target is not None:
+        declared = surface_of(target).allocators
+        chosen = tuple(kind for kind in chosen if kind in declared)
+        if not chosen:
+            raise InvalidArgument(
+                f"target={getattr(target, 'name', target)!r} declares none of "
+                f"kinds={tuple(kinds)!r}"
+            )
+    return _allocator_specs(tuple(chosen), max_pages, max_page_size)
+
+
+@st.composite
+def _allocator_specs(
+    draw: st.DrawFn, kinds: tuple[str, ...], max_pages: int, max_page_size: int
+) -> AllocatorSpec:
+    kind = draw(st.sampled_from(kinds), label="allocator kind")
+    if kind == "token":
+        page_size = 1
+    elif kind == "paged":
+        page_size = draw(st.integers(2, max_page_size), label="page_size")
+    else:
+        page_size = draw(st.sampled_from((2, 1, *range(3, max_page_size + 1))), label="page_size")
+    pages = draw(st.integers(1, max_pages), label="pages")
+    swa_pages = draw(st.integers(1, pages), label="swa pages") if kind == "swa" else 0
+    need_sort = draw(st.booleans(), label="need_sort")
+    return AllocatorSpec(
+        kind=kind,
+        size=pages * page_size,
+        page_size=page_size,
+        size_swa=swa_pages * page_size,
+        need_sort=need_sort,
+    )
+
+
+def host_pool_specs(
+    *,
+    families: Sequence[str] = HOST_FAMILIES,
+    max_host_pages: int = 4,
+    max_layers: int = 3,
+    max_size: int = 24,
+    max_page_size: int = 4,
+    target: object | None = None,
+    steer: Collection[str] = (),
+) -> st.SearchStrategy[HostPoolSpec]:
+    """Host pools mirroring small token-major device pools of ``families`` (any variant
+    :func:`kvcheck.strategies.pool_specs` draws of one decode-context-parallel rank, inside the
+    ``target``'s surface), in a layout the pool and the target take, with an io backend the
+    layout transfers with, and 1 to ``max_host_pages`` host pages. Families the target
+    declares no host layout for are left out. ``steer``: tags of
+    :data:`kvcheck.tiers.HOST_STEER_TAGS` the target's findings ask to avoid.
+    Shrinks towards the first family's smallest pool, the first layout, one host page.
+
+    Example:
+        >>> from hypothesis import find
+        >>> spec = find(host_pool_specs(families=("mla",)), lambda spec: True)
+        >>> spec.layout, spec.io_backend, spec.host_pages
+        ('layer_first', 'kernel', 1)
+    """
+    chosen = check_choices(families, "families", HOST_FAMILIES)
+    check_valid_integer(max_host_pages, "max_host_pages", min_value=1)
+    layouts: dict[str, tuple[str, ...]] = {}
+    alignment = 1
+    if target is not None:
+        alignment = surface_of(target).host_kernel_alignment
+        declared = surface_of(target).host_layouts
+        chosen = tuple(family for family in chosen if family in declared)
+        layouts = dict(declared)
+        if not chosen:
+            raise InvalidArgument(
+                f"target={getattr(target, 'name', target)!r} declares no host pool for "
+                f"families={tuple(families)!r}"
+            )
+    devices = pool_specs(
+        families=chosen,
+        max_layers=max_layers,
+        max_size=max_size,
+        max_page_size=max_page_size,
+        dcp_sizes=(1,),
+    ).map(lambda spec: dataclasses.replace(spec, kv_layout="nhd"))
+    if target is not None:
+        devices = within_target_limits(target, devices)
+    return _host_pool_specs(devices, layouts, max_host_pages, alignment, frozenset(steer))
+
+
+@st.composite
+def _host_pool_specs(
+    draw: st.DrawFn,
+    devices: st.SearchStrategy[PoolSpec],
+    layouts: dict[str, tuple[str, ...]],
+    max_host_pages: int,
+    alignment: int = 1,
+    steer: frozenset[str] = frozenset(),
+) -> HostPoolSpec:
+    device = check_type(PoolSpec, draw(devices, label="device pool"), "device")
+    if device.kv_quant != KV_QUANTS[0]:
+        # Host pools of quantized pools (their scales on the host) are not modelled yet: the
+        # unquantized pool of the same geometry.
+        device = dataclasses.replace(device, kv_quant=KV_QUANTS[0])
+    if device.family == "dsa" and device.skip_topk_layers and all(device.skip_topk_layers):
+        # A DSA pool whose every layer skips top-k holds no index keys, and SGLang builds
+        # no index-K host pool for it (DSATokenToKVPool.host_pool_decls): one layer keeps them.
+        device = dataclasses.replace(device, skip_topk_layers=(False, *device.skip_topk_layers[1:]))
+    offered = host_layouts_for(device)
+    if device.family in layouts:
+        offered = tuple(layout for layout in offered if layout in layouts[device.family])
+    if not offered:
+        # An asymmetric MHA pool on a target without its layouts: the symmetric pool.
+        device = dataclasses.replace(device, v_head_dim=None)
+        offered = tuple(
+            layout for layout in host_layouts_for(device) if layout in layouts.get("mha", ())
+        )
+    backends = {layout: HOST_IO_BACKENDS[layout] for layout in offered}
+    if any(size % alignment for size in row_bytes(device) if size):
+        # The target's kernel transfers take no such row (SGLang: item_size % 8): the
+        # layouts that transfer it another way.
+        backends = {
+            layout: tuple(io for io in ios if io != "kernel")
+            for layout, ios in backends.items()
+            if any(io != "kernel" for io in ios)
+        } or backends
+    layout = draw(st.sampled_from(tuple(backends)), label="host layout")
+    io_backend = draw(st.sampled_from(backends[layout]), label="io backend")
+    fewest = 1
+    if "host:page_major:few_pages" in steer and (layout, device.family) in (
+        ("page_first_direct", "mla"),
+        ("page_first_direct", "dsa"),
+        ("page_head", "mha"),
+    ):
+        fewest = min(device.layer_num, max_host_pages)
+    pages = draw(st.integers(fewest, max_host_pages), label="host pages")
+    return HostPoolSpec(device=device, layout=layout, io_backend=io_backend, host_pages=pages)

@@ -1,0 +1,56 @@
+"""A target's host tier (hierarchical caching): byte-exact round trips, in every layout.
+
+For every family with a host pool, every variant the target builds and every host layout it
+declares (:func:`kvcheck.strategies.host_pool_specs`), through
+:func:`kvcheck.properties.host_pools.check_host_round_trip`: a device pool holding written
+bytes (scales and index keys included, whatever the variant holds) backs whole pages up to
+host slots the host pool hands out; the host buffers then hold exactly the bytes the layout
+places there, the flat data pages are the layout's pages, and loading every layer back into
+other device slots restores them byte for byte without touching any other slot. A data page
+set from another round-trips too, and the host pools' buffer infos equal the bytes they
+hold. With ``input_validation``, a bad host call (a double free, a foreign or out-of-range
+slot, a bad size, mismatched index lists) raises ``ValueError`` and changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvcheck.machines import supported_op_kinds
+from kvcheck.properties.host_pools import check_host_round_trip
+from kvcheck.strategies.tiers import host_pool_specs
+from kvcheck.targets import supports
+from kvcheck.targets.findings import steered_tags
+from kvcheck.targets.tiers import host_pool_skip_reason
+from kvcheck.tiers import HOST_FAMILIES
+
+
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(f, marks=pytest.mark.kvcheck_needs(f"{f}_pool"), id=f) for f in HOST_FAMILIES],
+)
+@given(data=st.data())
+def test_host_round_trip_is_byte_exact(
+    kvcheck_target: Any, kvcheck_device: str, family: str, data: st.DataObject
+) -> None:
+    """Backup then load of whole pages restores every byte; host bytes sit where the layout says."""
+    reason = host_pool_skip_reason(kvcheck_target, family)
+    if reason is not None:
+        pytest.skip(reason)
+    specs = host_pool_specs(
+        families=(family,), target=kvcheck_target, steer=steered_tags(kvcheck_target)
+    )
+    spec = data.draw(specs, label="host pool")
+    check_host_round_trip(
+        kvcheck_target,
+        spec,
+        data,
+        device=kvcheck_device,
+        write_kinds=supported_op_kinds(kvcheck_target, family),
+        validates=supports(kvcheck_target, "input_validation"),
+        steer=steered_tags(kvcheck_target),
+    )

@@ -1,0 +1,122 @@
+"""sglang 0.5.23's host pools for the ``sglang`` target (``srt/mem_cache/pool_host/``).
+
+A host tier is built from the device pool's own buffer info
+(``get_device_pool_infos()[0].buffer_info``), as sglang's cache controller builds it: MHA
+pools get the class ``get_mha_host_pool_cls`` picks (``MHATokenToKVPoolHost``, or
+``AsymmetricMHATokenToKVPoolHost`` for a V head dim of its own), MLA pools
+``MLATokenToKVPoolHost`` (with the device pool's ``kv_cache_dim``), DSA pools that MLA host
+for the latent rows plus ``DSAIndexerPoolHost`` from ``make_dsa_indexer_pool_decl`` for the
+index-K pages, sharing its slots. Sizes come from ``host_token_capacity``. On CPU:
+
+- every host pool is built with ``pin_memory=False`` (sglang's default registers the buffer
+  with ``cudaHostRegister``);
+- transfers (``backup_from_device_all_layer``, ``load_to_device_per_layer``) run with CPU
+  bodies of the ``sgl_kernel.kvcacheio`` ops (:func:`.env.cpu_kvcacheio`), and MLA/DSA ones
+  with a one-rank parallel context and a no-op ``torch.cuda.synchronize``
+  (:func:`.env.dcp_parallel`, :func:`.env.cpu_cuda_synchronize`).
+
+Example, where sglang is installed::
+
+    parts = make_host_pool(spec, device_pool, device="cpu")
+    [type(part).__name__ for part in parts]  # ['MLATokenToKVPoolHost', 'DSAIndexerPoolHost']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from kvcheck.targets.sglang import env
+from kvcheck.tiers import HostPoolSpec
+
+MHA_HOST = "sglang.srt.mem_cache.pool_host.mha"
+MLA_HOST = "sglang.srt.mem_cache.pool_host.mla"
+DSA_HOST = "sglang.srt.mem_cache.pool_host.dsa"
+#: Host-pool methods that transfer bytes (and so need the ops and their buffers).
+TRANSFER_METHODS: tuple[str, ...] = ("backup_from_device_all_layer", "load_to_device_per_layer")
+
+
+def _module(name: str) -> Any:
+    with env.torchvision_stand_in():
+        return importlib.import_module(name)
+
+
+def _common(device_pool: Any, spec: HostPoolSpec) -> dict[str, Any]:
+    return {
+        "host_to_device_ratio": 2.0,
+        "host_size": 0,
+        "page_size": spec.page_size,
+        "layout": spec.layout,
+        "pin_memory": False,
+        "device": "cpu",
+        "device_capacity_tokens": int(device_pool.size),
+        "start_layer": int(device_pool.start_layer),
+        "end_layer": int(device_pool.start_layer) + int(device_pool.layer_num),
+        "host_token_capacity": spec.host_size,
+    }
+
+
+def make_host_pool(spec: HostPoolSpec, device_pool: Any, *, device: str) -> tuple[Any, ...]:
+    """sglang's host tier for ``device_pool`` (see the module)."""
+    info = device_pool.get_device_pool_infos()[0].buffer_info
+    if spec.kind == "mha":
+        mha = _module(MHA_HOST)
+        host = mha.get_mha_host_pool_cls(info)(info, **_common(device_pool, spec))
+        _transfer_in_scope(host, device_pool, latent=False)
+        return (host,)
+    mla = _module(MLA_HOST)
+    with env.dcp_parallel(1, 0):
+        anchor = mla.MLATokenToKVPoolHost(
+            info,
+            **_common(device_pool, spec),
+            target_layer_num=int(device_pool.layer_num),
+            override_kv_cache_dim=int(device_pool.kv_cache_dim),
+        )
+        parts: tuple[Any, ...] = (anchor,)
+        if spec.kind == "dsa":
+            dsa = _module(DSA_HOST)
+            decl = dsa.make_dsa_indexer_pool_decl(device_pool)
+            parts = (anchor, dsa.DSAIndexerPoolHost(decl, anchor, pin_memory=False, device="cpu"))
+    for part in parts:
+        _transfer_in_scope(part, device_pool, latent=True)
+    return parts
+
+
+def _buffers(*objects: Any) -> list[Any]:
+    """Every tensor (or list or tuple of tensors) an object holds: what the ops address."""
+    found: list[Any] = []
+    for obj in objects:
+        for value in vars(obj).values():
+            if isinstance(value, torch.Tensor) or (
+                isinstance(value, list | tuple) and value and isinstance(value[0], torch.Tensor)
+            ):
+                found.append(value)
+    return found
+
+
+@contextlib.contextmanager
+def _transfer_scope(host: Any, device_pool: Any, *, latent: bool) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        if latent:
+            stack.enter_context(env.dcp_parallel(1, 0))
+            stack.enter_context(env.cpu_cuda_synchronize())
+        stack.enter_context(env.cpu_kvcacheio(*_buffers(device_pool, host)))
+        yield
+
+
+def _transfer_in_scope(host: Any, device_pool: Any, *, latent: bool) -> None:
+    """Make the host pool's transfer methods (this instance only) run in their CPU scope."""
+    for name in TRANSFER_METHODS:
+        method = getattr(type(host), name)
+
+        @functools.wraps(method)
+        def scoped(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            with _transfer_scope(host, device_pool, latent=latent):
+                return _method(host, *args, **kwargs)
+
+        setattr(host, name, scoped)

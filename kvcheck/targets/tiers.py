@@ -1,0 +1,105 @@
+"""What the suite asks of a target's allocators and host pools.
+
+A target that builds them declares so in its surface (:meth:`kvcheck.surface.Surface.with_tiers`)
+and has two optional members:
+
+``make_allocator(spec: AllocatorSpec, *, device: str, kvcache=None)``
+    the allocator ``spec`` describes (SGLang's API: ``alloc``, ``alloc_extend``,
+    ``alloc_decode``, ``free``, ``free_group_begin``/``end``, ``available_size``; SWA also
+    ``free_swa``, ``full_available_size``, ``swa_available_size``,
+    ``translate_loc_from_full_to_swa``), handing out slots of ``kvcache`` (the device pool,
+    when the caller has one; the target builds whatever its allocator needs otherwise);
+``make_host_pool(spec: HostPoolSpec, device_pool, *, device: str)``
+    the host tier mirroring ``device_pool``: a tuple of host pools, the first of which
+    allocates host slots (``alloc``, ``free``, ``available_size``) and every one of which backs
+    up and loads with the same host indices (``backup_from_device_all_layer``,
+    ``load_to_device_per_layer``, ``get_data_page``, ``set_from_flat_data_page``,
+    ``get_dummy_flat_data_page``, ``get_page_buffer_meta``, ``get_size_per_token``): SGLang's
+    ``MHATokenToKVPoolHost`` or ``MLATokenToKVPoolHost``, and for a DSA pool the MLA host of
+    the latent rows plus the ``DSAIndexerPoolHost`` of its index-K pages.
+
+The suite never hands a target an allocator kind or host layout its surface leaves out;
+such tests skip, saying why.
+
+Example:
+    >>> from kvcheck.targets import resolve_target
+    >>> allocator_skip_reason(resolve_target("kvcheck"), "swa") is None
+    True
+    >>> from types import SimpleNamespace
+    >>> print(allocator_skip_reason(SimpleNamespace(name="t"), "paged"))
+    target 't' builds no paged allocator (its surface declares allocators: none)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvcheck.surface import surface_of
+from kvcheck.tiers import AllocatorSpec, HostPoolSpec
+
+__all__ = [
+    "allocator_skip_reason",
+    "build_allocator",
+    "build_host_pool",
+    "host_pool_skip_reason",
+]
+
+
+def _name(target: Any) -> str:
+    return str(getattr(target, "name", target))
+
+
+def allocator_skip_reason(target: Any, kind: str) -> str | None:
+    """Why ``target`` cannot be handed an allocator of ``kind`` (None: it can)."""
+    surface = surface_of(target)
+    if kind not in surface.allocators:
+        declared = "/".join(surface.allocators) or "none"
+        return (
+            f"target {_name(target)!r} builds no {kind} allocator "
+            f"(its surface declares allocators: {declared})"
+        )
+    if not callable(getattr(target, "make_allocator", None)):
+        return f"target {_name(target)!r} declares {kind} allocators but has no make_allocator"
+    return None
+
+
+def host_pool_skip_reason(target: Any, family: str, layout: str | None = None) -> str | None:
+    """Why ``target`` cannot be handed a host pool for ``family`` pools (in ``layout``, when
+    given); None: it can."""
+    surface = surface_of(target)
+    layouts = surface.host_layouts.get(family, ())
+    if not layouts or (layout is not None and layout not in layouts):
+        wanted = family if layout is None else f"{family} {layout}"
+        declared = surface.describe_tiers() or "none"
+        return (
+            f"target {_name(target)!r} builds no {wanted} host pool "
+            f"(its surface declares: {declared})"
+        )
+    if not callable(getattr(target, "make_host_pool", None)):
+        return f"target {_name(target)!r} declares host pools but has no make_host_pool"
+    return None
+
+
+def build_allocator(target: Any, spec: AllocatorSpec, *, device: str, kvcache: Any = None) -> Any:
+    """``target.make_allocator(spec, device=device, kvcache=kvcache)``, after checking the
+    target declares the kind (``ValueError`` otherwise)."""
+    reason = allocator_skip_reason(target, spec.kind)
+    if reason is not None:
+        raise ValueError(reason)
+    return target.make_allocator(spec, device=device, kvcache=kvcache)
+
+
+def build_host_pool(
+    target: Any, spec: HostPoolSpec, device_pool: Any, *, device: str
+) -> tuple[Any, ...]:
+    """The host tier ``target`` builds for ``spec`` around ``device_pool``: a non-empty tuple
+    (``ValueError`` when the target does not declare the layout)."""
+    reason = host_pool_skip_reason(target, spec.kind, spec.layout)
+    if reason is not None:
+        raise ValueError(reason)
+    parts = target.make_host_pool(spec, device_pool, device=device)
+    if not isinstance(parts, tuple) or not parts:
+        raise ValueError(
+            f"target {_name(target)!r}: make_host_pool returned {parts!r}, not a non-empty tuple"
+        )
+    return parts

@@ -1,0 +1,243 @@
+"""Deliberately broken allocators and host pools, each with one bug a tier property must catch.
+
+Every class subclasses one of kvcheck's allocators (:mod:`kvcheck.allocators`) or host pools
+(:mod:`kvcheck.host_pools`) and breaks exactly one rule; :class:`BrokenTierTarget` serves it
+in place of the real one. ``test_tier_properties_fail.py`` runs each property against its
+twin and requires it to fail with the property's signature, shrunk small.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from kvcheck.allocators import (
+    Growth,
+    PagedTokenToKVPoolAllocator,
+    SWATokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+)
+from kvcheck.host_pools import MHATokenToKVPoolHost, MLATokenToKVPoolHost
+from kvcheck.host_pools.base import Component
+from kvcheck.targets.builtin import KVCheckTarget
+from kvcheck.tiers import AllocatorSpec, HostPoolSpec
+
+# --- allocators ---------------------------------------------------------------------------------
+
+
+class TwiceHandingTokenAllocator(TokenToKVPoolAllocator):
+    """Hands out a slot twice: from the second allocation on, the first slot of each answer
+    is one handed out before (the fresh slot it replaces is lost, so the count stays right)."""
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        held = [page for page, fill in self._fill.items() if fill]
+        out = super().alloc(need_size)
+        if out is not None and len(out) and held:
+            out[0] = held[0]
+        return out
+
+
+class DriftingPagedAllocator(PagedTokenToKVPoolAllocator):
+    """Keeps a running count for ``available_size()`` that a free raises by the tokens it
+    names, not by the pages it releases: a request whose last page is partly filled drifts it."""
+
+    def clear(self) -> None:
+        super().clear()
+        self._count = self.num_pages * self.page_size
+
+    def available_size(self) -> int:
+        return self._count
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        out = super().alloc(need_size)
+        if out is not None:
+            self._count -= len(out)
+        return out
+
+    def grow(self, growths: list[Growth]) -> torch.Tensor | None:
+        pages = self.new_pages_needed(growths)
+        out = super().grow(growths)
+        if out is not None:
+            self._count -= pages * self.page_size
+        return out
+
+    def _release(self, pages: list[int]) -> None:
+        freed = sum(self._fill.get(page, 0) for page in pages)
+        super()._release(pages)
+        self._count += freed
+
+
+class UnalignedPagedAllocator(PagedTokenToKVPoolAllocator):
+    """Fills the rest of a request's partly filled last page back to front: the right slots,
+    each at the wrong offset for its token."""
+
+    def grow(self, growths: list[Growth]) -> torch.Tensor | None:
+        out = super().grow(growths)
+        if out is None:
+            return None
+        ps, position = self.page_size, 0
+        for g in growths:
+            rest = min(g.seq, -(-g.prefix // ps) * ps) - g.prefix if g.prefix % ps else 0
+            out[position : position + rest] = out[position : position + rest].flip(0)
+            position += g.seq - g.prefix
+        return out
+
+
+class GroupReleasingTwicePagedAllocator(PagedTokenToKVPoolAllocator):
+    """At the end of a free group, releases each free's pages on their own: a page two frees
+    of the group named (a request's row split across them) comes back twice."""
+
+    def free_group_begin(self) -> None:
+        super().free_group_begin()
+        self._calls: list[list[int]] = []
+
+    def _free_checked(self, ids: list[int]) -> None:
+        if self.free_group is not None and ids:
+            self._calls.append(sorted({slot // self.page_size for slot in ids}))
+        super()._free_checked(ids)
+
+    def free_group_end(self) -> None:
+        calls = self._calls
+        super().free_group_end()
+        for pages in calls[1:]:
+            for page in pages:
+                if page in self.free_pages and any(page in other for other in calls[:1]):
+                    self.free_pages.insert(0, page)
+
+
+class TrustingPagedAllocator(PagedTokenToKVPoolAllocator):
+    """Checks nothing a free names (as SGLang's): a double free releases a page twice."""
+
+    def check_free(self, free_index: Any, *, where: str) -> list[int]:
+        return [int(x) for x in free_index.tolist()]
+
+    def _free_checked(self, ids: list[int]) -> None:
+        if ids:
+            pages = sorted({slot // self.page_size for slot in ids})
+            if self.free_group is not None:
+                self.free_group.extend(ids)
+                self._group_pages.update(pages)
+            else:
+                for page in pages:
+                    self._fill.pop(page, None)
+                self.free_pages = pages + self.free_pages
+
+
+class LeakyDecodeSWAAllocator(SWATokenToKVPoolAllocator):
+    """``alloc_decode`` takes the full side's page before asking the sliding-window side (the
+    shape of SGLang 0.5.23's F1): a decode refused on the window side leaks a full page."""
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        prefixes = seq_lens - 1
+        growths = self.full_attn_allocator.check_growth(
+            "alloc_decode", prefixes, prefixes, seq_lens, seq_lens_cpu, last_loc
+        )
+        swa = self._swa_growths("alloc_decode", growths)
+        full = self.full_attn_allocator.grow(growths)
+        if full is None:
+            return None
+        swa_out = self.swa_attn_allocator.grow(swa)
+        if swa_out is None:
+            return None
+        self._map(full, swa_out)
+        return full
+
+
+# --- host pools ---------------------------------------------------------------------------------
+
+
+class ShiftedPageHost(MHATokenToKVPoolHost):
+    """Writes each page one page further on (and reads it from there): loads still give the
+    bytes back, but the host pages sit at the wrong offset for anyone reading the layout."""
+
+    def _shift(self, host_ids: torch.Tensor) -> torch.Tensor:
+        return (host_ids + self.page_size) % self.size
+
+    def _backup(
+        self,
+        component: Component,
+        host_layer: int,
+        source: torch.Tensor,
+        host_ids: torch.Tensor,
+        device_ids: torch.Tensor,
+    ) -> None:
+        super()._backup(component, host_layer, source, self._shift(host_ids), device_ids)
+
+    def _load(
+        self,
+        component: Component,
+        host_layer: int,
+        target: torch.Tensor,
+        host_ids: torch.Tensor,
+        device_ids: torch.Tensor,
+    ) -> None:
+        super()._load(component, host_layer, target, self._shift(host_ids), device_ids)
+
+
+class LayerForgettingHost(MLATokenToKVPoolHost):
+    """Backs up every layer but the last."""
+
+    def backup_from_device_all_layer(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: str,
+    ) -> None:
+        where = "backup_from_device_all_layer"
+        host_ids, device_ids = self._check_transfer(where, host_indices, device_indices, io_backend)
+        for component in self.components:
+            buffers = getattr(device_pool, component.name)
+            for host_layer, layer in enumerate(component.layers[:-1]):
+                self._backup(component, host_layer, buffers[layer], host_ids, device_ids)
+
+
+class UnderstatingHost(MLATokenToKVPoolHost):
+    """``get_size_per_token()`` counts one layer fewer than it holds."""
+
+    def get_size_per_token(self) -> int:
+        return super().get_size_per_token() - self.components[0].row_bytes
+
+
+class NextPageMetaHost(MLATokenToKVPoolHost):
+    """``get_page_buffer_meta`` names the page after each page asked for."""
+
+    def get_page_buffer_meta(self, indices: torch.Tensor) -> tuple[list[int], list[int]]:
+        shifted = (indices + self.page_size) % self.size
+        return super().get_page_buffer_meta(shifted)
+
+
+class BrokenTierTarget(KVCheckTarget):
+    """kvcheck's target with one broken allocator or host pool class in place of its own."""
+
+    unsupported: Mapping[str, str] = MappingProxyType({})
+
+    def __init__(self, broken: type, findings: tuple[Any, ...] = ()) -> None:
+        self.broken = broken
+        self.name = f"broken-{broken.__name__}"
+        self.findings = findings
+
+    def make_allocator(self, spec: AllocatorSpec, *, device: str, kvcache: Any = None) -> Any:
+        """The broken allocator where it is of the spec's kind, kvcheck's otherwise."""
+        allocator = super().make_allocator(spec, device=device, kvcache=kvcache)
+        if (
+            isinstance(allocator, self.broken.__mro__[1])
+            and type(allocator) is self.broken.__mro__[1]
+        ):
+            allocator.__class__ = self.broken
+            allocator.clear()
+        return allocator
+
+    def make_host_pool(
+        self, spec: HostPoolSpec, device_pool: Any, *, device: str
+    ) -> tuple[Any, ...]:
+        """The broken host pool in place of the main one of its class."""
+        parts = super().make_host_pool(spec, device_pool, device=device)
+        if type(parts[0]) is self.broken.__mro__[1]:
+            parts[0].__class__ = self.broken
+        return parts

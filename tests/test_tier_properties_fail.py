@@ -1,0 +1,176 @@
+"""Proof that the allocator, host-pool and lifecycle properties can fail: each catches its
+broken twin (``broken_tiers.py``), with the property's own signature, shrunk small."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from broken_tiers import (
+    BrokenTierTarget,
+    DriftingPagedAllocator,
+    GroupReleasingTwicePagedAllocator,
+    LayerForgettingHost,
+    LeakyDecodeSWAAllocator,
+    NextPageMetaHost,
+    ShiftedPageHost,
+    TrustingPagedAllocator,
+    TwiceHandingTokenAllocator,
+    UnalignedPagedAllocator,
+    UnderstatingHost,
+)
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvcheck.allocator_machine import allocator_machine
+from kvcheck.failures import PropertyFailure
+from kvcheck.lifecycle import lifecycle_machine, lifecycle_specs
+from kvcheck.machines import supported_op_kinds
+from kvcheck.properties.host_pools import check_host_round_trip
+from kvcheck.strategies.tiers import allocator_specs, host_pool_specs
+
+TWIN = settings(
+    max_examples=300,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=False,
+    report_multiple_bugs=False,
+    stateful_step_count=10,
+    phases=(Phase.explicit, Phase.generate, Phase.shrink),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+def _steps(error: PropertyFailure) -> int:
+    notes = "\n".join(getattr(error, "__notes__", ()))
+    return notes.count("state.step(")
+
+
+def allocator_failure(broken: type, kind: str, *, paged_swa: bool = False) -> PropertyFailure:
+    """Run ``kind``'s allocator machine on the twin; the failure it ends with."""
+    specs = allocator_specs(kinds=(kind,), max_pages=4)
+    if paged_swa:
+        specs = specs.filter(lambda spec: spec.page_size > 1)
+    machine = allocator_machine(BrokenTierTarget(broken), device="cpu", kind=kind, specs=specs)
+    with pytest.raises(PropertyFailure) as caught:
+        run_state_machine_as_test(machine, settings=TWIN)
+    return caught.value
+
+
+def test_a_slot_handed_out_twice_is_caught() -> None:
+    """An allocator that hands out a held slot again fails the no-slot-twice check."""
+    error = allocator_failure(TwiceHandingTokenAllocator, "token")
+    assert error.signature.check == "allocation" and error.signature.kind == "slot handed out twice"
+    assert _steps(error) <= 3, error.__notes__
+
+
+def test_an_available_size_that_drifts_is_caught() -> None:
+    """An allocator whose available_size counts freed tokens, not pages, fails the size check."""
+    error = allocator_failure(DriftingPagedAllocator, "paged")
+    assert error.signature.check == "available_size", error
+    assert _steps(error) <= 3, error.__notes__
+
+
+def test_a_page_that_comes_back_twice_is_caught() -> None:
+    """A free group that releases a page once per free naming it fails: the page comes back
+    twice (the size check sees it first)."""
+    error = allocator_failure(GroupReleasingTwicePagedAllocator, "paged")
+    assert error.signature.check in ("available_size", "allocation"), error
+    assert _steps(error) <= 4, error.__notes__
+
+
+def test_an_unaligned_extend_is_caught() -> None:
+    """An allocator that starts a fresh page instead of continuing the last one fails alignment."""
+    error = allocator_failure(UnalignedPagedAllocator, "paged")
+    assert error.signature.check == "allocation" and error.signature.kind == "page alignment"
+    assert _steps(error) <= 3, error.__notes__
+
+
+def test_a_refusal_that_changes_one_side_is_caught() -> None:
+    """A sliding-window decode refused on the window side must not take a full-side page."""
+    error = allocator_failure(LeakyDecodeSWAAllocator, "swa", paged_swa=True)
+    assert error.signature.check == "refusal", error
+    assert error.signature.kind == "refusal changed the allocator"
+    assert _steps(error) <= 4, error.__notes__
+
+
+def test_a_double_free_that_is_accepted_is_caught() -> None:
+    """An allocator that takes a double free without ValueError fails the bad-input check."""
+    error = allocator_failure(TrustingPagedAllocator, "paged")
+    assert error.signature.check == "raises", error
+    assert error.signature.kind == "no exception instead of ValueError"
+
+
+def host_failure(
+    broken: type, family: str, layouts: tuple[str, ...] | None = None
+) -> PropertyFailure:
+    """Run the host round trip on the twin; the failure it ends with."""
+    target = BrokenTierTarget(broken)
+    specs = host_pool_specs(families=(family,), target=target, max_layers=2, max_size=8)
+    if layouts is not None:
+        specs = specs.filter(lambda spec: spec.layout in layouts)
+
+    @TWIN
+    @given(spec=specs, data=st.data())
+    def round_trip(spec: Any, data: st.DataObject) -> None:
+        check_host_round_trip(
+            target,
+            spec,
+            data,
+            device="cpu",
+            write_kinds=supported_op_kinds(target, family),
+            validates=True,
+        )
+
+    with pytest.raises(PropertyFailure) as caught:
+        round_trip()
+    return caught.value
+
+
+def test_a_host_page_at_the_wrong_offset_is_caught() -> None:
+    """A host pool that writes (and reads) each page one page off round-trips, yet fails the
+    placement check."""
+    error = host_failure(ShiftedPageHost, "mha")
+    assert error.signature.check == "host_bytes", error
+    assert error.signature.family.startswith("host:mha"), error
+
+
+def test_a_host_pool_that_forgets_a_layer_is_caught() -> None:
+    """A host pool that backs up every layer but the last fails on the host bytes."""
+    error = host_failure(LayerForgettingHost, "mla")
+    assert error.signature.check == "host_bytes", error
+
+
+def test_a_host_size_per_token_that_understates_is_caught() -> None:
+    """get_size_per_token() one layer short fails the buffer-infos check."""
+    error = host_failure(UnderstatingHost, "mla")
+    assert error.signature.check == "buffer_infos" and error.signature.call == "get_size_per_token"
+
+
+def test_a_page_meta_that_names_another_page_is_caught() -> None:
+    """get_page_buffer_meta naming the next page fails once a host has two pages."""
+    error = host_failure(NextPageMetaHost, "mla", layouts=("page_first",))
+    assert error.signature.check == "buffer_infos"
+    assert error.signature.call == "get_page_buffer_meta"
+
+
+def test_the_lifecycle_catches_a_host_pool_that_forgets_a_layer() -> None:
+    """The lifecycle machine, too, fails on a host tier that leaves a layer behind."""
+    target = BrokenTierTarget(LayerForgettingHost)
+    specs = lifecycle_specs(target, "mla").filter(lambda spec: spec.device.layer_num > 1)
+    machine = lifecycle_machine(target, device="cpu", family="mla", specs=specs)
+    with pytest.raises(PropertyFailure) as caught:
+        run_state_machine_as_test(machine, settings=settings(TWIN, stateful_step_count=20))
+    assert caught.value.signature.check in ("host_bytes", "bytes"), caught.value
+
+
+def test_the_lifecycle_catches_a_slot_handed_out_twice() -> None:
+    """The lifecycle machine fails when the allocator hands a request another's slot."""
+    target = BrokenTierTarget(TwiceHandingTokenAllocator)
+    specs = lifecycle_specs(target, "mha").filter(lambda spec: spec.page_size == 1)
+    machine = lifecycle_machine(target, device="cpu", family="mha", specs=specs)
+    with pytest.raises(PropertyFailure) as caught:
+        run_state_machine_as_test(machine, settings=TWIN)
+    assert caught.value.signature.kind == "slot handed out twice", caught.value
