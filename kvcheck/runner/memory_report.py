@@ -51,7 +51,7 @@ def pool_dtype(name: str) -> str:
         >>> pool_dtype("nvfp4")
         Traceback (most recent call last):
         ...
-        ValueError: dtype='nvfp4' selects sglang's FP4 pool, which kvcheck does not build; ...
+        ValueError: dtype='nvfp4' selects sglang's FP4 pool, whose scales the report does not ...
     """
     from kvcheck.specs import DTYPE_ITEMSIZE
     from kvcheck.vocabulary import FP4_KV_CACHE_DTYPES, KV_CACHE_DTYPE_CHOICES, KV_CACHE_POOL_DTYPES
@@ -66,9 +66,9 @@ def pool_dtype(name: str) -> str:
         f"(auto: the models' {_MODELS_DTYPE}), or the torch dtypes {', '.join(DTYPE_ITEMSIZE)}"
     )
     if text in FP4_KV_CACHE_DTYPES:
-        why = "selects sglang's FP4 pool, which kvcheck does not build"
+        why = "selects sglang's FP4 pool, whose scales the report does not size"
     elif text in KV_CACHE_DTYPE_CHOICES:
-        why = "selects sglang's block-scaled fp8 pool, which kvcheck does not build"
+        why = "selects sglang's block-scaled fp8 pool, whose scales the report does not size"
     else:
         why = f"is not a KV dtype{_did_you_mean(text, [*KV_CACHE_POOL_DTYPES, *DTYPE_ITEMSIZE])}"
     raise ValueError(f"dtype={name!r} {why}; {accepted}")
