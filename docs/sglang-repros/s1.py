@@ -104,6 +104,7 @@ def on_cpu(call):
         )
         sys.exit(3)
 
+
 PAGE = 4
 pool = SWAKVPool(
     size=16,
