@@ -59,7 +59,7 @@ def test_kpool_pool_matches_reference_after_every_step(
     Skipped for a target that declares no kpool above 1 (``index_kpools``)."""
     if pool_spec_limits_of(kvcheck_target).get("dsa", {}).get("index_kpool") == (1,):
         why = surface_of(kvcheck_target).note("dsa", "index_kpool") or "it declares none"
-        pytest.skip(f"the target builds no DSA index kpool above 1 ({why})")
+        pytest.skip(f"target {kvcheck_target.name!r} builds no DSA index kpool above 1 ({why})")
     specs = default_machine_specs("dsa", index_kpools=(2, 4))
     machine = pool_machine(kvcheck_target, device=kvcheck_device, family="dsa", specs=specs)
     run_state_machine_as_test(machine, settings=machine.TestCase.settings)
@@ -81,7 +81,10 @@ def test_dcp_pool_matches_reference_after_every_step(
     target that declares no width above 1 (``dcp_sizes``)."""
     if pool_spec_limits_of(kvcheck_target).get(family, {}).get("dcp_size") == (1,):
         why = surface_of(kvcheck_target).note(family, "dcp_size") or "it declares no dcp_sizes"
-        pytest.skip(f"the target builds no decode-context-parallel {family} pool ({why})")
+        pytest.skip(
+            f"target {kvcheck_target.name!r} builds no decode-context-parallel {family} pool "
+            f"({why})"
+        )
     specs = default_machine_specs(family, dcp_sizes=(2, 4))
     machine = pool_machine(kvcheck_target, device=kvcheck_device, family=family, specs=specs)
     run_state_machine_as_test(machine, settings=machine.TestCase.settings)
@@ -115,7 +118,11 @@ def test_quantized_pool_matches_reference_after_every_step(
     descriptors). Skipped for a target that does not build the variant (``kv_quants``)."""
     taken = pool_spec_limits_of(kvcheck_target).get(family, {}).get("kv_quant")
     if taken is not None and quant not in taken:
-        pytest.skip(f"the target builds no {family}:{quant} pool (its surface's kv_quant)")
+        why = (
+            surface_of(kvcheck_target).note(family, "kv_quant")
+            or "its surface lists no such kv_quant"
+        )
+        pytest.skip(f"target {kvcheck_target.name!r} builds no {family}:{quant} pool ({why})")
     specs = default_machine_specs(family, kv_quants=(quant,))
     machine = pool_machine(kvcheck_target, device=kvcheck_device, family=family, specs=specs)
     # A fifth of the profile's examples (20 in the default profile): six variant runs at

@@ -35,4 +35,8 @@ class CountingMHAPool(MHATokenToKVPool):
     ) -> None:
         super().set_kv_buffer(layer, loc, cache_k, cache_v, *args, **kwargs)
         # Counted only after the base class accepted the write: rejected writes change nothing.
-        self.tokens_written[layer.layer_id] += int(loc.numel())
+        # Callers may pass layer=None with layer_id_override, as sglang's pools allow.
+        layer_id = kwargs.get("layer_id_override")
+        if layer_id is None:
+            layer_id = layer.layer_id
+        self.tokens_written[layer_id] += int(loc.numel())

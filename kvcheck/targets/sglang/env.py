@@ -352,21 +352,62 @@ class _CpuIndexKKernel:
         scale_words[scale_at] = index_k_scale.reshape(-1)[:count].to(scale_words.dtype)
 
 
+#: The Triton kernel behind ``get_index_k_scale_buffer`` (sglang's ``GetKAndS``), where the
+#: release has it.
+INDEX_K_READ_KERNEL_NAME = "_get_k_and_s_triton_kernel"
+
+
+class _CpuIndexKReadKernel:
+    """CPU body of sglang's ``_get_k_and_s_triton_kernel``, launched as ``kernel[grid](...)``
+    with keyword arguments: for each sequence of the batch, token ``t`` of it is read from
+    page ``page_indices[seq, t // page_size]`` at offset ``t % page_size``: its key bytes at
+    ``offset * index_head_dim`` of the page row, its 4 scale bytes at ``s_offset_in_page +
+    offset * 4``, stored in order into ``k_out`` and ``s_out`` (transcribed from the kernel)."""
+
+    def __getitem__(self, grid: Any) -> Any:
+        return self._launch
+
+    def _launch(self, **arguments: Any) -> None:
+        rows = arguments["buf_ptr"].view(torch.uint8)
+        rows = rows.view(rows.shape[0], -1)
+        page_indices, page_size = arguments["page_indices_ptr"], int(arguments["page_size"])
+        head_dim = int(arguments["index_head_dim"])
+        scale_start = int(arguments["s_offset_in_page"])
+        keys_out, scales_out = arguments["k_out_ptr"], arguments["s_out_ptr"]
+        start = 0
+        for batch, length in enumerate(arguments["seq_len_ptr"].tolist()):
+            token = torch.arange(int(length), device=rows.device)
+            page = page_indices[batch, token // page_size].long()[:, None]
+            offset = (token % page_size)[:, None]
+            key_columns = offset * head_dim + torch.arange(head_dim, device=rows.device)
+            scale_columns = scale_start + offset * 4 + torch.arange(4, device=rows.device)
+            keys_out[start : start + int(length)] = rows[page, key_columns]
+            scales_out[start : start + int(length)] = rows[page, scale_columns]
+            start += int(length)
+
+
 @contextmanager
 def cpu_index_k_kernel(module: types.ModuleType) -> Iterator[None]:
-    """Run sglang's index-K write on CPU: its Python path, with the Triton kernel's body on CPU.
+    """Run sglang's index-K write and paged read on CPU: their Python paths, with the Triton
+    kernels' bodies on CPU.
 
     ``set_index_k_scale_buffer`` checks shapes, dtypes and the page size in Python, then
-    launches a Triton kernel that needs a GPU. Inside the block that one kernel symbol of
-    ``module`` (the release's index-K kernel module) is replaced by :class:`_CpuIndexKKernel`;
-    everything else that runs is sglang's.
+    launches a Triton kernel that needs a GPU; ``get_index_k_scale_buffer`` (``GetKAndS``)
+    gathers through another. Inside the block those kernel symbols of ``module`` (the
+    release's index-K kernel module) are replaced by :class:`_CpuIndexKKernel` and
+    :class:`_CpuIndexKReadKernel`; everything else that runs is sglang's.
     """
-    original = getattr(module, INDEX_K_KERNEL_NAME)
-    setattr(module, INDEX_K_KERNEL_NAME, _CpuIndexKKernel())
+    replaced: dict[str, object] = {INDEX_K_KERNEL_NAME: _CpuIndexKKernel()}
+    if hasattr(module, INDEX_K_READ_KERNEL_NAME):
+        replaced[INDEX_K_READ_KERNEL_NAME] = _CpuIndexKReadKernel()
+    originals = {name: getattr(module, name) for name in replaced}
+    for name, body in replaced.items():
+        setattr(module, name, body)
     try:
         yield
     finally:
-        setattr(module, INDEX_K_KERNEL_NAME, original)
+        for name, original in originals.items():
+            setattr(module, name, original)
 
 
 #: The Triton kernel that quantizes a scaled fp8 DSA latent row (0.5.23 keeps it in

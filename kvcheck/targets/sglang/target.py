@@ -88,25 +88,6 @@ def unsupported_for(release_name: str) -> Mapping[str, str]:
     )
 
 
-#: What the newest checked release (sglang 0.5.23) builds: every family and variant kvcheck
-#: models, inside the layouts its DSA pool asserts: 64-token index pages ("DSA requires
-#: 64-token physical pages": ``page_size // index_kpool == 64``) and 128-byte index keys. DSA
-#: index kpools 1 and 2 only: 2 already takes 128-token pages; 4 (256) only makes every
-#: example slower without reaching other code. The bound of what the target draws: once
-#: prepared, the target narrows it to what the installed release builds
-#: (:meth:`.release.ReleaseFacts.surface`: its asserts, parameters and layouts). Quantized
-#: pools (:data:`QUANTIZED_SURFACE`): MHA fp8 with per-tensor scales and MLA FP4.
-SURFACE = Surface.everything(
-    dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)},
-    mha={"kv_quant": ("none", "fp8_scaled"), "nvfp4_layout": (NVFP4_LAYOUTS[0],)},
-    mla={"kv_quant": ("none", "fp4")},
-).with_tiers(
-    allocators=ALLOCATOR_KINDS,
-    host_layouts=HOST_LAYOUTS,
-    # sgl-kernel's kvcacheio ops check item_size % 8 == 0 (a row the kernel io cannot move).
-    host_kernel_alignment=8,
-)
-
 #: The quantized variants (:data:`kvcheck.specs.KV_QUANTS`) the target builds, and why it
 #: leaves the others out.
 QUANTIZED_SURFACE: Mapping[str, str] = MappingProxyType(
@@ -127,6 +108,39 @@ QUANTIZED_SURFACE: Mapping[str, str] = MappingProxyType(
             "mxfp8 quant-store kernels and of the CUDA store_cache"
         ),
     }
+)
+
+#: What the newest checked release (sglang 0.5.23) builds: every family and variant kvcheck
+#: models, inside the layouts its DSA pool asserts: 64-token index pages ("DSA requires
+#: 64-token physical pages": ``page_size // index_kpool == 64``) and 128-byte index keys. DSA
+#: index kpools 1 and 2 only: 2 already takes 128-token pages; 4 (256) only makes every
+#: example slower without reaching other code. The bound of what the target draws: once
+#: prepared, the target narrows it to what the installed release builds
+#: (:meth:`.release.ReleaseFacts.surface`: its asserts, parameters and layouts). Quantized
+#: pools (:data:`QUANTIZED_SURFACE`): MHA fp8 with per-tensor scales and MLA FP4; the MHA
+#: variants left out are noted with why (a skip quotes it).
+SURFACE = (
+    Surface.everything(
+        dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)},
+        mha={"kv_quant": ("none", "fp8_scaled"), "nvfp4_layout": (NVFP4_LAYOUTS[0],)},
+        mla={"kv_quant": ("none", "fp4")},
+    )
+    .with_tiers(
+        allocators=ALLOCATOR_KINDS,
+        host_layouts=HOST_LAYOUTS,
+        # sgl-kernel's kvcacheio ops check item_size % 8 == 0 (a row the kernel io cannot move).
+        host_kernel_alignment=8,
+    )
+    .with_notes(
+        {
+            f"{family}.kv_quant": "; ".join(
+                f"{variant.partition(':')[2]} {why}"
+                for variant, why in QUANTIZED_SURFACE.items()
+                if variant.startswith(f"{family}:") and why.startswith("not built")
+            )
+            for family in ("mha",)
+        }
+    )
 )
 
 #: Capability -> how the target serves it on CPU, where that differs from a GPU server.
@@ -201,7 +215,11 @@ _MLA_SCOPED_METHODS: tuple[str, ...] = (
     "get_cpu_copy",
     "load_cpu_copy",
 )
-_DSA_SCOPED_METHODS: tuple[str, ...] = (*_MLA_SCOPED_METHODS, "set_index_k_scale_buffer")
+_DSA_SCOPED_METHODS: tuple[str, ...] = (
+    *_MLA_SCOPED_METHODS,
+    "set_index_k_scale_buffer",
+    "get_index_k_scale_buffer",
+)
 
 #: Flags sglang's pool-family decision reads from its published config
 #: (``get_schedule().prefill_only_disable_kv_cache``, ``get_exec().kernel.attention_backend``);
