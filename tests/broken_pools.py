@@ -81,15 +81,22 @@ class SequentialMoveMLA(MLATokenToKVPool):
 class HostCopyDropsIndexK(DSATokenToKVPool):
     """Reloads a host copy's latent rows but not its index-K pages."""
 
-    def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
-        idx = self._copy_indices(indices, distinct=True, where="load_cpu_copy")
+    def load_cpu_copy(
+        self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor, req_pool_index: Any = None
+    ) -> None:
+        where = "load_cpu_copy"
+        idx = self._copy_indices(indices, distinct=True, where=where)
         if idx.numel() != kv_cache_cpu.num_tokens:
             raise ValueError(
                 f"load_cpu_copy: {idx.numel()} indices for a copy of "
                 f"{kv_cache_cpu.num_tokens} tokens"
             )
-        self._check_run(idx, where="load_cpu_copy")
+        self._check_run(idx, where=where)
+        request = self._tail_request(req_pool_index, where=where)
         self._load_latent_rows(kv_cache_cpu.parts["kv"], self._run_rows(idx))
+        tails = None if request is None else self._checked_tails(kv_cache_cpu, where=where)
+        if tails is not None and request is not None:  # tails travel; only index-K is dropped
+            self._load_tails(tails, request)
 
 
 # --- skip layers and accounting ------------------------------------------------------------
@@ -176,10 +183,17 @@ class HalfApplyingMHA(MHATokenToKVPool):
     """Writes K before it checks V, so a call rejected for its V has already written K."""
 
     def set_kv_buffer(
-        self, layer: Any, loc: Any, cache_k: Any, cache_v: Any, *args: Any, **kwargs: Any
+        self,
+        layer: Any,
+        loc: Any,
+        cache_k: Any,
+        cache_v: Any,
+        k_scale: Any = None,
+        v_scale: Any = None,
+        layer_id_override: int | None = None,
     ) -> None:
         where = "set_kv_buffer"
-        local = self._layer_of(layer, where=where)
+        local = self._write_layer(layer, layer_id_override, where=where, reads_layer=True)
         idx = self._locations("loc", loc, distinct=True, where=where)
         n = idx.numel()
         k = self._native("cache_k", cache_k, (n, self.head_num, self.head_dim), where=where)
@@ -582,19 +596,23 @@ class PageGranularReloadMHA(MHATokenToKVPool):
 
     def get_cpu_copy(self, indices: torch.Tensor) -> KVHostCopy:
         idx = self._locations("indices", indices, distinct=False, where="get_cpu_copy")
-        pages = torch.unique_consecutive(idx // self.page_size)
-        rows = (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
+        rows = self._page_rows(idx)
         copy = super().get_cpu_copy(rows)
         return KVHostCopy(source=copy.source, num_tokens=idx.numel(), parts=copy.parts)
 
     def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
         idx = self._locations("indices", indices, distinct=True, where="load_cpu_copy")
-        pages = torch.unique_consecutive(idx // self.page_size)
-        rows = (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
+        rows = self._page_rows(idx)
         for buffer, part in zip(self.k_buffer, kv_cache_cpu.parts["k"], strict=True):
             buffer[rows] = part[: rows.numel()]
         for buffer, part in zip(self.v_buffer, kv_cache_cpu.parts["v"], strict=True):
             buffer[rows] = part[: rows.numel()]
+
+    def _page_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """Every slot of the pages ``idx`` touches (a last page cut at the pool's end)."""
+        pages = torch.unique_consecutive(idx // self.page_size)
+        rows = (pages[:, None] * self.page_size + torch.arange(self.page_size)).reshape(-1)
+        return rows[rows < self.num_slots]
 
 
 class SilentReloadMovingNoOp(NoOpMHATokenToKVPool):

@@ -48,14 +48,17 @@ def _steps(error: PropertyFailure) -> int:
     return notes.count("state.step(")
 
 
-def allocator_failure(broken: type, kind: str, *, paged_swa: bool = False) -> PropertyFailure:
+def allocator_failure(
+    broken: type, kind: str, *, min_page_size: int = 1, max_examples: int | None = None
+) -> PropertyFailure:
     """Run ``kind``'s allocator machine on the twin; the failure it ends with."""
     specs = allocator_specs(kinds=(kind,), max_pages=4)
-    if paged_swa:
-        specs = specs.filter(lambda spec: spec.page_size > 1)
+    if min_page_size > 1:
+        specs = specs.filter(lambda spec: spec.page_size >= min_page_size)
     machine = allocator_machine(BrokenTierTarget(broken), device="cpu", kind=kind, specs=specs)
+    twin = TWIN if max_examples is None else settings(TWIN, max_examples=max_examples)
     with pytest.raises(PropertyFailure) as caught:
-        run_state_machine_as_test(machine, settings=TWIN)
+        run_state_machine_as_test(machine, settings=twin)
     return caught.value
 
 
@@ -82,15 +85,19 @@ def test_a_page_that_comes_back_twice_is_caught() -> None:
 
 
 def test_an_unaligned_extend_is_caught() -> None:
-    """An allocator that starts a fresh page instead of continuing the last one fails alignment."""
-    error = allocator_failure(UnalignedPagedAllocator, "paged")
+    """An allocator that fills the rest of a partly filled page out of order fails alignment."""
+    # The twin reverses the slots that fill a partly filled last page, so it shows only where
+    # two or more of them are left: page size 3 or more. Hypothesis seeds its search with
+    # constants from the modules loaded so far, so what a test finds within its examples
+    # depends on the tests that ran before it in the process; the margin covers that.
+    error = allocator_failure(UnalignedPagedAllocator, "paged", min_page_size=3, max_examples=600)
     assert error.signature.check == "allocation" and error.signature.kind == "page alignment"
     assert _steps(error) <= 3, error.__notes__
 
 
 def test_a_refusal_that_changes_one_side_is_caught() -> None:
     """A sliding-window decode refused on the window side must not take a full-side page."""
-    error = allocator_failure(LeakyDecodeSWAAllocator, "swa", paged_swa=True)
+    error = allocator_failure(LeakyDecodeSWAAllocator, "swa", min_page_size=2)
     assert error.signature.check == "refusal", error
     assert error.signature.kind == "refusal changed the allocator"
     assert _steps(error) <= 4, error.__notes__
