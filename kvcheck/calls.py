@@ -195,6 +195,12 @@ def encode_op(pool: Any, op: Op, *, device: str | torch.device, copies: dict[str
             device=device,
         )
         loc = loc_tensor(op.locs, device=device)
+        if op.override:
+            return PoolCall(
+                "set_mla_kv_buffer",
+                (None, loc, nope, rope),
+                kwargs=(("layer_id_override", op.layer_id),),
+            )
         return PoolCall("set_mla_kv_buffer", (layer, loc, nope, rope))
     if isinstance(op, WritePrefixValid):
         layer = SimpleNamespace(layer_id=op.layer_id)
@@ -335,8 +341,9 @@ def describe_op(op: Op) -> str:
             f"k_rows={_bytes_summary(op.k_rows)}, v_rows={_bytes_summary(op.v_rows)})"
         )
     if isinstance(op, WriteMLA):
+        layer = f"layer_id_override={op.layer_id}" if op.override else f"layer_id={op.layer_id}"
         return (
-            f"pool.set_mla_kv_buffer(layer_id={op.layer_id}, loc={list(op.locs)}, "
+            f"pool.set_mla_kv_buffer({layer}, loc={list(op.locs)}, "
             f"nope={_bytes_summary(op.nope_rows)}, rope={_bytes_summary(op.rope_rows)}"
             + ("" if op.dtype is None else f", dtype={op.dtype}")
             + ")"

@@ -579,7 +579,8 @@ class WriteMLA:
     values) are slot ``locs[i]``'s bytes in ``dtype`` (``None``: the pool's dtype); in the
     raw layout the stored row is their concatenation. A ``scaled`` latent layout takes
     ``dtype="bfloat16"`` and stores each nope block of 128 values quantized to fp8 with
-    its fp32 scale, then the rope bytes as given.
+    its fp32 scale, then the rope bytes as given. ``override`` passes the layer as
+    ``layer_id_override=layer_id`` with ``layer=None``, as SGLang's SWA pool does.
     """
 
     layer_id: int
@@ -587,6 +588,7 @@ class WriteMLA:
     nope_rows: tuple[bytes, ...]
     rope_rows: tuple[bytes, ...]
     dtype: str | None = None
+    override: bool = False
 
 
 @dataclass(frozen=True)

@@ -373,14 +373,14 @@ def _write_kv_ops(
     k_bytes, v_bytes = row_bytes(spec)
     k_rows = draw(payload_rows(spec.dtype, len(locs), k_bytes + extra_k_bytes), label="k_rows")
     v_rows = draw(payload_rows(spec.dtype, len(locs), v_bytes), label="v_rows") if v_bytes else ()
-    override = _draw_override(draw, spec)
+    override = _draw_override(draw)
     return WriteKV(layer_id=layer_id, locs=locs, k_rows=k_rows, v_rows=v_rows, override=override)
 
 
-def _draw_override(draw: st.DrawFn, spec: PoolSpec) -> bool:
-    """An MHA write names its layer by ``layer_id_override`` one time in four (shrinks to
-    ``layer.layer_id``)."""
-    return spec.family == "mha" and bool(draw(choice(_QUARTER), label="layer_id_override"))
+def _draw_override(draw: st.DrawFn) -> bool:
+    """A write names its layer by ``layer_id_override`` one time in four (shrinks to
+    ``layer.layer_id``): SGLang's SWA pool writes MHA, MLA and DSA layers that way."""
+    return bool(draw(choice(_QUARTER), label="layer_id_override"))
 
 
 #: True one time in four; shrinks to False.
@@ -463,7 +463,7 @@ def _quant_write_kv_ops(
     layer_id = draw(choice(layer_ids or tuple(spec.layer_ids)), label="layer_id")
     if locs is None:
         locs = _draw_locs(draw, spec, slots=spec.num_slots)
-    override = _draw_override(draw, spec)
+    override = _draw_override(draw)
     k_values, v_values = row_elements(spec)
     heads = spec.head_num if spec.family == "mha" else 1
     extra = heads if too_long else 0  # one value more per head: an invalid write
@@ -576,7 +576,8 @@ def _write_mla_ops(draw: st.DrawFn, spec: PoolSpec, padding_slot: bool) -> Write
     if spec.quantized:  # FP4: bf16 parts the pool encodes
         nope = draw(quant_rows(len(locs), spec.kv_lora_rank, "bfloat16"), label="nope")
         rope = draw(quant_rows(len(locs), spec.qk_rope_head_dim, "bfloat16"), label="rope")
-        return WriteMLA(layer_id, locs, nope, rope, dtype="bfloat16")
+        override = _draw_override(draw)
+        return WriteMLA(layer_id, locs, nope, rope, dtype="bfloat16", override=override)
     # A scaled latent row is quantized from bf16 parts; a raw one takes the pool's dtype.
     dtype = "bfloat16" if spec.latent_layout == "scaled" else spec.dtype
     itemsize = DTYPE_ITEMSIZE[dtype]
@@ -597,6 +598,7 @@ def _write_mla_ops(draw: st.DrawFn, spec: PoolSpec, padding_slot: bool) -> Write
         nope_rows=nope,
         rope_rows=rope,
         dtype=dtype if dtype != spec.dtype else None,
+        override=_draw_override(draw),
     )
 
 
