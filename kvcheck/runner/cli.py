@@ -153,6 +153,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="Hypothesis profile: kvcheck-dev, kvcheck-ci, kvcheck-thorough (default: "
         "KVCHECK_PROFILE, else kvcheck-ci when CI is set, else kvcheck-dev)",
     )
+    verify.add_argument(
+        "--call-counts",
+        dest="call_counts",
+        default=None,
+        metavar="FILE",
+        help="count the calls on every pool the target builds, per variant x method x "
+        "argument of the README's surface table, and write them as a markdown table to FILE "
+        "(kvcheck.runner.call_counts)",
+    )
+    verify.add_argument(
+        "--call-floor",
+        dest="call_floor",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --call-counts: exit 1 when a cell is called fewer than N times (cells the "
+        "suite does not call by design are listed with their reason instead)",
+    )
     verify.set_defaults(handler=_verify)
 
     replay = commands.add_parser(
@@ -278,7 +296,41 @@ def _verify(options: argparse.Namespace, extra: Sequence[str]) -> int:
             f"--profile={options.profile!r} is not a kvcheck profile for verify; "
             f"choose one of {', '.join(choices)} (kvcheck replay runs {REPLAY})"
         )
-    return _run_suite(options, extra, command="verify", profile=options.profile)
+    if options.call_floor is not None and options.call_counts is None:
+        raise UsageProblem("--call-floor needs --call-counts FILE (where the counts go)")
+    if options.call_floor is not None and options.call_floor < 1:
+        raise UsageProblem(f"--call-floor={options.call_floor}: give a number of calls >= 1")
+    if options.call_counts is None:
+        return _run_suite(options, extra, command="verify", profile=options.profile)
+    from kvcheck.runner.call_counts import CallCounts
+
+    report = Path(options.call_counts)
+    check_output_path("--call-counts", report)
+    # Each pytest process writes its own file here; none from an earlier run may count.
+    folder = (Path(options.results_dir) / "call-counts").resolve()
+    for stale in folder.glob("calls-*.json"):
+        stale.unlink()
+    extra = [*extra, f"--kvcheck-call-counts={folder}"]
+    status = _run_suite(options, extra, command="verify", profile=options.profile)
+    if status == EXIT_INTERRUPTED:
+        return status
+    counts = CallCounts.read_folder(folder)
+    report.write_text(counts.report(floor=options.call_floor) + "\n")
+    below = counts.below(options.call_floor or 1)
+    print(
+        f"kvcheck verify: call counts: {counts.summary(floor=options.call_floor)}; "
+        f"table in {shown_path(report)}"
+    )
+    if options.call_floor is not None and below:
+        for cell in below[:10]:
+            print(
+                f"  below {options.call_floor}: {cell.variant} {cell.method} "
+                f"{cell.argument}: {counts.cells[cell]}"
+            )
+        if len(below) > 10:
+            print(f"  ... and {len(below) - 10} more (see the table)")
+        return max(status, 1)
+    return status
 
 
 def _replay(options: argparse.Namespace, extra: Sequence[str]) -> int:

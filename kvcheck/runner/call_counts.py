@@ -1,0 +1,379 @@
+"""How often one run calls each cell of the pool surface: variant x method x argument.
+
+As variants multiply, a shared run spreads its examples over more of them, and a variant
+can end up called a handful of times while the run still passes. This module counts what
+the suite really hands each pool: for every pool a target builds, it wraps the pool's
+surface methods (:data:`SURFACE_ARGUMENTS`, the README's table "The surface it calls") so
+that each call the suite makes adds one to the cell (variant, method, ``(call)``) and one to
+(variant, method, argument) for each counted argument it passes other than ``None``. Calls
+a pool makes on itself (sglang's ``get_kv_buffer`` calling ``get_key_buffer``) are not
+counted: only the outermost call on a pool is. A cell is *offered* when a pool built in the
+run has the method (and, for an argument, a parameter of that name), so a cell the run never
+calls is listed with 0 rather than missing.
+
+``kvcheck verify --call-counts FILE`` turns this on (the plugin's ``--kvcheck-call-counts``:
+each pytest process writes its counts to a folder), merges the processes' counts and writes
+the table; ``--call-floor N`` fails the run when an offered cell is called fewer than N
+times, except the cells :data:`NOT_CALLED` explains.
+
+Example:
+    >>> from kvcheck.specs import PoolSpec
+    >>> from kvcheck.targets import resolve_target
+    >>> target = resolve_target("kvcheck")
+    >>> counter = CallCounter()
+    >>> counter.install(target)
+    >>> spec = PoolSpec(family="mha", size=4, page_size=1, layer_num=1, dtype="bfloat16")
+    >>> pool = target.make_pool(spec, device="cpu")
+    >>> _ = pool.get_key_buffer(0)
+    >>> counts = counter.counts()
+    >>> counts.calls("mha", "get_key_buffer", "layer_id"), counts.calls("mha", "move_kv_cache")
+    (1, 0)
+    >>> counter.uninstall(target)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import inspect
+import json
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CALL",
+    "NOT_CALLED",
+    "SURFACE_ARGUMENTS",
+    "CallCounter",
+    "CallCounts",
+    "Cell",
+]
+
+#: The argument column of the cell that counts every call of a method.
+CALL = "(call)"
+
+#: Pool method -> the arguments whose passing is counted: what SGLang's callers pass (the
+#: README's surface table). A method a pool lacks, or an argument its signature lacks, is
+#: not a cell of that pool's variant.
+SURFACE_ARGUMENTS: Mapping[str, tuple[str, ...]] = {
+    "set_kv_buffer": (
+        "layer",
+        "loc",
+        "cache_k",
+        "cache_v",
+        "k_scale",
+        "v_scale",
+        "layer_id_override",
+    ),
+    "set_mla_kv_buffer": ("layer", "loc", "cache_k_nope", "cache_k_rope", "layer_id_override"),
+    "get_mla_kv_buffer": ("layer", "loc"),
+    "set_kv_buffer_prefix_valid": ("layer", "loc_2d", "commit_lens", "cache_k", "cache_v"),
+    "set_index_k_scale_buffer": ("layer_id", "loc", "index_k", "index_k_scale"),
+    "set_compress_tail_for_request": (
+        "layer_id",
+        "req_pool_idx",
+        "key_tail",
+        "score_tail",
+        "n_remain",
+        "dst_logical_start",
+    ),
+    "get_compress_tail_buffers": ("layer_id",),
+    "get_compress_tail_buf_infos": (),
+    "move_kv_cache": ("tgt_loc", "src_loc"),
+    "get_cpu_copy": ("indices", "req_pool_index"),
+    "load_cpu_copy": ("kv_cache_cpu", "indices", "req_pool_index"),
+    "get_key_buffer": ("layer_id",),
+    "get_value_buffer": ("layer_id",),
+    "get_kv_buffer": ("layer_id",),
+    "get_index_k_with_scale_buffer": ("layer_id",),
+    "get_index_k_scale_buffer": ("layer_id", "seq_len_tensor", "page_indices"),
+    "get_kv_size_bytes": (),
+    "get_state_buf_infos": (),
+    "get_contiguous_buf_infos": (),
+}
+
+#: The DSA variants without an index kpool, hence without compress tails.
+_TAILLESS_DSA = ("dsa", "dsa:dcp", "dsa:scaled", "dsa:scaled:dcp")
+
+#: (variant pattern, method, argument) -> why the suite does not call that cell; the
+#: pattern is an ``fnmatch`` pattern over :attr:`kvcheck.specs.PoolSpec.variant`. Such a
+#: cell is reported with its reason and is exempt from the floor.
+NOT_CALLED: Mapping[tuple[str, str, str], str] = {
+    **{
+        (pattern, "set_kv_buffer", "cache_v"): "a latent pool stores cache_k's row and never "
+        "reads cache_v (sglang 0.5.23 MLATokenToKVPool.set_kv_buffer); the suite passes None"
+        for pattern in ("mla*", "dsa*")
+    },
+    **{
+        (pattern, method, argument): "only a DSA pool with an index kpool keeps compress "
+        "tails (kpool_use_compress): this pool has no tail to write or read"
+        for pattern in _TAILLESS_DSA
+        for method in ("set_compress_tail_for_request", "get_compress_tail_buffers")
+        for argument in (CALL, *SURFACE_ARGUMENTS[method])
+    },
+    **{
+        (pattern, method, "req_pool_index"): "only a DSA pool with an index kpool keeps "
+        "compress tails; a host copy's req_pool_index names the request whose tails travel"
+        for pattern in _TAILLESS_DSA
+        for method in ("get_cpu_copy", "load_cpu_copy")
+    },
+    **{
+        ("dsa:scaled*", "get_mla_kv_buffer", argument): "a scaled latent row (fp8 nope blocks "
+        "with their fp32 scales, bf16 rope) is not values of one dtype, so get_mla_kv_buffer's "
+        "output has no bytes to compare; the raw-layout variants read it"
+        for argument in (CALL, *SURFACE_ARGUMENTS["get_mla_kv_buffer"])
+    },
+}
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One cell: a variant (:attr:`kvcheck.specs.PoolSpec.variant`), a method, an argument
+    (:data:`CALL` for the call itself)."""
+
+    variant: str
+    method: str
+    argument: str = CALL
+
+    def reason_not_called(self) -> str | None:
+        """Why the suite does not call this cell (:data:`NOT_CALLED`), or None."""
+        for (pattern, method, argument), reason in NOT_CALLED.items():
+            if (method, argument) == (self.method, self.argument) and fnmatch.fnmatchcase(
+                self.variant, pattern
+            ):
+                return reason
+        return None
+
+
+@dataclass
+class CallCounts:
+    """Calls per offered cell, merged over the processes of a run.
+
+    Example:
+        >>> counts = CallCounts({Cell("mla", "move_kv_cache"): 3, Cell("mla", "get_cpu_copy"): 0})
+        >>> counts.calls("mla", "move_kv_cache"), [str(c.method) for c in counts.below(1)]
+        (3, ['get_cpu_copy'])
+    """
+
+    cells: dict[Cell, int] = field(default_factory=dict)
+
+    def calls(self, variant: str, method: str, argument: str = CALL) -> int:
+        """Calls of one cell (0 when not offered)."""
+        return self.cells.get(Cell(variant, method, argument), 0)
+
+    def below(self, floor: int) -> list[Cell]:
+        """Offered cells called fewer than ``floor`` times, except those :data:`NOT_CALLED`
+        explains, in table order."""
+        return sorted(
+            cell
+            for cell, calls in self.cells.items()
+            if calls < floor and cell.reason_not_called() is None
+        )
+
+    def merge(self, other: CallCounts) -> CallCounts:
+        """Both runs' counts summed cell by cell (a cell offered by either is offered)."""
+        merged = dict(self.cells)
+        for cell, calls in other.cells.items():
+            merged[cell] = merged.get(cell, 0) + calls
+        return CallCounts(merged)
+
+    def to_json(self) -> list[list[Any]]:
+        return [[c.variant, c.method, c.argument, n] for c, n in sorted(self.cells.items())]
+
+    @classmethod
+    def from_json(cls, rows: Iterable[Any]) -> CallCounts:
+        cells: dict[Cell, int] = {}
+        for row in rows:
+            variant, method, argument, calls = row
+            cells[Cell(str(variant), str(method), str(argument))] = int(calls)
+        return cls(cells)
+
+    @classmethod
+    def read_folder(cls, folder: Path) -> CallCounts:
+        """The merged counts of every process's file in ``folder``."""
+        merged = cls()
+        for path in sorted(folder.glob("calls-*.json")):
+            merged = merged.merge(cls.from_json(json.loads(path.read_text())))
+        return merged
+
+    def summary(self, *, floor: int | None = None) -> str:
+        """One line: cells, variants, and the cells below ``floor`` (or the least called).
+
+        Example:
+            >>> move = "move_kv_cache"
+            >>> counts = CallCounts({Cell("mla", move): 3, Cell("mha", move): 40})
+            >>> counts.summary(floor=20)
+            '2 cells of 2 variants; 1 below 20'
+            >>> counts.summary()
+            '2 cells of 2 variants; least called: mla move_kv_cache (call) 3'
+        """
+        if not self.cells:
+            return "no pool was built, so nothing was counted"
+        variants = {cell.variant for cell in self.cells}
+        exempt = sum(1 for cell in self.cells if cell.reason_not_called() is not None)
+        head = f"{len(self.cells)} cells of {len(variants)} variants"
+        if exempt:
+            head += f" ({exempt} not called by design)"
+        if floor is not None:
+            return f"{head}; {len(self.below(floor))} below {floor}"
+        counted = [c for c in self.cells if c.reason_not_called() is None] or list(self.cells)
+        least = min(counted, key=lambda cell: (self.cells[cell], cell))
+        return (
+            f"{head}; least called: {least.variant} {least.method} {least.argument} "
+            f"{self.cells[least]}"
+        )
+
+    def report(self, *, floor: int | None = None) -> str:
+        """The markdown report ``kvcheck verify --call-counts`` writes: the summary line,
+        the reasons for the cells not called by design, and the table."""
+        return "\n".join(
+            [
+                "# Calls per surface cell (kvcheck verify --call-counts)",
+                "",
+                self.summary(floor=floor) + ".",
+                "",
+                "A cell is a pool variant, a method of the README's surface table, and an "
+                f"argument passed (not None), or `{CALL}` for every call of the method; only "
+                "the suite's own calls on a pool count, not those a pool makes on itself.",
+                "",
+                self.table(floor=floor),
+            ]
+        )
+
+    def table(self, *, floor: int | None = None) -> str:
+        """A markdown table, one row per cell; the last column flags a cell below ``floor``
+        or gives the reason it is not called.
+
+        Example:
+            >>> print(CallCounts({Cell("mha", "get_key_buffer", "layer_id"): 2}).table(floor=20))
+            | variant | method | argument | calls | |
+            |---|---|---|---:|---|
+            | mha | get_key_buffer | layer_id | 2 | below 20 |
+        """
+        lines = ["| variant | method | argument | calls | |", "|---|---|---|---:|---|"]
+        for cell, calls in sorted(self.cells.items()):
+            note = cell.reason_not_called() or (
+                f"below {floor}" if floor is not None and calls < floor else ""
+            )
+            lines.append(f"| {cell.variant} | {cell.method} | {cell.argument} | {calls} | {note} |")
+        return "\n".join(lines)
+
+
+def _call_signature(method: Any) -> inspect.Signature | None:
+    """The parameters a call of ``method`` binds to. A wrapper a target set on the pool
+    object (``functools.wraps`` of the class's function) reports the function's ``self``,
+    which the caller does not pass: it is dropped."""
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError):
+        return None
+    parameters = list(signature.parameters.values())
+    if not inspect.ismethod(method) and parameters and parameters[0].name == "self":
+        return signature.replace(parameters=parameters[1:])
+    return signature
+
+
+class CallCounter:
+    """Counts the suite's calls on the pools a target builds (see the module docstring).
+
+    :meth:`install` wraps the target's ``make_pool`` on the target object; every pool it
+    returns has its surface methods wrapped on the pool object. :meth:`uninstall` puts the
+    target's own ``make_pool`` back (pools already built keep counting).
+    """
+
+    def __init__(self) -> None:
+        self._cells: Counter[Cell] = Counter()
+        self._offered: set[Cell] = set()
+        self._depth = threading.local()
+
+    def install(self, target: Any) -> None:
+        """Count the calls on every pool ``target.make_pool`` builds from now on."""
+        make_pool = target.make_pool
+
+        @functools.wraps(make_pool)
+        def counted_make_pool(spec: Any, *args: Any, **kwargs: Any) -> Any:
+            pool = make_pool(spec, *args, **kwargs)
+            self.watch(pool, spec.variant)
+            return pool
+
+        target.make_pool = counted_make_pool
+
+    def uninstall(self, target: Any) -> None:
+        """Stop wrapping ``target``'s new pools."""
+        if "make_pool" in vars(target):
+            del target.make_pool
+
+    def watch(self, pool: Any, variant: str) -> None:
+        """Count the calls of ``pool``'s surface methods under ``variant``."""
+        for method, arguments in SURFACE_ARGUMENTS.items():
+            bound = getattr(pool, method, None)
+            if not callable(bound):
+                continue
+            signature = _call_signature(bound)
+            named = set() if signature is None else set(signature.parameters)
+            counted = tuple(argument for argument in arguments if argument in named)
+            self._offered.add(Cell(variant, method, CALL))
+            self._offered.update(Cell(variant, method, argument) for argument in counted)
+            wrapper = self._wrap(bound, variant, method, signature, counted)
+            try:
+                setattr(pool, method, wrapper)
+            except (AttributeError, TypeError):  # a pool with slots: it stays uncounted
+                self._offered.difference_update(Cell(variant, method, a) for a in (CALL, *counted))
+
+    def _wrap(
+        self,
+        bound: Any,
+        variant: str,
+        method: str,
+        signature: inspect.Signature | None,
+        counted: tuple[str, ...],
+    ) -> Any:
+        @functools.wraps(bound)
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            depth = getattr(self._depth, "value", 0)
+            if depth == 0:
+                self._record(variant, method, signature, counted, args, kwargs)
+            self._depth.value = depth + 1
+            try:
+                return bound(*args, **kwargs)
+            finally:
+                self._depth.value = depth
+
+        return counting
+
+    def _record(
+        self,
+        variant: str,
+        method: str,
+        signature: inspect.Signature | None,
+        counted: tuple[str, ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        self._cells[Cell(variant, method, CALL)] += 1
+        if signature is None or not counted:
+            return
+        try:
+            passed = signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:  # a bad call the suite makes on purpose: its arguments do not bind
+            return
+        for argument in counted:
+            if passed.get(argument) is not None:
+                self._cells[Cell(variant, method, argument)] += 1
+
+    def counts(self) -> CallCounts:
+        """Calls per offered cell so far."""
+        return CallCounts({cell: self._cells.get(cell, 0) for cell in self._offered})
+
+    def write(self, folder: Path, name: str) -> Path | None:
+        """Write the counts to ``folder/calls-<name>.json`` (nothing when no pool was built)."""
+        if not self._offered:
+            return None
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"calls-{name}.json"
+        path.write_text(json.dumps(self.counts().to_json()))
+        return path
