@@ -543,3 +543,14 @@ def test_invalid_model_configs_break_the_skip_rule() -> None:
         strategies.model_configs(allow_invalid=True), lambda c: isinstance(c, SimpleNamespace)
     )
     assert invalid.attention_arch == "dsa"
+
+
+def test_choice_keeps_equal_tuples_of_other_types_apart() -> None:
+    """``(False, True) == (0, 1)``: a cache keyed by value alone hands layer ids out as
+    booleans once a boolean choice was built first."""
+    from kvcheck.strategies.ops import choice
+
+    booleans = choice((False, True))
+    drawn = find(choice((0, 1)), lambda value: value == 1, settings=settings(database=None))
+    assert type(drawn) is int
+    assert booleans is choice((False, True))
