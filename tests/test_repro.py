@@ -684,7 +684,7 @@ def test_verify_writes_a_script_that_reproduces_the_failure(
         "--results-dir",
         str(results),
         "-k",
-        "test_pool_machines and mha",
+        "test_pool_matches_reference_after_every_step and mha",
     ]
     assert main(argv) == 1
     scripts = sorted((results / "repros").glob("repro_*.py"))

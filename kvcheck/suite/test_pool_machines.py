@@ -7,13 +7,15 @@ accounting checked and ``check_valid()`` called after every step. The MHA machin
 pools with a V head dim of their own and pools starting at a global layer above 0; the
 DSA machine draws every kind of skip mask and index kpool, and a second DSA run draws
 pooled index keys (kpool 2 or 4, most with compress tails) only, and a third MLA and DSA
-run one decode-context-parallel rank only. Rules for capabilities
-the target declares unsupported (host copies, index-K writes, input validation, ...) are
-left out.
+run one decode-context-parallel rank only. Each quantized variant, MHA's head-major layout
+and each scaled DSA latent variant get a run of their own, so that every variant's calls
+reach the floor ``kvcheck verify --call-counts`` checks. Rules for capabilities the target
+declares unsupported (host copies, index-K writes, input validation, ...) are left out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,9 +28,10 @@ from kvcheck.machines import default_machine_specs, pool_machine
 from kvcheck.properties.ops import apply_op_like_reference
 from kvcheck.properties.pool_state import assert_pool_matches_reference
 from kvcheck.reference import ReferencePool
-from kvcheck.specs import Move, Op, PoolSpec, WriteKV
+from kvcheck.specs import SCALED_LATENT_DTYPE, Move, Op, PoolSpec, WriteKV
 from kvcheck.strategies.limits import fit_spec, pool_spec_limits_of
 from kvcheck.strategies.ops import pattern_row
+from kvcheck.strategies.pools import pool_specs
 from kvcheck.surface import surface_of
 
 FAMILIES = ("mha", "mla", "dsa", "noop")
@@ -91,45 +94,123 @@ def test_dcp_pool_matches_reference_after_every_step(
     assert machine.__name__.lower().startswith(family)
 
 
-#: Every quantized variant (``kvcheck.specs.KV_QUANTS``) gets a machine run of its own: the
-#: family machines above draw unquantized pools only.
+#: Every quantized variant (``kvcheck.specs.KV_QUANTS``, and within one the layouts that
+#: make a variant of their own: :attr:`kvcheck.specs.PoolSpec.variant`) gets a machine run
+#: of its own: the family machines above draw unquantized pools only, and two variants
+#: sharing a run split its calls (``kvcheck verify --call-counts`` shows each one's share).
 QUANTIZED = (
-    ("mha", "fp8_scaled"),
-    ("mha", "cpu_fp8"),
-    ("mha", "mxfp8"),
-    ("mha", "fp4_mx_block16"),
-    ("mha", "nvfp4"),
-    ("mla", "fp4"),
+    ("mha", "fp8_scaled", "mha:fp8_scaled"),
+    ("mha", "fp8_scaled", "mha:fp8_scaled:hnd"),
+    ("mha", "cpu_fp8", "mha:cpu_fp8"),
+    ("mha", "mxfp8", "mha:mxfp8"),
+    ("mha", "mxfp8", "mha:mxfp8:flat"),
+    ("mha", "fp4_mx_block16", "mha:fp4_mx_block16"),
+    ("mha", "nvfp4", "mha:nvfp4"),
+    ("mha", "nvfp4", "mha:nvfp4:native"),
+    ("mla", "fp4", "mla:fp4"),
 )
+
+
+def _unbuilt_variant(target: Any, family: str, variant: str) -> str | None:
+    """Why ``target`` builds no ``variant`` pool (a quantization or layout its surface does
+    not take), or None."""
+    limits = pool_spec_limits_of(target).get(family, {})
+    quant, *layouts = variant.split(":")[1:]
+    takes: dict[str, Callable[[Any], bool]] = {"kv_quant": lambda value: value == quant}
+    if "hnd" in layouts:
+        takes["kv_layout"] = lambda value: value == "hnd"
+    if "native" in layouts:  # "native" or "both+dq": TRT-LLM's native scales among them
+        takes["nvfp4_layout"] = lambda value: str(value).startswith(("native", "both"))
+    for field, takes_value in takes.items():
+        if field in limits and not any(takes_value(value) for value in limits[field]):
+            why = surface_of(target).note(family, field) or f"its surface lists no such {field}"
+            return f"target {target.name!r} builds no {variant} pool ({why})"
+    return None
 
 
 @pytest.mark.parametrize(
-    ("family", "quant"),
+    ("family", "quant", "variant"),
     [
-        pytest.param(family, quant, marks=pytest.mark.kvcheck_needs(f"{family}_pool"), id=quant)
-        for family, quant in QUANTIZED
+        pytest.param(
+            family,
+            quant,
+            variant,
+            marks=pytest.mark.kvcheck_needs(f"{family}_pool"),
+            id=variant.split(":", 1)[1].replace(":", "-"),
+        )
+        for family, quant, variant in QUANTIZED
     ],
 )
 def test_quantized_pool_matches_reference_after_every_step(
-    kvcheck_target: Any, kvcheck_device: str, family: str, quant: str
+    kvcheck_target: Any, kvcheck_device: str, family: str, quant: str, variant: str
 ) -> None:
     """A quantized pool's payload and every scale buffer equal the reference after every
     step (writes, moves, host copies and their reloads, reads, accounting and scale
     descriptors). Skipped for a target that does not build the variant (``kv_quants``)."""
-    taken = pool_spec_limits_of(kvcheck_target).get(family, {}).get("kv_quant")
-    if taken is not None and quant not in taken:
-        why = (
-            surface_of(kvcheck_target).note(family, "kv_quant")
-            or "its surface lists no such kv_quant"
-        )
-        pytest.skip(f"target {kvcheck_target.name!r} builds no {family}:{quant} pool ({why})")
-    specs = default_machine_specs(family, kv_quants=(quant,))
+    why = _unbuilt_variant(kvcheck_target, family, variant)
+    if why is not None:
+        pytest.skip(why)
+    specs = default_machine_specs(family, kv_quants=(quant,)).filter(
+        lambda spec: spec.variant == variant
+    )
     machine = pool_machine(kvcheck_target, device=kvcheck_device, family=family, specs=specs)
-    # A fifth of the profile's examples (20 in the default profile): six variant runs at
-    # the full count doubled the default run's CPU time; at a fifth they add about a third.
+    # A third of the profile's examples (33 in the default profile) for each of nine
+    # variants: at seed 0 each cell of each variant is called about 20 times or more, and
+    # the default run stays under a minute (kvcheck verify --call-counts shows both).
     profile = machine.TestCase.settings
     run_state_machine_as_test(
-        machine, settings=settings(profile, max_examples=max(1, profile.max_examples // 5))
+        machine, settings=settings(profile, max_examples=max(1, profile.max_examples // 3))
+    )
+    assert machine.__name__.lower().startswith(family)
+
+
+#: The variants a family machine draws too rarely to call each method often: each gets a
+#: run of its own (MHA's head-major layout; DSA's scaled latent rows, an fp8 pool in two,
+#: with and without a kpool and DCP).
+RARE_VARIANTS = (
+    ("mha", "mha:hnd", "kv_layout", "hnd"),
+    ("dsa", "dsa:scaled", "latent_layout", "scaled"),
+    ("dsa", "dsa:scaled:kpool", "latent_layout", "scaled"),
+    ("dsa", "dsa:scaled:dcp", "latent_layout", "scaled"),
+    ("dsa", "dsa:scaled:kpool:dcp", "latent_layout", "scaled"),
+)
+
+
+@pytest.mark.parametrize(
+    ("family", "variant", "field", "value"),
+    [
+        pytest.param(
+            *row, marks=pytest.mark.kvcheck_needs(f"{row[0]}_pool"), id=row[1].replace(":", "-")
+        )
+        for row in RARE_VARIANTS
+    ],
+)
+def test_rare_variant_pool_matches_reference_after_every_step(
+    kvcheck_target: Any, kvcheck_device: str, family: str, variant: str, field: str, value: str
+) -> None:
+    """The family machine on one variant only, with a third of the profile's examples.
+    Skipped for a target that does not build it."""
+    parts = variant.split(":")
+    kpools, dcp_sizes = ((2, 4) if "kpool" in parts else (1,)), ((2, 4) if "dcp" in parts else (1,))
+    needed = {field: (value,), "index_kpool": kpools, "dcp_size": dcp_sizes}
+    limits = pool_spec_limits_of(kvcheck_target).get(family, {})
+    for name, values in needed.items():
+        if name in limits and not set(limits[name]) & set(values):
+            why = surface_of(kvcheck_target).note(family, name) or f"it declares no such {name}"
+            pytest.skip(f"target {kvcheck_target.name!r} builds no {variant} pool ({why})")
+    specs = pool_specs(
+        families=(family,),
+        dtype_names=(SCALED_LATENT_DTYPE,) if value == "scaled" else None,
+        max_layers=3,
+        max_size=32,
+        max_page_size=4,
+        index_kpools=kpools,
+        dcp_sizes=dcp_sizes,
+    ).filter(lambda spec: spec.variant == variant)
+    machine = pool_machine(kvcheck_target, device=kvcheck_device, family=family, specs=specs)
+    profile = machine.TestCase.settings
+    run_state_machine_as_test(
+        machine, settings=settings(profile, max_examples=max(1, profile.max_examples // 3))
     )
     assert machine.__name__.lower().startswith(family)
 
