@@ -182,10 +182,12 @@ class CallCounts:
         return CallCounts(merged)
 
     def to_json(self) -> list[list[Any]]:
+        """One ``[variant, method, argument, calls]`` row per cell (:meth:`from_json`)."""
         return [[c.variant, c.method, c.argument, n] for c, n in sorted(self.cells.items())]
 
     @classmethod
     def from_json(cls, rows: Iterable[Any]) -> CallCounts:
+        """The counts :meth:`to_json` wrote."""
         cells: dict[Cell, int] = {}
         for row in rows:
             variant, method, argument, calls = row
@@ -229,7 +231,8 @@ class CallCounts:
 
     def report(self, *, floor: int | None = None) -> str:
         """The markdown report ``kvcheck verify --call-counts`` writes: the summary line,
-        the reasons for the cells not called by design, and the table."""
+        what a cell is, and the table (its last column gives the reason for each cell not
+        called by design)."""
         return "\n".join(
             [
                 "# Calls per surface cell (kvcheck verify --call-counts)",

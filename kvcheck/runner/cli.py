@@ -80,7 +80,8 @@ __all__ = ["EXIT_INTERRUPTED", "build_parser", "main", "pytest_command"]
 
 DEFAULT_RESULTS_DIR = ".kvcheck"
 _EXIT_STATUS_TEXT = (
-    "Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage, target "
+    "Exit status: 0 all passed; 1 a property failed (replay: still failing; with --call-floor, "
+    "also a cell called fewer times); 2 usage, target "
     "or setup error, or the example database failed (a failing example could not be saved; "
     "replay: the database is missing, empty, holds examples that cannot be decoded, or none "
     "of them belongs to the selected tests); 130 interrupted (SIGINT or SIGTERM), after the "
