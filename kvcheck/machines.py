@@ -366,6 +366,10 @@ class PoolMachine(RuleBasedStateMachine):
             # Only pause: every kind that applies to this spec needs a skipped capability
             # (a scaled pool whose layers all skip index-K, checked for reads alone, say).
             return
+        # A host round trip is where a variant's extra state (scales, tails) gets lost, and a
+        # reload needs a copy before it: reloads are drawn twice as often as other kinds.
+        if "host_reload" in kinds:
+            kinds = (*kinds, "host_reload")
         kind = data.draw(draws.step_kinds(kinds), label="kind")
         if kind == "pause":
             return

@@ -414,6 +414,11 @@ class PayloadOnlyReloadFP4(QuantizedMHATokenToKVPool):
 
     def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
         idx = self._locations("indices", indices, distinct=True, where="load_cpu_copy")
+        if idx.numel() != kv_cache_cpu.num_tokens:  # the real pool's check: only scales drop
+            raise ValueError(
+                f"load_cpu_copy: {idx.numel()} indices for a copy of "
+                f"{kv_cache_cpu.num_tokens} tokens"
+            )
         for part in ("k", "v"):
             layers = zip(getattr(self, f"{part}_buffer"), kv_cache_cpu.parts[part], strict=True)
             for buffer, rows in layers:

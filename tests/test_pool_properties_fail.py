@@ -173,9 +173,11 @@ def small_machine(
     findings: tuple = (),
     dtype_names: tuple[str, ...] | None = None,
     kv_quants: tuple[str, ...] = ("none",),
+    variant: str | None = None,
 ) -> type:
     """``family``'s machine on the broken pool, checking only the ``keep`` capabilities
-    (on pools of ``dtype_names``, default any, and of the quantized variants ``kv_quants``)."""
+    (on pools of ``dtype_names``, default any, of the quantized variants ``kv_quants``, and
+    of ``variant`` only when given)."""
     # Pools of at most two layers and two pages keep each shrink step cheap; every bug
     # below shows on such a pool.
     specs = pool_specs(
@@ -186,6 +188,8 @@ def small_machine(
         max_page_size=4,
         kv_quants=kv_quants,
     )
+    if variant is not None:
+        specs = specs.filter(lambda spec: spec.variant == variant)
     return pool_machine(
         BrokenTarget(family, pool_class, findings),
         device=CPU,
@@ -204,6 +208,7 @@ def machine_failure(
     findings: tuple = (),
     dtype_names: tuple[str, ...] | None = None,
     kv_quants: tuple[str, ...] = ("none",),
+    variant: str | None = None,
 ) -> tuple[str, list[str], int]:
     """Run ``family``'s machine on the broken pool; return the failure message, the shrunk
     steps (one line per operation drawn) and the layer count of the shrunk pool."""
@@ -214,6 +219,7 @@ def machine_failure(
         findings=findings,
         dtype_names=dtype_names,
         kv_quants=kv_quants,
+        variant=variant,
     )
     steps = [line for line in notes.splitlines() if line.startswith("Draw ") and "(op)" in line]
     layers = re.search(r"layer_num=(\d+)", notes)
@@ -229,6 +235,7 @@ def machine_report(
     findings: tuple = (),
     dtype_names: tuple[str, ...] | None = None,
     kv_quants: tuple[str, ...] = ("none",),
+    variant: str | None = None,
 ) -> tuple[str, str]:
     """Run ``family``'s machine on the broken pool; return the failure message and the notes
     Hypothesis attached (the shrunk example as it is printed)."""
@@ -239,6 +246,7 @@ def machine_report(
         findings=findings,
         dtype_names=dtype_names,
         kv_quants=kv_quants,
+        variant=variant,
     )
     with pytest.raises(PropertyFailure) as caught, active_findings(findings):
         run_state_machine_as_test(machine, settings=MACHINE_SETTINGS)
@@ -298,7 +306,7 @@ READS = frozenset({"read_api", "index_k_write"})
 
 def test_machine_catches_a_move_that_ignores_the_head_major_layout() -> None:
     """Moving page rows as token rows fails on a head-major (HND) pool within two ops."""
-    message, steps, _ = machine_failure("mha", TokenMajorMoveMHA)
+    message, steps, _ = machine_failure("mha", TokenMajorMoveMHA, variant="mha:hnd")
     assert "move_kv_cache" in message
     assert len(steps) <= 2, steps
 
