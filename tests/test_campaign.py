@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import textwrap
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
@@ -444,6 +445,28 @@ def test_a_shard_asked_to_stop_interrupts_pytest_and_returns_what_ran(
     outcomes = {t["nodeid"]: t["outcome"] for t in outcome["results"]["tests"]}
     assert outcomes == {nodeids[0]: "passed", nodeids[1]: "interrupted"}
     assert outcome["stopped"] and outcome["exit_status"] == 2
+
+
+def test_a_shard_started_with_sigint_ignored_still_stops(shard_suite: ShardContext) -> None:
+    """A driver started in the background of a script (``cmd &`` without job control: CI
+    runners, nohup jobs) has SIGINT ignored, and its children inherit that across exec:
+    pytest must still stop on the one SIGINT it is sent, not be killed after the grace."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal dispositions can be set from the main thread only")
+    started = Path(str(shard_suite.cwd)) / "started"
+    env = {**shard_suite.env, "SHARD_BLOCKS": str(started)}
+    context = ShardContext(**{**vars(shard_suite), "env": env})
+    nodeids = ("suite/test_shard.py::test_waits_for_the_stop",)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        outcome = run_shard(
+            Shard(4, nodeids, seed=0, examples=5), context, should_stop=started.exists, poll_s=0.2
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert outcome["exit_status"] == 2, (outcome["exit_status"], outcome["log_tail"])
+    assert outcome["results"] is not None
+    assert [t["outcome"] for t in outcome["results"]["tests"]] == ["interrupted"]
 
 
 def test_a_shard_naming_a_test_not_collected_is_a_usage_error(shard_suite: ShardContext) -> None:

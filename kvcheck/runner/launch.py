@@ -118,7 +118,14 @@ def pytest_command(
 def run_pytest() -> int:
     """pytest's console entry (what ``python -m pytest`` runs); a Ctrl-C during pytest's
     start-up, before its session handles one, ends as pytest's "interrupted" status (2)
-    instead of a traceback."""
+    instead of a traceback.
+
+    SIGINT raises KeyboardInterrupt here even when the process started with it ignored: a
+    command started in the background of a script (``cmd &`` without job control, as CI
+    runners and ``nohup`` jobs do) inherits an ignored SIGINT across exec, and Python keeps
+    it ignored, so the one SIGINT kvcheck sends to stop pytest (an interrupt, a campaign's
+    stop) would do nothing and pytest would be killed without writing its results."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         import pytest
 
