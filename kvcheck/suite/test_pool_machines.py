@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck.calls import describe_op, op_method
@@ -154,14 +154,22 @@ def test_quantized_pool_matches_reference_after_every_step(
         lambda spec: spec.variant == variant
     )
     machine = pool_machine(kvcheck_target, device=kvcheck_device, family=family, specs=specs)
-    # A third of the profile's examples (33 in the default profile) for each of nine
-    # variants: at seed 0 each cell of each variant is called about 20 times or more, and
-    # the default run stays under a minute (kvcheck verify --call-counts shows both).
-    profile = machine.TestCase.settings
-    run_state_machine_as_test(
-        machine, settings=settings(profile, max_examples=max(1, profile.max_examples // 3))
-    )
+    run_state_machine_as_test(machine, settings=_variant_run_settings(machine))
     assert machine.__name__.lower().startswith(family)
+
+
+def _variant_run_settings(machine: Any) -> settings:
+    """A third of the profile's examples (33 in the default profile) for each variant run:
+    at seed 0 most cells of each variant are called 20 times or more, and the default run
+    stays under a minute (``kvcheck verify --call-counts`` shows both). The spec filter may
+    reject most draws on a target whose limits narrow the spec (one in four or five takes
+    the layout): expected, not a health problem."""
+    profile = machine.TestCase.settings
+    return settings(
+        profile,
+        max_examples=max(1, profile.max_examples // 3),
+        suppress_health_check=[*profile.suppress_health_check, HealthCheck.filter_too_much],
+    )
 
 
 #: The variants a family machine draws too rarely to call each method often: each gets a
@@ -208,10 +216,7 @@ def test_rare_variant_pool_matches_reference_after_every_step(
         dcp_sizes=dcp_sizes,
     ).filter(lambda spec: spec.variant == variant)
     machine = pool_machine(kvcheck_target, device=kvcheck_device, family=family, specs=specs)
-    profile = machine.TestCase.settings
-    run_state_machine_as_test(
-        machine, settings=settings(profile, max_examples=max(1, profile.max_examples // 3))
-    )
+    run_state_machine_as_test(machine, settings=_variant_run_settings(machine))
     assert machine.__name__.lower().startswith(family)
 
 
