@@ -8,9 +8,10 @@ pools with a V head dim of their own and pools starting at a global layer above 
 DSA machine draws every kind of skip mask and index kpool, and a second DSA run draws
 pooled index keys (kpool 2 or 4, most with compress tails) only, and a third MLA and DSA
 run one decode-context-parallel rank only. Each quantized variant, MHA's head-major layout
-and each scaled DSA latent variant get a run of their own, so that every variant's calls
-reach the floor ``kvcheck verify --call-counts`` checks. Rules for capabilities the target
-declares unsupported (host copies, index-K writes, input validation, ...) are left out.
+and each scaled DSA latent variant get a run of their own, so that each variant gets its
+share of the calls (``kvcheck verify --call-counts`` counts them). Rules for capabilities
+the target declares unsupported (host copies, index-K writes, input validation, ...) are
+left out.
 """
 
 from __future__ import annotations
