@@ -317,12 +317,12 @@ def _verify(options: argparse.Namespace, extra: Sequence[str]) -> int:
         return status
     counts = CallCounts.read_folder(folder)
     report.write_text(counts.report(floor=options.call_floor) + "\n")
-    below = counts.below(options.call_floor or 1)
     print(
         f"kvcheck verify: call counts: {counts.summary(floor=options.call_floor)}; "
         f"table in {shown_path(report)}"
     )
-    if options.call_floor is not None and below:
+    below = [] if options.call_floor is None else counts.below(options.call_floor)
+    if below:
         for cell in below[:10]:
             print(
                 f"  below {options.call_floor}: {cell.variant} {cell.method} "
