@@ -121,6 +121,25 @@ _STEP_KINDS: tuple[tuple[str, str | None], ...] = (
     ("invalid", "input_validation"),
 )
 
+
+def _favoured_kinds(spec: PoolSpec) -> tuple[str, ...]:
+    """Kinds drawn twice as often for ``spec``: where a variant keeps extra state, and so
+    where its bugs live. Host round trips (scales and tails get lost there; a reload needs
+    a copy first), a latent pool's split nope/rope writes (the path MLA attention takes),
+    index-K and compress-tail writes of a kpool pool, and a quantized pool's writes of
+    another dtype, which carry the caller's scales."""
+    favoured = ["host_reload"]
+    if spec.family in ("mla", "dsa"):  # the write MLA attention makes: split nope and rope
+        favoured.append("write_mla")
+    if spec.index_kpool > 1:  # pooled index pages: what a kpool pool keeps of its own
+        favoured.append("write_index_k")
+    if spec.compress_tails:
+        favoured.append("write_compress_tail")
+    if spec.kv_quant != "none":
+        favoured.append("cast_write_kv")
+    return tuple(favoured)
+
+
 #: Generation tags a declared finding may ask the machines to steer around
 #: (:attr:`kvcheck.targets.findings.Finding.steer`):
 #:
@@ -276,6 +295,8 @@ class PoolMachine(RuleBasedStateMachine):
         self.last_call = "pool construction"
         self.last_method = ""
         self.steps = 0
+        #: ``steps`` when the invariant last checked the pool: a pause changes nothing
+        self.checked_at = -1
         self.copies_attempted = 0
 
     # -- setting up ----------------------------------------------------------------------
@@ -366,10 +387,7 @@ class PoolMachine(RuleBasedStateMachine):
             # Only pause: every kind that applies to this spec needs a skipped capability
             # (a scaled pool whose layers all skip index-K, checked for reads alone, say).
             return
-        # A host round trip is where a variant's extra state (scales, tails) gets lost, and a
-        # reload needs a copy before it: reloads are drawn twice as often as other kinds.
-        if "host_reload" in kinds:
-            kinds = (*kinds, "host_reload")
+        kinds = (*kinds, *(kind for kind in _favoured_kinds(self.spec) if kind in kinds))
         kind = data.draw(draws.step_kinds(kinds), label="kind")
         if kind == "pause":
             return
@@ -420,11 +438,12 @@ class PoolMachine(RuleBasedStateMachine):
     def pool_matches_reference(self) -> None:
         """Every buffer equals the reference byte for byte, read raw and through the read
         API; layer range, accounting, transfer descriptors and check_valid hold."""
-        if not self._built:
-            return
+        if not self._built or self.checked_at == self.steps:
+            return  # nothing ran since the last check (a pause): the same state, checked
         assert self.reference is not None and self.spec is not None
         with self._reproducible():
             self._check_state()
+        self.checked_at = self.steps
 
     def _check_state(self) -> None:
         assert self.reference is not None and self.spec is not None

@@ -384,9 +384,9 @@ def _write_kv_ops(
 
 def _draw_override(draw: st.DrawFn) -> bool:
     """Whether a write names its layer by ``layer_id_override`` (shrinks to
-    ``layer.layer_id``): SGLang's SWA pool writes MHA, MLA and DSA layers that way. An even
-    choice; inside state machines Hypothesis favours the first one, so it comes out at one
-    write in nine to one in two (``kvcheck verify --call-counts`` at seed 0)."""
+    ``layer.layer_id``): SGLang's SWA pool writes MHA, MLA and DSA layers that way. Two
+    chances in three: inside state machines Hypothesis favours the first value, so an even
+    choice came out at one write in nine to one in two (``kvcheck verify --call-counts``)."""
     return bool(draw(choice((False, True)), label="layer_id_override"))
 
 
