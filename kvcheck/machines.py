@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 from collections.abc import Iterator
 from typing import Any
 
@@ -167,6 +166,8 @@ def _favoured_kinds(spec: PoolSpec) -> tuple[str, ...]:
 #:     ``VARIANT``'s pools keep ``v_head_dim == head_dim``;
 #: ``VARIANT:slot0``
 #:     no operation writes slot 0 of ``VARIANT``'s pools (writes, move and reload targets);
+#: ``VARIANT:layer_id_override``
+#:     writes to ``VARIANT``'s pools name their layer by ``layer.layer_id`` only;
 #: ``FAMILY:host_copy:request``
 #:     host copies and reloads of ``FAMILY`` never name a request slot (DSA compress tails).
 STEER_TAGS: tuple[str, ...] = (
@@ -181,6 +182,7 @@ STEER_TAGS: tuple[str, ...] = (
             "read:get_value_buffer",
             "v_head_dim",
             "slot0",
+            "layer_id_override",
         )
     ),
     "cast_write:scales",
@@ -252,17 +254,6 @@ def default_machine_specs(
         index_kpools=index_kpools,
         dcp_sizes=dcp_sizes,
         kv_quants=kv_quants,
-    )
-
-
-def _takes_layer_id_override(pool: Any, method: str) -> bool:
-    """Whether ``pool.<method>`` declares ``layer_id_override`` (or takes any keyword)."""
-    try:
-        parameters = inspect.signature(getattr(pool, method)).parameters.values()
-    except (AttributeError, TypeError, ValueError):
-        return True  # let the call itself show what is wrong
-    return any(
-        p.name == "layer_id_override" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters
     )
 
 
@@ -424,11 +415,7 @@ class PoolMachine(RuleBasedStateMachine):
         op: Op = data.draw(strategy, label="op")
         if f"{spec.variant}:slot0" in self.steer and 0 in written_slots(op):
             return None  # the target's finding: slot 0 is its padding sink
-        if getattr(op, "override", False) and not _takes_layer_id_override(
-            self.pool, op_method(op)
-        ):
-            # A pool whose write declares no layer_id_override (sglang 0.5.23's FP4 MLA
-            # pool) is written by layer.layer_id; the call counts show the cell missing.
+        if getattr(op, "override", False) and f"{spec.variant}:layer_id_override" in self.steer:
             op = dataclasses.replace(op, override=False)  # type: ignore[type-var,arg-type]
         return op
 

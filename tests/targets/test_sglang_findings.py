@@ -846,3 +846,26 @@ def test_q11_mla_fp4_value_buffer_is_dequantized(kvcheck_target: Any, kvcheck_de
         kvcheck_target, pool, reference, WRITE_FP4, device=kvcheck_device, copies={}
     )
     assert_read_api_matches_reference(pool, reference, call=describe_op(WRITE_FP4))
+
+
+@pytest.mark.kvcheck_needs("mla_pool")
+def test_q12_mla_fp4_write_takes_layer_id_override(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """Q12: set_kv_buffer of an MLA FP4 pool names its layer by layer_id_override (layer
+    None), as SGLang's SWA pool writes every MLA pool."""
+    spec = _built_variant(kvcheck_target, MLA_FP4)
+    _run_ops(kvcheck_target, kvcheck_device, spec, (replace(WRITE_FP4, override=True),))
+
+
+@pytest.mark.kvcheck_needs("mla_pool", "mla_write")
+def test_q12_mla_fp4_split_write_takes_layer_id_override(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """Q12: set_mla_kv_buffer of an MLA FP4 pool takes layer_id_override too."""
+    spec = _built_variant(kvcheck_target, MLA_FP4)
+    half = ONES_ROW[: len(ONES_ROW) // 2]
+    write = WriteMLA(
+        layer_id=0, locs=(1,), nope_rows=(half,), rope_rows=(half,), dtype="bfloat16", override=True
+    )
+    _run_ops(kvcheck_target, kvcheck_device, spec, (write,))

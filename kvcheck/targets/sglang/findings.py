@@ -94,6 +94,8 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "receives the payload without its scales",
         "Q11": "MLA FP4 get_value_buffer returns the layer's packed FP4 bytes (nope and "
         "rope mixed, no scales), not the dequantized latent get_key_buffer returns",
+        "Q12": "MLA FP4 set_kv_buffer and set_mla_kv_buffer take no layer_id_override, "
+        "which their parent's writes declare and SWAKVPool passes to every MLA pool",
     }
 )
 
@@ -155,7 +157,7 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
         # q2-q4.py show Q2-Q4 on 0.5.21 and 0.5.22 as on 0.5.23 (the MLA FP4 pool and its
         # scale buffer are the same); the suite builds the pool where the release has the
         # pieces it needs (release.NEEDS).
-        **{finding: _ALL for finding in ("Q2", "Q3", "Q4", "Q11")},
+        **{finding: _ALL for finding in ("Q2", "Q3", "Q4", "Q11", "Q12")},
     }
 )
 
@@ -470,6 +472,13 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_value_buffer",
         family="mla:fp4",
         steer=frozenset({"mla:fp4:read:get_value_buffer"}),
+    ),
+    _finding(
+        "Q12",
+        check="raises",
+        kind="TypeError instead of no exception",
+        family="mla:fp4",
+        steer=frozenset({"mla:fp4:layer_id_override"}),
     ),
     _finding(
         "I",
