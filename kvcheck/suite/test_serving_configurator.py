@@ -21,7 +21,7 @@ from kvcheck.properties.serving import (
     check_cell_size,
     check_more_skips_never_lower_capacity,
 )
-from kvcheck.reference import reference_pool_bytes, reference_skip_mask
+from kvcheck.reference import QUANTIZED_KV_DTYPES, reference_pool_bytes, reference_skip_mask
 from kvcheck.strategies import dtypes, model_configs, page_sizes
 from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, QWEN3_EMBEDDING_8B, ModelConfig
 
@@ -168,6 +168,40 @@ def test_more_skip_layers_never_lower_capacity(kvcheck_target: Any, pair: SkipPa
         page_size=pair.page_size,
     )
     event("more tokens" if after > before else "same tokens")
+
+
+@st.composite
+def quantized_capacity_cases(draw: Callable[..., Any], max_layers: int = 8) -> CapacityCase:
+    """MHA and MLA models (DSA too: no quantized pool, so both sides refuse) with a quantized
+    ``--kv-cache-dtype`` and a budget just above a page boundary; head dims drawn as
+    multiples of 16 often enough that most draws fit the variant's blocks.
+
+    Shrinks towards a one-layer MHA model with ``mxfp8``, page_size=1, one page of budget.
+    """
+    model = draw(model_configs(max_layers=max_layers, include_markers=False), label="model")
+    if model.attention_arch == "mha" and draw(st.booleans(), label="whole blocks"):
+        dims = st.sampled_from((32, 64, 128))
+        model = dataclasses.replace(
+            model, head_dim=draw(dims, label="head_dim"), v_head_dim=draw(dims, label="v_head_dim")
+        )
+    dtype = draw(st.sampled_from(QUANTIZED_KV_DTYPES), label="kv_cache_dtype")
+    page_size = draw(st.sampled_from((1, 16, 64, 128)), label="page_size")
+    budget = _budget_between_pages(draw, model, dtype, page_size)
+    return CapacityCase(model, budget, dtype, page_size, False, False)
+
+
+@pytest.mark.kvcheck_needs("quantized_configurator")
+@given(case=quantized_capacity_cases())
+def test_quantized_cells_and_capacity_count_the_scales(
+    kvcheck_target: Any, case: CapacityCase
+) -> None:
+    """A quantized --kv-cache-dtype costs its payload and scales per token, and the
+    capacity's pools (scale buffers, NVFP4's workspace) fit the budget, at most a page short."""
+    cell = check_cell_size(kvcheck_target, case.model, dtype=case.dtype)
+    found = check_capacity_fits_budget(
+        kvcheck_target, case.model, case.budget_bytes, dtype=case.dtype, page_size=case.page_size
+    )
+    event(f"{case.dtype}: {'refused' if cell is None else found.measured_by}")
 
 
 NAMED_CELL_SIZES: dict[str, tuple[ModelConfig, str, bool, int]] = {

@@ -72,6 +72,9 @@ CAPABILITIES: tuple[str, ...] = (
     "server_args",  # validate_server_args
     "pool_selection",  # select_pool_family
     "configurator",  # cell_size_bytes / max_total_num_tokens
+    # the configurator sizes quantized --kv-cache-dtype choices (mxfp8, nvfp4,
+    # fp4_mx_block16) passed as ``dtype``, scale buffers included
+    "quantized_configurator",
     "skip_rule",  # dsa_layer_skips_topk
 )
 

@@ -68,7 +68,7 @@ def unsupported_for(release_name: str) -> Mapping[str, str]:
 
     Example:
         >>> sorted(unsupported_for("0.5.22"))
-        ['input_validation', 'meta_device:mha', 'meta_device:noop']
+        ['input_validation', 'meta_device:mha', 'meta_device:noop', 'quantized_configurator']
     """
     return MappingProxyType(
         {
@@ -79,6 +79,11 @@ def unsupported_for(release_name: str) -> Mapping[str, str]:
             # Declared rather than expected to fail, so that the differential machines still
             # compare sglang's pools byte for byte on valid operations; each missing check is
             # pinned as a strict expected failure in tests/targets/test_sglang_findings.py.
+            "quantized_configurator": (
+                f"the sglang target does not yet pass a quantized --kv-cache-dtype to sglang "
+                f"{release_name}'s pool configurator (kv_cache_dtype_str), and on CPU sglang's "
+                "is_float4_e2m1fn_x2 is False, so its FP4 cell terms would need a stand-in"
+            ),
             "input_validation": (
                 f"sglang {release_name} pools do not validate their arguments (negative or "
                 "out-of-range locations, duplicate targets, wrong shapes or dtypes, skip-layer "
