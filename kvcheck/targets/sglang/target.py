@@ -199,6 +199,12 @@ CPU_NOTES: Mapping[str, str] = MappingProxyType(
             "DSA host copies call torch.cuda.synchronize(), which is a no-op during the call "
             "on a CPU-only torch"
         ),
+        "quantized_configurator": (
+            "--kv-cache-dtype mxfp8 is sized as on an SM100+ server: sglang's server-args hook "
+            "(handle_mxfp8_kv_cache_compatibility) refuses it on any other machine, but the "
+            "configurator and the MXFP8 pool's constructor do not read the GPU; FP4 dtypes "
+            "are not sized (UNSIZED_KV_CACHE_DTYPES)"
+        ),
         "pool_selection": (
             "sglang's FP4 check (is_float4_e2m1fn_x2) is False without CUDA, so on CPU an "
             "FP4 KV dtype does not make the pool-family check reject the no-op pool"
