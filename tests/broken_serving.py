@@ -275,3 +275,36 @@ def _with(model: Any, **changes: Any) -> Any:
     if isinstance(model, ModelConfig):
         return dataclasses.replace(model, **changes)
     return SimpleNamespace(**{**vars(model), **changes})
+
+
+class QuantizedCellWithoutScales(KVCheckTarget):
+    """Sizes a quantized --kv-cache-dtype by its payload alone, leaving out the scale
+    buffers (and NVFP4's workspace); the capacity divides the budget by that cell."""
+
+    name = "quantized-cell-without-scales"
+
+    def cell_size_bytes(
+        self, model: Any, *, dtype: str, is_draft: bool, enable_hisparse: bool
+    ) -> int:
+        from kvcheck.serving.quantized import is_quantized_kv_cache_dtype, quantized_cell_bytes
+
+        if not is_quantized_kv_cache_dtype(dtype):
+            return super().cell_size_bytes(
+                model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
+            )
+        return quantized_cell_bytes(model, dtype, layer_num=model.num_hidden_layers).payload
+
+    def max_total_num_tokens(
+        self,
+        model: Any,
+        *,
+        budget_bytes: int,
+        dtype: str,
+        page_size: int,
+        is_draft: bool,
+        enable_hisparse: bool,
+    ) -> int:
+        cell = self.cell_size_bytes(
+            model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
+        )
+        return budget_bytes // cell // page_size * page_size

@@ -231,13 +231,12 @@ def test_memory_report_takes_sglang_dtypes_and_short_model_names(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--dtype", "nvfp4"], "dtype='nvfp4' selects sglang's FP4 pool"),
-        (["--dtype", "mxfp8"], "dtype='mxfp8' selects sglang's block-scaled fp8 pool"),
+        (["--dtype", "fp4_e2m1"], "dtype='fp4_e2m1' is not a KV dtype"),
         (["--dtype", "fp8_e4m"], "(did you mean 'fp8_e4m3'?)"),
         (["--model", "DeepSeek-V3"], "(did you mean 'DeepSeek-V3.2'?)"),
         (["--model", "qwen3-embeding-8b"], "(did you mean 'Qwen3-Embedding-8B'?)"),
     ],
-    ids=["fp4", "mxfp8", "dtype-typo", "model-typo", "model-typo-case"],
+    ids=["fp4-without-recipe", "dtype-typo", "model-typo", "model-typo-case"],
 )
 def test_memory_report_refuses_what_it_cannot_size_naming_what_it_can(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
@@ -250,6 +249,29 @@ def test_memory_report_refuses_what_it_cannot_size_naming_what_it_can(
     assert (
         "fp8_e4m3" in error and "float8_e4m3fn" in error
     ) or "deepseek-ai/DeepSeek-V3.2" in error
+
+
+@pytest.mark.parametrize(
+    ("dtype", "cell", "refusal"),
+    [
+        ("mxfp8", "payload 73,728 + scales 2,304 = 76,032", "rule mxfp8_kv_cache_dtype"),
+        (
+            "nvfp4",
+            "payload 36,864 + scales 4,608 + dequant workspace 2,048 = 43,520",
+            "rule fp4_kv_cache_dtype",
+        ),
+        ("fp4_mx_block16", "payload 36,864 + scales 4,608 = 41,472", "rule fp4_kv_cache_dtype"),
+    ],
+)
+def test_memory_report_sizes_quantized_cells_beside_the_noop_refusal(
+    capsys: pytest.CaptureFixture[str], dtype: str, cell: str, refusal: str
+) -> None:
+    """A quantized --kv-cache-dtype is sized with its scales (built pool == formula), and
+    the seeds' refusal of --prefill-only-disable-kv-cache for it is shown beside the cell."""
+    argv = ["memory-report", "--dtype", dtype, "--model", "Qwen3-Embedding-8B"]
+    assert main([*argv, "--page-size", "128"]) == 0
+    out = capsys.readouterr().out
+    assert cell in out and refusal in out and "built == formula" in out
 
 
 def test_memory_report_one_model(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,6 +11,7 @@ import kvcheck
 #: from its own layer's package and from any layer listed before it.
 LAYERS: tuple[str, ...] = (
     "specs",
+    "geometry",
     "tiers",
     "surface",
     "validation",
@@ -20,7 +21,6 @@ LAYERS: tuple[str, ...] = (
     "host_pools",
     "serving",
     "reference",
-    "geometry",
     "calls",
     "failures",
     "memory",

@@ -24,6 +24,7 @@ from broken_serving import (
     LetsMLAThrough,
     MessageOnlyErrors,
     OffByOneSkipOffset,
+    QuantizedCellWithoutScales,
     RawFp8DsaRow,
     TwoPagesShort,
     VagueErrors,
@@ -239,6 +240,22 @@ def test_cell_size_that_counts_skip_layers_is_caught() -> None:
     assert model.num_hidden_layers <= 3 and not (is_draft or enable_hisparse)
     assert reference_skip_mask(model).count(True) == 1, f"shrunk to {model}"
     _cell(HEALTHY)((model, dtype, is_draft, enable_hisparse))
+
+
+def test_quantized_cell_without_its_scales_is_caught() -> None:
+    """A configurator that leaves a quantized dtype's scale bytes out fails the cell-size
+    check and the capacity check of the quantized property (its pools overshoot the
+    budget), shrunk to a one-layer MHA model."""
+    from kvcheck.suite.test_serving_configurator import quantized_capacity_cases
+
+    broken = QuantizedCellWithoutScales()
+    cases = quantized_capacity_cases()
+    case = minimal_failure(cases, lambda c: check_cell_size(broken, c.model, dtype=c.dtype))
+    assert (case.model.attention_arch, case.model.num_hidden_layers) == ("mha", 1)
+    check_cell_size(HEALTHY, case.model, dtype=case.dtype)
+    case = minimal_failure(cases, _capacity(broken))
+    assert case.model.num_hidden_layers == 1, f"shrunk to {case}"
+    _capacity(HEALTHY)(case)
 
 
 def test_cell_size_with_a_raw_fp8_dsa_row_is_caught() -> None:

@@ -30,13 +30,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from kvcheck.failures import FailureSignature
-from kvcheck.geometry import FAMILY_BUFFERS
+from kvcheck.geometry import FAMILY_BUFFERS, SCALE_BUFFERS, WORKSPACE_BUFFERS
 from kvcheck.properties.assertions import assert_equal, fail
 from kvcheck.reference import (
     FP4_KV_CACHE_DTYPES,
     HISPARSE_INDEX_RATIO,
     PREFILL_ONLY_FLAG_DEFAULTS,
     PREFILL_ONLY_RULES,
+    QUANTIZED_KV_DTYPES,
     SCALED_DSA_DTYPE,
     reference_cell_size_bytes,
     reference_first_violation,
@@ -47,7 +48,7 @@ from kvcheck.reference import (
     reference_skips_topk,
     reference_unsupported_family,
 )
-from kvcheck.specs import DTYPE_ITEMSIZE, PoolSpec
+from kvcheck.specs import DTYPE_ITEMSIZE, QUANT_DTYPES, PoolSpec
 from kvcheck.validation import check_bool, check_one_of, check_valid_integer
 
 __all__ = [
@@ -877,8 +878,13 @@ def _pool_bytes_for(
 
     family = model.attention_arch
     limits = pool_spec_limits_of(target).get(family, {})
+    # A quantized --kv-cache-dtype: the pool of kvcheck's variant for it (mha:<dtype>, or
+    # mla:fp4), built only where the target's surface lists that kv_quant.
+    kv_quant = (dtype if family == "mha" else "fp4") if dtype in QUANTIZED_KV_DTYPES else "none"
     can_build = (
-        num_tokens > 0  # a pool holds at least one token: there is nothing to build for 0
+        # no kv_quant limit: the target builds every value (Surface.everything)
+        kv_quant in limits.get("kv_quant", (kv_quant,))
+        and num_tokens > 0  # a pool holds at least one token: there is nothing to build for 0
         and callable(getattr(target, "make_pool", None))
         and supports(target, f"{family}_pool")
         and (device != "meta" or supports(target, "meta_device", family=family))
@@ -908,7 +914,8 @@ def _pool_bytes_for(
         size=num_tokens,
         page_size=page_size,
         layer_num=model.num_hidden_layers,
-        dtype=dtype,
+        dtype=QUANT_DTYPES[kv_quant][0] if kv_quant != "none" else dtype,
+        kv_quant=kv_quant,
         head_num=model.num_key_value_heads,
         head_dim=model.head_dim,
         v_head_dim=model.v_head_dim,
@@ -927,10 +934,17 @@ def _pool_bytes_for(
     )
     pool = target.make_pool(spec, device=device)
     # Only the family's own buffers: a pool may keep views of them under other names.
+    buffers = FAMILY_BUFFERS[family] + (SCALE_BUFFERS if kv_quant != "none" else ())
     held = sum(
         tensor.numel() * tensor.element_size()
-        for buffer in FAMILY_BUFFERS[family]
-        for tensor in getattr(pool, buffer)
+        for buffer in buffers
+        for tensor in getattr(pool, buffer, None) or ()
+    )
+    # NVFP4's dequant workspace: one tensor per part, shared by the layers.
+    held += sum(
+        tensor.numel() * tensor.element_size()
+        for buffer in WORKSPACE_BUFFERS
+        if (tensor := getattr(pool, buffer, None)) is not None
     )
     return held, f"{device} pool"
 
@@ -991,5 +1005,9 @@ def _layers(model: Any) -> range:
 
 
 def _itemsize(dtype: Any) -> int:
-    check_one_of(dtype, "dtype", sorted(DTYPE_ITEMSIZE), error=ValueError)
-    return DTYPE_ITEMSIZE[dtype]
+    """Bytes per value of a pool dtype; 1 for a quantized ``--kv-cache-dtype`` (checked by
+    name only: its bytes per token are the reference's)."""
+    check_one_of(
+        dtype, "dtype", sorted(DTYPE_ITEMSIZE) + list(QUANTIZED_KV_DTYPES), error=ValueError
+    )
+    return DTYPE_ITEMSIZE.get(dtype, 1)

@@ -266,6 +266,48 @@ def _check_dtype(dtype: Any) -> int:
     return DTYPE_ITEMSIZE[dtype]
 
 
+#: The ``--kv-cache-dtype`` choices whose pools keep block scales (SGLang 0.5.23).
+QUANTIZED_KV_DTYPES: tuple[str, ...] = ("mxfp8", "nvfp4", "fp4_mx_block16")
+
+
+def _quantized_token_bytes(config: Any, dtype: str) -> tuple[int, int]:
+    """(bytes per token per layer, bytes per token once) of the pool a quantized
+    ``--kv-cache-dtype`` selects, scales included, written out per variant:
+
+    - MHA ``mxfp8``: an fp8 byte per value and an e8m0 byte per 32 values of a head;
+    - MHA ``fp4_mx_block16``: half a byte per value, an exponent byte per 16 values of the
+      flattened heads;
+    - MHA ``nvfp4``: half a byte per value, an e4m3 byte per 16 values of a head, and once
+      per token (shared by the layers) the fp8 dequant workspace, a byte per value;
+    - MLA with an FP4 dtype: half a byte per latent value and a scale byte per 16.
+
+    ValueError for DSA, MXFP8 MLA, and shapes that are not whole blocks.
+    """
+    arch = config.attention_arch
+    if arch == "mha":
+        heads, k_dim = config.num_key_value_heads, config.head_dim
+        v_dim = k_dim if config.v_head_dim is None else config.v_head_dim
+        values = heads * (k_dim + v_dim)
+        if dtype == "mxfp8":
+            _require_blocks(dtype, 32, k_dim, v_dim)
+            return values + values // 32, 0
+        if dtype == "fp4_mx_block16":
+            _require_blocks(dtype, 16, heads * k_dim, heads * v_dim)
+            return values // 2 + heads * k_dim // 16 + heads * v_dim // 16, 0
+        _require_blocks(dtype, 16, k_dim, v_dim)
+        return values // 2 + values // 16, values
+    if arch == "mla" and dtype != "mxfp8":
+        _require_blocks(dtype, 16, config.kv_lora_rank, config.qk_rope_head_dim)
+        latent = config.kv_lora_rank + config.qk_rope_head_dim
+        return latent // 2 + latent // 16, 0
+    raise ValueError(f"dtype={dtype!r} has no quantized {arch} pool")
+
+
+def _require_blocks(dtype: str, block: int, *sizes: int) -> None:
+    if any(size % block for size in sizes):
+        raise ValueError(f"dtype={dtype!r} needs {sizes} to be whole blocks of {block}")
+
+
 def _token_row_bytes(config: Any, dtype: str) -> int:
     """Bytes one token costs in one layer's main buffers (K+V, or the latent row).
 
@@ -301,7 +343,9 @@ def reference_cell_size_bytes(
     128 * 4 + qk_rope_head_dim * 2`` bytes; ValueError when ``kv_lora_rank`` is not a
     multiple of 128), plus ``indexer_layers * (index_head_dim + index_head_dim // 128 * 4)``
     where indexer layers are the non-skip ones (every layer for a draft worker or
-    HiSparse), times :data:`HISPARSE_INDEX_RATIO` with HiSparse.
+    HiSparse), times :data:`HISPARSE_INDEX_RATIO` with HiSparse. A quantized ``dtype``
+    (:data:`QUANTIZED_KV_DTYPES`) costs its payload and scales per layer
+    (:func:`_quantized_token_bytes`), plus NVFP4's workspace once.
 
     Example:
         >>> from types import SimpleNamespace
@@ -313,6 +357,9 @@ def reference_cell_size_bytes(
         >>> reference_cell_size_bytes(glm, dtype="float8_e4m3fn")
         53940
     """
+    if dtype in QUANTIZED_KV_DTYPES:
+        per_layer, once = _quantized_token_bytes(config, dtype)
+        return config.num_hidden_layers * per_layer + once
     cell = config.num_hidden_layers * _token_row_bytes(config, dtype)
     if config.attention_arch == "dsa":
         indexers = _num_indexer_layers(
@@ -346,6 +393,9 @@ def reference_pool_bytes(
         256
     """
     layers = config.num_hidden_layers
+    if dtype in QUANTIZED_KV_DTYPES:
+        per_layer, once = _quantized_token_bytes(config, dtype)
+        return (num_tokens + page_size) * (layers * per_layer + once)
     total = layers * (num_tokens + page_size) * _token_row_bytes(config, dtype)
     if config.attention_arch == "dsa":
         indexers = _num_indexer_layers(

@@ -84,6 +84,8 @@ SUITE_TESTS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_capacity_fits_its_budget",
         "test_cell_size_matches_formula",
         "test_more_skip_layers_never_lower_capacity",
+        "test_quantized_capacity_fits_its_budget",
+        "test_quantized_cells_count_the_scales",
     ),
     ("test_serving_configurator.py", "kvcheck_needs"): (
         "test_glm_skip_layers_raise_capacity_over_deepseek_style_indexers",

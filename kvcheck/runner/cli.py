@@ -203,7 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         default=_DEFAULT_DTYPE,
         help="KV dtype: sglang's --kv-cache-dtype (auto, bf16, bfloat16, fp8_e4m3, "
-        "fp8_e5m2) or a torch dtype name (bfloat16, float16, float32, float8_e4m3fn, "
+        "fp8_e5m2; the quantized mxfp8, nvfp4 and fp4_mx_block16, whose cells are split "
+        "into payload and scale bytes beside the --prefill-only-disable-kv-cache refusal) "
+        "or a torch dtype name (bfloat16, float16, float32, float8_e4m3fn, "
         f"float8_e5m2) (default {_DEFAULT_DTYPE})",
     )
     memory.add_argument(

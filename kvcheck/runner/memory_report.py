@@ -13,7 +13,11 @@ one decode-context-parallel rank's bytes per widened token.
 Models are named as in :data:`kvcheck.vocabulary.MODELS` or by their short name (the part
 after the organisation: ``DeepSeek-V3.2``), in any case; dtypes as torch names
 (``float8_e4m3fn``) or as sglang's ``--kv-cache-dtype`` spells them (``fp8_e4m3``, ``bf16``,
-``auto``), :func:`pool_dtype` says which; a typo gets the nearest name.
+``auto``), :func:`pool_dtype` says which; a typo gets the nearest name. The quantized
+``--kv-cache-dtype`` choices (``mxfp8``, ``nvfp4``, ``fp4_mx_block16``) size the quantized
+pool each selects, and the report splits their cells into payload and scale bytes and shows,
+beside each, why ``--prefill-only-disable-kv-cache`` refuses that dtype (the no-op pool
+cannot stand in for a pool with scale buffers).
 
 Example:
     >>> rows = memory_rows(["GLM-5.2-like"], budget_bytes=8 << 30, dtype="bfloat16",
@@ -40,38 +44,39 @@ _MODELS_DTYPE = "bfloat16"
 
 
 def pool_dtype(name: str) -> str:
-    """The pool dtype (a torch dtype name) the report sizes for ``name``: a torch dtype
-    name, or one of sglang's ``--kv-cache-dtype`` choices that kvcheck's pools can hold
-    (``auto`` is the models' own dtype, bfloat16). Raises ``ValueError`` for anything else,
-    listing the accepted names, with the nearest one for a typo.
+    """The dtype the report sizes for ``name``: a torch dtype name, one of sglang's
+    ``--kv-cache-dtype`` choices for plain pools (``auto`` is the models' own dtype,
+    bfloat16), or a quantized ``--kv-cache-dtype`` (``mxfp8``, ``nvfp4``,
+    ``fp4_mx_block16``), kept as it is: the serving model sizes its quantized pool. Raises
+    ``ValueError`` for anything else, listing the accepted names, with the nearest one for
+    a typo.
 
     Example:
-        >>> pool_dtype("bf16"), pool_dtype("auto"), pool_dtype("float16")
-        ('bfloat16', 'bfloat16', 'float16')
-        >>> pool_dtype("nvfp4")
+        >>> pool_dtype("bf16"), pool_dtype("auto"), pool_dtype("float16"), pool_dtype("nvfp4")
+        ('bfloat16', 'bfloat16', 'float16', 'nvfp4')
+        >>> pool_dtype("fp8_e4m")
         Traceback (most recent call last):
         ...
-        ValueError: dtype='nvfp4' selects sglang's FP4 pool, whose scales the report does not ...
+        ValueError: dtype='fp8_e4m' is not a KV dtype (did you mean 'fp8_e4m3'?); accepted: ...
     """
+    from kvcheck.serving.quantized import QUANTIZED_KV_CACHE_DTYPES
     from kvcheck.specs import DTYPE_ITEMSIZE
-    from kvcheck.vocabulary import FP4_KV_CACHE_DTYPES, KV_CACHE_DTYPE_CHOICES, KV_CACHE_POOL_DTYPES
+    from kvcheck.vocabulary import KV_CACHE_POOL_DTYPES
 
     text = name.strip().removeprefix("torch.")
-    if text in DTYPE_ITEMSIZE:
+    if text in DTYPE_ITEMSIZE or text in QUANTIZED_KV_CACHE_DTYPES:
         return text
     if text in KV_CACHE_POOL_DTYPES:
         return KV_CACHE_POOL_DTYPES[text] or _MODELS_DTYPE
+    choices = [*KV_CACHE_POOL_DTYPES, *QUANTIZED_KV_CACHE_DTYPES]
     accepted = (
-        f"accepted: sglang's --kv-cache-dtype {', '.join(KV_CACHE_POOL_DTYPES)} "
+        f"accepted: sglang's --kv-cache-dtype {', '.join(choices)} "
         f"(auto: the models' {_MODELS_DTYPE}), or the torch dtypes {', '.join(DTYPE_ITEMSIZE)}"
     )
-    if text in FP4_KV_CACHE_DTYPES:
-        why = "selects sglang's FP4 pool, whose scales the report does not size"
-    elif text in KV_CACHE_DTYPE_CHOICES:
-        why = "selects sglang's block-scaled fp8 pool, whose scales the report does not size"
-    else:
-        why = f"is not a KV dtype{_did_you_mean(text, [*KV_CACHE_POOL_DTYPES, *DTYPE_ITEMSIZE])}"
-    raise ValueError(f"dtype={name!r} {why}; {accepted}")
+    spellings = [*choices, *DTYPE_ITEMSIZE]
+    raise ValueError(
+        f"dtype={name!r} is not a KV dtype{_did_you_mean(text, spellings)}; {accepted}"
+    )
 
 
 def model_name(name: str) -> str:
@@ -121,6 +126,8 @@ class MemoryRow:
     formula_bytes: int
     built_bytes: int | None  # None when kvcheck has no pool for the model
     note: str = ""
+    #: A quantized dtype's cell split: (payload, scales, workspace) bytes per token.
+    quantized_cell: tuple[int, int, int] | None = None
 
 
 def memory_rows(
@@ -143,6 +150,7 @@ def memory_rows(
         pool_bytes,
         select_kv_pool,
     )
+    from kvcheck.serving.quantized import is_quantized_kv_cache_dtype
     from kvcheck.vocabulary import MODELS
 
     if not isinstance(budget_bytes, int) or budget_bytes <= 0:
@@ -151,6 +159,11 @@ def memory_rows(
     rows: list[MemoryRow] = []
     for name in names:
         model = MODELS[name]
+        if is_quantized_kv_cache_dtype(dtype):
+            rows.append(
+                _quantized_row(name, budget_bytes=budget_bytes, dtype=dtype, page_size=page_size)
+            )
+            continue
         variants = [("skip layers honoured", False), ("every layer allocated", True)]
         if not model.is_dsa:
             variants = [("all layers", False)]
@@ -190,6 +203,87 @@ def memory_rows(
     return rows
 
 
+def _quantized_row(name: str, *, budget_bytes: int, dtype: str, page_size: int) -> MemoryRow:
+    """The row of ``name`` in the quantized pool ``dtype`` selects, its cell split into
+    payload, scales and workspace; a model kvcheck has no such pool for gets a note."""
+    from kvcheck.memory import shape_bytes
+    from kvcheck.serving import (
+        ServerArgs,
+        layer_window,
+        max_total_num_tokens,
+        pool_bytes,
+        select_kv_pool,
+    )
+    from kvcheck.serving.quantized import quantized_cell_bytes
+    from kvcheck.vocabulary import MODELS
+
+    model = MODELS[name]
+    try:
+        cell = quantized_cell_bytes(model, dtype, layer_num=len(layer_window(model)))
+    except ValueError as exc:  # no quantized pool for this family in kvcheck
+        return MemoryRow(name, "quantized pool", 0, 0, 0, None, note=str(exc))
+    sizing: dict[str, Any] = {"dtype": dtype, "page_size": page_size}
+    tokens = max_total_num_tokens(model, budget_bytes=budget_bytes, **sizing)
+    pool = select_kv_pool(
+        ServerArgs.unchecked(kv_cache_dtype=dtype),
+        model,
+        max_total_num_tokens=tokens,
+        page_size=page_size,
+        dtype=dtype,
+        device="meta",
+    )
+    return MemoryRow(
+        model=name,
+        variant=f"{_pool_variant(pool)} pool",
+        cell_bytes=cell.total,
+        tokens=tokens,
+        formula_bytes=pool_bytes(model, num_tokens=tokens, **sizing),
+        built_bytes=shape_bytes(pool),
+        quantized_cell=(cell.payload, cell.scales, cell.workspace),
+    )
+
+
+def _pool_variant(pool: Any) -> str:
+    """kvcheck's variant name for a quantized pool built by serving (``mha:nvfp4``)."""
+    quant = getattr(pool, "quant_method", None)
+    if type(pool).__name__ == "MLATokenToKVPoolFP4":
+        return "mla:fp4"
+    if type(pool).__name__ == "MHATokenToKVPoolMXFP8":
+        return "mha:mxfp8"
+    return f"mha:{quant}"
+
+
+def _noop_refusal(dtype: str) -> str:
+    """Why ``--prefill-only-disable-kv-cache`` refuses ``--kv-cache-dtype dtype``: the
+    seeds' rule (kvcheck.serving.server_args) and its message, with every other flag valid."""
+    from kvcheck.serving import MINIMAL_VALID_FLAGS, PrefillOnlyFlagError, ServerArgs
+
+    try:
+        ServerArgs(**{**MINIMAL_VALID_FLAGS, "kv_cache_dtype": dtype})
+    except PrefillOnlyFlagError as error:
+        return f"rule {error.rule}: {error}"
+    return "accepted"
+
+
+def _quantized_cells(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
+    """Each quantized row's payload and scale bytes per token, beside the seeds' refusal
+    of the no-op pool for ``dtype``."""
+    lines = [
+        f"  {row.model}: payload {row.quantized_cell[0]:,} + scales {row.quantized_cell[1]:,}"
+        + (f" + dequant workspace {row.quantized_cell[2]:,}" if row.quantized_cell[2] else "")
+        + f" = {row.cell_bytes:,} bytes/token ({row.variant})"
+        for row in rows
+        if row.quantized_cell is not None
+    ]
+    if not lines:
+        return []
+    return [
+        *lines,
+        f"  --prefill-only-disable-kv-cache with --kv-cache-dtype {dtype}: refused "
+        f"({_noop_refusal(dtype)})",
+    ]
+
+
 def render_memory_report(
     rows: Sequence[MemoryRow],
     *,
@@ -219,6 +313,17 @@ def render_memory_report(
             f"{row.model:<28} {row.variant:<22} {row.cell_bytes:>11,} {row.tokens:>11,} "
             f"{shown / _GIB:>9.2f}  {check}"
         )
+    quantized = _quantized_cells(rows, dtype)
+    if any(row.variant.endswith("pool") for row in rows):
+        # The latent, kpool and DCP sections describe plain pools only.
+        rows = []
+    if quantized:
+        lines += [
+            "",
+            f"Quantized cells (--kv-cache-dtype {dtype}), bytes per token over all layers; the",
+            "no-op pool cannot stand in for a pool that keeps scale buffers:",
+        ]
+        lines += quantized
     savings = _skip_savings(rows)
     if savings:
         lines += ["", "Skip-layer saving (skip layers honoured vs every layer allocated):"]

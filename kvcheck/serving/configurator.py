@@ -14,6 +14,11 @@ Per token, over the layers a pool holds (``itemsize`` of the KV dtype; fp8 is 1 
   :data:`HISPARSE_HOST_TO_DEVICE_RATIO` index slots (the index buffer spans the
   host-expanded logical ids).
 
+A quantized ``--kv-cache-dtype`` (``mxfp8``, ``nvfp4``, ``fp4_mx_block16``: pass it as
+``dtype``) costs what its pool holds (:mod:`kvcheck.serving.quantized`): the encoded
+payload, its block scales per layer and, for NVFP4, a dequant workspace row shared by
+every layer.
+
 :func:`cell_size_bytes` is that per-token figure (SGLang's ``cell_size``). A built pool
 holds more than ``size * cell_size``: every token buffer has ``size + page_size`` rows
 (SGLang's padding page), and each DSA index-K buffer holds
@@ -37,7 +42,13 @@ from typing import Any
 
 import torch
 
+from kvcheck.geometry import buffer_bytes
 from kvcheck.serving.model_config import ModelConfig, layer_window, skip_topk_layers
+from kvcheck.serving.quantized import (
+    is_quantized_kv_cache_dtype,
+    quantized_cell_bytes,
+    quantized_pool_spec,
+)
 from kvcheck.specs import DSA_QUANT_BLOCK, DTYPE_ITEMSIZE
 
 #: Bytes of one fp32 scale stored beside each 128-channel block of a DSA index key (and of
@@ -172,15 +183,21 @@ def cell_size_bytes(
     """Bytes one token costs across the pool's layers (see the module docstring).
 
     ``start_layer``/``layer_num`` select the layers one pipeline stage holds (default: all).
+    ``dtype`` is a pool dtype (:func:`kv_torch_dtype`) or a quantized ``--kv-cache-dtype``
+    (:data:`~kvcheck.serving.quantized.QUANTIZED_KV_CACHE_DTYPES`), whose scales count.
 
     Example:
         >>> from kvcheck.vocabulary import GLM_5_2_LIKE, QWEN3_EMBEDDING_8B
         >>> cell_size_bytes(QWEN3_EMBEDDING_8B, dtype="bfloat16")
         147456
+        >>> cell_size_bytes(QWEN3_EMBEDDING_8B, dtype="fp4_mx_block16")
+        41472
         >>> cell_size_bytes(GLM_5_2_LIKE, dtype="bfloat16")
         92628
     """
     layers = len(layer_window(config, start_layer=start_layer, layer_num=layer_num))
+    if is_quantized_kv_cache_dtype(dtype):
+        return quantized_cell_bytes(config, str(dtype), layer_num=layers).total
     indexer_layers = num_indexer_layers(
         config,
         is_draft_worker=is_draft_worker,
@@ -213,7 +230,8 @@ def pool_bytes(
 
     Token buffers have ``num_tokens + page_size`` rows; each DSA indexer layer holds
     ``(index_buf_size + page_size + 1) // page_size`` pages of ``page_size`` tokens
-    (:func:`index_buf_size`).
+    (:func:`index_buf_size`); a quantized ``dtype`` adds the pool's scale buffers and NVFP4's
+    dequant workspace, on those rows too.
     ``prefill_only_disable_kv_cache=True`` (plain MHA models only) gives the no-op pool's
     placeholders instead: ``[page_size, heads, head_dim]`` K and ``[page_size, heads,
     v_head_dim]`` V per layer, whatever ``num_tokens`` is.
@@ -229,6 +247,21 @@ def pool_bytes(
     _check_count("num_tokens", num_tokens, minimum=0)
     _check_count("page_size", page_size, minimum=1)
     layers = len(layer_window(config, start_layer=start_layer, layer_num=layer_num))
+    if is_quantized_kv_cache_dtype(dtype):
+        if prefill_only_disable_kv_cache:
+            raise ValueError(
+                f"prefill_only_disable_kv_cache=True describes the no-op MHA pool, which "
+                f"cannot hold dtype={dtype!r} (its pool keeps scale buffers)"
+            )
+        spec = quantized_pool_spec(
+            config,
+            str(dtype),
+            num_tokens=num_tokens,
+            page_size=page_size,
+            layer_num=layers,
+            start_layer=start_layer,
+        )
+        return buffer_bytes(spec)
     itemsize = kv_torch_dtype(dtype).itemsize
 
     if prefill_only_disable_kv_cache:

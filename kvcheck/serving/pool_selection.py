@@ -3,6 +3,10 @@
 :func:`select_kv_pool` builds the pool a worker would get:
 
 * ``--prefill-only-disable-kv-cache`` on a plain MHA model: :class:`NoOpMHATokenToKVPool`;
+* a quantized ``--kv-cache-dtype`` (``mxfp8``, ``nvfp4``, ``fp4_mx_block16``, from
+  ``server_args`` or passed as ``dtype``): the quantized pool it selects, with its scale
+  buffers (:func:`~kvcheck.serving.quantized.quantized_pool_spec`: ``mha:mxfp8``,
+  ``mha:nvfp4``, ``mha:fp4_mx_block16``, ``mla:fp4``);
 * otherwise the model's own pool: MHA, MLA, or DSA (with the skip mask of
   :func:`~kvcheck.serving.skip_topk_layers`: every layer allocated for a draft worker or
   with ``--enable-hisparse``).
@@ -11,7 +15,8 @@ With the flag on, a model that needs another pool family raises ``RuntimeError``
 that family and listing what is supported. The families are checked in SGLang's order
 (:data:`UNSUPPORTED_POOL_FAMILIES`). A draft worker is never affected by the flag: it
 keeps its normal pool. Families kvcheck does not implement at all (SWA, hybrid
-linear/Mamba, FP4) raise ``ValueError`` when the flag is off.
+linear/Mamba, quantized DSA) raise ``ValueError`` when the flag is off, and so does a model
+whose shapes a quantized pool cannot hold.
 
 Example:
     >>> import torch
@@ -32,6 +37,7 @@ import torch
 
 from kvcheck.serving.configurator import index_buf_size, kv_torch_dtype, latent_kv_cache_dim
 from kvcheck.serving.model_config import ModelConfig, layer_window, skip_topk_layers
+from kvcheck.serving.quantized import is_quantized_kv_cache_dtype, quantized_pool_spec
 from kvcheck.serving.server_args import FP4_KV_CACHE_DTYPES, ServerArgs
 
 #: Pool families that rule out the no-op pool, in the order SGLang checks them.
@@ -126,13 +132,27 @@ def select_kv_pool(
             f"Supported today: {SUPPORTED_NOOP_FAMILY}."
         )
     missing = _non_mha_family(server_args, model, dtype)
-    if missing is not None and missing not in ("DSA/MLA KV pool", "MLA KV pool"):
+    if missing is not None and missing not in ("DSA/MLA KV pool", "MLA KV pool", "FP4 MHA KV pool"):
         raise ValueError(
             f"{model.name!r} needs the {missing}, which kvcheck does not implement; "
-            "kvcheck builds MHA, no-op MHA, MLA and DSA pools only"
+            "kvcheck builds MHA, no-op MHA, MLA and DSA pools and their quantized variants"
         )
 
     layers = layer_window(model, start_layer=start_layer, layer_num=layer_num)
+    use_noop = server_args.prefill_only_disable_kv_cache and not is_draft_worker
+    quantized = _quantized_kv_cache_dtype(server_args, dtype)
+    # With the flag on, flag validation refuses every quantized dtype first; taken as given,
+    # the flag keeps its no-op pool (kvcheck's contract, not SGLang's MXFP8-first order).
+    if quantized is not None and not (use_noop and model.attention_arch == "mha"):
+        return _quantized_pool(
+            model,
+            quantized,
+            num_tokens=max_total_num_tokens,
+            page_size=page_size,
+            layer_num=len(layers),
+            start_layer=start_layer,
+            device=device,
+        )
     common: dict[str, Any] = {
         "size": max_total_num_tokens,
         "page_size": page_size,
@@ -164,13 +184,66 @@ def select_kv_pool(
         return MLATokenToKVPool(
             kv_lora_rank=model.kv_lora_rank, qk_rope_head_dim=model.qk_rope_head_dim, **common
         )
-    use_noop = server_args.prefill_only_disable_kv_cache and not is_draft_worker
     pool_class = NoOpMHATokenToKVPool if use_noop else MHATokenToKVPool
     return pool_class(
         head_num=model.num_key_value_heads,
         head_dim=model.head_dim,
         v_head_dim=model.effective_v_head_dim,
         **common,
+    )
+
+
+def _quantized_kv_cache_dtype(server_args: ServerArgs, dtype: torch.dtype | str) -> str | None:
+    """The quantized ``--kv-cache-dtype`` the pool is built for: ``dtype`` when it names
+    one, else ``server_args.kv_cache_dtype`` when that does; None for a plain pool."""
+    for name in (dtype, server_args.kv_cache_dtype):
+        if is_quantized_kv_cache_dtype(name):
+            return str(name)
+    return None
+
+
+def _quantized_pool(
+    model: ModelConfig,
+    kv_cache_dtype: str,
+    *,
+    num_tokens: int,
+    page_size: int,
+    layer_num: int,
+    start_layer: int,
+    device: str | torch.device,
+) -> Any:
+    """kvcheck's pool of the variant ``kv_cache_dtype`` selects for ``model``."""
+    from kvcheck.pools import MHATokenToKVPoolMXFP8, MLATokenToKVPoolFP4, QuantizedMHATokenToKVPool
+
+    spec = quantized_pool_spec(
+        model,
+        kv_cache_dtype,
+        num_tokens=num_tokens,
+        page_size=page_size,
+        layer_num=layer_num,
+        start_layer=start_layer,
+    )
+    common: dict[str, Any] = {
+        "size": spec.size,
+        "page_size": spec.page_size,
+        "dtype": getattr(torch, spec.dtype),
+        "layer_num": spec.layer_num,
+        "device": device,
+        "start_layer": spec.start_layer,
+    }
+    if spec.family == "mla":
+        return MLATokenToKVPoolFP4(
+            kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim, **common
+        )
+    heads: dict[str, Any] = {
+        "head_num": spec.head_num,
+        "head_dim": spec.head_dim,
+        "v_head_dim": spec.v_head_dim,
+    }
+    if spec.kv_quant == "mxfp8":
+        return MHATokenToKVPoolMXFP8(**heads, **common)
+    return QuantizedMHATokenToKVPool(
+        **heads, **common, quant_method=spec.kv_quant, nvfp4_layout=spec.nvfp4_layout
     )
 
 

@@ -21,8 +21,9 @@ from kvcheck.properties.serving import (
     check_cell_size,
     check_more_skips_never_lower_capacity,
 )
-from kvcheck.reference import reference_pool_bytes, reference_skip_mask
+from kvcheck.reference import QUANTIZED_KV_DTYPES, reference_pool_bytes, reference_skip_mask
 from kvcheck.strategies import dtypes, model_configs, page_sizes
+from kvcheck.targets import supports
 from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, QWEN3_EMBEDDING_8B, ModelConfig
 
 pytestmark = pytest.mark.kvcheck_needs("configurator")
@@ -168,6 +169,75 @@ def test_more_skip_layers_never_lower_capacity(kvcheck_target: Any, pair: SkipPa
         page_size=pair.page_size,
     )
     event("more tokens" if after > before else "same tokens")
+
+
+@st.composite
+def quantized_capacity_cases(
+    draw: Callable[..., Any],
+    max_layers: int = 8,
+    archs: tuple[str, ...] = ("mha", "mla", "dsa"),
+    kv_cache_dtypes: tuple[str, ...] = QUANTIZED_KV_DTYPES,
+) -> CapacityCase:
+    """Models of ``archs`` (DSA too by default: no quantized pool, so both sides refuse) with
+    one of ``kv_cache_dtypes`` and a budget just above a page boundary; MHA head dims drawn
+    as multiples of 32 often enough that most draws fit the variant's blocks.
+
+    Shrinks towards a one-layer model of the first arch with the first dtype, page_size=1,
+    one page of budget.
+    """
+    model = draw(
+        model_configs(archs=archs, max_layers=max_layers, include_markers=False), label="model"
+    )
+    if model.attention_arch == "mha" and draw(st.booleans(), label="whole blocks"):
+        dims = st.sampled_from((32, 64, 128))
+        model = dataclasses.replace(
+            model, head_dim=draw(dims, label="head_dim"), v_head_dim=draw(dims, label="v_head_dim")
+        )
+    dtype = draw(st.sampled_from(kv_cache_dtypes), label="kv_cache_dtype")
+    page_size = draw(st.sampled_from((1, 16, 64, 128)), label="page_size")
+    budget = _budget_between_pages(draw, model, dtype, page_size)
+    return CapacityCase(model, budget, dtype, page_size, False, False)
+
+
+def _quantized_cases_for(target: Any) -> st.SearchStrategy[CapacityCase]:
+    """:func:`quantized_capacity_cases` narrowed to what ``target`` sizes: the families it
+    does not declare ``quantized_configurator:<family>`` unsupported for, and the dtypes
+    it does not list in ``unsized_kv_cache_dtypes`` (a skip quotes why when none is left)."""
+    archs = tuple(
+        arch
+        for arch in ("mha", "mla", "dsa")
+        if supports(target, "quantized_configurator", family=arch)
+    )
+    unsized = getattr(target, "unsized_kv_cache_dtypes", None) or {}
+    sized = tuple(dtype for dtype in QUANTIZED_KV_DTYPES if dtype not in unsized)
+    if not archs or not sized:
+        pytest.skip(
+            f"{target.name} sizes no quantized --kv-cache-dtype of these families: "
+            + "; ".join(f"{dtype}: {why}" for dtype, why in unsized.items())
+        )
+    return quantized_capacity_cases(archs=archs, kv_cache_dtypes=sized)
+
+
+@pytest.mark.kvcheck_needs("quantized_configurator")
+@given(data=st.data())
+def test_quantized_cells_count_the_scales(kvcheck_target: Any, data: st.DataObject) -> None:
+    """A quantized --kv-cache-dtype costs its payload and scales per token (NVFP4 also its
+    dequant workspace), and a model whose heads are not whole blocks is refused."""
+    case = data.draw(_quantized_cases_for(kvcheck_target), label="case")
+    cell = check_cell_size(kvcheck_target, case.model, dtype=case.dtype)
+    event(f"{case.model.attention_arch} {case.dtype}: {'refused' if cell is None else 'sized'}")
+
+
+@pytest.mark.kvcheck_needs("quantized_configurator")
+@given(data=st.data())
+def test_quantized_capacity_fits_its_budget(kvcheck_target: Any, data: st.DataObject) -> None:
+    """The capacity of a quantized --kv-cache-dtype is page-aligned, its pools (scale
+    buffers, NVFP4's workspace) fit the budget, and it is at most a page short."""
+    case = data.draw(_quantized_cases_for(kvcheck_target), label="case")
+    found = check_capacity_fits_budget(
+        kvcheck_target, case.model, case.budget_bytes, dtype=case.dtype, page_size=case.page_size
+    )
+    event(f"{case.dtype}: {found.measured_by}")
 
 
 NAMED_CELL_SIZES: dict[str, tuple[ModelConfig, str, bool, int]] = {

@@ -331,6 +331,15 @@ def _optional_member_problems(target: object) -> list[str]:
                     problems.append(
                         f"expected_failures[{pattern!r}]: reason {reason!r} must be a non-empty str"
                     )
+    unsized = getattr(target, "unsized_kv_cache_dtypes", None)
+    if unsized is not None and not (
+        isinstance(unsized, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in unsized.items())
+    ):
+        problems.append(
+            f"unsized_kv_cache_dtypes: {unsized!r} (expected a mapping --kv-cache-dtype -> "
+            "a non-empty reason)"
+        )
     findings = getattr(target, "findings", None)
     if findings is not None:
         from kvcheck.targets.findings import finding_problems

@@ -72,6 +72,9 @@ CAPABILITIES: tuple[str, ...] = (
     "server_args",  # validate_server_args
     "pool_selection",  # select_pool_family
     "configurator",  # cell_size_bytes / max_total_num_tokens
+    # the configurator sizes quantized --kv-cache-dtype choices (mxfp8, nvfp4,
+    # fp4_mx_block16) passed as ``dtype``, scale buffers included
+    "quantized_configurator",
     "skip_rule",  # dsa_layer_skips_topk
 )
 
@@ -129,6 +132,10 @@ FAMILY_SEPARATOR = ":"
 #:     other failure still fails the run; each is pinned by its own tests, which must
 #:     fail with exactly that failure (see :mod:`kvcheck.targets.findings`). Prefer this
 #:     to ``expected_failures``, which marks whole tests and so hides any other bug in them.
+#: ``unsized_kv_cache_dtypes: Mapping[str, str]``
+#:     Quantized ``--kv-cache-dtype`` choices (``mxfp8``, ``nvfp4``, ``fp4_mx_block16``)
+#:     the target's configurator does not size -> why. The quantized configurator property
+#:     draws only the others (it is skipped where none is left). Default: every one sized.
 OPTIONAL_MEMBERS: tuple[str, ...] = (
     "prepare",
     "describe",
@@ -138,6 +145,7 @@ OPTIONAL_MEMBERS: tuple[str, ...] = (
     "reach_table",
     "expected_failures",
     "findings",
+    "unsized_kv_cache_dtypes",
 )
 
 

@@ -64,6 +64,10 @@ class MLATokenToKVPoolFP4(MLATokenToKVPool):
     pass
 
 
+class MHATokenToKVPoolMXFP8(MHATokenToKVPool):
+    pass
+
+
 class DSATokenToKVPool(_DSA):
     def __init__(self, size, page_size, kv_lora_rank, dtype, qk_rope_head_dim, layer_num,
                  device, index_head_dim, enable_memory_saver, start_layer=None,

@@ -460,3 +460,74 @@ def test_scaled_fp8_zero_block_is_stored_from_zero_times_inf(target: SGLangTarge
     assert set(row[:128].tolist()) == {0xFE} and set(want[:128].tolist()) == {0}
     assert (row[128:] == want[128:]).all()
     assert row[256:260].tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("page_size", [1, 128])  # the flat and the interleaved scale layouts
+@pytest.mark.parametrize(("head_dim", "v_head_dim"), [(128, 128), (64, 96)])
+def test_mxfp8_cell_is_what_sglangs_mxfp8_pool_allocates(
+    target: SGLangTarget, page_size: int, head_dim: int, v_head_dim: int
+) -> None:
+    """sglang's MXFP8 cell (its configurator, given kv_cache_dtype_str="mxfp8") is the bytes
+    a token costs in the MHATokenToKVPoolMXFP8 sglang builds for it: fp8 K and V rows and
+    one e8m0 scale per 32 values, counted from the pool's own buffers on CPU."""
+    import dataclasses
+
+    model = dataclasses.replace(
+        QWEN3_EMBEDDING_8B, num_hidden_layers=3, head_dim=head_dim, v_head_dim=v_head_dim
+    )
+    cell = target.cell_size_bytes(model, dtype="mxfp8", is_draft=False, enable_hisparse=False)
+    spec = PoolSpec(
+        family="mha",
+        size=2 * page_size,
+        page_size=page_size,
+        layer_num=model.num_hidden_layers,
+        dtype="float8_e4m3fn",
+        head_num=model.num_key_value_heads,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+    )
+    with env.native_kv_move():
+        pool = target.pool_arguments(spec, device="cpu").build(
+            _sglang().memory_pool.MHATokenToKVPoolMXFP8
+        )
+    held = sum(
+        tensor.numel() * tensor.element_size()
+        for name in ("k_buffer", "v_buffer", "k_scale_buffer", "v_scale_buffer")
+        for tensor in getattr(pool, name)
+    )
+    rows = spec.size + page_size  # sglang's pools keep one padding page
+    values = model.num_key_value_heads * (head_dim + v_head_dim) * model.num_hidden_layers
+    assert held == rows * cell
+    assert cell == values + values // 32
+
+
+def test_mxfp8_heads_that_are_not_whole_blocks_are_refused_by_sglangs_pool(
+    target: SGLangTarget,
+) -> None:
+    """sglang's sizing accepts a 48-wide MXFP8 head; the pool a launch builds next refuses
+    it, and the target passes that ValueError on from the sizing calls."""
+    import dataclasses
+
+    model = dataclasses.replace(QWEN3_EMBEDDING_8B, head_dim=48, v_head_dim=48)
+    with pytest.raises(ValueError, match="divisible by 32"):
+        target.cell_size_bytes(model, dtype="mxfp8", is_draft=False, enable_hisparse=False)
+    with pytest.raises(ValueError, match="divisible by 32"):
+        target.max_total_num_tokens(
+            model,
+            budget_bytes=1 << 30,
+            dtype="mxfp8",
+            page_size=128,
+            is_draft=False,
+            enable_hisparse=False,
+        )
+
+
+@pytest.mark.parametrize("dtype", ["nvfp4", "fp4_mx_block16"])
+def test_fp4_kv_cache_dtypes_are_declared_unsized(target: SGLangTarget, dtype: str) -> None:
+    """The FP4 dtypes are declared unsized, with the CPU reason, and sizing one says so
+    instead of returning sglang's CPU figure (a byte per value, no scales)."""
+    assert "is_float4_e2m1fn_x2" in target.unsized_kv_cache_dtypes[dtype]
+    with pytest.raises(NotImplementedError, match="is_float4_e2m1fn_x2"):
+        target.cell_size_bytes(
+            QWEN3_EMBEDDING_8B, dtype=dtype, is_draft=False, enable_hisparse=False
+        )

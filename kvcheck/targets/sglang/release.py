@@ -238,6 +238,15 @@ NEEDS: tuple[Need, ...] = (
         names=("MLATokenToKVPoolFP4",),
         narrows={"mla.kv_quant": ("none",)},
     ),
+    # The MXFP8 MHA pool: the configurator's MXFP8 cell is checked against what it refuses
+    # to build (head dims that are not whole 32-value blocks).
+    Need(
+        "mxfp8_class",
+        "MXFP8 MHA pool",
+        _POOL,
+        names=("MHATokenToKVPoolMXFP8",),
+        capabilities=("quantized_configurator",),
+    ),
     Need(
         "mla_fp4_scale_kernel",
         "MLA FP4 scale-row kernel module",

@@ -62,13 +62,31 @@ _MHA_ON_META = (
 )
 
 
+#: Why the target does not size the FP4 ``--kv-cache-dtype`` choices with sglang's
+#: configurator on CPU.
+_FP4_UNSIZED = (
+    "sglang's configurator counts FP4 payload halves, scales and dequant workspace only "
+    "where is_float4_e2m1fn_x2(dtype) holds, which is `is_cuda() and ...`: without CUDA it "
+    "sizes an FP4 cache at a byte per value with no scales; standing in for it would also "
+    "have to choose the attention backends whose scale layouts and workspace the NVFP4 cell "
+    "counts, so kvcheck would be checking its own choice rather than sglang's"
+)
+
+#: Quantized ``--kv-cache-dtype`` choices the target does not size -> why
+#: (``SGLangTarget.unsized_kv_cache_dtypes``).
+UNSIZED_KV_CACHE_DTYPES: Mapping[str, str] = MappingProxyType(
+    {"nvfp4": _FP4_UNSIZED, "fp4_mx_block16": _FP4_UNSIZED}
+)
+
+
 def unsupported_for(release_name: str) -> Mapping[str, str]:
     """Why each capability (or capability for one pool family) cannot be served on
     ``release_name``, whatever the device and whatever pieces it has.
 
     Example:
-        >>> sorted(unsupported_for("0.5.22"))
-        ['input_validation', 'meta_device:mha', 'meta_device:noop']
+        >>> sorted(unsupported_for("0.5.22"))  # doctest: +NORMALIZE_WHITESPACE
+        ['input_validation', 'meta_device:mha', 'meta_device:noop',
+         'quantized_configurator:dsa', 'quantized_configurator:mla']
     """
     return MappingProxyType(
         {
@@ -79,6 +97,18 @@ def unsupported_for(release_name: str) -> Mapping[str, str]:
             # Declared rather than expected to fail, so that the differential machines still
             # compare sglang's pools byte for byte on valid operations; each missing check is
             # pinned as a strict expected failure in tests/targets/test_sglang_findings.py.
+            # Contract differences that are not filed: nothing in sglang says a quantized
+            # dtype must be refused there; kvcheck simply has no such pool to compare with.
+            "quantized_configurator:mla": (
+                f"sglang {release_name} serves --kv-cache-dtype mxfp8 on an MLA model with its "
+                "plain fp8 MLATokenToKVPool (no block scales), where kvcheck has no MXFP8 MLA "
+                f"pool and its reference refuses; and FP4 is not sized ({_FP4_UNSIZED})"
+            ),
+            "quantized_configurator:dsa": (
+                f"sglang {release_name} sizes --kv-cache-dtype mxfp8 on a DSA model as its "
+                "scaled fp8 DSA row (no block scales), where kvcheck has no quantized DSA pool "
+                f"and its reference refuses; and FP4 is not sized ({_FP4_UNSIZED})"
+            ),
             "input_validation": (
                 f"sglang {release_name} pools do not validate their arguments (negative or "
                 "out-of-range locations, duplicate targets, wrong shapes or dtypes, skip-layer "
@@ -168,6 +198,12 @@ CPU_NOTES: Mapping[str, str] = MappingProxyType(
         "host_copy": (
             "DSA host copies call torch.cuda.synchronize(), which is a no-op during the call "
             "on a CPU-only torch"
+        ),
+        "quantized_configurator": (
+            "--kv-cache-dtype mxfp8 is sized as on an SM100+ server: sglang's server-args hook "
+            "(handle_mxfp8_kv_cache_compatibility) refuses it on any other machine, but the "
+            "configurator and the MXFP8 pool's constructor do not read the GPU; FP4 dtypes "
+            "are not sized (UNSIZED_KV_CACHE_DTYPES)"
         ),
         "pool_selection": (
             "sglang's FP4 check (is_float4_e2m1fn_x2) is False without CUDA, so on CPU an "
@@ -303,6 +339,7 @@ class SGLangTarget:
         self.findings = findings_for(self._declared_release)
         self.expected_failures: Mapping[str, str] = expected_failures_for(self._declared_release)
         self.cpu_notes: Mapping[str, str] = CPU_NOTES
+        self.unsized_kv_cache_dtypes: Mapping[str, str] = UNSIZED_KV_CACHE_DTYPES
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, version={self.version!r})"
@@ -499,12 +536,35 @@ class SGLangTarget:
     ) -> int:
         """Per-token bytes from sglang's pool configurator (``DefaultPoolConfigurator``).
 
-        ``dtype`` is the pool dtype name ("bfloat16", "float8_e4m3fn", ...).
+        ``dtype`` is the pool dtype name ("bfloat16", "float8_e4m3fn", ...) or ``"mxfp8"``
+        (the configurator is given it as ``kv_cache_dtype_str``, beside its fp8 storage
+        dtype). An MXFP8 MHA model is then built as sglang's own MXFP8 pool for one token
+        of one layer, as a launch builds it right after sizing: a model whose head dims
+        are not whole 32-value blocks is refused there (``ValueError``), not by the
+        sizing. FP4 dtypes raise ``NotImplementedError`` (:data:`UNSIZED_KV_CACHE_DTYPES`).
         """
         configurator = self._pool_configurator(
             model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
         )
         return int(configurator._cell_size)
+
+    def _build_mxfp8_pool(self, model: Any, *, size: int) -> Any:
+        """sglang's ``MHATokenToKVPoolMXFP8`` of one layer holding ``size`` tokens on CPU,
+        for ``model``'s heads; its constructor's ``ValueError`` is sglang's refusal."""
+        spec = PoolSpec(
+            family="mha",
+            size=size,
+            page_size=1,
+            layer_num=1,
+            dtype="float8_e4m3fn",
+            head_num=int(model.num_key_value_heads),
+            head_dim=int(model.head_dim),
+            v_head_dim=int(model.head_dim if model.v_head_dim is None else model.v_head_dim),
+        )
+        with env.native_kv_move():
+            return self.pool_arguments(spec, device="cpu").build(
+                _sglang().memory_pool.MHATokenToKVPoolMXFP8
+            )
 
     def max_total_num_tokens(
         self,
@@ -516,7 +576,8 @@ class SGLangTarget:
         is_draft: bool,
         enable_hisparse: bool,
     ) -> int:
-        """sglang's ``calculate_pool_sizes(budget_bytes, page_size).max_total_num_tokens``."""
+        """sglang's ``calculate_pool_sizes(budget_bytes, page_size).max_total_num_tokens``
+        (``dtype`` as for :meth:`cell_size_bytes`, with the same refusals)."""
         configurator = self._pool_configurator(
             model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
         )
@@ -527,17 +588,37 @@ class SGLangTarget:
     def _pool_configurator(
         self, model: Any, *, dtype: str, is_draft: bool, enable_hisparse: bool
     ) -> Any:
+        """sglang's sizing object for ``model`` (``DefaultPoolConfigurator`` and its kin).
+
+        For ``"mxfp8"`` on an MHA model it then builds sglang's MXFP8 pool for one token
+        (:meth:`_build_mxfp8_pool`): a launch builds the pool right after sizing it, and
+        the pool, not the sizing, refuses head dims that are not whole 32-value blocks.
+        """
+        if dtype in UNSIZED_KV_CACHE_DTYPES:
+            raise NotImplementedError(
+                f"the sglang target does not size --kv-cache-dtype {dtype}: "
+                f"{UNSIZED_KV_CACHE_DTYPES[dtype]}"
+            )
         sg = _sglang()
         server_args = _serving_args(enable_hisparse=enable_hisparse)
+        # A --kv-cache-dtype name reaches sglang's sizing as kv_cache_dtype_str beside the
+        # storage dtype it resolves to; a pool dtype name has no such string (None).
+        quantized = dtype == "mxfp8"
+        kv_cache_dtype = (
+            adapt.kv_cache_torch_dtype(dtype, model) if quantized else adapt.pool_dtype(dtype)
+        )
         with _published(server_args):
             configurator = adapt.configurator_for(
                 model,
                 server_args=server_args,
-                kv_cache_dtype=adapt.pool_dtype(dtype),
-                kv_cache_dtype_str=None,
+                kv_cache_dtype=kv_cache_dtype,
+                kv_cache_dtype_str=dtype if quantized else None,
                 is_draft=is_draft,
             )
-            return sg.pool_configurator.create_memory_pool_configurator(configurator)
+            sizing = sg.pool_configurator.create_memory_pool_configurator(configurator)
+        if quantized and adapt.attention_family(model) == "mha":
+            self._build_mxfp8_pool(model, size=1)
+        return sizing
 
     def dsa_layer_skips_topk(self, model: Any, layer_id: int) -> bool:
         """sglang's ``dsa_layer_skips_topk`` on a HuggingFace-style config of ``model``."""
