@@ -835,6 +835,65 @@ def test_q4_mla_fp4_describes_its_scales(kvcheck_target: Any, kvcheck_device: st
     assert_scale_buf_infos(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
 
 
+#: A one-layer MHA pool of sglang's fp4_mx_block16 quant method: one head of 16 values.
+MHA_FP4 = PoolSpec(
+    family="mha",
+    size=2,
+    page_size=1,
+    layer_num=1,
+    dtype="float4_e2m1fn_x2",
+    kv_quant="fp4_mx_block16",
+    head_num=1,
+    head_dim=16,
+)
+#: One bf16 K and V row of 1.0s: block scale byte 125 (2^-2), never 0.
+WRITE_MHA_FP4 = WriteKV(
+    layer_id=0,
+    locs=(1,),
+    k_rows=(),
+    v_rows=(),
+    payload=Payload(dtype="bfloat16", k_rows=(ONES_ROW[: 16 * 2],), v_rows=(ONES_ROW[: 16 * 2],)),
+)
+
+
+@pytest.mark.kvcheck_needs("mha_pool", "contiguous_buf_infos")
+def test_q4_mha_fp4_describes_its_scales(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q4: an MHA fp4_mx_block16 pool describes its scale buffers for transfer
+    (get_kv_scale_buf_infos)."""
+    spec = _built_variant(kvcheck_target, MHA_FP4)
+    assert_scale_buf_infos(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
+
+
+@pytest.mark.kvcheck_needs("mha_pool")
+@pytest.mark.parametrize(
+    ("kv_quant", "dtype"),
+    [("cpu_fp8", "float8_e4m3fn"), ("fp4_mx_block16", "float4_e2m1fn_x2")],
+    ids=["cpu_fp8", "fp4_mx_block16"],
+)
+def test_q5_quantized_v_is_shaped_by_v_head_dim(
+    kvcheck_target: Any, kvcheck_device: str, kv_quant: str, dtype: str
+) -> None:
+    """Q5: a quant-method MHA pool whose V head dim differs from K's holds V rows (and
+    their scales) of v_head_dim values."""
+    spec = replace(MHA_FP4, dtype=dtype, kv_quant=kv_quant, v_head_dim=32)
+    spec = _built_variant(kvcheck_target, spec)
+    pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
+    assert_pool_matches_reference(pool, ReferencePool(spec), call="pool construction")
+
+
+@pytest.mark.kvcheck_needs("mha_pool", "host_copy")
+def test_q6_mha_fp4_reload_carries_the_scales(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q6: a written MHA fp4_mx_block16 token copied to the host and reloaded to another
+    slot arrives with its block scales."""
+    spec = _built_variant(kvcheck_target, MHA_FP4)
+    ops: tuple[Op, ...] = (
+        WRITE_MHA_FP4,
+        HostCopy(name="token", indices=(1,)),
+        HostReload(name="token", indices=(2,)),
+    )
+    _run_ops(kvcheck_target, kvcheck_device, spec, ops)
+
+
 @pytest.mark.kvcheck_needs("mla_pool")
 def test_q11_mla_fp4_value_buffer_is_dequantized(kvcheck_target: Any, kvcheck_device: str) -> None:
     """Q11: get_value_buffer of an MLA FP4 pool reads the dequantized latent, as
