@@ -453,6 +453,34 @@ def test_pv1_fp8_prefix_valid_write_stores_the_rows(
     assert pool.size == spec.size
 
 
+@pytest.mark.kvcheck_needs("mha_pool", "prefix_valid_write")
+@pytest.mark.parametrize(
+    ("kv_quant", "dtype"),
+    [("cpu_fp8", "float8_e4m3fn"), ("fp4_mx_block16", "float4_e2m1fn_x2")],
+    ids=["cpu_fp8", "fp4_mx_block16"],
+)
+def test_pv1_quantized_prefix_valid_write_stores_the_rows(
+    kvcheck_target: Any, kvcheck_device: str, kv_quant: str, dtype: str
+) -> None:
+    """PV1: a quant-method MHA pool's prefix-valid write of bf16 rows stores them
+    quantized, as set_kv_buffer does (no early conversion to the pool dtype)."""
+    spec = PoolSpec(family="mha", size=4, page_size=1, layer_num=1, dtype=dtype,
+                    kv_quant=kv_quant, head_dim=16)  # fmt: skip
+    taken = pool_spec_limits_of(kvcheck_target).get("mha", {}).get("kv_quant")
+    if taken is not None and kv_quant not in taken:
+        pytest.skip(f"the target builds no {spec.variant} pool")
+    row = value_bytes(1.0, "bfloat16") * 16
+    write = WritePrefixValid(
+        layer_id=0,
+        loc_grid=((1,),),
+        commit_lens=(1,),
+        k_rows=(row,),
+        v_rows=(row,),
+        dtype="bfloat16",
+    )
+    _run_ops(kvcheck_target, kvcheck_device, spec, (write,))
+
+
 # --- R1-R2: decode context parallel --------------------------------------------------------
 
 #: Rank 1 of --dcp-size 2: widened ids 0..11; the odd ones are this rank's rows 0..5.

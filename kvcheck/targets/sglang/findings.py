@@ -82,7 +82,8 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "X1": "DSA move_kv_cache moves index-K page rows addressed by token ids: a whole "
         "page of keys lands on another page, or IndexError after the latent rows moved",
         "PV1": "on a platform without CUDA, set_kv_buffer_prefix_valid on an fp8 pool "
-        "converts the rows to fp8 twice (0.5 is stored as 48.0)",
+        "converts the rows to fp8 twice (0.5 is stored as 48.0); on a quant-method pool "
+        "(cpu_fp8_e4m3, fp4_mx_block16) the early conversion makes the write raise",
         "D21": "under decode context parallel the default DSA index-K buffer holds a key per "
         "physical token while writes carry widened ids: keys past its end",
         "Q2": "MLA FP4 move_kv_cache, get_cpu_copy and load_cpu_copy carry the payload and "
@@ -393,9 +394,25 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     ),
     _finding(
         "PV1",
+        pinned=_pinned("test_pv1_fp8_*"),
         check="bytes",
         call="set_kv_buffer_prefix_valid",
         family="mha*",
+    ),
+    # The same early conversion on the quant-method pools: their quantizers are handed rows
+    # already in the pool dtype, which torch cannot divide (fp8) or copy (fp4) on CPU.
+    *(
+        Finding(
+            f"PV1.{variant}",
+            FINDINGS["PV1"],
+            pinned=_pinned(f"test_pv1_quantized_*[{variant}]"),
+            check="raises",
+            call="set_kv_buffer_prefix_valid",
+            kind="NotImplementedError instead of no exception",
+            family=f"mha:{variant}",
+            steer=frozenset({f"mha:{variant}:write_prefix_valid"}),
+        )
+        for variant in ("cpu_fp8", "fp4_mx_block16")
     ),
     _finding(
         "D21",
