@@ -631,6 +631,9 @@ class ReleaseFacts:
             current = declared.values(family, name)
             kept = tuple(v for v in (current or values) if v in values) or values
             families[family][name] = kept
+            if notes.get(key) == declared.notes.get(key) is not None:
+                # The declared note says why other values are left out; say this one first.
+                notes[key] = f"{why}; {notes[key]}"
             notes.setdefault(key, why)
         allocators, host_layouts = declared.allocators, declared.host_layouts
         off = self.tiers_off()
