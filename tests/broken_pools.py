@@ -410,7 +410,7 @@ class ScaleLeavingMoveMLAFP4(MLATokenToKVPoolFP4):
 
 
 class PayloadOnlyReloadFP4(QuantizedMHATokenToKVPool):
-    """A reload that writes back the copied payload and not its scales (SGLang's Q1)."""
+    """A reload that writes back the copied payload and not its scales (SGLang's Q6)."""
 
     def load_cpu_copy(self, kv_cache_cpu: KVHostCopy, indices: torch.Tensor) -> None:
         idx = self._locations("indices", indices, distinct=True, where="load_cpu_copy")

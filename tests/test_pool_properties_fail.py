@@ -470,7 +470,7 @@ def test_mla_machine_catches_a_move_that_leaves_the_scales_behind() -> None:
 
 
 def test_machine_catches_a_reload_that_leaves_the_scales_behind() -> None:
-    """SGLang's Q1 shape: a reload of the copied payload without its scales."""
+    """SGLang's Q6 shape: a reload of the copied payload without its scales."""
     message, steps, layers = machine_failure("mha", PayloadOnlyReloadFP4, kv_quants=FP4)
     assert "load_cpu_copy" in message and "_scale_buffer" in message
     assert len(steps) <= 4 and layers <= 2, steps

@@ -10,7 +10,7 @@ keeps fp8 values with one e8m0 scale per 32, interleaved in FA4's layout on 128-
 and token-major otherwise.
 
 Scales are state: every method that writes, moves, copies, counts or describes a token's
-payload does the same for its scales (kvcheck's contract; SGLang's findings Q1-Q6 say where
+payload does the same for its scales (kvcheck's contract; SGLang's findings Q2-Q6 say where
 it does not). Buffers are allocated one by one (no fused K/V halves), token-major (NHD), and
 ``v_head_dim`` shapes V and its scales everywhere.
 

@@ -453,6 +453,34 @@ def test_pv1_fp8_prefix_valid_write_stores_the_rows(
     assert pool.size == spec.size
 
 
+@pytest.mark.kvcheck_needs("mha_pool", "prefix_valid_write")
+@pytest.mark.parametrize(
+    ("kv_quant", "dtype"),
+    [("cpu_fp8", "float8_e4m3fn"), ("fp4_mx_block16", "float4_e2m1fn_x2")],
+    ids=["cpu_fp8", "fp4_mx_block16"],
+)
+def test_pv1_quantized_prefix_valid_write_stores_the_rows(
+    kvcheck_target: Any, kvcheck_device: str, kv_quant: str, dtype: str
+) -> None:
+    """PV1: a quant-method MHA pool's prefix-valid write of bf16 rows stores them
+    quantized, as set_kv_buffer does (no early conversion to the pool dtype)."""
+    spec = PoolSpec(family="mha", size=4, page_size=1, layer_num=1, dtype=dtype,
+                    kv_quant=kv_quant, head_dim=16)  # fmt: skip
+    taken = pool_spec_limits_of(kvcheck_target).get("mha", {}).get("kv_quant")
+    if taken is not None and kv_quant not in taken:
+        pytest.skip(f"the target builds no {spec.variant} pool")
+    row = value_bytes(1.0, "bfloat16") * 16
+    write = WritePrefixValid(
+        layer_id=0,
+        loc_grid=((1,),),
+        commit_lens=(1,),
+        k_rows=(row,),
+        v_rows=(row,),
+        dtype="bfloat16",
+    )
+    _run_ops(kvcheck_target, kvcheck_device, spec, (write,))
+
+
 # --- R1-R2: decode context parallel --------------------------------------------------------
 
 #: Rank 1 of --dcp-size 2: widened ids 0..11; the odd ones are this rank's rows 0..5.
@@ -833,6 +861,65 @@ def test_q4_mla_fp4_describes_its_scales(kvcheck_target: Any, kvcheck_device: st
     """Q4: an MLA FP4 pool describes its scale buffers for transfer (get_kv_scale_buf_infos)."""
     spec = _built_variant(kvcheck_target, MLA_FP4)
     assert_scale_buf_infos(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
+
+
+#: A one-layer MHA pool of sglang's fp4_mx_block16 quant method: one head of 16 values.
+MHA_FP4 = PoolSpec(
+    family="mha",
+    size=2,
+    page_size=1,
+    layer_num=1,
+    dtype="float4_e2m1fn_x2",
+    kv_quant="fp4_mx_block16",
+    head_num=1,
+    head_dim=16,
+)
+#: One bf16 K and V row of 1.0s: block scale byte 125 (2^-2), never 0.
+WRITE_MHA_FP4 = WriteKV(
+    layer_id=0,
+    locs=(1,),
+    k_rows=(),
+    v_rows=(),
+    payload=Payload(dtype="bfloat16", k_rows=(ONES_ROW[: 16 * 2],), v_rows=(ONES_ROW[: 16 * 2],)),
+)
+
+
+@pytest.mark.kvcheck_needs("mha_pool", "contiguous_buf_infos")
+def test_q4_mha_fp4_describes_its_scales(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q4: an MHA fp4_mx_block16 pool describes its scale buffers for transfer
+    (get_kv_scale_buf_infos)."""
+    spec = _built_variant(kvcheck_target, MHA_FP4)
+    assert_scale_buf_infos(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
+
+
+@pytest.mark.kvcheck_needs("mha_pool")
+@pytest.mark.parametrize(
+    ("kv_quant", "dtype"),
+    [("cpu_fp8", "float8_e4m3fn"), ("fp4_mx_block16", "float4_e2m1fn_x2")],
+    ids=["cpu_fp8", "fp4_mx_block16"],
+)
+def test_q5_quantized_v_is_shaped_by_v_head_dim(
+    kvcheck_target: Any, kvcheck_device: str, kv_quant: str, dtype: str
+) -> None:
+    """Q5: a quant-method MHA pool whose V head dim differs from K's holds V rows (and
+    their scales) of v_head_dim values."""
+    spec = replace(MHA_FP4, dtype=dtype, kv_quant=kv_quant, v_head_dim=32)
+    spec = _built_variant(kvcheck_target, spec)
+    pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
+    assert_pool_matches_reference(pool, ReferencePool(spec), call="pool construction")
+
+
+@pytest.mark.kvcheck_needs("mha_pool", "host_copy")
+def test_q6_mha_fp4_reload_carries_the_scales(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q6: a written MHA fp4_mx_block16 token copied to the host and reloaded to another
+    slot arrives with its block scales."""
+    spec = _built_variant(kvcheck_target, MHA_FP4)
+    ops: tuple[Op, ...] = (
+        WRITE_MHA_FP4,
+        HostCopy(name="token", indices=(1,)),
+        HostReload(name="token", indices=(2,)),
+    )
+    _run_ops(kvcheck_target, kvcheck_device, spec, ops)
 
 
 @pytest.mark.kvcheck_needs("mla_pool")

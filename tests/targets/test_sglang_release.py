@@ -37,7 +37,7 @@ from sglang.srt.runtime_context import WIDTHS
 class MHATokenToKVPool(_MHA):
     def __init__(self, size, page_size, dtype, head_num, head_dim, layer_num, device,
                  enable_memory_saver, v_head_dim=None, start_layer=None, end_layer=None,
-                 enable_kv_cache_copy=False):
+                 enable_kv_cache_copy=False, quant_method=None):
         hnd = os.environ.get("SGLANG_USE_HND_KVCACHE") == "1"
         super().__init__(size, page_size, dtype, head_num, head_dim, layer_num, device,
                          enable_memory_saver, v_head_dim, start_layer, end_layer,
@@ -119,6 +119,18 @@ _PROCESS_CONTEXT = (
 )
 
 
+_QUANT_METHODS = """
+class CPUFP8KVCacheMethod:
+    pass
+
+class FP4MXBlock16KVCacheMethod:
+    pass
+
+def get_kv_cache_quant_method(name, **kwargs):
+    pass
+"""
+
+
 def _package(
     *, kpool: bool = True, private_context: bool = True, process_context: bool = True
 ) -> dict[str, str]:
@@ -143,6 +155,7 @@ def _package(
             "\ndef set_mla_kv_buffer_naive(): pass\n\ndef set_mla_kv_scale_buffer_kernel(): pass\n"
         ),
         "srt/runtime_context.py": runtime,
+        "srt/layers/quantization/fp4_kv_cache_quant_method.py": _QUANT_METHODS,
         "srt/server_args.py": "class ServerArgs:\n    pass\n",
         "srt/arg_groups/arg_utils.py": "def record_fields(cls): return ()\n",
         "srt/arg_groups/kv_cache_hook.py": (
@@ -297,6 +310,30 @@ def test_an_older_constructor_narrows_the_surface(fake_sglang: Path) -> None:
         f"sglang {RELEASE}'s DSATokenToKVPool takes no index_kpool parameter"
     )
     assert "index_kpool" not in facts.fit_arguments({"index_kpool": 1}, "DSATokenToKVPool")
+
+
+@pytest.mark.parametrize("missing", ["module", "parameter"])
+def test_a_release_without_quant_methods_keeps_mha_unquantized_or_fp8(
+    fake_sglang: Path, missing: str
+) -> None:
+    """Without sglang's KV-cache quant methods, or an MHA constructor that takes none, the
+    MHA pool stays, narrowed to the kv_quant values the plain pool builds, with a note
+    naming the missing piece; nothing is switched off."""
+    modules = _package()
+    if missing == "module":
+        del modules["srt/layers/quantization/fp4_kv_cache_quant_method.py"]
+        why = f"sglang {RELEASE} has no KV-cache quant-method module"
+    else:
+        source = modules["srt/mem_cache/memory_pool.py"]
+        modules["srt/mem_cache/memory_pool.py"] = source.replace(
+            "enable_kv_cache_copy=False, quant_method=None):", "enable_kv_cache_copy=False):"
+        )
+        why = f"sglang {RELEASE}'s MHATokenToKVPool takes no quant_method parameter"
+    facts = _read(fake_sglang, modules)
+    assert facts.unsupported() == {}
+    surface = facts.surface(SURFACE)
+    assert surface.values("mha", "kv_quant") == ("none", "fp8_scaled")
+    assert (surface.note("mha", "kv_quant") or "").startswith(why), surface.note("mha", "kv_quant")
 
 
 def test_serving_follows_the_context_entry_points_the_release_has(fake_sglang: Path) -> None:

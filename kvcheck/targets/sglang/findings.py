@@ -82,7 +82,8 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "X1": "DSA move_kv_cache moves index-K page rows addressed by token ids: a whole "
         "page of keys lands on another page, or IndexError after the latent rows moved",
         "PV1": "on a platform without CUDA, set_kv_buffer_prefix_valid on an fp8 pool "
-        "converts the rows to fp8 twice (0.5 is stored as 48.0)",
+        "converts the rows to fp8 twice (0.5 is stored as 48.0); on a quant-method pool "
+        "(cpu_fp8_e4m3, fp4_mx_block16) the early conversion makes the write raise",
         "D21": "under decode context parallel the default DSA index-K buffer holds a key per "
         "physical token while writes carry widened ids: keys past its end",
         "Q2": "MLA FP4 move_kv_cache, get_cpu_copy and load_cpu_copy carry the payload and "
@@ -92,6 +93,12 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "Q4": "FP4 pools (MLA FP4, MHA fp4_mx_block16 and nvfp4's linear scales) describe "
         "only their payload for transfer: no scale-buffer descriptor, so a PD decode side "
         "receives the payload without its scales",
+        "Q5": "MHA pools with a quant method (cpu_fp8_e4m3, fp4_mx_block16) shape V and its "
+        "scales by head_dim and ignore v_head_dim, which get_v_head_dim still reports: a V "
+        "row of v_head_dim cannot be written",
+        "Q6": "MHA fp4_mx_block16 get_cpu_copy and load_cpu_copy carry the payload and not "
+        "k_scale_buffer/v_scale_buffer (its move_kv_cache carries them): reloaded tokens keep "
+        "the target slot's old scales",
         "Q11": "MLA FP4 get_value_buffer returns the layer's packed FP4 bytes (nope and "
         "rope mixed, no scales), not the dequantized latent get_key_buffer returns",
         "Q12": "MLA FP4 set_kv_buffer and set_mla_kv_buffer take no layer_id_override, "
@@ -158,6 +165,10 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
         # scale buffer are the same); the suite builds the pool where the release has the
         # pieces it needs (release.NEEDS).
         **{finding: _ALL for finding in ("Q2", "Q3", "Q4", "Q11", "Q12")},
+        # q5.py shows Q5 on each release (the quant methods' create_buffers are the same).
+        "Q5": _ALL,
+        # q6.py shows Q6 on each release (MHATokenToKVPool's host copies are the same).
+        "Q6": _ALL,
     }
 )
 
@@ -392,9 +403,25 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     ),
     _finding(
         "PV1",
+        pinned=_pinned("test_pv1_fp8_*"),
         check="bytes",
         call="set_kv_buffer_prefix_valid",
         family="mha*",
+    ),
+    # The same early conversion on the quant-method pools: their quantizers are handed rows
+    # already in the pool dtype, which torch cannot divide (fp8) or copy (fp4) on CPU.
+    *(
+        Finding(
+            f"PV1.{variant}",
+            FINDINGS["PV1"],
+            pinned=_pinned(f"test_pv1_quantized_*[{variant}]"),
+            check="raises",
+            call="set_kv_buffer_prefix_valid",
+            kind="NotImplementedError instead of no exception",
+            family=f"mha:{variant}",
+            steer=frozenset({f"mha:{variant}:write_prefix_valid"}),
+        )
+        for variant in ("cpu_fp8", "fp4_mx_block16")
     ),
     _finding(
         "D21",
@@ -468,10 +495,46 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     ),
     _finding(
         "Q4",
+        pinned=_pinned("test_q4_mla_*"),
         check="scale_buf_infos",
         call="get_kv_scale_buf_infos",
         family="mla:fp4",
         steer=frozenset({"mla:fp4:scale_buf_infos"}),
+    ),
+    Finding(
+        "Q4.mha",
+        FINDINGS["Q4"],
+        pinned=_pinned("test_q4_mha_*"),
+        check="scale_buf_infos",
+        call="get_kv_scale_buf_infos",
+        family="mha:fp4_mx_block16",
+        steer=frozenset({"mha:fp4_mx_block16:scale_buf_infos"}),
+    ),
+    # One entry per variant: a V shape that differs on another MHA variant is another bug.
+    # The exact kind is a shape difference (a byte difference adds " at row N").
+    _finding(
+        "Q5",
+        pinned=_pinned("test_q5_*[cpu_fp8]"),
+        check="bytes",
+        kind="v_buffer differs",
+        family="mha:cpu_fp8",
+        steer=frozenset({"mha:cpu_fp8:v_head_dim"}),
+    ),
+    Finding(
+        "Q5.fp4",
+        FINDINGS["Q5"],
+        pinned=_pinned("test_q5_*[fp4_mx_block16]"),
+        check="bytes",
+        kind="v_buffer differs",
+        family="mha:fp4_mx_block16",
+        steer=frozenset({"mha:fp4_mx_block16:v_head_dim"}),
+    ),
+    _finding(
+        "Q6",
+        check="bytes",
+        kind="*_scale_buffer differs*",
+        family="mha:fp4_mx_block16",
+        steer=frozenset({"mha:fp4_mx_block16:host_copy", "mha:fp4_mx_block16:host_reload"}),
     ),
     _finding(
         "Q11",

@@ -81,7 +81,8 @@ SCOPES: tuple[Scope, ...] = (
 # Reasons, one vocabulary (the issue's): where a line can only run, or why it never does.
 GPU_ONLY = "CUDA/HIP/XPU only: a GPU kernel (Triton, AITER, CUDA graph capture) or stream"
 VARIANT = (
-    "a pool variant kvcheck does not model (fp4/mxfp8/quantized KV, the vectorized_5d "
+    "a pool variant kvcheck does not model (nvfp4 and mxfp8 KV, nvfp4's global scales, "
+    "dequant workspaces and native FP4 scales, quantized cell sizes, the vectorized_5d "
     "layout or an explicit kv_cache_layout label, DCP's replicated and resolved-loc modes "
     "and FP4 DCP mask, post-capture VMM "
     "backing, unified pools, zero-layer or layer-sharded pools)"
@@ -170,8 +171,14 @@ REASONS: tuple[Reason, ...] = (
     Reason(_MP, "MHATokenToKVPool._mha_buffers", SERVING_ONLY),
     Reason(_MP, "MHATokenToKVPool._mha_scale_buffers", SERVING_ONLY),
     Reason(_MP, "MHATokenToKVPool._mha_buffer_info", SERVING_ONLY),
-    Reason(_MP, "MHATokenToKVPool._create_quantized_buffers", VARIANT),
-    Reason(_MP, "MHATokenToKVPool._check_quantized_buffer_access_requirements", VARIANT),
+    # Reached by mha:cpu_fp8 and mha:fp4_mx_block16 up to the first return: neither method
+    # declares a dequant workspace or native scales.
+    Reason(
+        _MP,
+        "MHATokenToKVPool._check_quantized_buffer_access_requirements",
+        "raises only for a quant method whose buffers disagree with the accesses it "
+        "declares; the workspace checks after the first return are nvfp4's (not modelled)",
+    ),
     Reason(_MP, "MHATokenToKVPool._assign_post_capture_tensors", VARIANT),
     Reason(_MP, "MHATokenToKVPool._alloc_post_capture_buffers", VARIANT),
     Reason(_MP, "MHATokenToKVPool._finalize_backing_tokens", VARIANT),
@@ -187,7 +194,13 @@ REASONS: tuple[Reason, ...] = (
     Reason(_MP, "MHATokenToKVPool._clear_buffers", DEAD),
     Reason(_MP, "MHATokenToKVPool._quantized_scales", VARIANT),
     Reason(_MP, "MHATokenToKVPool._set_quantized_kv_buffer", VARIANT),
-    Reason(_MP, "MHATokenToKVPool.get_raw_kv_buffer", VARIANT),
+    Reason(
+        _MP,
+        "MHATokenToKVPool.get_raw_kv_buffer",
+        "read only by attention backends that take packed FP4 with its scales (TRT-LLM MHA, "
+        "the dequant workspaces); the suite reads FP4 pools dequantized (get_key_buffer) and "
+        "compares the packed buffers and scales directly",
+    ),
     Reason(_MP, "MHATokenToKVPool.get_dequant_workspace", VARIANT),
     Reason(_MP, "MHATokenToKVPool.get_flashinfer_*dequant_workspace_kv_buffer", VARIANT),
     Reason(_MP, "MHATokenToKVPool._to_cpu_int_list", VARIANT),
@@ -384,7 +397,12 @@ REASONS: tuple[Reason, ...] = (
         "read only by a launched server's eager runner (CUDA graph buffers); the shapes are "
         "those of get_kv_buffer(start_layer), which the read-API check compares",
     ),
-    Reason(_MP, "KVCache.get_kv_cache_quant_method", VARIANT),
+    Reason(
+        _MP,
+        "KVCache.get_kv_cache_quant_method",
+        "read only by a launched server's attention backends to find the pool's quant "
+        "method; the suite passes the quant method itself",
+    ),
     Reason(
         _MP,
         "MHATokenToKVPool.get_v_head_dim",

@@ -171,6 +171,9 @@ def describe_release(release: str) -> str:
 
 _POOL = "sglang.srt.mem_cache.memory_pool"
 _POOL_CAPABILITIES = ("mha_pool", "noop_pool", "mla_pool", "dsa_pool")
+#: The MHA ``kv_quant`` values a release builds without sglang's quant methods (the plain
+#: pool: unquantized, or fp8 with per-tensor scales).
+_WITHOUT_QUANT_METHODS = ("none", "fp8_scaled")
 _CONTEXT = ("create_context", "use_context")
 #: 0.5.21's only way to publish server arguments: the process-wide context, saved and put back.
 _PROCESS_CONTEXT = ("publish", "snapshot_context", "restore_context")
@@ -253,6 +256,15 @@ NEEDS: tuple[Need, ...] = (
         "sglang.kernels.ops.kvcache.mla_buffer",
         names=("set_mla_kv_scale_buffer_kernel",),
         narrows={"mla.kv_quant": ("none",)},
+    ),
+    # The MHA quant methods (cpu_fp8, fp4_mx_block16: quant_methods.py), passed to
+    # MHATokenToKVPool as quant_method (OPTIONAL_PARAMETERS); all torch code.
+    Need(
+        "kv_quant_methods",
+        "KV-cache quant-method module",
+        "sglang.srt.layers.quantization.fp4_kv_cache_quant_method",
+        names=("get_kv_cache_quant_method", "CPUFP8KVCacheMethod", "FP4MXBlock16KVCacheMethod"),
+        narrows={"mha.kv_quant": _WITHOUT_QUANT_METHODS},
     ),
     # MLA/DSA pools read their parallel widths from here (env.dcp_parallel).
     Need(
@@ -543,7 +555,11 @@ OPTIONAL_PARAMETERS: Mapping[str, Mapping[str, Mapping[str, tuple[Any, ...]]]] =
         "kv_cache_dim": {"dsa.latent_layout": ("raw",)},
         "index_buf_size": {"dsa.dcp_size": (1,)},
     },
-    "MHATokenToKVPool": {"enable_kv_cache_copy": {}, "v_head_dim": {}},
+    "MHATokenToKVPool": {
+        "enable_kv_cache_copy": {},
+        "v_head_dim": {},
+        "quant_method": {"mha.kv_quant": _WITHOUT_QUANT_METHODS},
+    },
     "NoOpMHATokenToKVPool": {"enable_kv_cache_copy": {}, "v_head_dim": {}},
 }
 
@@ -624,6 +640,9 @@ class ReleaseFacts:
             current = declared.values(family, name)
             kept = tuple(v for v in (current or values) if v in values) or values
             families[family][name] = kept
+            if notes.get(key) == declared.notes.get(key) is not None:
+                # The declared note says why other values are left out; say this one first.
+                notes[key] = f"{why}; {notes[key]}"
             notes.setdefault(key, why)
         allocators, host_layouts = declared.allocators, declared.host_layouts
         off = self.tiers_off()

@@ -23,6 +23,7 @@ from typing import Any
 from kvcheck.specs import PoolSpec, WriteIndexK, WriteMLA
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.targets.sglang.env import dcp_parallel_widths
+from kvcheck.targets.sglang.quant_methods import IMPORT_LINE, QuantMethodCall
 
 __all__ = ["script_recipe"]
 
@@ -227,6 +228,9 @@ def script_recipe(spec: PoolSpec, ops: Sequence[Any], *, arguments: PoolArgument
         setup += _SGLANG_MLA_SET.rstrip("\n").splitlines()
     body = "\n".join(f"    {line}" if line else "" for line in setup)
     build = arguments.call_source("pool", qualifier="memory_pool").splitlines()
+    if any(isinstance(value, QuantMethodCall) for value in arguments.kwargs.values()):
+        # The pool's quant_method argument prints as the sglang call that builds it.
+        build = [IMPORT_LINE, *build]
     if spec.kv_layout == "hnd":
         # sglang picks the HND layout from this variable, read in the constructor.
         build = [

@@ -50,6 +50,7 @@ from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.targets.sglang import adapt, env, release
 from kvcheck.targets.sglang.findings import expected_failures_for, findings_for
+from kvcheck.targets.sglang.quant_methods import built_kwargs, quant_method_call
 from kvcheck.targets.sglang.release import INSTALL_HINT, ReleaseFacts
 from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS, AllocatorSpec, HostPoolSpec
 
@@ -127,8 +128,14 @@ QUANTIZED_SURFACE: Mapping[str, str] = MappingProxyType(
             "MLATokenToKVPoolFP4; on CPU set_mla_kv_buffer's scale-row Triton kernel runs "
             "as a CPU body (env.cpu_mla_scale_kernel)"
         ),
-        "mha:cpu_fp8": "not built yet: needs the quant_method constructor argument",
-        "mha:fp4_mx_block16": "not built yet: needs the quant_method constructor argument",
+        "mha:cpu_fp8": (
+            "MHATokenToKVPool with quant_method get_kv_cache_quant_method('cpu_fp8_e4m3'), "
+            "as sglang's configurator builds it on a CPU platform; all torch code"
+        ),
+        "mha:fp4_mx_block16": (
+            "MHATokenToKVPool with quant_method get_kv_cache_quant_method('fp4_mx_block16', "
+            "num_layers=, device=, page_size=); its quantizer is torch code (torch.compile)"
+        ),
         "mha:nvfp4": (
             "not built: its writes quantize with flashinfer's nvfp4_kv_quantize (GPU only), "
             "whose bytes a CPU stand-in could only assume"
@@ -147,12 +154,16 @@ QUANTIZED_SURFACE: Mapping[str, str] = MappingProxyType(
 #: example slower without reaching other code. The bound of what the target draws: once
 #: prepared, the target narrows it to what the installed release builds
 #: (:meth:`.release.ReleaseFacts.surface`: its asserts, parameters and layouts). Quantized
-#: pools (:data:`QUANTIZED_SURFACE`): MHA fp8 with per-tensor scales and MLA FP4; the MHA
-#: variants left out are noted with why (a skip quotes it).
+#: pools (:data:`QUANTIZED_SURFACE`): MHA fp8 with per-tensor scales, the MHA quant methods
+#: ``cpu_fp8`` and ``fp4_mx_block16``, and MLA FP4; the MHA variants left out are noted
+#: with why (a skip quotes it).
 SURFACE = (
     Surface.everything(
         dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)},
-        mha={"kv_quant": ("none", "fp8_scaled"), "nvfp4_layout": (NVFP4_LAYOUTS[0],)},
+        mha={
+            "kv_quant": ("none", "fp8_scaled", "cpu_fp8", "fp4_mx_block16"),
+            "nvfp4_layout": (NVFP4_LAYOUTS[0],),
+        },
         mla={"kv_quant": ("none", "fp4")},
     )
     .with_tiers(
@@ -403,8 +414,10 @@ class SGLangTarget:
             build_scope = nullcontext() if on_cuda else env.native_kv_move()
             # sglang takes the HND layout only from a variable its constructor reads.
             layout_scope = env.hnd_kv_layout() if spec.kv_layout == "hnd" else nullcontext()
+            # A quant method is passed as the call that builds it (a script prints it).
+            built = PoolArguments(arguments.pool_class, built_kwargs(arguments.kwargs))
             with build_scope, layout_scope:
-                return arguments.build()
+                return built.build()
         with env.dcp_parallel(spec.dcp_size, spec.dcp_rank):
             pool = arguments.build()
         methods = _MLA_SCOPED_METHODS if spec.family == "mla" else _DSA_SCOPED_METHODS
@@ -645,7 +658,10 @@ def pool_arguments(spec: PoolSpec, *, device: str) -> PoolArguments:
     """sglang's pool class and constructor arguments for ``spec`` on ``device``.
 
     What :meth:`SGLangTarget.make_pool` builds inside its scopes (the published parallel
-    widths, the HND variable, the native move), and what a reproduction script prints.
+    widths, the HND variable, the native move), and what a reproduction script prints. An
+    MHA pool of a quant-method variant (``cpu_fp8``, ``fp4_mx_block16``) gets sglang's
+    ``quant_method`` as the call that builds it (:mod:`.quant_methods`), in the pool dtype
+    sglang's configurator passes with it (float8_e4m3fn, float4_e2m1fn_x2).
 
     Example:
         >>> spec = PoolSpec(family="mha", size=8, page_size=4, layer_num=2, dtype="bfloat16")
@@ -675,6 +691,9 @@ def pool_arguments(spec: PoolSpec, *, device: str) -> PoolArguments:
             v_head_dim=spec.v_head_dim,
             enable_kv_cache_copy=_is_cuda(device),
         )
+        quant_method = quant_method_call(spec, device=device)
+        if quant_method is not None:
+            kwargs["quant_method"] = quant_method
         return PoolArguments(f"{_MEMORY_POOL}:{name}", kwargs)
     kwargs.update(kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim)
     if spec.family == "mla":
