@@ -42,6 +42,8 @@ POOL_CLASSES = (
     "NoOpMHATokenToKVPool",
     "MLATokenToKVPool",
     "MLATokenToKVPoolFP4",
+    "MHATokenToKVPoolFP4",
+    "MHATokenToKVPoolMXFP8",
     "DSATokenToKVPool",
 )
 
@@ -93,6 +95,11 @@ SERVING_ONLY = (
 )
 ABSTRACT = "unreachable: the abstract base's body, overridden by every pool"
 DEAD = "unreachable: no caller anywhere in sglang 0.5.23"
+MHA_FP4_UNBUILT = (
+    "unreachable: nothing in sglang 0.5.23 builds MHATokenToKVPoolFP4 (its configurator "
+    "builds FP4 MHA caches as MHATokenToKVPool with a quant method; only kv_canary's patch "
+    "table names the class)"
+)
 FP4_NO_ROPE = (
     "an MLA FP4 latent without a rope part (qk_rope_head_dim 0): no MLA checkpoint has one, "
     "so kvcheck draws FP4 pools with a rope part (sglang's scale-row kernel call would then "
@@ -231,6 +238,7 @@ REASONS: tuple[Reason, ...] = (
     Reason(_MP, "MLATokenToKVPool.*", VARIANT, pattern=_guarded_by(r"shape\[0\] == 0")),
     # --- DSATokenToKVPool ---------------------------------------------------------------------
     Reason(_MP, "MLATokenToKVPoolFP4._clear_buffers", DEAD),
+    Reason(_MP, "MHATokenToKVPoolFP4.*", MHA_FP4_UNBUILT),
     Reason(
         _MP, "MLATokenToKVPoolFP4.get_key_buffer", SERVING_ONLY, pattern=r"layer_transfer_counter"
     ),
