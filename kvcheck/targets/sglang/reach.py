@@ -83,11 +83,19 @@ SCOPES: tuple[Scope, ...] = (
 # Reasons, one vocabulary (the issue's): where a line can only run, or why it never does.
 GPU_ONLY = "CUDA/HIP/XPU only: a GPU kernel (Triton, AITER, CUDA graph capture) or stream"
 VARIANT = (
-    "a pool variant kvcheck does not model (nvfp4 and mxfp8 KV, nvfp4's global scales, "
-    "dequant workspaces and native FP4 scales, quantized cell sizes, the vectorized_5d "
-    "layout or an explicit kv_cache_layout label, DCP's replicated and resolved-loc modes "
-    "and FP4 DCP mask, post-capture VMM "
-    "backing, unified pools, zero-layer or layer-sharded pools)"
+    "a pool mode kvcheck does not model (the vectorized_5d layout or an explicit "
+    "kv_cache_layout label, DCP's write mask on MHA and its replicated and resolved-loc "
+    "modes, unified pools, zero-layer or layer-sharded pools)"
+)
+POST_CAPTURE = (
+    "CUDA only: post-capture VMM backing (KV buffers mapped after CUDA graph capture, "
+    "post_capture_active), which a pool on a CPU torch never takes"
+)
+NVFP4_GPU = (
+    "nvfp4 KV only: sglang quantizes its writes with flashinfer's nvfp4_kv_quantize, a CUDA "
+    "kernel with no CPU build, so the target builds no nvfp4 pool; its global scales, "
+    "TRT-LLM native scales and FlashInfer dequant workspaces feed those GPU attention "
+    "backends of a launched server"
 )
 SERVING_ONLY = (
     "called only inside a launched server: layer-wise transfer waits, HiCache host-pool "
@@ -164,7 +172,7 @@ REASONS: tuple[Reason, ...] = (
     Reason(
         _MP, "KVCache._check_physical_write_loc", VARIANT, pattern=_guarded_by(r"requires_physical")
     ),
-    Reason(_MP, "KVCache._finalize_allocation_log", VARIANT, pattern=r"post_capture_active"),
+    Reason(_MP, "KVCache._finalize_allocation_log", POST_CAPTURE, pattern=r"post_capture_active"),
     # --- MHATokenToKVPool ---------------------------------------------------------------------
     Reason(
         _MP,
@@ -186,11 +194,11 @@ REASONS: tuple[Reason, ...] = (
         "raises only for a quant method whose buffers disagree with the accesses it "
         "declares; the workspace checks after the first return are nvfp4's (not modelled)",
     ),
-    Reason(_MP, "MHATokenToKVPool._assign_post_capture_tensors", VARIANT),
-    Reason(_MP, "MHATokenToKVPool._alloc_post_capture_buffers", VARIANT),
-    Reason(_MP, "MHATokenToKVPool._finalize_backing_tokens", VARIANT),
-    Reason(_MP, "MHATokenToKVPool.finalize_backing", VARIANT),
-    Reason(_MP, "MHATokenToKVPool.post_capture_backed_bytes", VARIANT),
+    Reason(_MP, "MHATokenToKVPool._assign_post_capture_tensors", POST_CAPTURE),
+    Reason(_MP, "MHATokenToKVPool._alloc_post_capture_buffers", POST_CAPTURE),
+    Reason(_MP, "MHATokenToKVPool._finalize_backing_tokens", POST_CAPTURE),
+    Reason(_MP, "MHATokenToKVPool.finalize_backing", POST_CAPTURE),
+    Reason(_MP, "MHATokenToKVPool.post_capture_backed_bytes", POST_CAPTURE),
     Reason(_MP, "MHATokenToKVPool._build_kv_buffer_descs", VARIANT, pattern=r"_kv_buffer_shapes\("),
     Reason(
         _MP,
@@ -199,8 +207,8 @@ REASONS: tuple[Reason, ...] = (
         pattern=r"raise ValueError",
     ),
     Reason(_MP, "MHATokenToKVPool._clear_buffers", DEAD),
-    Reason(_MP, "MHATokenToKVPool._quantized_scales", VARIANT),
-    Reason(_MP, "MHATokenToKVPool._set_quantized_kv_buffer", VARIANT),
+    Reason(_MP, "MHATokenToKVPool._quantized_scales", NVFP4_GPU, pattern=r"k_scales_gpu"),
+    Reason(_MP, "MHATokenToKVPool._set_quantized_kv_buffer", NVFP4_GPU, pattern=r"native_"),
     Reason(
         _MP,
         "MHATokenToKVPool.get_raw_kv_buffer",
@@ -208,10 +216,10 @@ REASONS: tuple[Reason, ...] = (
         "the dequant workspaces); the suite reads FP4 pools dequantized (get_key_buffer) and "
         "compares the packed buffers and scales directly",
     ),
-    Reason(_MP, "MHATokenToKVPool.get_dequant_workspace", VARIANT),
-    Reason(_MP, "MHATokenToKVPool.get_flashinfer_*dequant_workspace_kv_buffer", VARIANT),
-    Reason(_MP, "MHATokenToKVPool._to_cpu_int_list", VARIANT),
-    Reason(_MP, "MHATokenToKVPool._prepare_dequant_*_workspace", VARIANT),
+    Reason(_MP, "MHATokenToKVPool.get_dequant_workspace", NVFP4_GPU),
+    Reason(_MP, "MHATokenToKVPool.get_flashinfer_*dequant_workspace_kv_buffer", NVFP4_GPU),
+    Reason(_MP, "MHATokenToKVPool._to_cpu_int_list", NVFP4_GPU),
+    Reason(_MP, "MHATokenToKVPool._prepare_dequant_*_workspace", NVFP4_GPU),
     Reason(_MP, "MHATokenToKVPool.set_kv_buffer", GPU_ONLY, pattern=r"masked_set_kv_buffer_kernel"),
     # On CPU the method returns through set_kv_buffer before its CUDA/HIP tail.
     Reason(
@@ -226,7 +234,7 @@ REASONS: tuple[Reason, ...] = (
     Reason(
         _MP, "MHATokenToKVPool._move_kv_cache_impl", GPU_ONLY, pattern=r"N = tgt_loc\.numel\(\)"
     ),
-    Reason(_MP, "MHATokenToKVPool._move_native_fp4_scales", VARIANT, pattern=r"nvfp4"),
+    Reason(_MP, "MHATokenToKVPool._move_native_fp4_scales", NVFP4_GPU, pattern=r"nvfp4"),
     # --- MLATokenToKVPool ---------------------------------------------------------------------
     Reason(_MP, "MLATokenToKVPool.get_device_pool_infos", SERVING_ONLY),
     Reason(_MP, "MLATokenToKVPool._mla_buffer_info", SERVING_ONLY),
@@ -304,8 +312,8 @@ REASONS: tuple[Reason, ...] = (
     Reason(
         _PC,
         "DefaultPoolConfigurator._compute_cell_size",
-        VARIANT,
-        pattern=_guarded_by(r"float4|mxfp8"),
+        FP4_CPU,
+        pattern=_guarded_by(r"float4"),
     ),
     Reason(_PC, "DefaultPoolConfigurator._compute_qsa_cell_size", OTHER_FAMILIES),
     Reason(
@@ -448,11 +456,8 @@ REASONS: tuple[Reason, ...] = (
         pattern=_guarded_by(r"_use_aiter|aiter_|\b_is_hip\b|\bis_xpu\(|\b_is_xpu\b"),
     ),
     Reason(_MP, "*", GPU_ONLY, pattern=_guarded_by(r"\b_is_cuda\b|get_is_capture_mode")),
-    Reason(_MP, "*", VARIANT, pattern=_guarded_by(r"post_capture")),
-    Reason(
-        _MP, "*", VARIANT, pattern=_guarded_by(r"is_quantized_kv_cache|quant_method\.|scale_buffer")
-    ),
-    Reason(_MP, "*", VARIANT, pattern=_guarded_by(r"\bdq_[kv]_buffer|native_[kv]_scale")),
+    Reason(_MP, "*", POST_CAPTURE, pattern=_guarded_by(r"post_capture")),
+    Reason(_MP, "*", NVFP4_GPU, pattern=_guarded_by(r"\bdq_[kv]_buffer|native_[kv]_scale")),
     Reason(
         _MP,
         "*",
