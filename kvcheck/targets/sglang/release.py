@@ -174,6 +174,8 @@ _POOL_CAPABILITIES = ("mha_pool", "noop_pool", "mla_pool", "dsa_pool")
 #: The MHA ``kv_quant`` values a release builds without sglang's quant methods (the plain
 #: pool: unquantized, or fp8 with per-tensor scales).
 _WITHOUT_QUANT_METHODS = ("none", "fp8_scaled")
+#: The MHA ``kv_quant`` values a release builds without the MXFP8 pool or its kernels.
+_WITHOUT_MXFP8 = ("none", "fp8_scaled", "cpu_fp8", "fp4_mx_block16")
 _CONTEXT = ("create_context", "use_context")
 #: 0.5.21's only way to publish server arguments: the process-wide context, saved and put back.
 _PROCESS_CONTEXT = ("publish", "snapshot_context", "restore_context")
@@ -256,6 +258,29 @@ NEEDS: tuple[Need, ...] = (
         "sglang.srt.layers.quantization.fp4_kv_cache_quant_method",
         names=("get_kv_cache_quant_method", "CPUFP8KVCacheMethod", "FP4MXBlock16KVCacheMethod"),
         narrows={"mha.kv_quant": _WITHOUT_QUANT_METHODS},
+    ),
+    # The MXFP8 MHA pool and the Triton kernels its writes, moves and reloads launch (CPU
+    # bodies on CPU: mxfp8_kernels.py); the kernel modules as 0.5.23 names them.
+    Need(
+        "mxfp8_class",
+        "MXFP8 MHA pool",
+        _POOL,
+        names=("MHATokenToKVPoolMXFP8",),
+        narrows={"mha.kv_quant": _WITHOUT_MXFP8},
+    ),
+    Need(
+        "mxfp8_interleave",
+        "MXFP8 interleaved-scale kernel module",
+        "sglang.kernels.ops.kvcache.mxfp8_interleave_sf",
+        names=("store_sf_interleaved", "_store_sf_interleaved_kernel"),
+        narrows={"mha.kv_quant": _WITHOUT_MXFP8},
+    ),
+    Need(
+        "mxfp8_quant_store",
+        "MXFP8 quant-store kernel module",
+        "sglang.kernels.ops.kvcache.mxfp8_quant_store_kv",
+        names=("quant_store_kv_mxfp8", "_mxfp8_quant_store_qkv_kernel"),
+        narrows={"mha.kv_quant": _WITHOUT_MXFP8},
     ),
     # MLA/DSA pools read their parallel widths from here (env.dcp_parallel).
     Need(
