@@ -101,6 +101,15 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "the target slot's old scales",
         "Q11": "MLA FP4 get_value_buffer returns the layer's packed FP4 bytes (nope and "
         "rope mixed, no scales), not the dequantized latent get_key_buffer returns",
+        "Q13": "the MXFP8 pool's writes skip slot 0 (the padding sink), while its moves and "
+        "reloads copy slot 0's fp8 payload and skip its interleaved scales: a move or reload "
+        "into slot 0 leaves the payload beside the old scales",
+        "Q14": "MXFP8 pools off 128-token pages (flat scales) refuse every set_kv_buffer "
+        "(AssertionError: 'requires the page_size=128 interleaved scale layout'), though "
+        "sglang builds them, and their moves, reloads and descriptors serve the flat layout",
+        "Q15": "flat-scale MXFP8 moves and reloads store the scales by index_put on "
+        "float8_e8m0fnu, which a CPU torch lacks: NotImplementedError after the fp8 payload "
+        "has moved",
     }
 )
 
@@ -167,6 +176,9 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
         "Q5": _ALL,
         # q6.py shows Q6 on each release (MHATokenToKVPool's host copies are the same).
         "Q6": _ALL,
+        # MHATokenToKVPoolMXFP8: q13-q15.py show them on each release; the suite builds the
+        # pool on 0.5.23 only (release.NEEDS: the kernel modules as 0.5.23 names them).
+        **{finding: _ALL for finding in ("Q13", "Q14", "Q15")},
     }
 )
 
@@ -533,6 +545,28 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_value_buffer",
         family="mla:fp4",
         steer=frozenset({"mla:fp4:read:get_value_buffer"}),
+    ),
+    # MHATokenToKVPoolMXFP8 (0.5.23 builds both layouts on CPU through mxfp8_kernels).
+    _finding(
+        "Q13",
+        check="bytes",
+        family="mha:mxfp8*",
+        steer=frozenset({"mha:mxfp8:slot0", "mha:mxfp8:flat:slot0"}),
+    ),
+    _finding(
+        "Q14",
+        check="raises",
+        call="set_kv_buffer",
+        kind="AssertionError*",
+        family="mha:mxfp8:flat",
+        steer=frozenset({"mha:mxfp8:flat:write_kv"}),
+    ),
+    _finding(
+        "Q15",
+        check="raises",
+        kind="NotImplementedError*",
+        family="mha:mxfp8:flat",
+        steer=frozenset({"mha:mxfp8:flat:move", "mha:mxfp8:flat:host_reload"}),
     ),
     _finding(
         "I",
