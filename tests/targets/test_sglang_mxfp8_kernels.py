@@ -30,9 +30,10 @@ import json, warnings
 warnings.simplefilter("ignore")
 import torch
 from kvcheck.targets.sglang import env, mxfp8_kernels
-with env.torchvision_stand_in():
-    from sglang.kernels.ops.kvcache import mxfp8_interleave_sf as interleave
-    from sglang.kernels.ops.kvcache import mxfp8_quant_store_kv as quant_store
+from kvcheck.targets.sglang.release import installed_release, load
+with env.torchvision_stand_in():  # the kernel modules where the installed release has them
+    modules = load(installed_release()).modules
+interleave, quant_store = modules.mxfp8_interleave, modules.mxfp8_quant_store
 
 torch.manual_seed(0)
 heads, pages = 2, 2
