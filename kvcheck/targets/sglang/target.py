@@ -126,7 +126,7 @@ QUANTIZED_SURFACE: Mapping[str, str] = MappingProxyType(
 #: prepared, the target narrows it to what the installed release builds
 #: (:meth:`.release.ReleaseFacts.surface`: its asserts, parameters and layouts). Quantized
 #: pools (:data:`QUANTIZED_SURFACE`): MHA fp8 with per-tensor scales, the MHA quant methods
-#: ``cpu_fp8`` and ``fp4_mx_block16``, and MLA FP4; the MHA variants left out are noted
+#: ``cpu_fp8`` and ``fp4_mx_block16``, MHA MXFP8, and MLA FP4; the MHA variant left out is noted
 #: with why (a skip quotes it).
 SURFACE = (
     Surface.everything(
