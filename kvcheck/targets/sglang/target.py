@@ -223,9 +223,9 @@ SGLANG_STAND_INS: tuple[str, ...] = (
     "kv_cache_torch_dtype",
 )
 
-#: The MXFP8 pool's methods that launch its GPU-only store pieces (writes; moves and
-#: reloads store interleaved scales).
-_MXFP8_SCOPED_METHODS: tuple[str, ...] = ("set_kv_buffer", "move_kv_cache", "load_cpu_copy")
+#: The MXFP8 pool's methods besides ``set_kv_buffer`` that launch one of its GPU-only store
+#: pieces: moves and reloads store interleaved scales with ``store_sf_interleaved``.
+_MXFP8_SCALE_STORING_METHODS: tuple[str, ...] = ("move_kv_cache", "load_cpu_copy")
 
 #: Pool methods that read sglang's runtime context (parallel widths) or sync CUDA.
 _MLA_SCOPED_METHODS: tuple[str, ...] = (
@@ -391,8 +391,12 @@ class SGLangTarget:
             with build_scope, layout_scope:
                 pool = built.build()
             if spec.kv_quant == "mxfp8" and not on_cuda:
-                scope = functools.partial(_mxfp8_pool_scope, modules=facts.loaded.modules)
-                _run_methods_in_scope(pool, _MXFP8_SCOPED_METHODS, scope)
+                modules = facts.loaded.modules
+                # Only the write stores through store_cache (behind its CUDA guard).
+                write = functools.partial(_mxfp8_pool_scope, modules=modules, store_cache=True)
+                scales = functools.partial(_mxfp8_pool_scope, modules=modules, store_cache=False)
+                _run_methods_in_scope(pool, ("set_kv_buffer",), write)
+                _run_methods_in_scope(pool, _MXFP8_SCALE_STORING_METHODS, scales)
             return pool
         with env.dcp_parallel(spec.dcp_size, spec.dcp_rank):
             pool = arguments.build()
@@ -723,11 +727,13 @@ def _latent_pool_scope(
 
 
 @contextmanager
-def _mxfp8_pool_scope(*, modules: SimpleNamespace) -> Iterator[None]:
-    """What one MXFP8 pool call needs on CPU: the CPU bodies of its CUDA ``store_cache``
-    and of the two Triton kernels (``modules``: the loaded pieces)."""
+def _mxfp8_pool_scope(*, modules: SimpleNamespace, store_cache: bool) -> Iterator[None]:
+    """What one MXFP8 pool call needs on CPU: the CPU bodies of the two Triton kernels
+    (``modules``: the loaded pieces) and, for a write (``store_cache``), of the CUDA
+    ``store_cache`` behind its CUDA guard."""
     with ExitStack() as stack:
-        stack.enter_context(mxfp8_kernels.cpu_store_cache(modules.memory_pool))
+        if store_cache:
+            stack.enter_context(mxfp8_kernels.cpu_store_cache(modules.memory_pool))
         for stand_in, module in (
             (mxfp8_kernels.cpu_mxfp8_interleave_kernel, modules.mxfp8_interleave),
             (mxfp8_kernels.cpu_mxfp8_quant_store_kernel, modules.mxfp8_quant_store),
