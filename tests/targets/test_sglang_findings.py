@@ -956,3 +956,75 @@ def test_q12_mla_fp4_split_write_takes_layer_id_override(
         layer_id=0, locs=(1,), nope_rows=(half,), rope_rows=(half,), dtype="bfloat16", override=True
     )
     _run_ops(kvcheck_target, kvcheck_device, spec, (write,))
+
+
+#: sglang's MXFP8 MHA pools: one layer, one head of 128 values on one 128-token page (FA4's
+#: interleaved scales), and one head of 32 values on 1-token pages (flat scales).
+MXFP8 = PoolSpec(
+    family="mha",
+    size=128,
+    page_size=128,
+    layer_num=1,
+    dtype="float8_e4m3fn",
+    kv_quant="mxfp8",
+    head_num=1,
+    head_dim=128,
+)
+MXFP8_FLAT = replace(MXFP8, size=4, page_size=1, head_dim=32)
+
+
+def _write_mxfp8(spec: PoolSpec, slot: int) -> WriteKV:
+    """fp8 rows of 1.0 (byte 0x38) at ``slot`` with e8m0 scales of 2 (byte 128)."""
+    row, scales = b"\x38" * spec.head_dim, b"\x80" * (spec.head_dim // 32)
+    payload = Payload(
+        dtype="float8_e4m3fn",
+        k_rows=(row,),
+        v_rows=(row,),
+        k_scale_rows=(scales,),
+        v_scale_rows=(scales,),
+    )
+    return WriteKV(layer_id=0, locs=(slot,), k_rows=(), v_rows=(), payload=payload)
+
+
+@pytest.mark.kvcheck_needs("mha_pool")
+def test_q13_mxfp8_write_to_slot0_lands(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q13: set_kv_buffer to slot 0 of an MXFP8 pool stores the row and its scales, as
+    move_kv_cache and load_cpu_copy store slot 0's payload."""
+    spec = _built_variant(kvcheck_target, MXFP8)
+    _run_ops(kvcheck_target, kvcheck_device, spec, (_write_mxfp8(spec, 0),))
+
+
+@pytest.mark.kvcheck_needs("mha_pool", "move")
+def test_q13_mxfp8_move_into_slot0_carries_the_scales(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """Q13: a written MXFP8 token moved into slot 0 arrives with its scales, as its fp8
+    payload does."""
+    spec = _built_variant(kvcheck_target, MXFP8)
+    ops = (_write_mxfp8(spec, 1), Move(tgt=(0,), src=(1,)))
+    _run_ops(kvcheck_target, kvcheck_device, spec, ops)
+
+
+@pytest.mark.kvcheck_needs("mha_pool")
+def test_q14_flat_mxfp8_write_lands(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q14: an MXFP8 pool off 128-token pages (flat scales) stores a write with its scales."""
+    spec = _built_variant(kvcheck_target, MXFP8_FLAT)
+    _run_ops(kvcheck_target, kvcheck_device, spec, (_write_mxfp8(spec, 1),))
+
+
+@pytest.mark.kvcheck_needs("mha_pool", "move")
+def test_q15_flat_mxfp8_move_carries_the_scales(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q15: a move on a flat-scale MXFP8 pool moves the fp8 rows and their scales."""
+    spec = _built_variant(kvcheck_target, MXFP8_FLAT)
+    _run_ops(kvcheck_target, kvcheck_device, spec, (Move(tgt=(2,), src=(1,)),))
+
+
+@pytest.mark.kvcheck_needs("mha_pool", "host_copy")
+def test_q15_flat_mxfp8_reload_carries_the_scales(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q15: a host copy of a flat-scale MXFP8 pool reloads into other slots with its scales."""
+    spec = _built_variant(kvcheck_target, MXFP8_FLAT)
+    ops: tuple[Op, ...] = (
+        HostCopy(name="token", indices=(1,)),
+        HostReload(name="token", indices=(2,)),
+    )
+    _run_ops(kvcheck_target, kvcheck_device, spec, ops)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.targets.sglang import adapt, env
+from kvcheck.targets.sglang import adapt, env, mxfp8_kernels
 from kvcheck.targets.sglang import target as sglang_target
 from kvcheck.targets.sglang.findings import RELEASES, SGLANG_FINDINGS
 
@@ -136,10 +136,13 @@ def test_every_scoped_patch_and_stand_in_class_is_registered() -> None:
     added to SGLANG_STAND_INS (and so to the document's table)."""
     registered = set(sglang_target.SGLANG_STAND_INS)
     assert _context_managers(env) - ENV_HELPERS <= registered
+    # _kernel_replaced: the patch the two Triton-kernel stand-ins share, not one itself.
+    assert _context_managers(mxfp8_kernels) - {"_kernel_replaced"} <= registered
     classes = {name for name, value in vars(adapt).items() if inspect.isclass(value)}
     assert {name for name in classes if name.endswith("StandIn")} <= registered
+    modules = (env, mxfp8_kernels, adapt, sglang_target)
     for name in registered:
-        assert any(hasattr(module, name) for module in (env, adapt, sglang_target)), name
+        assert any(hasattr(module, name) for module in modules), name
 
 
 @pytest.mark.parametrize(

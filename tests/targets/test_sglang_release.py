@@ -154,6 +154,12 @@ def _package(
             "def get_mla_kv_buffer_kernel(): pass\n\ndef get_mla_kv_buffer_kernel_norope(): pass\n"
             "\ndef set_mla_kv_buffer_naive(): pass\n\ndef set_mla_kv_scale_buffer_kernel(): pass\n"
         ),
+        "kernels/ops/kvcache/mxfp8_interleave_sf.py": (
+            "def store_sf_interleaved(): pass\n\ndef _store_sf_interleaved_kernel(): pass\n"
+        ),
+        "kernels/ops/kvcache/mxfp8_quant_store_kv.py": (
+            "def quant_store_kv_mxfp8(): pass\n\ndef _mxfp8_quant_store_qkv_kernel(): pass\n"
+        ),
         "srt/runtime_context.py": runtime,
         "srt/layers/quantization/fp4_kv_cache_quant_method.py": _QUANT_METHODS,
         "srt/server_args.py": "class ServerArgs:\n    pass\n",
@@ -334,6 +340,29 @@ def test_a_release_without_quant_methods_keeps_mha_unquantized_or_fp8(
     surface = facts.surface(SURFACE)
     assert surface.values("mha", "kv_quant") == ("none", "fp8_scaled")
     assert (surface.note("mha", "kv_quant") or "").startswith(why), surface.note("mha", "kv_quant")
+
+
+@pytest.mark.parametrize(
+    ("module", "why"),
+    [
+        ("kernels/ops/kvcache/mxfp8_interleave_sf.py", "MXFP8 interleaved-scale kernel module"),
+        ("kernels/ops/kvcache/mxfp8_quant_store_kv.py", "MXFP8 quant-store kernel module"),
+    ],
+    ids=["interleave", "quant_store"],
+)
+def test_a_release_without_the_mxfp8_kernels_leaves_mxfp8_out(
+    fake_sglang: Path, module: str, why: str
+) -> None:
+    """Without a kernel module the MXFP8 pool's writes launch (where 0.5.23 keeps it), the
+    MHA pool stays with every other kv_quant value, and the note names the missing piece."""
+    modules = _package()
+    del modules[module]
+    facts = _read(fake_sglang, modules)
+    assert facts.unsupported() == {}
+    surface = facts.surface(SURFACE)
+    assert "mxfp8" not in surface.values("mha", "kv_quant")
+    assert "fp4_mx_block16" in surface.values("mha", "kv_quant")
+    assert (surface.note("mha", "kv_quant") or "").startswith(f"sglang {RELEASE} has no {why}")
 
 
 def test_serving_follows_the_context_entry_points_the_release_has(fake_sglang: Path) -> None:

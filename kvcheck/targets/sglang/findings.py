@@ -103,6 +103,15 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "rope mixed, no scales), not the dequantized latent get_key_buffer returns",
         "Q12": "MLA FP4 set_kv_buffer and set_mla_kv_buffer take no layer_id_override, "
         "which their parent's writes declare and SWAKVPool passes to every MLA pool",
+        "Q13": "the MXFP8 pool's writes skip slot 0 (the padding sink), while its moves and "
+        "reloads copy slot 0's fp8 payload and skip its interleaved scales: a move or reload "
+        "into slot 0 leaves the payload beside the old scales",
+        "Q14": "MXFP8 pools off 128-token pages (flat scales) refuse every set_kv_buffer "
+        "(AssertionError: 'requires the page_size=128 interleaved scale layout'), though "
+        "sglang builds them, and their moves, reloads and descriptors serve the flat layout",
+        "Q15": "flat-scale MXFP8 moves and reloads store the scales by index_put on "
+        "float8_e8m0fnu, which a CPU torch lacks: NotImplementedError after the fp8 payload "
+        "has moved",
     }
 )
 
@@ -169,6 +178,9 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
         "Q5": _ALL,
         # q6.py shows Q6 on each release (MHATokenToKVPool's host copies are the same).
         "Q6": _ALL,
+        # MHATokenToKVPoolMXFP8: q13-q15.py and the pins show them on each release (the
+        # pool's code is the same; 0.5.21 and 0.5.22 keep its kernels in another module).
+        **{finding: _ALL for finding in ("Q13", "Q14", "Q15")},
     }
 )
 
@@ -542,6 +554,30 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_value_buffer",
         family="mla:fp4",
         steer=frozenset({"mla:fp4:read:get_value_buffer"}),
+    ),
+    # MHATokenToKVPoolMXFP8 (both layouts, built on CPU through mxfp8_kernels).
+    _finding(
+        "Q13",
+        check="bytes",
+        # Row 0 of a payload buffer is slot 0; of an interleaved scale buffer, page 0.
+        kind="*_buffer differs at row 0",
+        family="mha:mxfp8*",
+        steer=frozenset({"mha:mxfp8:slot0", "mha:mxfp8:flat:slot0"}),
+    ),
+    _finding(
+        "Q14",
+        check="raises",
+        call="set_kv_buffer",
+        kind="AssertionError*",
+        family="mha:mxfp8:flat",
+        steer=frozenset({"mha:mxfp8:flat:write_kv"}),
+    ),
+    _finding(
+        "Q15",
+        check="raises",
+        kind="NotImplementedError*",
+        family="mha:mxfp8:flat",
+        steer=frozenset({"mha:mxfp8:flat:move", "mha:mxfp8:flat:host_reload"}),
     ),
     _finding(
         "Q12",

@@ -117,6 +117,16 @@ FP4_STORE_DTYPE = (
     "unreachable: MLATokenToKVPoolFP4 always stores uint8 for its float4_e2m1fn_x2 dtype, "
     "so the branches for a pool storing its own dtype (or fp8 DSA rows) never run"
 )
+MXFP8_FLAT = (
+    "steered around findings Q14 and Q15: a flat-scale MXFP8 pool (page_size != 128) refuses "
+    "every write (Q14), and on a CPU torch its moves and reloads raise at these scale stores "
+    "(Q15), so the suite draws no write, move or reload there, nor a fused (scale-less) write, "
+    "which kvcheck's own pool refuses off 128-token pages as sglang does"
+)
+MXFP8_DIMS = (
+    "the MXFP8 pool's construction refusals: the suite draws head dims that are multiples of "
+    "32 on a torch with float8_e8m0fnu (kvcheck's own pool raises the same ValueError)"
+)
 STEERED_T3 = (
     "steered around finding T3: on CPU a host copy of a request's compress tails holds "
     "views of the pool, so the suite names no request slot in sglang's host copies"
@@ -247,6 +257,21 @@ REASONS: tuple[Reason, ...] = (
     # --- DSATokenToKVPool ---------------------------------------------------------------------
     Reason(_MP, "MLATokenToKVPoolFP4._clear_buffers", DEAD),
     Reason(_MP, "MHATokenToKVPoolFP4.*", MHA_FP4_UNBUILT),
+    # --- MHATokenToKVPoolMXFP8 (mha:mxfp8, mha:mxfp8:flat; reach not rerun) ---------------
+    Reason(_MP, "MHATokenToKVPoolMXFP8._clear_buffers", DEAD),
+    Reason(
+        _MP,
+        "MHATokenToKVPoolMXFP8._create_buffers",
+        MXFP8_DIMS,
+        pattern=r"raise (ValueError|RuntimeError)\(",
+    ),
+    Reason(
+        _MP,
+        "MHATokenToKVPoolMXFP8.*",
+        MXFP8_FLAT,
+        pattern=r"super\(\)\.move_kv_cache|self\.[kv]_scale_buffer\[idx\]\[(loc|tgt_loc)\] ="
+        r"|requires K and V scale tensors",
+    ),
     Reason(
         _MP, "MLATokenToKVPoolFP4.get_key_buffer", SERVING_ONLY, pattern=r"layer_transfer_counter"
     ),
@@ -496,8 +521,9 @@ HOST_OTHER_CLASSES = (
     "assembler's path to DSAIndexerPoolHost, which the target builds directly)"
 )
 HOST_MXFP8 = (
-    "the MXFP8 host pool is not built: it needs an MXFP8 device pool (quantized pools, a "
-    "separate issue) and the staged JIT write-back kernels (CUDA/HIP)"
+    "the MXFP8 host pool is not built: the target builds the MXFP8 device pool (with CPU "
+    "bodies of its store kernels) but no host pool for it, which needs the staged JIT "
+    "write-back kernels (CUDA/HIP)"
 )
 TIERS_TO_DO = (
     "reachable on CPU, not driven by the suite yet (to do): segment frees, "

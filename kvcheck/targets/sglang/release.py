@@ -174,6 +174,8 @@ _POOL_CAPABILITIES = ("mha_pool", "noop_pool", "mla_pool", "dsa_pool")
 #: The MHA ``kv_quant`` values a release builds without sglang's quant methods (the plain
 #: pool: unquantized, or fp8 with per-tensor scales).
 _WITHOUT_QUANT_METHODS = ("none", "fp8_scaled")
+#: The MHA ``kv_quant`` values a release builds without the MXFP8 pool or its kernels.
+_WITHOUT_MXFP8 = ("none", "fp8_scaled", "cpu_fp8", "fp4_mx_block16")
 _CONTEXT = ("create_context", "use_context")
 #: 0.5.21's only way to publish server arguments: the process-wide context, saved and put back.
 _PROCESS_CONTEXT = ("publish", "snapshot_context", "restore_context")
@@ -183,9 +185,11 @@ _PROCESS_CONTEXT = ("publish", "snapshot_context", "restore_context")
 class Need:
     """One piece of sglang some capabilities need.
 
-    The piece is the module ``module``, or, with ``found_in=(need, name)``, the module that
-    need's module imported ``name`` from or as (sglang moves kernels between modules from
-    release to release; the pool module's own import finds them). It must define every
+    The piece is the module ``module`` (else the first of ``or_modules`` the release has:
+    where sglang moved a module whose code stays), or, with ``found_in=(need, name)``, the
+    module that need's module imported ``name`` from or as (sglang moves kernels between
+    modules from release to release; the pool module's own import finds them). It must
+    define every
     name of ``names``, or else every name of ``or_names`` (a release that offers the same
     through other entry points). Without it, ``capabilities`` are unsupported and
     ``narrows`` (``"family.field" -> values``) limits the surface.
@@ -194,6 +198,7 @@ class Need:
     name: str
     what: str
     module: str = ""
+    or_modules: tuple[str, ...] = ()
     found_in: tuple[str, str] | None = None
     names: tuple[str, ...] = ()
     or_names: tuple[str, ...] = ()
@@ -265,6 +270,32 @@ NEEDS: tuple[Need, ...] = (
         "sglang.srt.layers.quantization.fp4_kv_cache_quant_method",
         names=("get_kv_cache_quant_method", "CPUFP8KVCacheMethod", "FP4MXBlock16KVCacheMethod"),
         narrows={"mha.kv_quant": _WITHOUT_QUANT_METHODS},
+    ),
+    # The MXFP8 MHA pool and the Triton kernels its writes, moves and reloads launch (CPU
+    # bodies on CPU: mxfp8_kernels.py); 0.5.21 and 0.5.22 keep the same kernels in
+    # kernels/ops/quantization/.
+    Need(
+        "mxfp8_class",
+        "MXFP8 MHA pool",
+        _POOL,
+        names=("MHATokenToKVPoolMXFP8",),
+        narrows={"mha.kv_quant": _WITHOUT_MXFP8},
+    ),
+    Need(
+        "mxfp8_interleave",
+        "MXFP8 interleaved-scale kernel module",
+        "sglang.kernels.ops.kvcache.mxfp8_interleave_sf",
+        or_modules=("sglang.kernels.ops.quantization.mxfp8_interleave_sf",),
+        names=("store_sf_interleaved", "_store_sf_interleaved_kernel"),
+        narrows={"mha.kv_quant": _WITHOUT_MXFP8},
+    ),
+    Need(
+        "mxfp8_quant_store",
+        "MXFP8 quant-store kernel module",
+        "sglang.kernels.ops.kvcache.mxfp8_quant_store_kv",
+        or_modules=("sglang.kernels.ops.quantization.mxfp8_quant",),
+        names=("quant_store_kv_mxfp8", "_mxfp8_quant_store_qkv_kernel"),
+        narrows={"mha.kv_quant": _WITHOUT_MXFP8},
     ),
     # MLA/DSA pools read their parallel widths from here (env.dcp_parallel).
     Need(
@@ -495,12 +526,14 @@ def load(release: str, needs: Sequence[Need] = NEEDS) -> Loaded:
 
 def _find(need: Need, found: Mapping[str, Any], release: str) -> tuple[Any, str | None]:
     if need.found_in is None:
-        try:
-            return importlib.import_module(need.module), None
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not need.module.startswith(exc.name):
-                raise  # a dependency of the module is missing: a setup error
-            return None, f"sglang {release} has no {need.what} ({need.module})"
+        candidates = (need.module, *need.or_modules)
+        for candidate in candidates:
+            try:
+                return importlib.import_module(candidate), None
+            except ModuleNotFoundError as exc:
+                if exc.name is None or not candidate.startswith(exc.name):
+                    raise  # a dependency of the module is missing: a setup error
+        return None, f"sglang {release} has no {need.what} ({' or '.join(candidates)})"
     source_name, wanted = need.found_in
     source = found.get(source_name)
     if source is None:

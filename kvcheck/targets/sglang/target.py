@@ -48,7 +48,7 @@ from kvcheck.geometry import latent_row_bytes, latent_width
 from kvcheck.specs import NVFP4_LAYOUTS, POOL_FAMILIES, PoolSpec
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
-from kvcheck.targets.sglang import adapt, env, release
+from kvcheck.targets.sglang import adapt, env, mxfp8_kernels, release
 from kvcheck.targets.sglang.findings import expected_failures_for, findings_for
 from kvcheck.targets.sglang.quant_methods import built_kwargs, quant_method_call
 from kvcheck.targets.sglang.release import INSTALL_HINT, ReleaseFacts
@@ -141,8 +141,9 @@ QUANTIZED_SURFACE: Mapping[str, str] = MappingProxyType(
             "whose bytes a CPU stand-in could only assume"
         ),
         "mha:mxfp8": (
-            "not built yet: its writes need CPU bodies of the Triton store_sf_interleaved and "
-            "mxfp8 quant-store kernels and of the CUDA store_cache"
+            "MHATokenToKVPoolMXFP8 (interleaved scales at page size 128, flat otherwise); on "
+            "CPU its CUDA store_cache and Triton store_sf_interleaved and MXFP8 quant-store "
+            "kernels run as CPU bodies (mxfp8_kernels), around the pool's own methods only"
         ),
     }
 )
@@ -155,13 +156,13 @@ QUANTIZED_SURFACE: Mapping[str, str] = MappingProxyType(
 #: prepared, the target narrows it to what the installed release builds
 #: (:meth:`.release.ReleaseFacts.surface`: its asserts, parameters and layouts). Quantized
 #: pools (:data:`QUANTIZED_SURFACE`): MHA fp8 with per-tensor scales, the MHA quant methods
-#: ``cpu_fp8`` and ``fp4_mx_block16``, and MLA FP4; the MHA variants left out are noted
+#: ``cpu_fp8`` and ``fp4_mx_block16``, MHA MXFP8, and MLA FP4; the MHA variant left out is noted
 #: with why (a skip quotes it).
 SURFACE = (
     Surface.everything(
         dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)},
         mha={
-            "kv_quant": ("none", "fp8_scaled", "cpu_fp8", "fp4_mx_block16"),
+            "kv_quant": ("none", "fp8_scaled", "cpu_fp8", "fp4_mx_block16", "mxfp8"),
             "nvfp4_layout": (NVFP4_LAYOUTS[0],),
         },
         mla={"kv_quant": ("none", "fp4")},
@@ -242,6 +243,10 @@ SGLANG_STAND_INS: tuple[str, ...] = (
     "cpu_mla_write_kernels",
     "cpu_mla_scale_kernel",
     "guard_swig_exit_warning",
+    # mxfp8_kernels: the MXFP8 pool's GPU-only store pieces
+    "cpu_store_cache",
+    "cpu_mxfp8_interleave_kernel",
+    "cpu_mxfp8_quant_store_kernel",
     "cpu_kvcacheio",
     # this module
     "_refuse_zero_row_index_write",
@@ -253,6 +258,10 @@ SGLANG_STAND_INS: tuple[str, ...] = (
     "resolve_attention_backend",
     "kv_cache_torch_dtype",
 )
+
+#: The MXFP8 pool's methods besides ``set_kv_buffer`` that launch one of its GPU-only store
+#: pieces: moves and reloads store interleaved scales with ``store_sf_interleaved``.
+_MXFP8_SCALE_STORING_METHODS: tuple[str, ...] = ("move_kv_cache", "load_cpu_copy")
 
 #: Pool methods that read sglang's runtime context (parallel widths) or sync CUDA.
 _MLA_SCOPED_METHODS: tuple[str, ...] = (
@@ -417,7 +426,15 @@ class SGLangTarget:
             # A quant method is passed as the call that builds it (a script prints it).
             built = PoolArguments(arguments.pool_class, built_kwargs(arguments.kwargs))
             with build_scope, layout_scope:
-                return built.build()
+                pool = built.build()
+            if spec.kv_quant == "mxfp8" and not on_cuda:
+                modules = facts.loaded.modules
+                # Only the write stores through store_cache (behind its CUDA guard).
+                write = functools.partial(_mxfp8_pool_scope, modules=modules, store_cache=True)
+                scales = functools.partial(_mxfp8_pool_scope, modules=modules, store_cache=False)
+                _run_methods_in_scope(pool, ("set_kv_buffer",), write)
+                _run_methods_in_scope(pool, _MXFP8_SCALE_STORING_METHODS, scales)
+            return pool
         with env.dcp_parallel(spec.dcp_size, spec.dcp_rank):
             pool = arguments.build()
         methods = _MLA_SCOPED_METHODS if spec.family == "mla" else _DSA_SCOPED_METHODS
@@ -694,6 +711,8 @@ def pool_arguments(spec: PoolSpec, *, device: str) -> PoolArguments:
         quant_method = quant_method_call(spec, device=device)
         if quant_method is not None:
             kwargs["quant_method"] = quant_method
+        if spec.kv_quant == "mxfp8":
+            name = "MHATokenToKVPoolMXFP8"  # its own class; the configurator passes no method
         return PoolArguments(f"{_MEMORY_POOL}:{name}", kwargs)
     kwargs.update(kv_lora_rank=spec.kv_lora_rank, qk_rope_head_dim=spec.qk_rope_head_dim)
     if spec.family == "mla":
@@ -785,6 +804,23 @@ def _latent_pool_scope(
             ):
                 if module is not None:
                     stack.enter_context(stand_in(module))
+        yield
+
+
+@contextmanager
+def _mxfp8_pool_scope(*, modules: SimpleNamespace, store_cache: bool) -> Iterator[None]:
+    """What one MXFP8 pool call needs on CPU: the CPU bodies of the two Triton kernels
+    (``modules``: the loaded pieces) and, for a write (``store_cache``), of the CUDA
+    ``store_cache`` behind its CUDA guard."""
+    with ExitStack() as stack:
+        if store_cache:
+            stack.enter_context(mxfp8_kernels.cpu_store_cache(modules.memory_pool))
+        for stand_in, module in (
+            (mxfp8_kernels.cpu_mxfp8_interleave_kernel, modules.mxfp8_interleave),
+            (mxfp8_kernels.cpu_mxfp8_quant_store_kernel, modules.mxfp8_quant_store),
+        ):
+            if module is not None:
+                stack.enter_context(stand_in(module))
         yield
 
 
