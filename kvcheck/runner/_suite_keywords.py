@@ -111,6 +111,8 @@ SUITE_TESTS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_named_models[deepseek-v3.2-flag-on]",
         "test_named_models[glm-5.2-like-flag-on-draft]",
         "test_named_models[glm-5.2-like-flag-on]",
+        "test_named_models[hybrid-linear-flag-on]",
+        "test_named_models[plain-mla-flag-on]",
         "test_named_models[qwen3-embedding-8b-flag-off]",
         "test_named_models[qwen3-embedding-8b-flag-on-draft]",
         "test_named_models[qwen3-embedding-8b-flag-on]",

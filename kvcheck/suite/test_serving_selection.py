@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from kvcheck.properties.serving import check_pool_selection
 from kvcheck.strategies import model_configs, server_flags
-from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, MINIMAL_VALID_FLAGS, QWEN3_EMBEDDING_8B
+from kvcheck.vocabulary import (
+    DEEPSEEK_V3_2,
+    GLM_5_2_LIKE,
+    MINIMAL_VALID_FLAGS,
+    QWEN3_EMBEDDING_8B,
+    ModelConfig,
+)
 
 pytestmark = pytest.mark.kvcheck_needs("pool_selection")
 
@@ -45,6 +51,26 @@ def test_draft_worker_keeps_its_normal_pool(
 
 FLAG_ON = dict(MINIMAL_VALID_FLAGS)
 FLAG_OFF: dict[str, Any] = {}
+#: A plain MLA model (DeepSeek-V3.2's latent without its indexer) and a hybrid linear
+#: attention MHA model: each is refused by its own rule, which random draws reach only in
+#: some runs.
+PLAIN_MLA = ModelConfig(
+    name="plain-MLA",
+    attention_arch="mla",
+    num_hidden_layers=4,
+    num_attention_heads=16,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+)
+HYBRID_LINEAR = ModelConfig(
+    name="hybrid-linear",
+    attention_arch="mha",
+    num_hidden_layers=4,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    head_dim=128,
+    is_hybrid_linear=True,
+)
 
 NAMED_CASES: dict[str, tuple[Any, dict[str, Any], bool, str]] = {
     "qwen3-embedding-8b-flag-on": (QWEN3_EMBEDDING_8B, FLAG_ON, False, "noop"),
@@ -55,6 +81,8 @@ NAMED_CASES: dict[str, tuple[Any, dict[str, Any], bool, str]] = {
     "deepseek-v3.2-flag-off": (DEEPSEEK_V3_2, FLAG_OFF, False, "dsa"),
     "glm-5.2-like-flag-on": (GLM_5_2_LIKE, FLAG_ON, False, "refused"),
     "glm-5.2-like-flag-on-draft": (GLM_5_2_LIKE, FLAG_ON, True, "dsa"),
+    "plain-mla-flag-on": (PLAIN_MLA, FLAG_ON, False, "refused"),
+    "hybrid-linear-flag-on": (HYBRID_LINEAR, FLAG_ON, False, "refused"),
 }
 
 
@@ -64,5 +92,6 @@ NAMED_CASES: dict[str, tuple[Any, dict[str, Any], bool, str]] = {
 def test_named_models(
     kvcheck_target: Any, model: Any, flags: dict[str, Any], is_draft: bool, outcome: str
 ) -> None:
-    """Qwen3-Embedding gets the no-op pool; the DSA models are refused, except as drafts."""
+    """Qwen3-Embedding gets the no-op pool; the DSA, MLA and hybrid linear models are
+    refused, except as drafts."""
     assert check_pool_selection(kvcheck_target, flags, model, is_draft=is_draft) == outcome
