@@ -259,6 +259,7 @@ REASONS: tuple[Reason, ...] = (
     Reason(_MP, "MHATokenToKVPoolFP4.*", MHA_FP4_UNBUILT),
     # --- MHATokenToKVPoolMXFP8 (mha:mxfp8, mha:mxfp8:flat; reach not rerun) ---------------
     Reason(_MP, "MHATokenToKVPoolMXFP8._clear_buffers", DEAD),
+    Reason(_MP, "MHATokenToKVPoolMXFP8._mha_scale_buffers", SERVING_ONLY),
     Reason(
         _MP,
         "MHATokenToKVPoolMXFP8._create_buffers",
