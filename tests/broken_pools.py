@@ -646,9 +646,16 @@ class RopeDroppingMLA(MLATokenToKVPool):
     """``set_mla_kv_buffer`` stores the nope part and leaves the rope part as it was."""
 
     def set_mla_kv_buffer(
-        self, layer: Any, loc: Any, cache_k_nope: Any, cache_k_rope: Any, *args: Any
+        self,
+        layer: Any,
+        loc: Any,
+        cache_k_nope: Any,
+        cache_k_rope: Any,
+        *args: Any,
+        layer_id_override: int | None = None,
     ) -> None:
-        local = layer.layer_id - self.start_layer
+        layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
+        local = layer_id - self.start_layer
         rank = self.kv_lora_rank
         rows = cache_k_nope.reshape(cache_k_nope.shape[0], -1).view(self.store_dtype)
         own, owned = _owned_rows(self, loc)
@@ -691,16 +698,25 @@ class RawWidthScaledDSA(DSATokenToKVPool):
         )
 
     def set_mla_kv_buffer(
-        self, layer: Any, loc: Any, cache_k_nope: Any, cache_k_rope: Any, *args: Any
+        self,
+        layer: Any,
+        loc: Any,
+        cache_k_nope: Any,
+        cache_k_rope: Any,
+        *args: Any,
+        layer_id_override: int | None = None,
     ) -> None:
         if self.latent_layout != "scaled":
-            super().set_mla_kv_buffer(layer, loc, cache_k_nope, cache_k_rope, *args)
+            super().set_mla_kv_buffer(
+                layer, loc, cache_k_nope, cache_k_rope, *args, layer_id_override=layer_id_override
+            )
             return
         count = cache_k_nope.shape[0]
         rows = quantize_rows(cache_k_nope.reshape(count, -1), cache_k_rope.reshape(count, -1))
         width = self.kv_buffer[0].shape[-1]
         own, owned = _owned_rows(self, loc)
-        self.kv_buffer[layer.layer_id - self.start_layer][own, 0] = rows[owned, :width]
+        layer_id = layer_id_override if layer_id_override is not None else layer.layer_id
+        self.kv_buffer[layer_id - self.start_layer][own, 0] = rows[owned, :width]
 
 
 class UncommittedWritingMHA(MHATokenToKVPool):
@@ -725,13 +741,14 @@ class ScaleDividingMHA(MHATokenToKVPool):
         k_scale: Any = None,
         v_scale: Any = None,
         *args: Any,
+        layer_id_override: int | None = None,
     ) -> None:
         if isinstance(cache_k, torch.Tensor) and cache_k.dtype != self.dtype:
             if k_scale is not None:
                 cache_k.div_(k_scale)
             if v_scale is not None:
                 cache_v.div_(v_scale)
-        super().set_kv_buffer(layer, loc, cache_k, cache_v)
+        super().set_kv_buffer(layer, loc, cache_k, cache_v, layer_id_override=layer_id_override)
 
 
 # --- a bug that needs a rare combination (the kind a campaign is for) ----------------------
