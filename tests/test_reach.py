@@ -7,6 +7,7 @@ sglang) to check that the sglang reach table names methods that exist.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -338,3 +339,25 @@ def test_markdown_block_lists_unexplained_ranges_and_reasons():
     assert "| `pkg/pool.py` | `Pool` | 13 | 8 | 61.5 |" in text
     assert "- `pkg/pool.py:15` `Pool.helper` (1): `return 1`" in text
     assert "| HND layout | 1 | 2 |" in text
+
+
+def test_the_on_cpu_figure_leaves_out_only_lines_whose_reason_needs_other_hardware():
+    """A file's "on CPU" share drops the lines an off-CPU reason explains, and nothing else:
+    an unexplained range and a CPU-side reason still count against it."""
+    report = dataclasses.replace(_analyze(), off_cpu_reasons=frozenset({"HND layout"}))
+    item = report.by_file()["pkg/pool.py"]
+    assert (item.lines, item.covered, item.off_cpu) == (13, 8, 2)
+    assert item.cpu_percent == pytest.approx(100 * 8 / 11)
+    assert "on CPU 8/11 = 72.7%" in format_report(report)
+    assert "| `pkg/pool.py` | 13 | 8 | 61.5 | 2 | 72.7 |" in reach.format_markdown(report)
+    assert dataclasses.replace(report, off_cpu_reasons=frozenset()).by_file()[
+        "pkg/pool.py"
+    ].cpu_percent == pytest.approx(100 * 8 / 13)
+
+
+def test_sglang_off_cpu_reasons_are_reasons_of_its_table():
+    """Every reason the sglang table calls off-CPU explains some range (none stale)."""
+    from kvcheck.targets.sglang import reach as table
+
+    used = {entry.reason for entry in table.REASONS}
+    assert not table.OFF_CPU_REASONS - used

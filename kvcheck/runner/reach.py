@@ -50,6 +50,7 @@ from typing import Any
 from kvcheck.targets.base import Reason, Scope
 
 __all__ = [
+    "FileReach",
     "Gap",
     "MethodReach",
     "ReachReport",
@@ -116,6 +117,28 @@ class Gap:
 
 
 @dataclass(frozen=True)
+class FileReach:
+    """One measured file's figures: executable lines, lines that ran, and unreached lines
+    whose reason needs hardware a CPU host lacks."""
+
+    file: str
+    lines: int
+    covered: int
+    off_cpu: int
+
+    @property
+    def percent(self) -> float:
+        """Covered share of every executable line, in percent."""
+        return 100.0 * self.covered / self.lines if self.lines else 100.0
+
+    @property
+    def cpu_percent(self) -> float:
+        """Covered share of the lines a CPU host can run (the off-CPU ones left out)."""
+        reachable = self.lines - self.off_cpu
+        return 100.0 * self.covered / reachable if reachable else 100.0
+
+
+@dataclass(frozen=True)
 class ReachReport:
     """What one reach measurement found.
 
@@ -132,6 +155,9 @@ class ReachReport:
     pytest_status: int | None = None
     command: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: Reasons that say a range needs hardware a CPU host lacks (a GPU, an NPU, pinned
+    #: memory): :meth:`by_file` leaves such lines out of what "on CPU" can reach.
+    off_cpu_reasons: frozenset[str] = frozenset()
 
     @property
     def headline_percent(self) -> float:
@@ -154,9 +180,37 @@ class ReachReport:
             totals[key] = (lines + method.lines, covered + method.covered)
         return totals
 
+    def by_file(self) -> dict[str, FileReach]:
+        """Per measured file: its executable lines, how many ran, and how many of the
+        unreached ones need hardware a CPU host lacks (:attr:`off_cpu_reasons`).
+
+        Example:
+            >>> r = ReachReport("t", (MethodReach("p.py", "P.f", 4, 1),),
+            ...                 (Gap("p.py", "P.f", 2, 3, 2, "GPU"), Gap("p.py", "P.f", 4, 4, 1)),
+            ...                 (), 0, 0, off_cpu_reasons=frozenset({"GPU"}))
+            >>> r.by_file()["p.py"].cpu_percent
+            50.0
+        """
+        files: dict[str, FileReach] = {}
+        for method in self.methods:
+            old = files.get(method.file, FileReach(method.file, 0, 0, 0))
+            files[method.file] = dataclasses.replace(
+                old, lines=old.lines + method.lines, covered=old.covered + method.covered
+            )
+        for gap in self.gaps:
+            if gap.reason in self.off_cpu_reasons and gap.file in files:
+                old = files[gap.file]
+                files[gap.file] = dataclasses.replace(old, off_cpu=old.off_cpu + gap.lines)
+        return files
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict: every field plus the derived figures."""
         data = dataclasses.asdict(self)
+        data["off_cpu_reasons"] = sorted(self.off_cpu_reasons)
+        data["files"] = [
+            {**dataclasses.asdict(item), "cpu_percent": round(item.cpu_percent, 2)}
+            for item in self.by_file().values()
+        ]
         data["headline_percent"] = round(self.headline_percent, 2)
         data["unexplained"] = len(self.unexplained)
         data["classes"] = [
@@ -500,7 +554,8 @@ def analyze_data(target: str, data_file: str | os.PathLike[str]) -> ReachReport:
             notes.append(f"{name}: no line ran (never imported?)")
         measured[name] = (list(statements), list(missing))
     report = analyze(measured, sources, table.SCOPES, table.REASONS, target=target)
-    return dataclasses.replace(report, notes=tuple(notes))
+    off_cpu = frozenset(getattr(table, "OFF_CPU_REASONS", ()))
+    return dataclasses.replace(report, notes=tuple(notes), off_cpu_reasons=off_cpu)
 
 
 def _scope_files(table: Any) -> dict[str, Path]:
@@ -547,6 +602,11 @@ def format_report(report: ReachReport, *, methods: bool = True) -> str:
         out.append(f"note: {note}")
     if report.pytest_status not in (None, 0):
         out.append(f"note: the suite's pytest exited {report.pytest_status}")
+    for item in sorted(report.by_file().values(), key=lambda item: item.file):
+        out.append(
+            f"file {item.file}: {item.covered}/{item.lines} = {item.percent:.1f}%; "
+            f"on CPU {item.covered}/{item.lines - item.off_cpu} = {item.cpu_percent:.1f}%"
+        )
     out.append(
         f"unexplained ranges: {len(report.unexplained)} of {len(report.gaps)} "
         f"({sum(g.lines for g in report.unexplained)} lines)"
@@ -581,6 +641,19 @@ def format_markdown(report: ReachReport) -> str:
     for (file, name), (lines, covered) in sorted(report.by_class().items()):
         percent = 100.0 * covered / lines if lines else 100.0
         out.append(f"| `{file}` | `{name}` | {lines} | {covered} | {percent:.1f} |")
+    out += [
+        "",
+        "Per file: the executable lines in scope, and those a CPU host can run (lines whose "
+        "reason needs a GPU, an NPU or pinned memory left out).",
+        "",
+        "| file | lines | reached | % | off CPU | % on CPU |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for item in sorted(report.by_file().values(), key=lambda item: item.file):
+        out.append(
+            f"| `{item.file}` | {item.lines} | {item.covered} | {item.percent:.1f} | "
+            f"{item.off_cpu} | {item.cpu_percent:.1f} |"
+        )
     out += ["", "<details><summary>Per method (headline scopes)</summary>", ""]
     out += ["| method | lines | reached | % |", "|---|---:|---:|---:|"]
     for method in report.methods:
