@@ -121,6 +121,7 @@ _STEP_KINDS: tuple[tuple[str, str | None], ...] = (
 )
 
 
+@functools.lru_cache(maxsize=256)  # asked once per step, and the spec is fixed per example
 def _favoured_kinds(spec: PoolSpec) -> tuple[str, ...]:
     """Kinds drawn twice as often for ``spec``: where a variant keeps extra state, and so
     where its bugs live. Host round trips (scales and tails get lost there; a reload needs

@@ -99,10 +99,21 @@ def _dcp_run_settings(machine: Any, family: str) -> settings:
     """The profile's settings; a fifth more examples for DSA, whose run shares them between
     two variants (``dsa:dcp`` and ``dsa:kpool:dcp``, with compress tails): at seed 0 each of
     their cells is then called 20 times or more (``kvcheck verify --call-counts``)."""
+    return _run_settings(machine, fifths=6 if family == "dsa" else 5)
+
+
+def _run_settings(machine: Any, *, fifths: int, filtered: bool = False) -> settings:
+    """The machine's profile settings with ``fifths`` fifths of its examples (at least one);
+    ``filtered``: the run filters its specs, so many rejected draws are no health problem."""
     profile = machine.TestCase.settings
-    if family != "dsa":
-        return profile
-    return settings(profile, max_examples=max(1, profile.max_examples * 6 // 5))
+    suppressed = [*profile.suppress_health_check]
+    if filtered:
+        suppressed.append(HealthCheck.filter_too_much)
+    return settings(
+        profile,
+        max_examples=max(1, profile.max_examples * fifths // 5),
+        suppress_health_check=suppressed,
+    )
 
 
 #: Every quantized variant (``kvcheck.specs.KV_QUANTS``, and within one the layouts that
@@ -176,12 +187,7 @@ def _variant_run_settings(machine: Any) -> settings:
     not checked again, which paid for the examples). The spec filter may reject most draws
     on a target whose limits narrow the spec (one in four or five takes the layout):
     expected, not a health problem."""
-    profile = machine.TestCase.settings
-    return settings(
-        profile,
-        max_examples=max(1, profile.max_examples * 3 // 5),
-        suppress_health_check=[*profile.suppress_health_check, HealthCheck.filter_too_much],
-    )
+    return _run_settings(machine, fifths=3, filtered=True)
 
 
 #: The variants a family machine draws too rarely to call each method often: each gets a
