@@ -349,9 +349,11 @@ def tier_problems(allocators: object, host_layouts: object) -> list[str]:
     return problems
 
 
-#: Note keys for the tiers: why a target builds no allocator or no host pool (a release
-#: without the module).
-TIER_NOTE_KEYS: frozenset[str] = frozenset({"allocators", "host_pools"})
+#: Note keys for the tiers: why a target builds no allocator, no allocator of one kind, or no
+#: host pool (a release without the module or the path a CPU can run).
+TIER_NOTE_KEYS: frozenset[str] = frozenset(
+    {"allocators", "host_pools", *(f"allocators.{kind}" for kind in ALLOCATOR_KINDS)}
+)
 
 
 def _note_problems(notes: object) -> list[str]:

@@ -28,6 +28,14 @@ Example:
     >>> from types import SimpleNamespace
     >>> print(allocator_skip_reason(SimpleNamespace(name="t"), "paged"))
     target 't' builds no paged allocator (its surface declares allocators: none)
+
+A note of the target's surface on why (a release without the piece) is quoted:
+
+    >>> from kvcheck.surface import Surface
+    >>> surface = Surface.baseline().with_tiers(allocators=("token",)).with_notes(
+    ...     {"allocators.paged": "no torch path"})
+    >>> print(allocator_skip_reason(SimpleNamespace(name="t", surface=surface), "paged"))
+    target 't' builds no paged allocator (its surface declares allocators: token): no torch path
 """
 
 from __future__ import annotations
@@ -54,9 +62,10 @@ def allocator_skip_reason(target: Any, kind: str) -> str | None:
     surface = surface_of(target)
     if kind not in surface.allocators:
         declared = "/".join(surface.allocators) or "none"
+        why = surface.notes.get(f"allocators.{kind}") or surface.notes.get("allocators")
         return (
             f"target {_name(target)!r} builds no {kind} allocator "
-            f"(its surface declares allocators: {declared})"
+            f"(its surface declares allocators: {declared})" + (f": {why}" if why else "")
         )
     if not callable(getattr(target, "make_allocator", None)):
         return f"target {_name(target)!r} declares {kind} allocators but has no make_allocator"
@@ -71,9 +80,10 @@ def host_pool_skip_reason(target: Any, family: str, layout: str | None = None) -
     if not layouts or (layout is not None and layout not in layouts):
         wanted = family if layout is None else f"{family} {layout}"
         declared = surface.describe_tiers() or "none"
+        why = surface.notes.get("host_pools")
         return (
             f"target {_name(target)!r} builds no {wanted} host pool "
-            f"(its surface declares: {declared})"
+            f"(its surface declares: {declared})" + (f": {why}" if why else "")
         )
     if not callable(getattr(target, "make_host_pool", None)):
         return f"target {_name(target)!r} declares host pools but has no make_host_pool"

@@ -188,6 +188,7 @@ def _package(
             "class TokenToKVPoolAllocator:\n    pass\n\n"
             "class PagedTokenToKVPoolAllocator:\n    pass\n"
         ),
+        "srt/mem_cache/allocator/paged.py": "def alloc_decode_naive(*args): pass\n",
         "srt/mem_cache/allocator/swa.py": "class SWATokenToKVPoolAllocator:\n    pass\n",
         "srt/mem_cache/swa_memory_pool.py": "class SWAKVPool:\n    pass\n",
         "srt/mem_cache/pool_host/mha.py": (
@@ -197,6 +198,7 @@ def _package(
         "srt/mem_cache/pool_host/dsa.py": (
             "class DSAIndexerPoolHost:\n    pass\n\ndef make_dsa_indexer_pool_decl(p): pass\n"
         ),
+        "srt/mem_cache/device_pool_info.py": "class MHABufferInfo:\n    pass\n",
     }
 
 
@@ -401,13 +403,37 @@ def test_release_ranges_and_the_release_note() -> None:
 
 def test_a_release_without_a_tier_module_builds_no_such_tier(fake_sglang: Path) -> None:
     """Without its index-K host module a release builds no host pools (the surface says why);
-    its allocators stay; a release the tiers are not checked on builds neither."""
+    its allocators stay."""
     modules = _package()
     del modules["srt/mem_cache/pool_host/dsa.py"]
     facts = _read(fake_sglang, modules)
     surface = facts.surface(SURFACE)
     assert surface.host_layouts == {} and surface.allocators == SURFACE.allocators
     assert "pool_host.dsa" in (surface.note("host_pools") or "")
-    older = release.probe(release.load("0.5.22"), declared=SURFACE, env=env)
-    assert set(older.tiers_off()) == {"allocators", "host_pools"}
-    assert older.surface(SURFACE).allocators == ()
+    assert set(facts.tiers_off()) == {"host_pools"}
+
+
+def test_a_release_without_the_paged_torch_path_builds_token_allocators_only(
+    fake_sglang: Path,
+) -> None:
+    """0.5.21's paged allocator has no torch body (Triton only): the paged and SWA kinds are
+    left out, each with the reason; the token allocator and the host pools stay."""
+    modules = _package()
+    modules["srt/mem_cache/allocator/paged.py"] = "def alloc_extend_naive(*args): pass\n"
+    facts = _read(fake_sglang, modules)
+    surface = facts.surface(SURFACE)
+    assert surface.allocators == ("token",)
+    assert facts.tiers_off() == {}
+    assert surface.host_layouts == SURFACE.host_layouts
+    for kind in ("paged", "swa"):
+        assert "alloc_decode_naive" in surface.notes[f"allocators.{kind}"]
+
+
+def test_a_release_without_device_pool_infos_builds_no_host_pools(fake_sglang: Path) -> None:
+    """0.5.22's host pools take the device pool itself; the target builds them from buffer
+    infos (0.5.23's API): no host pools there, saying so, and every allocator stays."""
+    modules = _package()
+    del modules["srt/mem_cache/device_pool_info.py"]
+    surface = _read(fake_sglang, modules).surface(SURFACE)
+    assert surface.host_layouts == {} and surface.allocators == SURFACE.allocators
+    assert "device_pool_info" in (surface.note("host_pools") or "")

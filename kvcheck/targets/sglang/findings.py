@@ -161,10 +161,10 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
         "PV1": Releases(last="0.5.21"),
         # Fixed in 0.5.22 (the default is (size + page_size) * dcp_size - page_size).
         "D21": Releases(last="0.5.21"),
-        # The target builds the tiers (allocators, host pools) from 0.5.23 on; s1.py and
-        # s2.py show S1 and S2 on 0.5.22 too (on 0.5.21 the paged allocator is Triton-only:
-        # they cannot check there). B1-B3 were checked on 0.5.23 only (b2.py drives 0.5.23's
-        # host-pool API).
+        # The suite checks the paged and SWA allocators from 0.5.22 on (0.5.21's paged
+        # allocator is Triton-only), where S1 and S2 hold, as s1.py and s2.py show; the host
+        # pools from 0.5.23 on (the buffer-info API the target builds them from): B1-B3 were
+        # checked there only (b2.py drives 0.5.23's host-pool API).
         "S1": Releases(first="0.5.22"),
         "S2": Releases(first="0.5.22"),
         "B1": Releases(first="0.5.23"),

@@ -213,15 +213,17 @@ class Need:
         return self.module
 
 
-#: The releases the tiers (allocators, host pools) are checked on; the target turns them off
-#: on any other (ReleaseFacts.surface says why).
-TIER_RELEASES = Releases(first="0.5.23")
 #: The needs each tier takes: every one of them, or the tier is off.
 TIER_NEEDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "allocators": ("allocators", "swa_allocator", "swa_pool"),
-        "host_pools": ("host_mha", "host_mla", "host_dsa"),
+        "host_pools": ("host_mha", "host_mla", "host_dsa", "device_pool_info"),
     }
+)
+#: Allocator kinds that take a need of their own beyond their tier's: without it the tier
+#: stays on and only these kinds are left out.
+ALLOCATOR_KIND_NEEDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"paged": ("paged_alloc_torch",), "swa": ("paged_alloc_torch",)}
 )
 
 #: Every piece the target uses, and what it serves. Keys of the loaded namespace are the
@@ -465,6 +467,14 @@ NEEDS: tuple[Need, ...] = (
         names=("SWATokenToKVPoolAllocator",),
     ),
     Need("swa_pool", "SWA pool", "sglang.srt.mem_cache.swa_memory_pool", names=("SWAKVPool",)),
+    # 0.5.21's paged allocator hands out extend and decode slots with Triton kernels only
+    # (a GPU); 0.5.22 added torch bodies for both, which a CPU host runs.
+    Need(
+        "paged_alloc_torch",
+        "torch path of the paged allocator (alloc_decode_naive)",
+        "sglang.srt.mem_cache.allocator.paged",
+        names=("alloc_decode_naive",),
+    ),
     Need(
         "host_mha",
         "MHA host pool module",
@@ -482,6 +492,14 @@ NEEDS: tuple[Need, ...] = (
         "DSA index-K host pool module",
         "sglang.srt.mem_cache.pool_host.dsa",
         names=("DSAIndexerPoolHost", "make_dsa_indexer_pool_decl"),
+    ),
+    # The target builds host pools from the device pool's buffer info, as sglang 0.5.23's
+    # cache controller does; 0.5.22's host pools take the device pool itself.
+    Need(
+        "device_pool_info",
+        "device-pool buffer infos host pools are built from",
+        "sglang.srt.mem_cache.device_pool_info",
+        names=("MHABufferInfo",),
     ),
 )
 
@@ -681,6 +699,10 @@ class ReleaseFacts:
         off = self.tiers_off()
         if allocators and "allocators" in off:
             allocators, notes["allocators"] = (), off["allocators"]
+        for kind, why in self.allocator_kinds_off().items():
+            if kind in allocators:
+                allocators = tuple(other for other in allocators if other != kind)
+                notes[f"allocators.{kind}"] = why
         if host_layouts and "host_pools" in off:
             host_layouts, notes["host_pools"] = {}, off["host_pools"]
         return dataclasses.replace(
@@ -692,18 +714,23 @@ class ReleaseFacts:
         )
 
     def tiers_off(self) -> dict[str, str]:
-        """Tier (``allocators``, ``host_pools``) -> why this release builds none: a piece it
-        lacks, or a release the tiers are not checked on (:data:`TIER_RELEASES`)."""
+        """Tier (``allocators``, ``host_pools``) -> why this release builds none: the first
+        piece of :data:`TIER_NEEDS` it lacks."""
         off: dict[str, str] = {}
         for tier, needs in TIER_NEEDS.items():
             missing = [self.loaded.missing[name] for name in needs if name in self.loaded.missing]
             if missing:
                 off[tier] = missing[0]
-            elif self.release not in TIER_RELEASES:
-                off[tier] = (
-                    f"sglang {self.release}: kvcheck checks sglang's {tier.replace('_', ' ')} on "
-                    f"sglang {TIER_RELEASES.first} and later only"
-                )
+        return off
+
+    def allocator_kinds_off(self) -> dict[str, str]:
+        """Allocator kind -> why this release builds none (:data:`ALLOCATOR_KIND_NEEDS`),
+        while its tier stays on."""
+        off: dict[str, str] = {}
+        for kind, needs in ALLOCATOR_KIND_NEEDS.items():
+            missing = [self.loaded.missing[name] for name in needs if name in self.loaded.missing]
+            if missing:
+                off[kind] = missing[0]
         return off
 
     def _narrowings(self) -> Iterator[tuple[str, tuple[Any, ...], str]]:
