@@ -343,7 +343,7 @@ def test_scripts_import_only_what_their_target_needs() -> None:
             for node in ast.walk(tree)
             if isinstance(node, ast.Import | ast.ImportFrom)
             for alias in node.names
-        } - {"math", "types", "os", "sys", "importlib", "traceback", "warnings"}
+        } - {"contextlib", "math", "types", "os", "sys", "importlib", "traceback", "warnings"}
     assert imported["kvcheck"] == {"torch", "kvcheck"}
     assert imported["sglang"] == {"torch", "sglang", "torchvision", "transformers"}
     assert imported["pkg.sub:Target"] == {"torch", "pkg", "kvcheck"}
@@ -701,3 +701,77 @@ def test_verify_writes_a_script_that_reproduces_the_failure(
         [sys.executable, str(fixed)], env=_env(), capture_output=True, text=True, timeout=300
     )
     assert passed.returncode == 0, passed.stdout + passed.stderr
+
+
+#: An MXFP8 pool at sglang's interleaved page size (one 128-wide head: four e8m0 scales a
+#: token): a scaled write (fp8 rows and the caller's scales), a fused write (bf16 rows the
+#: pool quantizes), a move, and a host copy and reload.
+MXFP8 = PoolSpec(
+    family="mha",
+    size=128,
+    page_size=128,
+    layer_num=1,
+    dtype="float8_e4m3fn",
+    head_num=1,
+    head_dim=128,
+    kv_quant="mxfp8",
+)
+MXFP8_SCALED_WRITE = WriteKV(
+    layer_id=0,
+    locs=(3, 5),
+    k_rows=(),
+    payload=Payload(
+        dtype="float8_e4m3fn",
+        k_rows=(b"\x38" * 128,) * 2,
+        v_rows=(b"\x40" * 128,) * 2,
+        k_scale_rows=(b"\x7f\x80\x7e\x7f",) * 2,
+        v_scale_rows=(b"\x7f\x7f\x81\x7f",) * 2,
+    ),
+)
+MXFP8_OPS = (
+    MXFP8_SCALED_WRITE,
+    WriteKV(
+        layer_id=0,
+        locs=(7,),
+        k_rows=(),
+        payload=Payload(dtype="bfloat16", k_rows=(b"\x80\x3f" * 128,), v_rows=(b"\x00\x40" * 128,)),
+    ),
+    Move(tgt=(9,), src=(3,)),
+    HostCopy("a", (5, 7)),
+    HostReload("a", (11, 12)),
+)
+
+
+def test_mxfp8_scaled_write_script_passes_the_callers_scales() -> None:
+    """A script of an MXFP8 scaled write hands the pool the caller's e8m0 scales (without
+    them the pool would take the fp8 rows for a fused write and refuse them)."""
+    script, output = _replay_on_kvcheck(Reproduction(MXFP8, MXFP8_OPS))
+    assert "k_scale = rows(torch.float8_e8m0fnu, (1, -1)" in script
+    assert output == "OK: no discrepancy\n"
+
+
+@pytest.mark.kvcheck_target("sglang")
+def test_sglang_mxfp8_scripts_carry_the_cpu_stand_ins(tmp_path: Path) -> None:
+    """An MXFP8 reproduction for sglang runs on CPU with kvcheck's stand-ins for the pool's
+    GPU-only store pieces written into it (sglang and torch only): clean ops pass, and a
+    move into slot 0 shows finding Q13 (the payload moves, its interleaved scales do not)."""
+    clean = write_script(
+        reproduction_to_json(Reproduction(MXFP8, MXFP8_OPS)),
+        target="sglang",
+        directory=tmp_path,
+        test="mxfp8",
+    )
+    q13 = write_script(
+        reproduction_to_json(Reproduction(MXFP8, (MXFP8_SCALED_WRITE, Move(tgt=(0,), src=(3,))))),
+        target="sglang",
+        directory=tmp_path,
+        test="mxfp8_q13",
+    )
+    assert "def cpu_store_cache(" in clean.read_text()
+    results = _run_batch([clean, q13], block_kvcheck=True)
+    assert (results["repro_mxfp8"]["code"], results["repro_mxfp8"]["message"].strip()) == (
+        0,
+        "OK: no discrepancy",
+    )
+    assert results["repro_mxfp8_q13"]["code"] == 1
+    assert "k_scale_buffer[0]" in results["repro_mxfp8_q13"]["message"]

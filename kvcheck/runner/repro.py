@@ -534,7 +534,14 @@ class _ScriptWriter:
             prep.append(f"cache_v = {_rows_expr(dtype, v_inner, v_rows, '')}")
         args = [f"layer({op.layer_id})", "loc", "cache_k", "cache_v"]
         scales = ""
-        if payload is not None and not latent:  # latent writes take no scales
+        if payload is not None and (payload.k_scale_rows or payload.v_scale_rows):
+            # MXFP8's scaled write: the caller's e8m0 block scales, one row per token.
+            for name, scale_rows in (("k", payload.k_scale_rows), ("v", payload.v_scale_rows)):
+                rows_expr = _rows_expr("float8_e8m0fnu", (spec.head_num, -1), scale_rows, "")
+                prep.append(f"{name}_scale = {rows_expr}")
+            args += ["k_scale", "v_scale"]
+            scales = ", e8m0 k_scale, v_scale"
+        elif payload is not None and not latent:  # latent writes take no scales
             for name in ("k_scale", "v_scale"):
                 value = getattr(payload, name)
                 if value is not None:

@@ -17,11 +17,13 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
 from kvcheck.specs import PoolSpec, WriteIndexK, WriteMLA
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
+from kvcheck.targets.sglang import mxfp8_kernels
 from kvcheck.targets.sglang.env import dcp_parallel_widths
 from kvcheck.targets.sglang.quant_methods import IMPORT_LINE, QuantMethodCall
 
@@ -214,6 +216,70 @@ if not hasattr(mla_buffer, "set_mla_kv_buffer_naive"):
 """
 
 
+_SGLANG_MXFP8 = """
+
+# MHATokenToKVPoolMXFP8 stores through three GPU-only pieces (the CUDA store_cache behind a
+# CUDA guard, two Triton kernels). These are kvcheck's CPU bodies of them (the target's
+# listed stand-ins), installed only while the pool's own writes, moves and reloads run.
+def _first_module(*names):
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
+interleave_module = _first_module(
+    "sglang.kernels.ops.kvcache.mxfp8_interleave_sf",
+    "sglang.kernels.ops.quantization.mxfp8_interleave_sf",
+)
+quant_store_module = _first_module(
+    "sglang.kernels.ops.kvcache.mxfp8_quant_store_kv",
+    "sglang.kernels.ops.quantization.mxfp8_quant",
+)
+
+
+def _mxfp8_on_cpu(method, store_cache):
+    def run(self, *args, **kwargs):
+        with contextlib.ExitStack() as stack:
+            if store_cache:
+                stack.enter_context(cpu_store_cache(memory_pool))
+            if interleave_module is not None:
+                stack.enter_context(cpu_mxfp8_interleave_kernel(interleave_module))
+            if quant_store_module is not None:
+                stack.enter_context(cpu_mxfp8_quant_store_kernel(quant_store_module))
+            return method(self, *args, **kwargs)
+
+    return run
+
+
+mxfp8_class = memory_pool.MHATokenToKVPoolMXFP8
+mxfp8_class.set_kv_buffer = _mxfp8_on_cpu(mxfp8_class.set_kv_buffer, True)
+for name in ("move_kv_cache", "load_cpu_copy"):
+    setattr(mxfp8_class, name, _mxfp8_on_cpu(getattr(mxfp8_class, name), False))
+"""
+
+
+def _mxfp8_stand_ins() -> list[str]:
+    """The lines that give a script kvcheck's MXFP8 stand-ins: the module's own source (one
+    home for the CPU bodies, which import only torch and the standard library), without its
+    docstring, ``__future__`` and torch imports and ``__all__``, then their installation."""
+    tree = inspect.getsource(mxfp8_kernels).splitlines()
+    start = next(i for i, line in enumerate(tree) if line.startswith("from collections.abc"))
+    body: list[str] = []
+    skipping = False
+    for line in tree[start:]:
+        if line.startswith("__all__"):
+            skipping = True
+        # The script imports torch at its top: a local import would shadow it in the setup.
+        if not skipping and line != "import torch":
+            body.append(line)
+        if skipping and line.startswith("]"):
+            skipping = False
+    return ["", *body, *_SGLANG_MXFP8.rstrip("\n").splitlines()]
+
+
 def script_recipe(spec: PoolSpec, ops: Sequence[Any], *, arguments: PoolArguments) -> ScriptRecipe:
     """How a script builds sglang's pool for ``spec`` and runs ``ops`` on it on a CPU
     machine: the setup a launched server would have provided, then the constructor call of
@@ -226,6 +292,8 @@ def script_recipe(spec: PoolSpec, ops: Sequence[Any], *, arguments: PoolArgument
         setup += _SGLANG_SCALED_QUANT.rstrip("\n").splitlines()
     if spec.family in ("mla", "dsa") and any(isinstance(op, WriteMLA) for op in ops):
         setup += _SGLANG_MLA_SET.rstrip("\n").splitlines()
+    if spec.kv_quant == "mxfp8":
+        setup += _mxfp8_stand_ins()
     body = "\n".join(f"    {line}" if line else "" for line in setup)
     build = arguments.call_source("pool", qualifier="memory_pool").splitlines()
     if any(isinstance(value, QuantMethodCall) for value in arguments.kwargs.values()):
@@ -241,7 +309,16 @@ def script_recipe(spec: PoolSpec, ops: Sequence[Any], *, arguments: PoolArgument
     return ScriptRecipe(
         needs="torch and sglang (any release kvcheck is checked against; runs on CPU)",
         imports=(),
-        modules=("importlib.abc", "importlib.machinery", "os", "sys", "types", "warnings"),
+        modules=(
+            "contextlib",
+            "importlib",
+            "importlib.abc",
+            "importlib.machinery",
+            "os",
+            "sys",
+            "types",
+            "warnings",
+        ),
         setup=(
             "def sglang_setup():\n"
             '    """Import sglang\'s pools as a launched server would have set them up."""\n'
