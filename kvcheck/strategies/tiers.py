@@ -166,6 +166,10 @@ def _host_pool_specs(
         # A DSA pool whose every layer skips top-k holds no index keys, and SGLang builds
         # no index-K host pool for it (DSATokenToKVPool.host_pool_decls): one layer keeps them.
         device = dataclasses.replace(device, skip_topk_layers=(False, *device.skip_topk_layers[1:]))
+    if f"{device.variant}:v_head_dim" in steer and device.v_head_dim is not None:
+        # Steered (kvcheck.machines.STEER_TAGS): the target's finding on V head dims of
+        # the variant's own; the symmetric pool.
+        device = dataclasses.replace(device, v_head_dim=None)
     asymmetric = device.family == "mha" and device.effective_v_head_dim != device.head_dim
     if asymmetric and (variant_layouts or {}).get(f"{device.variant}:asymmetric") == ():
         # The target builds no host tier for this variant with a V head dim of its own:
