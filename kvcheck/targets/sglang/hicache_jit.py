@@ -192,7 +192,7 @@ def cpu_hicache_jit(*buffers: Any) -> Iterator[None]:
             for name, here in JIT_NAMES.items():
                 if name in module.__dict__:
                     setattr(module, name, globals()[here])
-        modules[0]._is_cuda = True
+        modules[0]._is_cuda = True  # type: ignore[attr-defined]
         platform.capabilities = _Capabilities(real_capabilities)
         with kvcacheio.registered(*buffers):
             yield
