@@ -108,9 +108,13 @@ LIFECYCLE_STEPS: tuple[str, ...] = (
 _WRITE_KINDS = ("write_kv", "write_mla", "write_index_k", "cast_write_kv")
 
 
-def lifecycle_specs(target: Any, family: str) -> st.SearchStrategy[HostPoolSpec]:
+def lifecycle_specs(
+    target: Any, family: str, *, kv_quants: tuple[str, ...] = ("none",)
+) -> st.SearchStrategy[HostPoolSpec]:
     """Host tiers for ``family`` inside ``target``'s surface, their device pools at least a
-    page large (the allocator hands out whole pages of the pool's slots).
+    page large (the allocator hands out whole pages of the pool's slots), of the quantized
+    variants ``kv_quants`` (default unquantized; a quantized pool's host tier keeps its
+    scales too).
 
     Example:
         >>> from hypothesis import find
@@ -129,7 +133,11 @@ def lifecycle_specs(target: Any, family: str) -> st.SearchStrategy[HostPoolSpec]
         )
 
     return host_pool_specs(
-        families=(family,), target=target, max_host_pages=4, steer=steered_tags(target)
+        families=(family,),
+        target=target,
+        max_host_pages=4,
+        kv_quants=kv_quants,
+        steer=steered_tags(target),
     ).map(at_least_a_page)
 
 

@@ -212,6 +212,40 @@ class NextPageMetaHost(MLATokenToKVPoolHost):
         return super().get_page_buffer_meta(shifted)
 
 
+class ScaleDroppingHost(MHATokenToKVPoolHost):
+    """Backs up a quantized pool's payload but not its scales: a load restores the values
+    with whatever scales the host held before (zeros)."""
+
+    def _backup(
+        self,
+        component: Component,
+        host_layer: int,
+        source: torch.Tensor,
+        host_ids: torch.Tensor,
+        device_ids: torch.Tensor,
+    ) -> None:
+        if not component.raw:
+            super()._backup(component, host_layer, source, host_ids, device_ids)
+
+
+class ScaleMisplacingHost(MHATokenToKVPoolHost):
+    """Loads a quantized pool's scales one device page further on than their payload (the
+    host bytes are right; the device's are not)."""
+
+    def _load(
+        self,
+        component: Component,
+        host_layer: int,
+        target: torch.Tensor,
+        host_ids: torch.Tensor,
+        device_ids: torch.Tensor,
+    ) -> None:
+        if component.raw:
+            slots = self.device_pool.size + self.page_size
+            device_ids = (device_ids + self.page_size) % slots
+        super()._load(component, host_layer, target, host_ids, device_ids)
+
+
 class BrokenTierTarget(KVCheckTarget):
     """kvcheck's target with one broken allocator or host pool class in place of its own."""
 

@@ -13,6 +13,8 @@ from broken_tiers import (
     LayerForgettingHost,
     LeakyDecodeSWAAllocator,
     NextPageMetaHost,
+    ScaleDroppingHost,
+    ScaleMisplacingHost,
     ShiftedPageHost,
     TrustingPagedAllocator,
     TwiceHandingTokenAllocator,
@@ -111,11 +113,17 @@ def test_a_double_free_that_is_accepted_is_caught() -> None:
 
 
 def host_failure(
-    broken: type, family: str, layouts: tuple[str, ...] | None = None
+    broken: type,
+    family: str,
+    layouts: tuple[str, ...] | None = None,
+    *,
+    kv_quants: tuple[str, ...] = ("none",),
 ) -> PropertyFailure:
     """Run the host round trip on the twin; the failure it ends with."""
     target = BrokenTierTarget(broken)
-    specs = host_pool_specs(families=(family,), target=target, max_layers=2, max_size=8)
+    specs = host_pool_specs(
+        families=(family,), target=target, max_layers=2, max_size=8, kv_quants=kv_quants
+    )
     if layouts is not None:
         specs = specs.filter(lambda spec: spec.layout in layouts)
 
@@ -161,6 +169,34 @@ def test_a_page_meta_that_names_another_page_is_caught() -> None:
     error = host_failure(NextPageMetaHost, "mla", layouts=("page_first",))
     assert error.signature.check == "buffer_infos"
     assert error.signature.call == "get_page_buffer_meta"
+
+
+@pytest.mark.parametrize("quant", ["mxfp8", "fp4_mx_block16", "nvfp4"])
+def test_a_host_pool_that_drops_the_scales_is_caught(quant: str) -> None:
+    """A host pool that backs up a quantized pool's payload but not its scales fails on the
+    host bytes (the scale buffers hold zeros where the scales belong)."""
+    error = host_failure(ScaleDroppingHost, "mha", kv_quants=(quant,))
+    assert error.signature.check == "host_bytes", error
+    assert error.signature.family.startswith(f"host:mha:{quant}"), error
+
+
+@pytest.mark.parametrize("quant", ["mxfp8", "fp4_mx_block16"])
+def test_a_host_pool_that_loads_scales_to_another_page_is_caught(quant: str) -> None:
+    """A host pool that loads the scales one page away from their payload holds the right
+    host bytes, yet the device pool after the load differs from the reference."""
+    error = host_failure(ScaleMisplacingHost, "mha", kv_quants=(quant,))
+    assert error.signature.call == "load_to_device_per_layer", error
+    assert error.signature.family.startswith(f"mha:{quant}"), error
+
+
+def test_the_lifecycle_catches_a_host_pool_that_drops_the_scales() -> None:
+    """The lifecycle machine, too, fails on a host tier that leaves the scales behind."""
+    target = BrokenTierTarget(ScaleDroppingHost)
+    specs = lifecycle_specs(target, "mha", kv_quants=("mxfp8", "fp4_mx_block16"))
+    machine = lifecycle_machine(target, device="cpu", family="mha", specs=specs)
+    with pytest.raises(PropertyFailure) as caught:
+        run_state_machine_as_test(machine, settings=settings(TWIN, stateful_step_count=20))
+    assert caught.value.signature.check in ("host_bytes", "bytes"), caught.value
 
 
 def test_the_lifecycle_catches_a_host_pool_that_forgets_a_layer() -> None:

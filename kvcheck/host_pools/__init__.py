@@ -3,7 +3,9 @@
 The hierarchical cache's host tier: :class:`MHATokenToKVPoolHost` (K and V, four layouts;
 two buffers when V's head dim is its own), :class:`MLATokenToKVPoolHost` (latent rows) and
 :class:`DSAIndexerPoolHost` (a DSA pool's index-K pages, or any other per-layer buffer of a
-pool, in the slots of an anchor host pool). Same constructors and methods as SGLang's, built
+pool, in the slots of an anchor host pool). A quantized pool's scale buffers are mirrored
+by the MHA or MLA host pool itself, beside the payload (``k_scale_host``, ...: backed up,
+loaded, paged and described with it). Same constructors and methods as SGLang's, built
 from the device pool itself; unlike SGLang's they refuse bad calls (``ValueError``, nothing
 changed).
 
@@ -17,7 +19,7 @@ Example:
     (2, 1, 4, 1, 2)
 """
 
-from kvcheck.host_pools.base import HostKVCache
+from kvcheck.host_pools.base import HostKVCache, host_attribute, scale_buffer_names
 from kvcheck.host_pools.dsa import DSAIndexerPoolHost
 from kvcheck.host_pools.mha import MHATokenToKVPoolHost
 from kvcheck.host_pools.mla import MLATokenToKVPoolHost
@@ -27,4 +29,6 @@ __all__ = [
     "HostKVCache",
     "MHATokenToKVPoolHost",
     "MLATokenToKVPoolHost",
+    "host_attribute",
+    "scale_buffer_names",
 ]

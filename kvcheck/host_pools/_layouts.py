@@ -68,6 +68,11 @@ def put_rows(
     page_size: int,
 ) -> None:
     """Write ``rows`` (``[len(ids), *row]``) to slots ``ids`` of ``layer``."""
+    if layout == "page_head":
+        row: tuple[int, ...] = (host.shape[1], host.shape[4])
+    else:
+        row = tuple(host.shape[3 if layout == "page_first_direct" else 2 :])
+    rows = rows.reshape(len(ids), *row)
     host[_index(layout, layer, ids.long().cpu(), page_size)] = rows.to(host.device)
 
 

@@ -58,6 +58,35 @@ class Component:
     layers: list[int]
     unit: str
     row_bytes: int
+    #: Moved as bytes (a scale buffer: its host copy is uint8 rows of the device row's bytes).
+    raw: bool = False
+
+
+def scale_buffer_names(device_pool: Any) -> list[str]:
+    """The scale buffers of a quantized device pool (public ``*_scale_buffer`` lists, one
+    tensor per layer; a DSA pool's ``index_k_with_scale_buffer`` is index keys, not a scale
+    buffer): what a host pool keeps beside the payload, so scales travel with it.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> pool = SimpleNamespace(layer_num=1, k_scale_buffer=[torch.zeros(2)],
+        ...                        v_scale_buffer=None, index_k_with_scale_buffer=[torch.zeros(2)])
+        >>> scale_buffer_names(pool)
+        ['k_scale_buffer']
+    """
+    names = []
+    for name, value in vars(device_pool).items():
+        if name.startswith(("_", "index_k")) or not name.endswith("_scale_buffer"):
+            continue
+        if isinstance(value, list) and len(value) == int(device_pool.layer_num):
+            names.append(name)
+    return names
+
+
+def host_attribute(buffer_name: str) -> str:
+    """The host attribute mirroring device buffer ``buffer_name`` (``k_scale_buffer`` ->
+    ``k_scale_host``, SGLang's MXFP8 host pool's names)."""
+    return buffer_name.removesuffix("_buffer") + "_host"
 
 
 def _ids(where: str, name: str, value: object) -> torch.Tensor:
@@ -273,6 +302,7 @@ class HostKVCache:
         device_ids: torch.Tensor,
     ) -> None:
         ps = self.page_size
+        source = self._rows_of(component, source)
         if component.unit == "token":
             rows = source[device_ids.to(source.device)].to(component.host.device)
             _layouts.put_rows(
@@ -291,6 +321,7 @@ class HostKVCache:
         device_ids: torch.Tensor,
     ) -> None:
         ps = self.page_size
+        target = self._rows_of(component, target)
         if component.unit == "token":
             rows = _layouts.get_rows(
                 component.host, self._token_layout(), host_layer, host_ids, page_size=ps
@@ -306,6 +337,94 @@ class HostKVCache:
 
     def _token_layout(self) -> str:
         return self.layout
+
+    @staticmethod
+    def _rows_of(component: Component, buffer: torch.Tensor) -> torch.Tensor:
+        """The device buffer as the component moves it (a raw one: ``[rows, bytes]`` uint8)."""
+        if component.raw:
+            return buffer.view(torch.uint8).reshape(buffer.shape[0], -1)
+        return buffer
+
+    # -- scale buffers beside the payload --------------------------------------------------
+
+    def _add_scale_components(self) -> None:
+        """Mirror the device pool's scale buffers (:func:`scale_buffer_names`) as uint8
+        components of this host pool, attribute ``<name>_host``: a buffer with a row per
+        token slot in the layout's token place (``page_head``: the row whole, one "head"), a
+        buffer with a row per page (MXFP8 interleaved, NVFP4 native) by page: ``(layers,
+        pages, bytes)`` in ``layer_first``, ``(pages, layers, bytes)`` otherwise."""
+        token_rows = self.device_pool.size + self.page_size
+        layers = list(range(self.layer_num))
+        for name in scale_buffer_names(self.device_pool):
+            sample = getattr(self.device_pool, name)[0]
+            row_bytes = sample[0].nbytes if sample.shape[0] else 0
+            unit = "token" if sample.shape[0] == token_rows else "page"
+            if unit == "token":
+                row = (1, row_bytes) if self.layout == "page_head" else (row_bytes,)
+                dims = _layouts.host_dims(
+                    self.layout,
+                    layers=self.layer_num,
+                    slots=self.size,
+                    page_size=self.page_size,
+                    row=row,
+                )
+            elif self.layout == "layer_first":
+                dims = (self.layer_num, self.page_num, row_bytes)
+            else:
+                dims = (self.page_num, self.layer_num, row_bytes)
+            host = torch.zeros(dims, dtype=torch.uint8, device=self.device)
+            setattr(self, host_attribute(name), host)
+            self.components.append(Component(name, host, layers, unit, row_bytes, raw=True))
+
+    @property
+    def scale_components(self) -> list[Component]:
+        """The mirrored scale buffers (empty for an unquantized pool)."""
+        return [component for component in self.components if component.raw]
+
+    def _component_page(self, component: Component, index: int) -> torch.Tensor:
+        """Component ``component``'s part of the data page starting at host slot ``index``."""
+        if component.unit == "token":
+            return _layouts.page_view(component.host, self.layout, index, self.page_size)
+        page = index // self.page_size
+        if self.layout == "layer_first":
+            return component.host[:, page : page + 1]
+        return component.host[page : page + 1]
+
+    def _with_scale_pages(self, main: torch.Tensor, index: int, flat: bool) -> torch.Tensor:
+        """The data page: ``main`` (the payload's page), then each scale component's, as
+        one flat uint8 page when the pool keeps scales (``flat=False`` is then refused: a
+        page of several buffers has no one shape)."""
+        if not self.scale_components:
+            return main.flatten() if flat else main
+        if not flat:
+            raise NotImplementedError(
+                f"{type(self).__name__}.get_data_page: a page with scales is flat bytes only"
+            )
+        pages = [main, *(self._component_page(c, index) for c in self.scale_components)]
+        return torch.cat([page.contiguous().reshape(-1).view(torch.uint8) for page in pages])
+
+    def _component_page_meta(self, component: Component, start: int) -> list[tuple[int, int]]:
+        """The regions (pointer, bytes) of component ``component``'s part of the page
+        starting at host slot ``start``: one per layer in ``layer_first``, else one."""
+        page, base = start // self.page_size, component.host.data_ptr()
+        layers, row = len(component.layers), component.row_bytes
+        per_page = row * (self.page_size if component.unit == "token" else 1)
+        if self.layout != "layer_first":
+            return [(base + page * layers * per_page, layers * per_page)]
+        span = self.size if component.unit == "token" else self.page_num
+        first = start if component.unit == "token" else page
+        return [(base + (layer * span + first) * row, per_page) for layer in range(layers)]
+
+    def _component_buf_infos(self, component: Component) -> list[tuple[int, int, int]]:
+        """Regions (pointer, bytes, item bytes) tiling a component's host buffer for a
+        transfer engine: one per layer in ``layer_first``, else the whole buffer (items of
+        a page)."""
+        base, layers, row = component.host.data_ptr(), len(component.layers), component.row_bytes
+        item = row * (self.page_size if component.unit == "token" else 1)
+        if self.layout == "layer_first":
+            per_layer = component.host.nbytes // max(layers, 1)
+            return [(base + layer * per_layer, per_layer, item) for layer in range(layers)]
+        return [(base, component.host.nbytes, layers * item)]
 
     def _page_rows(
         self, component: Component, host_layer: int, pages: torch.Tensor
@@ -353,7 +472,11 @@ class HostKVCache:
     def set_from_flat_data_page(self, index: int, data_page: torch.Tensor) -> None:
         """Overwrite the data page starting at host slot ``index`` with ``data_page`` (flat)."""
         where = f"{type(self).__name__}.set_from_flat_data_page"
-        view = self.get_data_page(self._page_start(where, index), flat=False)
+        index = self._page_start(where, index)
+        if self.scale_components:
+            self._set_scaled_page(where, index, data_page)
+            return
+        view = self.get_data_page(index, flat=False)
         if (
             not isinstance(data_page, torch.Tensor)
             or data_page.numel() != view.numel()
@@ -364,6 +487,29 @@ class HostKVCache:
                 f"got {data_page!r}"
             )
         view.copy_(data_page.reshape(view.shape))
+
+    def _set_scaled_page(self, where: str, index: int, data_page: object) -> None:
+        """Overwrite a page with scales from its flat uint8 bytes (payload, then scales)."""
+        main = self._main_page_view(index)
+        views = [main, *(self._component_page(c, index) for c in self.scale_components)]
+        total = sum(view.nbytes for view in views)
+        if (
+            not isinstance(data_page, torch.Tensor)
+            or data_page.dtype != torch.uint8
+            or data_page.numel() != total
+        ):
+            raise ValueError(
+                f"{where}: data_page must hold {total} uint8 values, got {data_page!r}"
+            )
+        cursor = 0
+        for view in views:
+            chunk = data_page[cursor : cursor + view.nbytes].to(view.device)
+            view.copy_(chunk.view(view.dtype).reshape(view.shape))
+            cursor += view.nbytes
+
+    def _main_page_view(self, index: int) -> torch.Tensor:
+        """The payload's page view (subclasses that keep scales say where it is)."""
+        raise NotImplementedError
 
     def get_page_buffer_meta(self, indices: torch.Tensor) -> tuple[list[int], list[int]]:
         raise NotImplementedError

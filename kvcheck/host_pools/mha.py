@@ -73,6 +73,7 @@ class MHATokenToKVPoolHost(HostKVCache):
                 "v_buffer", self._v, layers, "token", self.head_num * self.v_head_dim * itemsize
             ),
         ]
+        self._add_scale_components()
 
     @property
     def k_buffer(self) -> torch.Tensor:
@@ -83,22 +84,25 @@ class MHATokenToKVPoolHost(HostKVCache):
         return self._v
 
     def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
-        """The page starting at host slot ``index``: ``kv_buffer`` sliced by the layout."""
+        """The page starting at host slot ``index``: ``kv_buffer`` sliced by the layout,
+        then (a quantized pool) each scale buffer's part of the page, as flat bytes."""
         where = f"{type(self).__name__}.get_data_page"
         if self.asymmetric:
             raise NotImplementedError(f"{where}: no flat data pages when head_dim != v_head_dim")
         index = self._page_start(where, index)
+        return self._with_scale_pages(self._main_page_view(index), index, flat)
+
+    def _main_page_view(self, index: int) -> torch.Tensor:
         ps = self.page_size
         if self.layout == "layer_first":
-            page = self.kv_buffer[:, :, index : index + ps]
-        elif self.layout == "page_first":
-            page = self.kv_buffer[:, index : index + ps]
-        else:
-            page = self.kv_buffer[:, index // ps : index // ps + 1]
-        return page.flatten() if flat else page
+            return self.kv_buffer[:, :, index : index + ps]
+        if self.layout == "page_first":
+            return self.kv_buffer[:, index : index + ps]
+        return self.kv_buffer[:, index // ps : index // ps + 1]
 
     def get_page_buffer_meta(self, indices: torch.Tensor) -> tuple[list[int], list[int]]:
-        """Per page (and per layer for ``layer_first``): its K region, then its V region."""
+        """Per page (and per layer for ``layer_first``): its K region, then its V region;
+        then each scale buffer's regions of the page."""
         starts = self._check_meta(indices)
         ptrs: list[int] = []
         sizes: list[int] = []
@@ -122,4 +126,8 @@ class MHATokenToKVPoolHost(HostKVCache):
                     self.layer_num * self.page_size * k_row,
                     self.layer_num * self.page_size * v_row,
                 ]
+            for component in self.scale_components:
+                for ptr, size in self._component_page_meta(component, start):
+                    ptrs.append(ptr)
+                    sizes.append(size)
         return ptrs, sizes

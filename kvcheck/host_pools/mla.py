@@ -48,15 +48,20 @@ class MLATokenToKVPoolHost(HostKVCache):
         self.components = [
             Component("kv_buffer", self.kv_buffer, list(range(self.layer_num)), "token", row_bytes)
         ]
+        self._add_scale_components()
 
     def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:
-        """The page starting at host slot ``index``: ``kv_buffer`` sliced by the layout."""
+        """The page starting at host slot ``index``: ``kv_buffer`` sliced by the layout,
+        then (an FP4 pool) its scale buffer's part of the page, as flat bytes."""
         index = self._page_start(f"{type(self).__name__}.get_data_page", index)
-        page = _layouts.page_view(self.kv_buffer, self.layout, index, self.page_size)
-        return page.flatten() if flat else page
+        return self._with_scale_pages(self._main_page_view(index), index, flat)
+
+    def _main_page_view(self, index: int) -> torch.Tensor:
+        return _layouts.page_view(self.kv_buffer, self.layout, index, self.page_size)
 
     def get_page_buffer_meta(self, indices: torch.Tensor) -> tuple[list[int], list[int]]:
-        """Per page (and per layer for ``layer_first``) the region holding its rows."""
+        """Per page (and per layer for ``layer_first``) the region holding its rows, then
+        each scale buffer's regions of the page."""
         starts = self._check_meta(indices)
         row, base = self.token_stride_size, self.kv_buffer.data_ptr()
         ptrs: list[int] = []
@@ -69,18 +74,23 @@ class MLATokenToKVPoolHost(HostKVCache):
             else:
                 ptrs.append(base + start * self.layer_num * row)
                 sizes.append(self.layer_num * self.page_size * row)
+            for component in self.scale_components:
+                for ptr, size in self._component_page_meta(component, start):
+                    ptrs.append(ptr)
+                    sizes.append(size)
         return ptrs, sizes
 
     def get_contiguous_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
-        """Regions that tile ``kv_buffer``, for a transfer engine: one per layer in
-        ``layer_first`` (items of a page of rows), else one of whole pages (items of a page
-        of every layer)."""
-        row, base = self.token_stride_size, self.kv_buffer.data_ptr()
-        if self.layout == "layer_first":
-            per_layer = self.size * row
-            return (
-                [base + layer * per_layer for layer in range(self.layer_num)],
-                [per_layer] * self.layer_num,
-                [self.page_size * row] * self.layer_num,
-            )
-        return [base], [self.kv_buffer.nbytes], [self.layer_num * self.page_size * row]
+        """Regions that tile ``kv_buffer`` and any scale buffer, for a transfer engine: one
+        per layer in ``layer_first`` (items of a page of rows), else one of whole pages
+        (items of a page of every layer)."""
+        regions = [
+            region
+            for component in self.components
+            for region in self._component_buf_infos(component)
+        ]
+        return (
+            [ptr for ptr, _, _ in regions],
+            [length for _, length, _ in regions],
+            [item for _, _, item in regions],
+        )

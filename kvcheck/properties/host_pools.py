@@ -55,6 +55,7 @@ __all__ = [
     "check_host_round_trip",
     "host_family",
     "raw_bytes",
+    "storage_pages_checked",
 ]
 
 
@@ -202,7 +203,7 @@ def assert_host_buffer_infos(
             index_part
             and spec.layout == "layer_first"
             and "host:dsa:indexer_layer_first_page_meta" in steer
-        ):
+        ) and storage_pages_checked(spec, steer):
             _assert_page_meta(part, reference, number, names, spec)
         steered = (
             "host:latent:contiguous_buf_infos" in steer
@@ -211,6 +212,22 @@ def assert_host_buffer_infos(
         )
         if callable(getattr(part, "get_contiguous_buf_infos", None)) and not steered:
             _assert_tiling(part, names, spec)
+
+
+def storage_pages_checked(spec: HostPoolSpec, steer: Collection[str]) -> bool:
+    """Whether the flat storage pages (``get_data_page``, ``set_from_flat_data_page``,
+    ``get_page_buffer_meta``) of ``spec``'s host tier are checked: not where the target
+    declares ``host:<device variant>:storage_pages`` (its host pool has none).
+
+    Example:
+        >>> from kvcheck.specs import PoolSpec
+        >>> device = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="bfloat16")
+        >>> spec = HostPoolSpec(device=device, layout="page_first", io_backend="kernel",
+        ...                     host_pages=1)
+        >>> storage_pages_checked(spec, {"host:mla:storage_pages"})
+        False
+    """
+    return f"host:{spec.device.variant}:storage_pages" not in steer
 
 
 def _assert_page_meta(
@@ -318,6 +335,7 @@ def check_host_round_trip(
     from kvcheck.strategies import op_sequences
     from kvcheck.targets.tiers import build_host_pool
 
+    steer = {*steer, *(getattr(target, "host_storage_steer", None) or ())}
     pool = target.make_pool(spec.device, device=device)
     reference = ReferencePool(spec.device)
     kinds = tuple(kind for kind in write_kinds if kind in ROUND_TRIP_WRITES)
@@ -363,7 +381,8 @@ def check_host_round_trip(
     host_reference.backup(reference, host.tolist(), source)
     call = f"backup_from_device_all_layer(host_indices={host.tolist()}, device_indices={source})"
     assert_host_bytes(parts, host_reference, call=call, spec=spec)
-    assert_data_pages(parts, host_reference, call=call, spec=spec)
+    if storage_pages_checked(spec, steer):
+        assert_data_pages(parts, host_reference, call=call, spec=spec)
     loaded = pages("device pages loaded into")
     for layer in range(spec.device.layer_num):
         for part in parts:
@@ -380,7 +399,7 @@ def check_host_round_trip(
         bad = _bad_host_calls(parts, pool, spec)
         what = data.draw(st.sampled_from(sorted(bad)), label="bad host call")
         _assert_refused(parts, bad[what], what, spec)
-    if spec.asymmetric or count < 2:
+    if spec.asymmetric or count < 2 or not storage_pages_checked(spec, steer):
         return
     first, second = int(host[0]), int(host[ps])
     for number, part in enumerate(parts[: len(host_reference.parts)]):

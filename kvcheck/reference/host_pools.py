@@ -4,7 +4,9 @@ layout puts them, by loops and its own offset formulas (no code shared with the 
 :class:`ReferenceHostPool` mirrors :class:`kvcheck.tiers.HostPoolSpec`'s host tier as the
 parts a target builds (:func:`kvcheck.targets.tiers.build_host_pool`): part 0 keeps the
 device pool's main rows (MHA: K and V, in one ``kv_buffer`` or, for a V head dim of its own,
-``k_buffer`` and ``v_buffer``; MLA and DSA: the latent ``kv_buffer``), part 1, where the pool
+``k_buffer`` and ``v_buffer``; MLA and DSA: the latent ``kv_buffer``) and a quantized pool's
+scale buffers (``k_scale_buffer`` as ``k_scale_host``, ...: a row per token slot, its bytes
+whole, or a row per page, by page; in the page's bytes after the payload), part 1, where the pool
 has other per-layer buffers (DSA's index-K pages), keeps those under their own names, only
 for layers that have rows. Per layout, byte offsets of row ``R`` bytes wide, host slot ``t``
 (page ``p = t // ps``), host layer ``l`` of ``L``, ``S`` host slots, ``P`` host pages:
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvcheck.reference import quant
 from kvcheck.reference.pools import ReferencePool
 from kvcheck.tiers import HostPoolSpec
 
@@ -94,10 +97,17 @@ class ReferenceHostPool:
                 attribute, base = name, 0
             anchor.append(HostPiece(name, attribute, base, layers, "token", row, device.head_num))
             base += slots * len(layers) * row
+        scales = quant.scale_buffer_names(device)
+        for name in scales:
+            arrays = buffers[name]
+            unit = "token" if arrays[0].shape[0] == device.num_slots else "page"
+            attribute = name[: -len("_buffer")] + "_host"
+            layers = list(range(device.layer_num))
+            anchor.append(HostPiece(name, attribute, 0, layers, unit, arrays[0].shape[1]))
         self.parts.append(anchor)
         others = []
         for name, arrays in buffers.items():
-            if name in main:
+            if name in main or name in scales:
                 continue
             layers = [layer for layer, array in enumerate(arrays) if array.shape[0] > 0]
             if not layers:

@@ -31,6 +31,16 @@ SUITE_TESTS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_host_round_trip_is_byte_exact[mha]",
         "test_host_round_trip_is_byte_exact[mla]",
     ),
+    ("test_host_pools.py", "kvcheck_needs parametrize"): (
+        "test_quantized_host_round_trip_is_byte_exact[cpu_fp8]",
+        "test_quantized_host_round_trip_is_byte_exact[fp4]",
+        "test_quantized_host_round_trip_is_byte_exact[fp4_mx_block16]",
+        "test_quantized_host_round_trip_is_byte_exact[fp8_scaled]",
+        "test_quantized_host_round_trip_is_byte_exact[mxfp8-flat]",
+        "test_quantized_host_round_trip_is_byte_exact[mxfp8]",
+        "test_quantized_host_round_trip_is_byte_exact[nvfp4-native]",
+        "test_quantized_host_round_trip_is_byte_exact[nvfp4]",
+    ),
     ("test_inputs.py", "hypothesis kvcheck_needs parametrize"): (
         "test_calls_leave_caller_tensors_unchanged[dsa]",
         "test_calls_leave_caller_tensors_unchanged[mha]",
@@ -41,6 +51,8 @@ SUITE_TESTS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_rejected_calls_leave_pool_unchanged[mla]",
     ),
     ("test_lifecycle.py", "kvcheck_needs parametrize"): (
+        "test_quantized_request_lifecycle_matches_reference[mha]",
+        "test_quantized_request_lifecycle_matches_reference[mla]",
         "test_request_lifecycle_matches_reference[dsa]",
         "test_request_lifecycle_matches_reference[mha]",
         "test_request_lifecycle_matches_reference[mla]",

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from kvcheck.geometry import row_bytes
-from kvcheck.specs import KV_QUANTS, PoolSpec
+from kvcheck.specs import PoolSpec
 from kvcheck.strategies.limits import within_target_limits
 from kvcheck.strategies.pools import pool_specs
 from kvcheck.surface import surface_of
@@ -95,6 +95,7 @@ def host_pool_specs(
     max_layers: int = 3,
     max_size: int = 24,
     max_page_size: int = 4,
+    kv_quants: Sequence[str] = ("none",),
     target: object | None = None,
     steer: Collection[str] = (),
 ) -> st.SearchStrategy[HostPoolSpec]:
@@ -102,7 +103,12 @@ def host_pool_specs(
     :func:`kvcheck.strategies.pool_specs` draws of one decode-context-parallel rank, inside the
     ``target``'s surface), in a layout the pool and the target take, with an io backend the
     layout transfers with, and 1 to ``max_host_pages`` host pages. Families the target
-    declares no host layout for are left out. ``steer``: tags of
+    declares no host layout for are left out. ``kv_quants``: the quantized variants the
+    device pools take (:func:`kvcheck.strategies.pool_specs`'s; default unquantized only:
+    each quantized variant has a run of its own), whose scale buffers the host tier keeps
+    too; a variant whose host tier the target builds in fewer layouts
+    (:func:`kvcheck.targets.tiers.host_variant_layouts`) is drawn in those only, and not at
+    all where it builds none. ``steer``: tags of
     :data:`kvcheck.tiers.HOST_STEER_TAGS` the target's findings ask to avoid.
     Shrinks towards the first family's smallest pool, the first layout, one host page.
 
@@ -132,10 +138,17 @@ def host_pool_specs(
         max_size=max_size,
         max_page_size=max_page_size,
         dcp_sizes=(1,),
+        kv_quants=kv_quants,
     ).map(lambda spec: dataclasses.replace(spec, kv_layout="nhd"))
+    variant_layouts: dict[str, tuple[str, ...]] = {}
     if target is not None:
         devices = within_target_limits(target, devices)
-    return _host_pool_specs(devices, layouts, max_host_pages, alignment, frozenset(steer))
+        declared = getattr(target, "host_variants", None) or {}
+        variant_layouts = {variant: tuple(row[0]) for variant, row in declared.items()}
+        devices = devices.filter(lambda spec: variant_layouts.get(spec.variant, (None,)) != ())
+    return _host_pool_specs(
+        devices, layouts, max_host_pages, alignment, frozenset(steer), variant_layouts
+    )
 
 
 @st.composite
@@ -146,19 +159,28 @@ def _host_pool_specs(
     max_host_pages: int,
     alignment: int = 1,
     steer: frozenset[str] = frozenset(),
+    variant_layouts: dict[str, tuple[str, ...]] | None = None,
 ) -> HostPoolSpec:
     device = check_type(PoolSpec, draw(devices, label="device pool"), "device")
-    if device.kv_quant != KV_QUANTS[0]:
-        # Host pools of quantized pools (their scales on the host) are not modelled yet: the
-        # unquantized pool of the same geometry.
-        device = dataclasses.replace(device, kv_quant=KV_QUANTS[0])
     if device.family == "dsa" and device.skip_topk_layers and all(device.skip_topk_layers):
         # A DSA pool whose every layer skips top-k holds no index keys, and SGLang builds
         # no index-K host pool for it (DSATokenToKVPool.host_pool_decls): one layer keeps them.
         device = dataclasses.replace(device, skip_topk_layers=(False, *device.skip_topk_layers[1:]))
+    if f"{device.variant}:v_head_dim" in steer and device.v_head_dim is not None:
+        # Steered (kvcheck.machines.STEER_TAGS): the target's finding on V head dims of
+        # the variant's own; the symmetric pool.
+        device = dataclasses.replace(device, v_head_dim=None)
+    asymmetric = device.family == "mha" and device.effective_v_head_dim != device.head_dim
+    if asymmetric and (variant_layouts or {}).get(f"{device.variant}:asymmetric") == ():
+        # The target builds no host tier for this variant with a V head dim of its own:
+        # the symmetric pool.
+        device = dataclasses.replace(device, v_head_dim=None)
     offered = host_layouts_for(device)
     if device.family in layouts:
         offered = tuple(layout for layout in offered if layout in layouts[device.family])
+    narrowed = (variant_layouts or {}).get(device.variant)
+    if narrowed is not None:
+        offered = tuple(layout for layout in offered if layout in narrowed)
     if not offered:
         # An asymmetric MHA pool on a target without its layouts: the symmetric pool.
         device = dataclasses.replace(device, v_head_dim=None)

@@ -10,6 +10,8 @@ other device slots restores them byte for byte without touching any other slot. 
 set from another round-trips too, and the host pools' buffer infos equal the bytes they
 hold. With ``input_validation``, a bad host call (a double free, a foreign or out-of-range
 slot, a bad size, mismatched index lists) raises ``ValueError`` and changes nothing.
+Each quantized variant has a run of its own, its scale buffers kept beside the payload
+(where the target builds its host tier, in the layouts it builds it in).
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcheck.machines import supported_op_kinds
 from kvcheck.properties.host_pools import check_host_round_trip
 from kvcheck.strategies.tiers import host_pool_specs
+from kvcheck.suite.test_pool_machines import QUANTIZED, _unbuilt_variant
 from kvcheck.targets import supports
 from kvcheck.targets.findings import steered_tags
-from kvcheck.targets.tiers import host_pool_skip_reason
+from kvcheck.targets.tiers import host_pool_skip_reason, host_variant_skip_reason
 from kvcheck.tiers import HOST_FAMILIES
 
 
@@ -54,3 +57,74 @@ def test_host_round_trip_is_byte_exact(
         validates=supports(kvcheck_target, "input_validation"),
         steer=steered_tags(kvcheck_target),
     )
+
+
+#: Every quantized device variant with a host tier (token-major: ``hnd`` pools have none):
+#: a run of its own each, so that each one's scales get their share of round trips (the
+#: family runs above draw unquantized pools only).
+QUANTIZED_HOSTS = tuple(
+    (family, quant, variant) for family, quant, variant in QUANTIZED if not variant.endswith(":hnd")
+)
+
+
+def _host_settings() -> settings:
+    """A fifth of the profile's examples per variant (the host pools of 128-token MXFP8
+    pages are the largest the suite builds); the variant filter may reject draws on a
+    target whose limits narrow the spec: expected, not a health problem."""
+    current = settings()
+    return settings(
+        current,
+        max_examples=max(5, current.max_examples // 5),
+        suppress_health_check=[*current.suppress_health_check, HealthCheck.filter_too_much],
+    )
+
+
+@pytest.mark.parametrize(
+    ("family", "quant", "variant"),
+    [
+        pytest.param(
+            family,
+            quant,
+            variant,
+            marks=pytest.mark.kvcheck_needs(f"{family}_pool"),
+            id=variant.split(":", 1)[1].replace(":", "-"),
+        )
+        for family, quant, variant in QUANTIZED_HOSTS
+    ],
+)
+def test_quantized_host_round_trip_is_byte_exact(
+    kvcheck_target: Any,
+    kvcheck_device: str,
+    family: str,
+    quant: str,
+    variant: str,
+) -> None:
+    """A quantized pool's host tier round-trips its payload and every scale buffer byte for
+    byte (scales at their layout's place, in the data pages and page meta beside the
+    payload). Skipped for a target that builds no such pool or no host tier for it."""
+    for reason in (
+        host_pool_skip_reason(kvcheck_target, family),
+        _unbuilt_variant(kvcheck_target, family, variant),
+        host_variant_skip_reason(kvcheck_target, variant),
+    ):
+        if reason is not None:
+            pytest.skip(reason)
+    steer = steered_tags(kvcheck_target)
+    specs = host_pool_specs(
+        families=(family,), kv_quants=(quant,), target=kvcheck_target, steer=steer
+    ).filter(lambda spec: spec.device.variant == variant)
+
+    @_host_settings()
+    @given(data=st.data())
+    def round_trip(data: st.DataObject) -> None:
+        check_host_round_trip(
+            kvcheck_target,
+            data.draw(specs, label="host pool"),
+            data,
+            device=kvcheck_device,
+            write_kinds=supported_op_kinds(kvcheck_target, family),
+            validates=supports(kvcheck_target, "input_validation"),
+            steer=steer,
+        )
+
+    round_trip()

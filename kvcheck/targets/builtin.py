@@ -196,8 +196,9 @@ class KVCheckTarget:
         self, spec: HostPoolSpec, device_pool: Any, *, device: str
     ) -> tuple[Any, ...]:
         """kvcheck's host tier for ``device_pool`` (:mod:`kvcheck.host_pools`): the MHA or MLA
-        host pool of its main buffers and, when the pool has other per-layer buffers (a DSA
-        pool's index-K pages, a variant's scales), a :class:`DSAIndexerPoolHost` for them."""
+        host pool of its main buffers (and of a quantized pool's scale buffers, which travel
+        with their payload) and, when the pool has other per-layer buffers (a DSA pool's
+        index-K pages), a :class:`DSAIndexerPoolHost` for them."""
         from kvcheck import host_pools
 
         main = ("k_buffer", "v_buffer") if spec.kind == "mha" else ("kv_buffer",)
@@ -209,7 +210,8 @@ class KVCheckTarget:
         anchor = cls(
             device_pool, 2.0, 0, spec.page_size, spec.layout, host_token_capacity=spec.host_size
         )
-        others = tuple(name for name in _layer_buffers(device_pool) if name not in main)
+        kept = {*main, *host_pools.scale_buffer_names(device_pool)}
+        others = tuple(name for name in _layer_buffers(device_pool) if name not in kept)
         if not others:
             return (anchor,)
         return (anchor, host_pools.DSAIndexerPoolHost(device_pool, anchor, buffer_names=others))

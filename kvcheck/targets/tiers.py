@@ -18,6 +18,16 @@ and has two optional members:
     ``MHATokenToKVPoolHost`` or ``MLATokenToKVPoolHost``, and for a DSA pool the MLA host of
     the latent rows plus the ``DSAIndexerPoolHost`` of its index-K pages.
 
+and one optional datum:
+
+``host_variants: Mapping[str, tuple[tuple[str, ...], str]]``
+    device pool variants (:attr:`kvcheck.specs.PoolSpec.variant`) whose host tier the
+    target builds in fewer layouts than its family's: variant -> (the layouts it builds,
+    possibly none; why);
+``host_storage_steer: Collection[str]``
+    tags (``host:<variant>:storage_pages``) for variants whose host pools have no flat
+    storage pages (``get_data_page``, ``get_page_buffer_meta``): those checks are left out.
+
 The suite never hands a target an allocator kind or host layout its surface leaves out;
 such tests skip, saying why.
 
@@ -50,6 +60,8 @@ __all__ = [
     "build_allocator",
     "build_host_pool",
     "host_pool_skip_reason",
+    "host_variant_layouts",
+    "host_variant_skip_reason",
 ]
 
 
@@ -87,6 +99,34 @@ def host_pool_skip_reason(target: Any, family: str, layout: str | None = None) -
         )
     if not callable(getattr(target, "make_host_pool", None)):
         return f"target {_name(target)!r} declares host pools but has no make_host_pool"
+    return None
+
+
+def host_variant_layouts(target: Any, variant: str) -> tuple[str, ...] | None:
+    """The host layouts ``target`` builds for device pools of ``variant`` when it declares
+    fewer than its family's (``host_variants``); None: the family's.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> target = SimpleNamespace(host_variants={"mha:mxfp8": (("page_first",), "why")})
+        >>> host_variant_layouts(target, "mha:mxfp8"), host_variant_layouts(target, "mha")
+        (('page_first',), None)
+    """
+    declared = getattr(target, "host_variants", None) or {}
+    if variant not in declared:
+        return None
+    return tuple(declared[variant][0])
+
+
+def host_variant_skip_reason(target: Any, variant: str) -> str | None:
+    """Why ``target`` builds no host tier for device pools of ``variant`` (None: it does,
+    in some layout)."""
+    declared = getattr(target, "host_variants", None) or {}
+    if variant in declared and not declared[variant][0]:
+        return (
+            f"target {_name(target)!r} builds no host pool for {variant} device pools "
+            f"({declared[variant][1]})"
+        )
     return None
 
 

@@ -199,6 +199,18 @@ def _package(
             "class DSAIndexerPoolHost:\n    pass\n\ndef make_dsa_indexer_pool_decl(p): pass\n"
         ),
         "srt/mem_cache/device_pool_info.py": "class MHABufferInfo:\n    pass\n",
+        "srt/mem_cache/pool_host/mha_mxfp8.py": "class MHATokenToKVPoolMXFP8Host:\n    pass\n",
+        "kernels/ops/kvcache/hicache.py": "".join(
+            f"def {name}(*a, **k): pass\n"
+            for name in (
+                "transfer_hicache_one_layer",
+                "transfer_hicache_all_layer_staged_lf_pf",
+                "transfer_hicache_one_layer_mla",
+                "transfer_hicache_all_layer_mla_staged_lf_pf",
+                "_tiles_across_lanes",
+                "_default_unroll",
+            )
+        ),
     }
 
 
@@ -437,3 +449,14 @@ def test_a_release_without_device_pool_infos_builds_no_host_pools(fake_sglang: P
     surface = _read(fake_sglang, modules).surface(SURFACE)
     assert surface.host_layouts == {} and surface.allocators == SURFACE.allocators
     assert "device_pool_info" in (surface.note("host_pools") or "")
+
+
+def test_a_release_without_the_mxfp8_host_pool_misses_only_it(fake_sglang: Path) -> None:
+    """Without pool_host/mha_mxfp8.py the release misses that piece alone (the target then
+    builds no host tier for MXFP8 pools, SGLangTarget.host_variants) and turns no
+    capability off."""
+    modules = _package()
+    del modules["srt/mem_cache/pool_host/mha_mxfp8.py"]
+    facts = _read(fake_sglang, modules)
+    assert set(facts.loaded.missing) == {"host_mxfp8"}
+    assert facts.unsupported() == {} and facts.tiers_off() == {}

@@ -264,6 +264,23 @@ def cpu_kvcacheio(*buffers: Any) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def cpu_hicache_jit(*buffers: Any) -> Iterator[None]:
+    """Give sglang's MXFP8 host pool (and the MHA host pool it runs through) CPU bodies of
+    the JIT HiCache transfer kernels and their ``can_use_*`` probes, and let it take its
+    CUDA branch, resolving raw addresses inside ``buffers``, for the block only.
+
+    Without it, on CPU ``MHATokenToKVPoolMXFP8Host`` refuses to be built
+    (``NotImplementedError``: it needs the staged JIT write-back kernel, CUDA or HIP). The
+    bodies transcribe the kernels (see :mod:`kvcheck.targets.sglang.hicache_jit`). Where CUDA
+    is available nothing is patched.
+    """
+    from kvcheck.targets.sglang import hicache_jit
+
+    with hicache_jit.cpu_hicache_jit(*buffers):
+        yield
+
+
 def _no_cuda_synchronize(device: int | str | torch.device | None = None) -> None:
     """Stands in for ``torch.cuda.synchronize`` on CPU, where there is nothing to wait for."""
 

@@ -10,6 +10,9 @@ index-K pages, sharing its slots. Sizes come from ``host_token_capacity``. On CP
 
 - every host pool is built with ``pin_memory=False`` (sglang's default registers the buffer
   with ``cudaHostRegister``);
+- MXFP8 pools with interleaved scales get ``MHATokenToKVPoolMXFP8Host`` (sglang's pick, in
+  ``page_first``), built and transferring with CPU bodies of sglang's JIT HiCache kernels
+  (:func:`.env.cpu_hicache_jit`), its scales in ``k_scale_host`` / ``v_scale_host``;
 - transfers (``backup_from_device_all_layer``, ``load_to_device_per_layer``) run with CPU
   bodies of the ``sgl_kernel.kvcacheio`` ops (:func:`.env.cpu_kvcacheio`), and MLA/DSA ones
   with a one-rank parallel context and a no-op ``torch.cuda.synchronize``
@@ -37,6 +40,9 @@ from kvcheck.tiers import HostPoolSpec
 MHA_HOST = "sglang.srt.mem_cache.pool_host.mha"
 MLA_HOST = "sglang.srt.mem_cache.pool_host.mla"
 DSA_HOST = "sglang.srt.mem_cache.pool_host.dsa"
+#: The MXFP8 host pool (``pool_host/mha_mxfp8.py``), whose transfers run sglang's JIT
+#: HiCache kernels: built and run with their CPU bodies (:func:`.env.cpu_hicache_jit`).
+MXFP8_HOST_CLASS = "MHATokenToKVPoolMXFP8Host"
 #: Host-pool methods that transfer bytes (and so need the ops and their buffers).
 TRANSFER_METHODS: tuple[str, ...] = ("backup_from_device_all_layer", "load_to_device_per_layer")
 
@@ -66,8 +72,11 @@ def make_host_pool(spec: HostPoolSpec, device_pool: Any, *, device: str) -> tupl
     info = device_pool.get_device_pool_infos()[0].buffer_info
     if spec.kind == "mha":
         mha = _module(MHA_HOST)
-        host = mha.get_mha_host_pool_cls(info)(info, **_common(device_pool, spec))
-        _transfer_in_scope(host, device_pool, latent=False)
+        cls = mha.get_mha_host_pool_cls(info)
+        jit = cls.__name__ == MXFP8_HOST_CLASS
+        with env.cpu_hicache_jit(device_pool) if jit else contextlib.nullcontext():
+            host = cls(info, **_common(device_pool, spec))
+        _transfer_in_scope(host, device_pool, latent=False, jit=jit)
         return (host,)
     mla = _module(MLA_HOST)
     with env.dcp_parallel(1, 0):
@@ -100,23 +109,27 @@ def _buffers(*objects: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _transfer_scope(host: Any, device_pool: Any, *, latent: bool) -> Iterator[None]:
+def _transfer_scope(
+    host: Any, device_pool: Any, *, latent: bool, jit: bool = False
+) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         if latent:
             stack.enter_context(env.dcp_parallel(1, 0))
             stack.enter_context(env.cpu_cuda_synchronize())
         stack.enter_context(env.cpu_kvcacheio(*_buffers(device_pool, host)))
+        if jit:
+            stack.enter_context(env.cpu_hicache_jit(*_buffers(device_pool, host)))
         yield
 
 
-def _transfer_in_scope(host: Any, device_pool: Any, *, latent: bool) -> None:
+def _transfer_in_scope(host: Any, device_pool: Any, *, latent: bool, jit: bool = False) -> None:
     """Make the host pool's transfer methods (this instance only) run in their CPU scope."""
     for name in TRANSFER_METHODS:
         method = getattr(type(host), name)
 
         @functools.wraps(method)
         def scoped(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
-            with _transfer_scope(host, device_pool, latent=latent):
+            with _transfer_scope(host, device_pool, latent=latent, jit=jit):
                 return _method(host, *args, **kwargs)
 
         setattr(host, name, scoped)

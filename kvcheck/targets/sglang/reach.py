@@ -521,10 +521,17 @@ HOST_OTHER_CLASSES = (
     "HiSparseMHATokenToKVPoolHost (HiSparse), DSAIndexerHostPoolBuilder (the hybrid pool "
     "assembler's path to DSAIndexerPoolHost, which the target builds directly)"
 )
-HOST_MXFP8 = (
-    "the MXFP8 host pool is not built: the target builds the MXFP8 device pool (with CPU "
-    "bodies of its store kernels) but no host pool for it, which needs the staged JIT "
-    "write-back kernels (CUDA/HIP)"
+HOST_MXFP8_REFUSALS = (
+    "refusals of MXFP8 host tiers the target never asks for: other layouts, flat or "
+    "asymmetric scales and drafts (SGLangTarget.host_variants leaves them out: sglang refuses "
+    "them at construction), a host page size of its own (the target's is the device's), "
+    "another io backend (page_first transfers with 'kernel'), a device without the staged JIT "
+    "kernel (their CPU bodies stand in), and loads of a layer the pool does not serve"
+)
+HOST_MXFP8_STORAGE = (
+    "the MXFP8 host pool has no flat storage (L3) pages: each accessor raises "
+    "NotImplementedError, and the suite leaves those checks out for it "
+    "(SGLangTarget.host_storage_steer)"
 )
 TIERS_TO_DO = (
     "reachable on CPU, not driven by the suite yet (to do): segment frees, "
@@ -645,7 +652,30 @@ TIER_REASONS: tuple[Reason, ...] = (
     Reason(_HMHA, "MHATokenToKOnlyPoolHost.*", HOST_OTHER_CLASSES),
     Reason(_HMHA, "HiSparseMHATokenToKVPoolHost.*", HOST_OTHER_CLASSES),
     Reason(_HDSA, "DSAIndexerHostPoolBuilder.*", HOST_OTHER_CLASSES),
-    Reason(_HMX, "*", HOST_MXFP8),
+    Reason(
+        _HMX,
+        "MHATokenToKVPoolMXFP8Host.*",
+        HOST_MXFP8_REFUSALS,
+        pattern=r"raise (NotImplementedError|ValueError)\(\s*$|has no draft layers|^\s*return$",
+    ),
+    Reason(
+        _HMX,
+        "MHATokenToKVPoolMXFP8Host.backup_from_device_all_layer",
+        GPU_ONLY,
+        pattern=r"\.cpu\(\)",
+    ),
+    Reason(_HMX, "MHATokenToKVPoolMXFP8Host.destroy", HOST_PINNED),
+    Reason(_HMX, "MHATokenToKVPoolMXFP8Host._storage_pages_unsupported", HOST_MXFP8_STORAGE),
+    *(
+        Reason(_HMX, f"MHATokenToKVPoolMXFP8Host.{name}", HOST_MXFP8_STORAGE)
+        for name in (
+            "get_data_page",
+            "get_dummy_flat_data_page",
+            "set_from_flat_data_page",
+            "get_page_buffer_meta",
+            "get_split_heads_page_buffer_meta",
+        )
+    ),
     # What is left is the suite's to-do list, named as such.
     *(Reason(path, "*", TIERS_TO_DO) for path in ALLOCATOR_FILES + HOST_POOL_FILES),
 )

@@ -501,6 +501,28 @@ NEEDS: tuple[Need, ...] = (
         "sglang.srt.mem_cache.device_pool_info",
         names=("MHABufferInfo",),
     ),
+    # The MXFP8 host pool and the JIT HiCache kernels it transfers with (CPU bodies on CPU:
+    # hicache_jit.py); without them the target builds no host tier for MXFP8 pools
+    # (SGLangTarget.host_variants says why).
+    Need(
+        "host_mxfp8",
+        "MXFP8 MHA host pool module",
+        "sglang.srt.mem_cache.pool_host.mha_mxfp8",
+        names=("MHATokenToKVPoolMXFP8Host",),
+    ),
+    Need(
+        "hicache_jit",
+        "JIT HiCache transfer kernels",
+        "sglang.kernels.ops.kvcache.hicache",
+        names=(
+            "transfer_hicache_one_layer",
+            "transfer_hicache_all_layer_staged_lf_pf",
+            "transfer_hicache_one_layer_mla",
+            "transfer_hicache_all_layer_mla_staged_lf_pf",
+            "_tiles_across_lanes",
+            "_default_unroll",
+        ),
+    ),
 )
 
 

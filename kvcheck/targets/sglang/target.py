@@ -148,6 +148,48 @@ QUANTIZED_SURFACE: Mapping[str, str] = MappingProxyType(
     }
 )
 
+#: Device pool variants whose host tier sglang 0.5.23 builds in fewer layouts than its
+#: family's (:func:`kvcheck.targets.tiers.host_variant_layouts`): variant -> (layouts, why).
+#: Where it builds none, the refusal is a clear error at construction, which a server with
+#: ``--enable-hierarchical-cache`` meets at startup (the cache controller builds the host
+#: pool with the KV pool: hybrid_pool_assembler._mha_host_inputs, get_mha_host_pool_cls),
+#: not a defect; kvcheck's own host pools keep every one of them, scales beside the payload.
+HOST_VARIANTS: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
+    {
+        "mha:mxfp8": (
+            ("page_first",),
+            "MHATokenToKVPoolMXFP8Host takes the page_first layout only (NotImplementedError "
+            "otherwise), its scales moved as whole-page rows by the staged JIT kernels",
+        ),
+        "mha:mxfp8:asymmetric": (
+            (),
+            "get_mha_host_pool_cls: 'MXFP8 HiCache does not support asymmetric K/V head "
+            "dimensions yet' (NotImplementedError)",
+        ),
+        "mha:mxfp8:flat": (
+            (),
+            "MHATokenToKVPoolHost refuses any KV scale layout but MXFP8_INTERLEAVED "
+            "(ValueError: 'MHA host transfers do not support KV scale layout'); the MXFP8 host "
+            "pool requires the interleaved (page_size=128) layout",
+        ),
+        "mha:fp4_mx_block16": (
+            (),
+            "MHATokenToKVPoolHost refuses the pool's token-major FP4 scales (ValueError: 'MHA "
+            "host transfers do not support KV scale layout 'token''), at construction",
+        ),
+        "mla:fp4": (
+            (),
+            "MLATokenToKVPoolHost refuses FP4 (ValueError: 'MLA host cache does not support "
+            "target FP4 KV: packed payload and separate block scales cannot be restored')",
+        ),
+    }
+)
+#: Host tiers without flat storage (L3) pages: ``MHATokenToKVPoolMXFP8Host`` raises
+#: NotImplementedError from get_data_page, set_from_flat_data_page,
+#: get_dummy_flat_data_page and get_page_buffer_meta ("does not expose flat storage (L3)
+#: pages yet: a page's UE8M0 scales live outside kv_buffer"); those checks are left out.
+HOST_STORAGE_STEER: tuple[str, ...] = ("host:mha:mxfp8:storage_pages",)
+
 #: What the newest checked release (sglang 0.5.23) builds: every family and variant kvcheck
 #: models, inside the layouts its DSA pool asserts: 64-token index pages ("DSA requires
 #: 64-token physical pages": ``page_size // index_kpool == 64``) and 128-byte index keys. DSA
@@ -248,6 +290,8 @@ SGLANG_STAND_INS: tuple[str, ...] = (
     "cpu_mxfp8_interleave_kernel",
     "cpu_mxfp8_quant_store_kernel",
     "cpu_kvcacheio",
+    # hicache_jit: the MXFP8 host pool's JIT transfer kernels
+    "cpu_hicache_jit",
     # this module
     "_refuse_zero_row_index_write",
     "_published",
@@ -370,6 +414,23 @@ class SGLangTarget:
         with a note), once prepared; :data:`SURFACE` before."""
         facts = _prepared()
         return SURFACE if facts is None else facts.surface(SURFACE)
+
+    #: Host tiers without flat storage pages (:data:`HOST_STORAGE_STEER`).
+    host_storage_steer: tuple[str, ...] = HOST_STORAGE_STEER
+
+    @property
+    def host_variants(self) -> Mapping[str, tuple[tuple[str, ...], str]]:
+        """Device variants whose host tier the installed release builds in fewer layouts
+        (:data:`HOST_VARIANTS`); none for MXFP8 where it lacks the MXFP8 host pool or the
+        JIT kernels it transfers with."""
+        declared = dict(HOST_VARIANTS)
+        facts = _prepared()
+        if facts is not None:
+            missing = [facts.loaded.missing.get(n) for n in ("host_mxfp8", "hicache_jit")]
+            why = next((reason for reason in missing if reason), None)
+            if why is not None:
+                declared["mha:mxfp8"] = ((), why)
+        return MappingProxyType(declared)
 
     @property
     def unsupported(self) -> Mapping[str, str]:

@@ -1,0 +1,55 @@
+"""Host tiers of quantized pools as drawn (kvcheck.strategies.host_pool_specs): the variants
+asked for, inside what a target declares of each variant's host tier."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvcheck.strategies.tiers import host_pool_specs
+from kvcheck.targets import resolve_target
+from kvcheck.targets.builtin import KVCheckTarget
+
+QUICK = settings(max_examples=40, database=None, deadline=None)
+
+
+class _NarrowHostTarget(KVCheckTarget):
+    """kvcheck's target, declaring MXFP8 host tiers in page_first only, symmetric only, and
+    none for flat MXFP8 (what the sglang target declares)."""
+
+    name = "narrow-host"
+    host_variants: Any = MappingProxyType(
+        {
+            "mha:mxfp8": (("page_first",), "page_first only"),
+            "mha:mxfp8:asymmetric": ((), "no asymmetric MXFP8 host tier"),
+            "mha:mxfp8:flat": ((), "no flat MXFP8 host tier"),
+        }
+    )
+
+
+@QUICK
+@given(st.data())
+def test_quantized_host_specs_draw_the_variants_asked_for(data: st.DataObject) -> None:
+    """``kv_quants`` reaches the device pools: every drawn pool is of one of them."""
+    spec = data.draw(host_pool_specs(families=("mha",), kv_quants=("fp4_mx_block16", "nvfp4")))
+    assert spec.device.kv_quant in ("fp4_mx_block16", "nvfp4")
+
+
+@QUICK
+@given(st.data())
+def test_a_target_narrows_a_variants_host_layouts(data: st.DataObject) -> None:
+    """A variant's declared layouts bound the draw; a variant it builds no host tier for
+    (flat MXFP8) is never drawn, and asymmetric MXFP8 pools come back symmetric."""
+    target = _NarrowHostTarget()
+    spec = data.draw(host_pool_specs(families=("mha",), kv_quants=("mxfp8",), target=target))
+    assert spec.device.variant == "mha:mxfp8"
+    assert spec.layout == "page_first"
+    assert spec.device.effective_v_head_dim == spec.device.head_dim
+
+
+def test_the_builtin_target_narrows_nothing() -> None:
+    """kvcheck's own target keeps every quantized variant's host tier in every layout."""
+    assert getattr(resolve_target("kvcheck"), "host_variants", None) is None
