@@ -138,6 +138,8 @@ class MHATokenToKVPoolHost(HostKVCache):
         """``page_head`` only: per page, per group of ``head_num // split_factor`` heads, its
         K region, then its V region (a rank with fewer heads takes one group)."""
         where = f"{type(self).__name__}.get_split_heads_page_buffer_meta"
+        if self.asymmetric:
+            raise NotImplementedError(f"{where}: no page_head layout when head_dim != v_head_dim")
         if self.layout != "page_head":
             raise ValueError(f"{where}: needs layout='page_head', got {self.layout!r}")
         if (

@@ -47,6 +47,7 @@ from kvcheck.reference.host_pools import ReferenceHostPool, merge_ranges
 from kvcheck.tiers import HOST_IO_BACKENDS, HostPoolSpec
 
 __all__ = [
+    "IO_BACKENDS_TRIED",
     "ROUND_TRIP_WRITES",
     "STRIDE_ALIGNMENTS",
     "assert_data_pages",
@@ -56,6 +57,7 @@ __all__ = [
     "assert_key_sizes",
     "assert_split_heads_page_meta",
     "assert_stride_alignment",
+    "check_foreign_io_backends_refused",
     "check_host_destroy",
     "check_host_round_trip",
     "check_host_slot_reuse",
@@ -682,7 +684,9 @@ def check_host_storage_and_teardown(
     zero-copy storage backend is told (:func:`assert_key_sizes`,
     :func:`assert_stride_alignment`, :func:`assert_split_heads_page_meta`); back up and load
     back whole pages through the controller's hooks (``prepare_transfer_indices``,
-    ``*_physical``), judged as the round trip judges them; then slot reuse
+    ``*_physical``), judged as the round trip judges them; refuse transfers with io backends
+    the layout does not take (:func:`check_foreign_io_backends_refused`: whatever else a
+    target validates, SGLang's host pools refuse those); then slot reuse
     (:func:`check_host_slot_reuse`) and teardown (:func:`check_host_destroy`)."""
     from hypothesis import strategies as st
 
@@ -748,5 +752,111 @@ def check_host_storage_and_teardown(
             " every layer)",
             method="load_to_device_per_layer_physical",
         )
+        check_empty_transfers(parts, pool, reference, host_reference, spec=spec)
+        check_data_page_copy(parts, host_reference, held, spec=spec)
+        check_foreign_io_backends_refused(parts, pool, host, spec=spec)
     check_host_slot_reuse(parts[0], host_reference, held, spec=spec)
     check_host_destroy(parts, spec=spec)
+
+
+def check_empty_transfers(
+    parts: Sequence[Any],
+    pool: Any,
+    reference: Any,
+    host_reference: ReferenceHostPool,
+    *,
+    spec: HostPoolSpec,
+) -> None:
+    """A backup and a load of no indices change no host byte and no device byte."""
+    __tracebackhide__ = True
+    none = torch.tensor([], dtype=torch.int64)
+    for part in parts:
+        part.backup_from_device_all_layer(pool, none, none, spec.io_backend)
+        part.load_to_device_per_layer(pool, none, none, 0, spec.io_backend)
+    call = "backup_from_device_all_layer and load_to_device_per_layer of no indices"
+    assert_host_bytes(parts, host_reference, call=call, spec=spec)
+    from kvcheck.properties.pool_state import assert_pool_matches_reference
+
+    assert_pool_matches_reference(pool, reference, call=call, method="load_to_device_per_layer")
+
+
+def check_data_page_copy(
+    parts: Sequence[Any],
+    host_reference: ReferenceHostPool,
+    held: Sequence[int],
+    *,
+    spec: HostPoolSpec,
+) -> None:
+    """The held page's flat data page, set into another host page, lands where the layout
+    says (a pool with V's head dim of its own has no flat pages: ``NotImplementedError``
+    from the page accessors and from split-heads page meta)."""
+    __tracebackhide__ = True
+    ps = spec.page_size
+    if spec.asymmetric:
+        calls = {
+            "get_data_page": lambda: parts[0].get_data_page(held[0], flat=True),
+            "get_dummy_flat_data_page": parts[0].get_dummy_flat_data_page,
+            "set_from_flat_data_page": lambda: parts[0].set_from_flat_data_page(
+                held[0], torch.zeros(1)
+            ),
+            "get_split_heads_page_buffer_meta": lambda: parts[0].get_split_heads_page_buffer_meta(
+                torch.tensor(held), 1
+            ),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+            except NotImplementedError:
+                continue
+            except Exception as exc:  # any other exception is the wrong answer
+                raise failure(
+                    f"got {type(exc).__name__}: {exc} but should be NotImplementedError "
+                    f"[{name} with head_dim != v_head_dim]",
+                    signature=_signature("data_page", name, type(exc).__name__, spec),
+                ) from exc
+            raise failure(
+                f"got an answer but should be NotImplementedError [{name} with head_dim != "
+                "v_head_dim]",
+                signature=_signature("data_page", name, "answered", spec),
+            )
+        return
+    others = [start for start in range(0, spec.host_size, ps) if start not in held]
+    if not others:
+        return
+    for number, part in enumerate(parts[: len(host_reference.parts)]):
+        page = part.get_data_page(held[0], flat=True).clone()
+        part.set_from_flat_data_page(others[0], page)
+        host_reference.set_data_page(number, others[0], raw_bytes(page).tobytes())
+    assert_host_bytes(
+        parts,
+        host_reference,
+        call=f"set_from_flat_data_page({others[0]}, page {held[0]})",
+        spec=spec,
+    )
+
+
+#: io backends a transfer may be handed: SGLang's two, and one no host pool takes.
+IO_BACKENDS_TRIED: tuple[str, ...] = ("kernel", "direct", "nvme")
+
+
+def check_foreign_io_backends_refused(
+    parts: Sequence[Any], pool: Any, host: torch.Tensor, *, spec: HostPoolSpec
+) -> None:
+    """Every host pool refuses (``ValueError``, nothing changed) a backup and a load of the
+    held page ``host`` with each io backend of :data:`IO_BACKENDS_TRIED` its layout does not
+    transfer with."""
+    __tracebackhide__ = True
+    device_ids = torch.arange(spec.page_size, 2 * spec.page_size)
+    for io_backend in IO_BACKENDS_TRIED:
+        if io_backend in HOST_IO_BACKENDS[spec.layout]:
+            continue
+        for part in parts:
+
+            def backup(part: Any = part, io: str = io_backend) -> None:
+                part.backup_from_device_all_layer(pool, host, device_ids, io)
+
+            def load(part: Any = part, io: str = io_backend) -> None:
+                part.load_to_device_per_layer(pool, host, device_ids, 0, io)
+
+            _assert_refused(parts, backup, f"backup with io_backend={io_backend!r}", spec)
+            _assert_refused(parts, load, f"load with io_backend={io_backend!r}", spec)
