@@ -570,13 +570,17 @@ HOST_SOME_SEEDS = (
     "refusals of an asymmetric MHA pool in page_first, a flat data page set into a "
     "layer_first MHA pool of two or more host pages"
 )
+HOST_LAYER_SPLIT = (
+    "layer-sharded host pools: only LayerSplitDSATokenToKVPool "
+    "(srt/mem_cache/dsa_cache_layer_split.py) sets layer_shard_enabled, a device pool the "
+    "target does not build yet (to do with it: the owned layer range, per-layer backups)"
+)
 HOST_TO_DO = (
     "reachable on CPU, not driven by the suite yet (to do): host-pool drafts (packed MTP "
-    "draft layers and their refusals), layer sharding (the per-layer backups and the owned "
-    "layer range), decode-context-parallel and dummy (allocator-only) host pools, the FP4 "
-    "MLA host refusal (quantized host tiers), constructor refusals (an unaligned "
-    "host_token_capacity, a layout the pool class does not take) and DSA index-K transfers "
-    "of part of a page (bad input, H1)"
+    "draft layers and their refusals), decode-context-parallel and dummy (allocator-only) "
+    "host pools, the FP4 MLA host refusal (quantized host tiers), constructor refusals (an "
+    "unaligned host_token_capacity, a layout the pool class does not take) and DSA index-K "
+    "transfers of part of a page (bad input, H1)"
 )
 TIERS_TO_DO = (
     "reachable on CPU, not driven by the suite yet (to do): segment frees, "
@@ -773,6 +777,31 @@ TIER_REASONS: tuple[Reason, ...] = (
         for name in ("load_to_device_per_layer", "backup_from_device_all_layer")
     ),
     Reason(_HMHA, "get_mha_host_pool_cls", HOST_MXFP8, pattern=r"mxfp8|MXFP8"),
+    *(
+        Reason(_HB, f"HostKVCache.{name}", HOST_LAYER_SPLIT)
+        for name in (
+            "_device_owned_layer_range",
+            "_effective_host_layer_num",
+            "_is_device_layer_owned",
+            "_host_layer_index",
+            "_owned_device_layer_ids",
+        )
+    ),
+    Reason(_HMLA, "MLATokenToKVPoolHost._backup_from_device_per_layer", HOST_LAYER_SPLIT),
+    Reason(_HDSA, "DSAIndexerPoolHost._backup_from_device_per_layer", HOST_LAYER_SPLIT),
+    Reason(_HDSA, "DSAIndexerPoolHost._owned_device_layer_ids", HOST_LAYER_SPLIT),
+    Reason(
+        _HMLA,
+        "MLATokenToKVPoolHost.backup_from_device_all_layer",
+        HOST_LAYER_SPLIT,
+        pattern=r"_target_layer_indices",
+    ),
+    Reason(
+        _HDSA,
+        "DSAIndexerPoolHost.backup_from_device_all_layer",
+        HOST_LAYER_SPLIT,
+        pattern=r"_owned_device_layer_ids",
+    ),
     # What is left is the suite's to-do list, named as such.
     *(Reason(path, "*", HOST_TO_DO) for path in HOST_POOL_FILES),
     *(Reason(path, "*", TIERS_TO_DO) for path in ALLOCATOR_FILES + HOST_POOL_FILES),
