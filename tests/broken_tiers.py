@@ -23,7 +23,7 @@ from kvcheck.allocators import (
 from kvcheck.host_pools import MHATokenToKVPoolHost, MLATokenToKVPoolHost
 from kvcheck.host_pools.base import IO_BACKENDS, Component
 from kvcheck.targets.builtin import KVCheckTarget
-from kvcheck.tiers import AllocatorSpec, HostPoolSpec
+from kvcheck.tiers import HOST_IO_BACKENDS, AllocatorSpec, HostPoolSpec, host_layouts_for
 
 # --- allocators ---------------------------------------------------------------------------------
 
@@ -317,3 +317,26 @@ class BrokenTierTarget(KVCheckTarget):
         if type(parts[0]) is self.broken.__mro__[1]:
             parts[0].__class__ = self.broken
         return parts
+
+
+class LayoutFallbackTarget(BrokenTierTarget):
+    """Builds a host pool in the family's first layout when asked for one it does not take
+    (instead of refusing)."""
+
+    def __init__(self) -> None:
+        super().__init__(MLATokenToKVPoolHost)
+        self.name = "broken-LayoutFallbackTarget"
+
+    def make_host_pool(
+        self, spec: HostPoolSpec, device_pool: Any, *, device: str
+    ) -> tuple[Any, ...]:
+        """kvcheck's host tier, in a layout it takes whatever ``spec`` asks."""
+        taken = host_layouts_for(spec.device)
+        if spec.layout not in taken:
+            spec = HostPoolSpec(
+                device=spec.device,
+                layout=taken[0],
+                io_backend=HOST_IO_BACKENDS[taken[0]][0],
+                host_pages=spec.host_pages,
+            )
+        return super().make_host_pool(spec, device_pool, device=device)

@@ -14,6 +14,7 @@ from broken_tiers import (
     GroupReleasingTwicePagedAllocator,
     KeyOnlyRegisteringHost,
     LayerForgettingHost,
+    LayoutFallbackTarget,
     LeakyDecodeSWAAllocator,
     NextPageMetaHost,
     OnceDestroyedHost,
@@ -35,7 +36,11 @@ from kvcheck.allocator_machine import allocator_machine
 from kvcheck.failures import PropertyFailure
 from kvcheck.lifecycle import lifecycle_machine, lifecycle_specs
 from kvcheck.machines import supported_op_kinds
-from kvcheck.properties.host_pools import check_host_round_trip, check_host_storage_and_teardown
+from kvcheck.properties.host_pools import (
+    check_host_layouts_refused,
+    check_host_round_trip,
+    check_host_storage_and_teardown,
+)
 from kvcheck.strategies.tiers import allocator_specs, host_pool_specs
 
 TWIN = settings(
@@ -241,6 +246,22 @@ def test_a_destroy_that_fails_twice_is_caught() -> None:
     """destroy() raising on its second call fails the teardown check."""
     error = storage_failure(OnceDestroyedHost, "mla")
     assert error.signature.check == "teardown" and error.signature.call == "destroy", error
+
+
+def test_a_target_that_builds_a_refused_layout_is_caught() -> None:
+    """A target that falls back to a layout it takes, instead of refusing one it does not,
+    fails the layout-refusal check."""
+    target = LayoutFallbackTarget()
+
+    @TWIN
+    @given(spec=host_pool_specs(families=("mla",), target=target, max_layers=2, max_size=8))
+    def refusal(spec: Any) -> None:
+        check_host_layouts_refused(target, spec, device="cpu")
+
+    with pytest.raises(PropertyFailure) as caught:
+        refusal()
+    assert caught.value.signature.check == "raises", caught.value
+    assert caught.value.signature.kind == "no exception instead of ValueError", caught.value
 
 
 def test_the_lifecycle_catches_a_host_pool_that_forgets_a_layer() -> None:

@@ -59,6 +59,7 @@ __all__ = [
     "assert_stride_alignment",
     "check_foreign_io_backends_refused",
     "check_host_destroy",
+    "check_host_layouts_refused",
     "check_host_round_trip",
     "check_host_slot_reuse",
     "check_host_storage_and_teardown",
@@ -860,3 +861,32 @@ def check_foreign_io_backends_refused(
 
             _assert_refused(parts, backup, f"backup with io_backend={io_backend!r}", spec)
             _assert_refused(parts, load, f"load with io_backend={io_backend!r}", spec)
+
+
+def check_host_layouts_refused(target: Any, spec: HostPoolSpec, *, device: str) -> None:
+    """``target.make_host_pool`` refuses (``ValueError``) a host pool mirroring ``spec``'s
+    device pool in each layout of :func:`kvcheck.tiers.host_layouts_refused`."""
+    __tracebackhide__ = True
+    from kvcheck.tiers import host_layouts_refused, unchecked_host_pool_spec
+
+    pool = target.make_pool(spec.device, device=device)
+    for layout in host_layouts_refused(spec.device):
+        bad = unchecked_host_pool_spec(spec.device, layout, "kernel", spec.host_pages)
+        what = f"make_host_pool(layout={layout!r})"
+        try:
+            target.make_host_pool(bad, pool, device=device)
+        except ValueError:
+            continue
+        except Exception as exc:  # any other exception is the wrong refusal
+            raise failure(
+                f"got {type(exc).__name__}: {exc} but should be ValueError [{what}]",
+                signature=_signature(
+                    "raises", "make_host_pool", f"{type(exc).__name__} instead of ValueError", spec
+                ),
+            ) from exc
+        raise failure(
+            f"got a host pool but should be ValueError [{what}]",
+            signature=_signature(
+                "raises", "make_host_pool", "no exception instead of ValueError", spec
+            ),
+        )

@@ -16,7 +16,9 @@ What a zero-copy storage backend is told is checked too: each host pool's key si
 token, the tensors it registers, whether its pages are stride-aligned, and an MHA
 ``page_head`` pool's page regions split by head group; a page backed up and loaded back
 through the controller's hooks (``prepare_transfer_indices``, the ``*_physical`` transfers);
-host slots freed and handed out again; and ``destroy()`` of the tier, twice.
+host slots freed and handed out again; ``destroy()`` of the tier, twice; and a host pool in
+a layout the device pool's family does not take (or no family takes) refused with
+``ValueError``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from hypothesis import strategies as st
 
 from kvcheck.machines import supported_op_kinds
 from kvcheck.properties.host_pools import (
+    check_host_layouts_refused,
     check_host_round_trip,
     check_host_storage_and_teardown,
 )
@@ -90,3 +93,4 @@ def test_host_storage_queries_and_teardown(
         write_kinds=supported_op_kinds(kvcheck_target, family),
         steer=steered_tags(kvcheck_target),
     )
+    check_host_layouts_refused(kvcheck_target, spec, device=kvcheck_device)
