@@ -578,9 +578,8 @@ HOST_LAYER_SPLIT = (
 HOST_TO_DO = (
     "reachable on CPU, not driven by the suite yet (to do): host-pool drafts (packed MTP "
     "draft layers and their refusals), decode-context-parallel and dummy (allocator-only) "
-    "host pools, the FP4 MLA host refusal (quantized host tiers), constructor refusals (an "
-    "unaligned host_token_capacity, a layout the pool class does not take) and DSA index-K "
-    "transfers of part of a page (bad input, H1)"
+    "host pools, the FP4 MLA host refusal (quantized host tiers), the refusal of an "
+    "unaligned host_token_capacity and DSA index-K transfers of part of a page (bad input, H1)"
 )
 TIERS_TO_DO = (
     "reachable on CPU, not driven by the suite yet (to do): segment frees, "
