@@ -36,6 +36,8 @@ __all__ = [
     "AllocatorSpec",
     "HostPoolSpec",
     "host_layouts_for",
+    "host_layouts_refused",
+    "unchecked_host_pool_spec",
 ]
 
 #: The allocators SGLang builds: page size 1, pages, and sliding-window (two sides).
@@ -233,3 +235,43 @@ def host_layouts_for(device: PoolSpec) -> tuple[str, ...]:
     if device.family == "mha" and device.effective_v_head_dim != device.head_dim:
         return tuple(layout for layout in layouts if layout in ASYMMETRIC_MHA_LAYOUTS)
     return layouts
+
+
+#: A layout name no host pool takes, asked of every family by the refusal checks.
+FOREIGN_HOST_LAYOUT = "layer_last"
+
+
+def host_layouts_refused(device: PoolSpec) -> tuple[str, ...]:
+    """The host layouts a host pool mirroring ``device`` must refuse: every layout of
+    :data:`HOST_LAYOUTS` it does not take, then one no host pool takes.
+
+    Example:
+        >>> host_layouts_refused(PoolSpec(family="mla", size=4, page_size=2, layer_num=1,
+        ...                               dtype="bfloat16"))
+        ('page_head', 'layer_last')
+    """
+    taken = host_layouts_for(device)
+    known = dict.fromkeys(layout for layouts in HOST_LAYOUTS.values() for layout in layouts)
+    return (*(layout for layout in known if layout not in taken), FOREIGN_HOST_LAYOUT)
+
+
+def unchecked_host_pool_spec(
+    device: PoolSpec, layout: str, io_backend: str, host_pages: int
+) -> HostPoolSpec:
+    """A :class:`HostPoolSpec` built without its checks, for refusal checks only: it hands a
+    target a layout (or io backend) the target must refuse at construction.
+
+    Example:
+        >>> device = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="bfloat16")
+        >>> unchecked_host_pool_spec(device, "page_head", "kernel", 1).layout
+        'page_head'
+    """
+    spec = object.__new__(HostPoolSpec)
+    for name, value in (
+        ("device", device),
+        ("layout", layout),
+        ("io_backend", io_backend),
+        ("host_pages", host_pages),
+    ):
+        object.__setattr__(spec, name, value)  # frozen: skip __post_init__'s checks on purpose
+    return spec

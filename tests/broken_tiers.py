@@ -21,9 +21,9 @@ from kvcheck.allocators import (
     TokenToKVPoolAllocator,
 )
 from kvcheck.host_pools import MHATokenToKVPoolHost, MLATokenToKVPoolHost
-from kvcheck.host_pools.base import Component
+from kvcheck.host_pools.base import IO_BACKENDS, Component
 from kvcheck.targets.builtin import KVCheckTarget
-from kvcheck.tiers import AllocatorSpec, HostPoolSpec
+from kvcheck.tiers import HOST_IO_BACKENDS, AllocatorSpec, HostPoolSpec, host_layouts_for
 
 # --- allocators ---------------------------------------------------------------------------------
 
@@ -246,6 +246,82 @@ class ScaleMisplacingHost(MHATokenToKVPoolHost):
         super()._load(component, host_layer, target, host_ids, device_ids)
 
 
+class AnyBackendHost(MLATokenToKVPoolHost):
+    """Transfers with any io backend it is handed (as the layout's own)."""
+
+    def _check_transfer(
+        self, where: str, host_indices: object, device_indices: object, io_backend: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        own = IO_BACKENDS[self.layout][0]
+        return super()._check_transfer(where, host_indices, device_indices, own)
+
+
+class WholeRowKeySizeHost(MHATokenToKVPoolHost):
+    """``get_ksize_per_token()`` counts V's bytes too."""
+
+    def get_ksize_per_token(self) -> int:
+        return self.get_size_per_token()
+
+
+class KeyOnlyRegisteringHost(MHATokenToKVPoolHost):
+    """``get_hybrid_pool_buffer()`` leaves V out."""
+
+    def get_hybrid_pool_buffer(self) -> list[torch.Tensor]:
+        return [self.k_buffer]
+
+
+class BaseOnlyAlignedHost(MLATokenToKVPoolHost):
+    """``is_stride_page_aligned`` looks at the buffer's first byte only, in any layout."""
+
+    def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
+        return self.kv_buffer.data_ptr() % page_size_bytes == 0
+
+
+class ValueFirstSplitMetaHost(MHATokenToKVPoolHost):
+    """``get_split_heads_page_buffer_meta`` names each head group's V region before its K."""
+
+    def get_split_heads_page_buffer_meta(
+        self, indices: torch.Tensor, split_factor: int
+    ) -> tuple[list[int], list[int]]:
+        ptrs, sizes = super().get_split_heads_page_buffer_meta(indices, split_factor)
+        swapped = [ptr for pair in zip(ptrs[1::2], ptrs[::2], strict=True) for ptr in pair]
+        return swapped, sizes
+
+
+class PageKeepingHost(MLATokenToKVPoolHost):
+    """A free of more than one page keeps its last slot (never handed out again)."""
+
+    def free(self, indices: torch.Tensor) -> int:
+        ids = self.check_held(indices, where="free", name="indices")
+        if len(ids) > self.page_size:
+            self.slot_used[ids] = False
+            self.free_slots = torch.cat([self.free_slots, ids[:-1]])
+            return len(ids)
+        return super().free(indices)
+
+
+class PhysicalSkippingHost(MHATokenToKVPoolHost):
+    """``backup_from_device_all_layer_physical`` copies nothing."""
+
+    def backup_from_device_all_layer_physical(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: str,
+    ) -> None:
+        self._check_transfer("backup", host_indices, device_indices, io_backend)
+
+
+class OnceDestroyedHost(MLATokenToKVPoolHost):
+    """``destroy()`` fails when called a second time."""
+
+    def destroy(self) -> None:
+        if getattr(self, "_destroyed", False):
+            raise RuntimeError("already destroyed")
+        super().destroy()
+
+
 class BrokenTierTarget(KVCheckTarget):
     """kvcheck's target with one broken allocator or host pool class in place of its own."""
 
@@ -275,3 +351,26 @@ class BrokenTierTarget(KVCheckTarget):
         if type(parts[0]) is self.broken.__mro__[1]:
             parts[0].__class__ = self.broken
         return parts
+
+
+class LayoutFallbackTarget(BrokenTierTarget):
+    """Builds a host pool in the family's first layout when asked for one it does not take
+    (instead of refusing)."""
+
+    def __init__(self) -> None:
+        super().__init__(MLATokenToKVPoolHost)
+        self.name = "broken-LayoutFallbackTarget"
+
+    def make_host_pool(
+        self, spec: HostPoolSpec, device_pool: Any, *, device: str
+    ) -> tuple[Any, ...]:
+        """kvcheck's host tier, in a layout it takes whatever ``spec`` asks."""
+        taken = host_layouts_for(spec.device)
+        if spec.layout not in taken:
+            spec = HostPoolSpec(
+                device=spec.device,
+                layout=taken[0],
+                io_backend=HOST_IO_BACKENDS[taken[0]][0],
+                host_pages=spec.host_pages,
+            )
+        return super().make_host_pool(spec, device_pool, device=device)

@@ -7,12 +7,19 @@ from typing import Any
 
 import pytest
 from broken_tiers import (
+    AnyBackendHost,
+    BaseOnlyAlignedHost,
     BrokenTierTarget,
     DriftingPagedAllocator,
     GroupReleasingTwicePagedAllocator,
+    KeyOnlyRegisteringHost,
     LayerForgettingHost,
+    LayoutFallbackTarget,
     LeakyDecodeSWAAllocator,
     NextPageMetaHost,
+    OnceDestroyedHost,
+    PageKeepingHost,
+    PhysicalSkippingHost,
     ScaleDroppingHost,
     ScaleMisplacingHost,
     ShiftedPageHost,
@@ -20,6 +27,8 @@ from broken_tiers import (
     TwiceHandingTokenAllocator,
     UnalignedPagedAllocator,
     UnderstatingHost,
+    ValueFirstSplitMetaHost,
+    WholeRowKeySizeHost,
 )
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -29,7 +38,11 @@ from kvcheck.allocator_machine import allocator_machine
 from kvcheck.failures import PropertyFailure
 from kvcheck.lifecycle import lifecycle_machine, lifecycle_specs
 from kvcheck.machines import supported_op_kinds
-from kvcheck.properties.host_pools import check_host_round_trip
+from kvcheck.properties.host_pools import (
+    check_host_layouts_refused,
+    check_host_round_trip,
+    check_host_storage_and_teardown,
+)
 from kvcheck.strategies.tiers import allocator_specs, host_pool_specs
 
 TWIN = settings(
@@ -197,6 +210,94 @@ def test_the_lifecycle_catches_a_host_pool_that_drops_the_scales() -> None:
     with pytest.raises(PropertyFailure) as caught:
         run_state_machine_as_test(machine, settings=settings(TWIN, stateful_step_count=20))
     assert caught.value.signature.check in ("host_bytes", "bytes"), caught.value
+
+
+def test_a_host_pool_taking_any_io_backend_is_caught() -> None:
+    """A host pool that transfers with an io backend its layout does not take fails the
+    bad-input check."""
+    error = host_failure(AnyBackendHost, "mla")
+    assert error.signature.check == "raises", error
+    assert "io_backend" in error.signature.call, error
+    assert error.signature.kind == "no exception instead of ValueError", error
+
+
+def storage_failure(
+    broken: type, family: str, layouts: tuple[str, ...] | None = None
+) -> PropertyFailure:
+    """Run the storage-queries-and-teardown check on the twin; the failure it ends with."""
+    target = BrokenTierTarget(broken)
+    specs = host_pool_specs(families=(family,), target=target, max_layers=2, max_size=8)
+    if layouts is not None:
+        specs = specs.filter(lambda spec: spec.layout in layouts)
+
+    @TWIN
+    @given(spec=specs, data=st.data())
+    def storage(spec: Any, data: st.DataObject) -> None:
+        check_host_storage_and_teardown(
+            target, spec, data, device="cpu", write_kinds=supported_op_kinds(target, family)
+        )
+
+    with pytest.raises(PropertyFailure) as caught:
+        storage()
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("broken", "family", "call"),
+    [
+        pytest.param(WholeRowKeySizeHost, "mha", "get_ksize_per_token", id="ksize"),
+        pytest.param(KeyOnlyRegisteringHost, "mha", "get_hybrid_pool_buffer", id="registered"),
+        pytest.param(BaseOnlyAlignedHost, "mla", "is_stride_page_aligned", id="stride"),
+    ],
+)
+def test_a_storage_query_that_misdescribes_the_host_bytes_is_caught(
+    broken: type, family: str, call: str
+) -> None:
+    """A key size, registered tensor list or stride answer that does not fit the host bytes
+    fails the buffer-infos check on that call."""
+    error = storage_failure(broken, family)
+    assert error.signature.check == "buffer_infos" and error.signature.call == call, error
+
+
+def test_a_split_page_meta_out_of_order_is_caught() -> None:
+    """Split-heads page meta naming V before K fails once a page_head pool has a page."""
+    error = storage_failure(ValueFirstSplitMetaHost, "mha", layouts=("page_head",))
+    assert error.signature.check == "buffer_infos", error
+    assert error.signature.call == "get_split_heads_page_buffer_meta", error
+
+
+def test_a_host_pool_that_keeps_a_freed_slot_is_caught() -> None:
+    """A free that keeps one slot back fails the slot-reuse check."""
+    error = storage_failure(PageKeepingHost, "mla")
+    assert error.signature.check == "host_slots", error
+
+
+def test_a_physical_backup_that_copies_nothing_is_caught() -> None:
+    """A controller-hook backup that skips the copy fails on the host bytes."""
+    error = storage_failure(PhysicalSkippingHost, "mha")
+    assert error.signature.check == "host_bytes", error
+
+
+def test_a_destroy_that_fails_twice_is_caught() -> None:
+    """destroy() raising on its second call fails the teardown check."""
+    error = storage_failure(OnceDestroyedHost, "mla")
+    assert error.signature.check == "teardown" and error.signature.call == "destroy", error
+
+
+def test_a_target_that_builds_a_refused_layout_is_caught() -> None:
+    """A target that falls back to a layout it takes, instead of refusing one it does not,
+    fails the layout-refusal check."""
+    target = LayoutFallbackTarget()
+
+    @TWIN
+    @given(spec=host_pool_specs(families=("mla",), target=target, max_layers=2, max_size=8))
+    def refusal(spec: Any) -> None:
+        check_host_layouts_refused(target, spec, device="cpu")
+
+    with pytest.raises(PropertyFailure) as caught:
+        refusal()
+    assert caught.value.signature.check == "raises", caught.value
+    assert caught.value.signature.kind == "no exception instead of ValueError", caught.value
 
 
 def test_the_lifecycle_catches_a_host_pool_that_forgets_a_layer() -> None:

@@ -100,6 +100,8 @@ class HostKVCache:
     (:meth:`init_kv_buffer` fills ``self.components``)."""
 
     LAYOUTS: tuple[str, ...] = ("layer_first", "page_first", "page_first_direct")
+    #: The host buffer (or buffers) SGLang's API calls ``kv_buffer``; None after destroy().
+    kv_buffer: Any
 
     def __init__(
         self,
@@ -523,3 +525,68 @@ class HostKVCache:
         for start in starts:
             self._page_start(where, start)
         return starts
+
+    # -- storage-backend queries, teardown, and the controller's transfer hooks -------------
+
+    def get_ksize_per_token(self) -> int:
+        """Host bytes per host slot of the key side: every mirrored byte for a pool with no
+        separate V (MLA, DSA index keys); MHA overrides it with its K rows."""
+        return self.get_size_per_token()
+
+    def is_stride_page_aligned(self, page_size_bytes: int = 4096) -> bool:
+        """Whether every page region a zero-copy storage backend is handed starts on a
+        multiple of ``page_size_bytes``: the layout is page-major (``layer_first`` never is)
+        and each host buffer starts, and steps from page to page, on such a multiple."""
+        where = f"{type(self).__name__}.is_stride_page_aligned"
+        if (
+            isinstance(page_size_bytes, bool)
+            or not isinstance(page_size_bytes, int)
+            or page_size_bytes < 1
+        ):
+            raise ValueError(f"{where}: page_size_bytes={page_size_bytes!r} must be an int >= 1")
+        if self.layout == "layer_first":
+            return False
+        for component in self.components:
+            per_page = component.row_bytes * len(component.layers)
+            if component.unit == "token":
+                per_page *= self.page_size
+            if component.host.data_ptr() % page_size_bytes or per_page % page_size_bytes:
+                return False
+        return True
+
+    def destroy(self) -> None:
+        """Release the host buffers (SGLang unregisters pinned ones here); a second call
+        does nothing."""
+        if getattr(self, "_destroyed", False):
+            return
+        self._destroyed = True
+        self.kv_buffer = None
+
+    def prepare_transfer_indices(
+        self, host_indices: torch.Tensor, device_indices: torch.Tensor, io_backend: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The indices one transfer uses: a plain host pool's own, unchanged."""
+        return host_indices, device_indices
+
+    def backup_from_device_all_layer_physical(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        io_backend: str,
+    ) -> None:
+        """:meth:`backup_from_device_all_layer` with indices already resolved."""
+        self.backup_from_device_all_layer(device_pool, host_indices, device_indices, io_backend)
+
+    def load_to_device_per_layer_physical(
+        self,
+        device_pool: Any,
+        host_indices: torch.Tensor,
+        device_indices: torch.Tensor,
+        layer_id: int,
+        io_backend: str,
+    ) -> None:
+        """:meth:`load_to_device_per_layer` with indices already resolved."""
+        self.load_to_device_per_layer(
+            device_pool, host_indices, device_indices, layer_id, io_backend
+        )

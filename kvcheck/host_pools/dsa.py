@@ -151,3 +151,14 @@ class DSAIndexerPoolHost(HostKVCache):
                     ptrs.append(base + page * layers * per_page)
                     sizes.append(layers * per_page)
         return ptrs, sizes
+
+    def get_hybrid_pool_buffer(self) -> list[torch.Tensor]:
+        """The host tensors a zero-copy backend registers: one per mirrored buffer."""
+        return [component.host for component in self.components]
+
+    def destroy(self) -> None:
+        """Release the mirrored buffers and ``kv_buffer``; a second call does nothing."""
+        if not getattr(self, "_destroyed", False):
+            for name in self.buffer_names:
+                setattr(self, name, None)
+        super().destroy()

@@ -131,3 +131,43 @@ class MHATokenToKVPoolHost(HostKVCache):
                     ptrs.append(ptr)
                     sizes.append(size)
         return ptrs, sizes
+
+    def get_ksize_per_token(self) -> int:
+        """Host bytes per host slot of K rows, every layer."""
+        return self.components[0].row_bytes * self.layer_num
+
+    def get_hybrid_pool_buffer(self) -> list[torch.Tensor]:
+        """The host tensors a zero-copy backend registers: K's, then V's."""
+        return [self._k, self._v]
+
+    def get_split_heads_page_buffer_meta(
+        self, indices: torch.Tensor, split_factor: int
+    ) -> tuple[list[int], list[int]]:
+        """``page_head`` only: per page, per group of ``head_num // split_factor`` heads, its
+        K region, then its V region (a rank with fewer heads takes one group)."""
+        where = f"{type(self).__name__}.get_split_heads_page_buffer_meta"
+        if self.asymmetric:
+            raise NotImplementedError(f"{where}: no page_head layout when head_dim != v_head_dim")
+        if self.layout != "page_head":
+            raise ValueError(f"{where}: needs layout='page_head', got {self.layout!r}")
+        if (
+            isinstance(split_factor, bool)
+            or not isinstance(split_factor, int)
+            or split_factor < 1
+            or self.head_num % split_factor
+        ):
+            raise ValueError(
+                f"{where}: split_factor={split_factor!r} must be an int >= 1 dividing "
+                f"head_num={self.head_num}"
+            )
+        starts = self._check_meta(indices)
+        group = self.head_num // split_factor
+        head_bytes = self.components[0].row_bytes // self.head_num
+        block = self.page_size * self.layer_num * head_bytes  # one head of one page
+        ptrs: list[int] = []
+        for start in starts:
+            page = start // self.page_size
+            for first_head in range(0, self.head_num, group):
+                offset = (page * self.head_num + first_head) * block
+                ptrs += [self._k.data_ptr() + offset, self._v.data_ptr() + offset]
+        return ptrs, [group * block] * len(ptrs)

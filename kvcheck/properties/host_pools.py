@@ -44,15 +44,25 @@ import torch
 from kvcheck.failures import FailureSignature
 from kvcheck.properties.assertions import assert_bytes_equal, failure
 from kvcheck.reference.host_pools import ReferenceHostPool, merge_ranges
-from kvcheck.tiers import HostPoolSpec
+from kvcheck.tiers import HOST_IO_BACKENDS, HostPoolSpec
 
 __all__ = [
+    "IO_BACKENDS_TRIED",
     "ROUND_TRIP_WRITES",
+    "STRIDE_ALIGNMENTS",
     "assert_data_pages",
     "assert_host_buffer_infos",
     "assert_host_bytes",
     "assert_host_slots",
+    "assert_key_sizes",
+    "assert_split_heads_page_meta",
+    "assert_stride_alignment",
+    "check_foreign_io_backends_refused",
+    "check_host_destroy",
+    "check_host_layouts_refused",
     "check_host_round_trip",
+    "check_host_slot_reuse",
+    "check_host_storage_and_teardown",
     "host_family",
     "raw_bytes",
     "storage_pages_checked",
@@ -425,6 +435,16 @@ def _bad_host_calls(parts: Sequence[Any], pool: Any, spec: HostPoolSpec) -> dict
             pool, held, torch.arange(ps, 2 * ps)[:-1], spec.io_backend
         ),
     }
+    foreign = next((io for io in ("kernel", "direct") if io != spec.io_backend), "nvme")
+    if foreign in HOST_IO_BACKENDS[spec.layout]:
+        foreign = "nvme"  # layer_first takes both: a backend no layout takes
+    device_ids = torch.arange(ps, 2 * ps)
+    bad[f"backup with io_backend={foreign!r}"] = lambda: parts[0].backup_from_device_all_layer(
+        pool, held, device_ids, foreign
+    )
+    bad[f"load with io_backend={foreign!r}"] = lambda: parts[-1].load_to_device_per_layer(
+        pool, held, device_ids, 0, foreign
+    )
     if free:
         bad["free of a slot not held"] = lambda: parts[0].free(torch.tensor(free[:1]))
     if ps > 1:
@@ -480,4 +500,412 @@ def _assert_refused(parts: Sequence[Any], call: Any, what: str, spec: HostPoolSp
         raise failure(
             f"got a changed host pool after a refused call but should be unchanged [{what}]",
             signature=_signature("raises", what, "refusal changed the host pool", spec),
+        )
+
+
+# --- what a zero-copy storage backend is told, slot reuse and teardown ------------------------
+
+#: ``is_stride_page_aligned`` is asked of these alignments (and of each buffer's page step).
+STRIDE_ALIGNMENTS: tuple[int, ...] = (1, 2, 64, 4096)
+
+
+def _owner(spans: dict[str, tuple[int, int]], ptr: int, size: int) -> str | None:
+    for name, (base, length) in spans.items():
+        if base <= ptr and ptr + size <= base + length:
+            return name
+    return None
+
+
+def assert_key_sizes(
+    parts: Sequence[Any], reference: ReferenceHostPool, *, spec: HostPoolSpec
+) -> None:
+    """Each host pool's ``get_ksize_per_token()`` is its key side's bytes per host slot (MHA:
+    K; any other pool: everything), and ``get_hybrid_pool_buffer()`` (where a pool has it)
+    names exactly the bytes it holds."""
+    __tracebackhide__ = True
+    for number, part in enumerate(parts[: len(reference.parts)]):
+        got, want = int(part.get_ksize_per_token()), reference.expected_ksize_per_token(number)
+        if got != want:
+            raise failure(
+                f"got {got} but should be {want} [host pool {number}: get_ksize_per_token()]",
+                signature=_signature("buffer_infos", "get_ksize_per_token", "size differs", spec),
+            )
+        if not callable(getattr(part, "get_hybrid_pool_buffer", None)):
+            continue
+        names = list(dict.fromkeys(piece.attribute for piece in reference.parts[number]))
+        named = [(t.data_ptr(), t.data_ptr() + t.nbytes) for t in part.get_hybrid_pool_buffer()]
+        held = [(b, b + n) for b, n in _attributes(part, names).values()]
+        if merge_ranges(named) != merge_ranges(held) or sum(e - s for s, e in named) != sum(
+            e - s for s, e in held
+        ):
+            raise failure(
+                f"got tensors spanning {merge_ranges(named)} but should span the host buffers "
+                f"{merge_ranges(held)} once [host pool {number}: get_hybrid_pool_buffer()]",
+                signature=_signature(
+                    "buffer_infos", "get_hybrid_pool_buffer", "regions differ", spec
+                ),
+            )
+
+
+def assert_stride_alignment(
+    parts: Sequence[Any], reference: ReferenceHostPool, *, spec: HostPoolSpec
+) -> None:
+    """``is_stride_page_aligned(n)``, for each ``n`` of :data:`STRIDE_ALIGNMENTS` and each
+    host pool's first page region, says whether a page-major layout's buffers start and step
+    page to page on multiples of ``n`` (``layer_first``: never)."""
+    __tracebackhide__ = True
+    for number, part in enumerate(parts[: len(reference.parts)]):
+        names = list(dict.fromkeys(piece.attribute for piece in reference.parts[number]))
+        addresses = {name: base for name, (base, _) in _attributes(part, names).items()}
+        steps = {
+            piece.row * len(piece.layers) * (spec.page_size if piece.unit == "token" else 1)
+            for piece in reference.parts[number]
+        }
+        for alignment in sorted(set(STRIDE_ALIGNMENTS) | steps):
+            got = bool(part.is_stride_page_aligned(alignment))
+            want = reference.expected_stride_aligned(number, addresses, alignment)
+            if got != want:
+                raise failure(
+                    f"got {got} but should be {want} (buffers at "
+                    f"{ {n: hex(a) for n, a in addresses.items()} }, page steps {sorted(steps)}) "
+                    f"[host pool {number}: is_stride_page_aligned({alignment})]",
+                    signature=_signature(
+                        "buffer_infos", "is_stride_page_aligned", "answer differs", spec
+                    ),
+                )
+
+
+def assert_split_heads_page_meta(
+    parts: Sequence[Any], reference: ReferenceHostPool, *, spec: HostPoolSpec
+) -> None:
+    """An MHA ``page_head`` host pool's ``get_split_heads_page_buffer_meta(page, s)``, for
+    every ``s`` dividing the head count, names per head group K's bytes of those heads, then
+    V's, in group order, and ``get_page_buffer_element_size(s)`` is its first region's size
+    (any other host pool: not asked)."""
+    __tracebackhide__ = True
+    if spec.kind != "mha" or spec.layout != "page_head" or spec.asymmetric:
+        return
+    part = parts[0]
+    names = list(dict.fromkeys(piece.attribute for piece in reference.parts[0]))
+    spans = _attributes(part, names)
+    heads = spec.device.head_num
+    ps = spec.page_size
+    for split in (s for s in range(1, heads + 1) if heads % s == 0):
+        for start in range(0, spec.host_size, ps):
+            call = (
+                f"get_split_heads_page_buffer_meta(host slots {start}..{start + ps - 1}, {split})"
+            )
+            ptrs, sizes = part.get_split_heads_page_buffer_meta(
+                torch.arange(start, start + ps, dtype=torch.int64), split
+            )
+            got: list[tuple[str, list[tuple[int, int]]]] = []
+            for ptr, size in zip(ptrs, sizes, strict=True):
+                owner = _owner(spans, ptr, size)
+                if owner is None:
+                    raise failure(
+                        f"got a region of {size} bytes at {ptr:#x} outside every host buffer "
+                        f"[{call}]",
+                        signature=_signature(
+                            "buffer_infos",
+                            "get_split_heads_page_buffer_meta",
+                            "region outside",
+                            spec,
+                        ),
+                    )
+                base = spans[owner][0]
+                got.append((owner, [(ptr - base, ptr - base + size)]))
+            want = reference.expected_split_head_regions(start, split)
+            if got != want:
+                raise failure(
+                    f"got regions {got} but should be {want} (per head group, K then V) [{call}]",
+                    signature=_signature(
+                        "buffer_infos", "get_split_heads_page_buffer_meta", "regions differ", spec
+                    ),
+                )
+            if start == 0 and part.get_page_buffer_element_size(split) != sizes[0]:
+                raise failure(
+                    f"got {part.get_page_buffer_element_size(split)} but should be {sizes[0]} "
+                    f"[get_page_buffer_element_size({split})]",
+                    signature=_signature(
+                        "buffer_infos", "get_page_buffer_element_size", "size differs", spec
+                    ),
+                )
+
+
+def check_host_slot_reuse(
+    host: Any, reference: ReferenceHostPool, held: Sequence[int], *, spec: HostPoolSpec
+) -> None:
+    """``free`` of no slots frees none and changes nothing; after the ``held`` slots are
+    freed, an ``alloc`` of every free slot hands out exactly the reference's free slots,
+    the freed ones included, and freeing them all leaves every slot free."""
+    __tracebackhide__ = True
+    available = int(host.available_size())
+    freed = host.free(torch.tensor([], dtype=torch.int64))
+    if freed != 0 or int(host.available_size()) != available:
+        raise failure(
+            f"got {freed} freed, available_size() {host.available_size()} but should be 0 "
+            f"and {available} [free(no slots)]",
+            signature=_signature("host_slots", "free", "empty free changed the pool", spec),
+        )
+    host.free(torch.tensor(list(held), dtype=torch.int64))
+    reference.free(list(held))
+    assert_host_slots(host, reference, call=f"free({list(held)})", spec=spec)
+    count = reference.available_size()
+    want = sorted(reference.free_slots)
+    slots = host.alloc(count)
+    got = [] if slots is None else sorted(int(x) for x in slots.tolist())
+    if got != want:
+        raise failure(
+            f"got {got} but should be {want} (every free slot) [alloc({count}) after "
+            f"free({list(held)})]",
+            signature=_signature("host_slots", "alloc", "free slots differ", spec),
+        )
+    problems = reference.alloc(count, got)
+    if problems:  # pragma: no cover - the comparison above already caught it
+        raise failure("\n".join(problems), signature=_signature("host_slots", "alloc", "", spec))
+    host.free(slots)
+    reference.free(got)
+    assert_host_slots(host, reference, call=f"free({got})", spec=spec)
+
+
+def check_host_destroy(parts: Sequence[Any], *, spec: HostPoolSpec) -> None:
+    """``destroy()`` of every host pool (the anchor last), twice: the second call does
+    nothing, and each pool's ``kv_buffer`` is gone."""
+    __tracebackhide__ = True
+    for number, part in reversed(list(enumerate(parts))):
+        for attempt in ("destroy()", "destroy() again"):
+            try:
+                part.destroy()
+            except Exception as exc:  # teardown must not fail, nor fail twice
+                raise failure(
+                    f"got {type(exc).__name__}: {exc} but should return [host pool {number}: "
+                    f"{attempt}]",
+                    signature=_signature(
+                        "teardown", "destroy", f"raises {type(exc).__name__}", spec
+                    ),
+                ) from exc
+        if getattr(part, "kv_buffer", None) is not None:
+            raise failure(
+                f"got a kv_buffer after destroy() but should be None [host pool {number}]",
+                signature=_signature("teardown", "destroy", "buffer kept", spec),
+            )
+
+
+def check_host_storage_and_teardown(
+    target: Any,
+    spec: HostPoolSpec,
+    data: Any,
+    *,
+    device: str,
+    write_kinds: Sequence[str],
+    steer: Collection[str] = (),
+) -> None:
+    """Build ``target``'s host tier of ``spec`` over a written device pool and check what a
+    zero-copy storage backend is told (:func:`assert_key_sizes`,
+    :func:`assert_stride_alignment`, :func:`assert_split_heads_page_meta`); back up and load
+    back whole pages through the controller's hooks (``prepare_transfer_indices``,
+    ``*_physical``), judged as the round trip judges them; refuse transfers with io backends
+    the layout does not take (:func:`check_foreign_io_backends_refused`: whatever else a
+    target validates, SGLang's host pools refuse those); then slot reuse
+    (:func:`check_host_slot_reuse`) and teardown (:func:`check_host_destroy`)."""
+    from hypothesis import strategies as st
+
+    from kvcheck.properties.ops import apply_op_like_reference
+    from kvcheck.properties.pool_state import assert_pool_matches_reference
+    from kvcheck.reference import ReferencePool
+    from kvcheck.specs import HostCopy, HostReload, WriteMLA
+    from kvcheck.strategies import op_sequences
+    from kvcheck.targets.tiers import build_host_pool
+
+    pool = target.make_pool(spec.device, device=device)
+    reference = ReferencePool(spec.device)
+    kinds = tuple(kind for kind in write_kinds if kind in ROUND_TRIP_WRITES)
+    if kinds:
+        writes = data.draw(op_sequences(spec.device, max_ops=2, kinds=kinds), label="writes")
+        for op in writes.ops:
+            if "write_mla:slot0" in steer and isinstance(op, WriteMLA) and 0 in op.locs:
+                continue  # steered: the target's finding on MLA writes to the padding slot
+            apply_op_like_reference(target, pool, reference, op, device=device, copies={})
+    parts = build_host_pool(target, spec, pool, device=device)
+    host_reference = ReferenceHostPool(spec)
+    assert_key_sizes(parts, host_reference, spec=spec)
+    assert_stride_alignment(parts, host_reference, spec=spec)
+    assert_split_heads_page_meta(parts, host_reference, spec=spec)
+    ps = spec.page_size
+    device_pages = spec.device.size // ps
+    held: list[int] = []
+    if device_pages:
+        page, other = data.draw(
+            st.lists(st.integers(1, device_pages), unique=True, min_size=2, max_size=2)
+            if device_pages > 1
+            else st.just([1, 1]),
+            label="device page backed up, device page loaded into",
+        )
+        host = parts[0].alloc(ps)
+        if host is None:
+            raise failure(
+                f"got None but should be {ps} host slots [alloc({ps})]",
+                signature=_signature("host_slots", "alloc", "refused", spec),
+            )
+        held = [int(x) for x in host.tolist()]
+        host_reference.alloc(ps, held)
+        source = torch.arange(page * ps, page * ps + ps)
+        host_ids, device_ids = parts[0].prepare_transfer_indices(host, source, spec.io_backend)
+        for part in parts:
+            part.backup_from_device_all_layer_physical(pool, host_ids, device_ids, spec.io_backend)
+        reference.apply(HostCopy(name="page", indices=tuple(source.tolist())))
+        host_reference.backup(reference, held, source.tolist())
+        call = f"backup_from_device_all_layer_physical(host_indices={held}, device page {page})"
+        assert_host_bytes(parts, host_reference, call=call, spec=spec)
+        loaded = torch.arange(other * ps, other * ps + ps)
+        host_ids, device_ids = parts[0].prepare_transfer_indices(host, loaded, spec.io_backend)
+        for layer in range(spec.device.layer_num):
+            for part in parts:
+                part.load_to_device_per_layer_physical(
+                    pool, host_ids, device_ids, layer, spec.io_backend
+                )
+        reference.apply(HostReload(name="page", indices=tuple(loaded.tolist())))
+        assert_pool_matches_reference(
+            pool,
+            reference,
+            call=f"load_to_device_per_layer_physical(host_indices={held}, device page {other},"
+            " every layer)",
+            method="load_to_device_per_layer_physical",
+        )
+        check_empty_transfers(parts, pool, reference, host_reference, spec=spec)
+        check_data_page_copy(parts, host_reference, held, spec=spec)
+        check_foreign_io_backends_refused(parts, pool, host, spec=spec)
+    check_host_slot_reuse(parts[0], host_reference, held, spec=spec)
+    check_host_destroy(parts, spec=spec)
+
+
+def check_empty_transfers(
+    parts: Sequence[Any],
+    pool: Any,
+    reference: Any,
+    host_reference: ReferenceHostPool,
+    *,
+    spec: HostPoolSpec,
+) -> None:
+    """A backup and a load of no indices change no host byte and no device byte."""
+    __tracebackhide__ = True
+    none = torch.tensor([], dtype=torch.int64)
+    for part in parts:
+        part.backup_from_device_all_layer(pool, none, none, spec.io_backend)
+        part.load_to_device_per_layer(pool, none, none, 0, spec.io_backend)
+    call = "backup_from_device_all_layer and load_to_device_per_layer of no indices"
+    assert_host_bytes(parts, host_reference, call=call, spec=spec)
+    from kvcheck.properties.pool_state import assert_pool_matches_reference
+
+    assert_pool_matches_reference(pool, reference, call=call, method="load_to_device_per_layer")
+
+
+def check_data_page_copy(
+    parts: Sequence[Any],
+    host_reference: ReferenceHostPool,
+    held: Sequence[int],
+    *,
+    spec: HostPoolSpec,
+) -> None:
+    """The held page's flat data page, set into another host page, lands where the layout
+    says (a pool with V's head dim of its own has no flat pages: ``NotImplementedError``
+    from the page accessors and from split-heads page meta)."""
+    __tracebackhide__ = True
+    ps = spec.page_size
+    if spec.asymmetric:
+        calls = {
+            "get_data_page": lambda: parts[0].get_data_page(held[0], flat=True),
+            "get_dummy_flat_data_page": parts[0].get_dummy_flat_data_page,
+            "set_from_flat_data_page": lambda: parts[0].set_from_flat_data_page(
+                held[0], torch.zeros(1)
+            ),
+            "get_split_heads_page_buffer_meta": lambda: parts[0].get_split_heads_page_buffer_meta(
+                torch.tensor(held), 1
+            ),
+        }
+        for name, call in calls.items():
+            try:
+                call()
+            except NotImplementedError:
+                continue
+            except Exception as exc:  # any other exception is the wrong answer
+                raise failure(
+                    f"got {type(exc).__name__}: {exc} but should be NotImplementedError "
+                    f"[{name} with head_dim != v_head_dim]",
+                    signature=_signature("data_page", name, type(exc).__name__, spec),
+                ) from exc
+            raise failure(
+                f"got an answer but should be NotImplementedError [{name} with head_dim != "
+                "v_head_dim]",
+                signature=_signature("data_page", name, "answered", spec),
+            )
+        return
+    others = [start for start in range(0, spec.host_size, ps) if start not in held]
+    if not others:
+        return
+    for number, part in enumerate(parts[: len(host_reference.parts)]):
+        page = part.get_data_page(held[0], flat=True).clone()
+        part.set_from_flat_data_page(others[0], page)
+        host_reference.set_data_page(number, others[0], raw_bytes(page).tobytes())
+    assert_host_bytes(
+        parts,
+        host_reference,
+        call=f"set_from_flat_data_page({others[0]}, page {held[0]})",
+        spec=spec,
+    )
+
+
+#: io backends a transfer may be handed: SGLang's two, and one no host pool takes.
+IO_BACKENDS_TRIED: tuple[str, ...] = ("kernel", "direct", "nvme")
+
+
+def check_foreign_io_backends_refused(
+    parts: Sequence[Any], pool: Any, host: torch.Tensor, *, spec: HostPoolSpec
+) -> None:
+    """Every host pool refuses (``ValueError``, nothing changed) a backup and a load of the
+    held page ``host`` with each io backend of :data:`IO_BACKENDS_TRIED` its layout does not
+    transfer with."""
+    __tracebackhide__ = True
+    device_ids = torch.arange(spec.page_size, 2 * spec.page_size)
+    for io_backend in IO_BACKENDS_TRIED:
+        if io_backend in HOST_IO_BACKENDS[spec.layout]:
+            continue
+        for part in parts:
+
+            def backup(part: Any = part, io: str = io_backend) -> None:
+                part.backup_from_device_all_layer(pool, host, device_ids, io)
+
+            def load(part: Any = part, io: str = io_backend) -> None:
+                part.load_to_device_per_layer(pool, host, device_ids, 0, io)
+
+            _assert_refused(parts, backup, f"backup with io_backend={io_backend!r}", spec)
+            _assert_refused(parts, load, f"load with io_backend={io_backend!r}", spec)
+
+
+def check_host_layouts_refused(target: Any, spec: HostPoolSpec, *, device: str) -> None:
+    """``target.make_host_pool`` refuses (``ValueError``) a host pool mirroring ``spec``'s
+    device pool in each layout of :func:`kvcheck.tiers.host_layouts_refused`."""
+    __tracebackhide__ = True
+    from kvcheck.tiers import host_layouts_refused, unchecked_host_pool_spec
+
+    pool = target.make_pool(spec.device, device=device)
+    for layout in host_layouts_refused(spec.device):
+        bad = unchecked_host_pool_spec(spec.device, layout, "kernel", spec.host_pages)
+        what = f"make_host_pool(layout={layout!r})"
+        try:
+            target.make_host_pool(bad, pool, device=device)
+        except ValueError:
+            continue
+        except Exception as exc:  # any other exception is the wrong refusal
+            raise failure(
+                f"got {type(exc).__name__}: {exc} but should be ValueError [{what}]",
+                signature=_signature(
+                    "raises", "make_host_pool", f"{type(exc).__name__} instead of ValueError", spec
+                ),
+            ) from exc
+        raise failure(
+            f"got a host pool but should be ValueError [{what}]",
+            signature=_signature(
+                "raises", "make_host_pool", "no exception instead of ValueError", spec
+            ),
         )

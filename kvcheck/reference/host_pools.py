@@ -302,6 +302,56 @@ class ReferenceHostPool:
             total += per_token * len(piece.layers)
         return total
 
+    # -- what a zero-copy storage backend is told ------------------------------------------
+
+    def expected_ksize_per_token(self, part: int) -> int:
+        """Host bytes per host slot of part ``part``'s key side: MHA's K rows, every byte of
+        any other part."""
+        keys = [piece for piece in self.parts[part] if piece.source == "k_buffer"]
+        if not keys:
+            return self.expected_size_per_token(part)
+        return sum(piece.row * len(piece.layers) for piece in keys)
+
+    def expected_stride_aligned(
+        self, part: int, addresses: Mapping[str, int], page_size_bytes: int
+    ) -> bool:
+        """``is_stride_page_aligned(page_size_bytes)`` of part ``part`` whose attributes start
+        at ``addresses``: never in ``layer_first``; otherwise every mirrored buffer's first
+        byte and the step from one page's first byte to the next's are multiples."""
+        if self.spec.layout == "layer_first":
+            return False
+        pages = self.size // self.page_size
+        for piece in self.parts[part]:
+            second = self.page_size if piece.unit == "token" else 1
+            step = self._offset(piece, 0, second, pages) - self._offset(piece, 0, 0, pages)
+            first = addresses[piece.attribute] + self._offset(piece, 0, 0, pages)
+            if first % page_size_bytes or step % page_size_bytes:
+                return False
+        return True
+
+    def expected_split_head_regions(
+        self, start: int, split_factor: int
+    ) -> list[tuple[str, list[tuple[int, int]]]]:
+        """``page_head`` only: the page starting at host slot ``start`` as
+        ``get_split_heads_page_buffer_meta`` names it: per group of ``heads // split_factor``
+        heads, K's bytes of those heads, then V's, as (attribute, merged ranges)."""
+        pieces = self.parts[0]
+        heads = pieces[0].heads
+        group = heads // split_factor
+        pages = self.size // self.page_size
+        regions = []
+        for first in range(0, heads, group):
+            for piece in pieces:
+                width = piece.row // heads
+                ranges = []
+                for slot in range(start, start + self.page_size):
+                    for layer in range(len(piece.layers)):
+                        for head in range(first, first + group):
+                            offset = self._offset(piece, layer, slot, pages, head)
+                            ranges.append((offset, offset + width))
+                regions.append((piece.attribute, merge_ranges(ranges)))
+        return regions
+
 
 def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """``[start, end)`` ranges, sorted, with touching or overlapping ones joined.

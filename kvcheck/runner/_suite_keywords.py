@@ -30,6 +30,9 @@ SUITE_TESTS: dict[tuple[str, str], tuple[str, ...]] = {
         "test_host_round_trip_is_byte_exact[dsa]",
         "test_host_round_trip_is_byte_exact[mha]",
         "test_host_round_trip_is_byte_exact[mla]",
+        "test_host_storage_queries_and_teardown[dsa]",
+        "test_host_storage_queries_and_teardown[mha]",
+        "test_host_storage_queries_and_teardown[mla]",
     ),
     ("test_host_pools.py", "kvcheck_needs parametrize"): (
         "test_quantized_host_round_trip_is_byte_exact[cpu_fp8]",

@@ -9,9 +9,18 @@ places there, the flat data pages are the layout's pages, and loading every laye
 other device slots restores them byte for byte without touching any other slot. A data page
 set from another round-trips too, and the host pools' buffer infos equal the bytes they
 hold. With ``input_validation``, a bad host call (a double free, a foreign or out-of-range
-slot, a bad size, mismatched index lists) raises ``ValueError`` and changes nothing.
-Each quantized variant has a run of its own, its scale buffers kept beside the payload
-(where the target builds its host tier, in the layouts it builds it in).
+slot, a bad size, mismatched index lists, an io backend the layout does not transfer with)
+raises ``ValueError`` and changes nothing. Each quantized variant has a run of its own, its
+scale buffers kept beside the payload (where the target builds its host tier, in the
+layouts it builds it in).
+
+What a zero-copy storage backend is told is checked too: each host pool's key size per
+token, the tensors it registers, whether its pages are stride-aligned, and an MHA
+``page_head`` pool's page regions split by head group; a page backed up and loaded back
+through the controller's hooks (``prepare_transfer_indices``, the ``*_physical`` transfers);
+host slots freed and handed out again; ``destroy()`` of the tier, twice; and a host pool in
+a layout the device pool's family does not take (or no family takes) refused with
+``ValueError``.
 """
 
 from __future__ import annotations
@@ -23,7 +32,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcheck.machines import supported_op_kinds
-from kvcheck.properties.host_pools import check_host_round_trip
+from kvcheck.properties.host_pools import (
+    check_host_layouts_refused,
+    check_host_round_trip,
+    check_host_storage_and_teardown,
+)
 from kvcheck.strategies.tiers import host_pool_specs
 from kvcheck.suite.test_pool_machines import QUANTIZED, _unbuilt_variant
 from kvcheck.targets import supports
@@ -128,3 +141,30 @@ def test_quantized_host_round_trip_is_byte_exact(
         )
 
     round_trip()
+
+
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(f, marks=pytest.mark.kvcheck_needs(f"{f}_pool"), id=f) for f in HOST_FAMILIES],
+)
+@given(data=st.data())
+def test_host_storage_queries_and_teardown(
+    kvcheck_target: Any, kvcheck_device: str, family: str, data: st.DataObject
+) -> None:
+    """Storage-backend queries describe the host bytes; hooks, slot reuse and destroy hold."""
+    reason = host_pool_skip_reason(kvcheck_target, family)
+    if reason is not None:
+        pytest.skip(reason)
+    specs = host_pool_specs(
+        families=(family,), target=kvcheck_target, steer=steered_tags(kvcheck_target)
+    )
+    spec = data.draw(specs, label="host pool")
+    check_host_storage_and_teardown(
+        kvcheck_target,
+        spec,
+        data,
+        device=kvcheck_device,
+        write_kinds=supported_op_kinds(kvcheck_target, family),
+        steer=steered_tags(kvcheck_target),
+    )
+    check_host_layouts_refused(kvcheck_target, spec, device=kvcheck_device)

@@ -533,12 +533,65 @@ HOST_MXFP8_STORAGE = (
     "NotImplementedError, and the suite leaves those checks out for it "
     "(SGLangTarget.host_storage_steer)"
 )
+HOST_XPU = (
+    "Intel XPU only: `_is_xpu` checks the kvcacheio op table (`_kvcacheio_ops`) at construction"
+)
+HOST_PAGE_UNIFIED = (
+    "the page_unified layout: the unified L3 byte order the unified host pool "
+    "(pool_host/unified.py, not built) transfers with its JIT kernels; these host pools only "
+    "allocate it, and their own transfers, data pages and page meta refuse it"
+)
+HOST_NPU_SPLIT = (
+    "Ascend NPU only: the page_first_kv_split layout over MLASplitBuffers, which only "
+    "NPUMLATokenToKVPool publishes (kernel_ascend transfers, indexer slots, split page meta)"
+)
+HOST_STRIDED_ROWS = (
+    "strided device rows: only the unified pool's token-major per-layer views are "
+    "non-contiguous; every device pool the target builds hands over packed rows"
+)
+HOST_LAYOUT_SETTLED = (
+    "unreachable: the constructor already refused any other layout (the transfers, data "
+    "pages and page meta of a pool built only in its own layouts)"
+)
+HOST_OVERRIDDEN = (
+    "unreachable: the base's default, overridden by every host pool class the target builds"
+)
+HOST_MERGE_GUARD = (
+    "unreachable: alloc merges released slots only when it needs more than the free list "
+    "and no more than free plus released slots, so some are released"
+)
+HOST_SKIPPED_LAYER = (
+    "a load of a layer this host pool holds no rows for (a layer-sharded rank's foreign "
+    "layer, or an id outside the pool) returns silently; the suite loads held layers and "
+    "sends bad input only to targets with input_validation"
+)
+HOST_BUFFER_INFO_REFUSALS = (
+    "refusals of buffer infos no device pool the target builds publishes: an MHA KV scale "
+    "layout other than MXFP8's (quantized host tiers), or K/V without pointer tables"
+)
+HOST_MEMORY_SHORT = (
+    "a host pool larger than the host memory budget (the suite's pools take kilobytes)"
+)
+HOST_SOME_SEEDS = (
+    "driven by the host storage check for some draws only, not seed 0's: the io-backend "
+    "refusals of an asymmetric MHA pool in page_first, a flat data page set into a "
+    "layer_first MHA pool of two or more host pages"
+)
+HOST_LAYER_SPLIT = (
+    "layer-sharded host pools: only LayerSplitDSATokenToKVPool "
+    "(srt/mem_cache/dsa_cache_layer_split.py) sets layer_shard_enabled, a device pool the "
+    "target does not build yet (to do with it: the owned layer range, per-layer backups)"
+)
+HOST_TO_DO = (
+    "reachable on CPU, not driven by the suite yet (to do): host-pool drafts (packed MTP "
+    "draft layers and their refusals), decode-context-parallel and dummy (allocator-only) "
+    "host pools, the FP4 MLA host refusal (quantized host tiers), the refusal of an "
+    "unaligned host_token_capacity and DSA index-K transfers of part of a page (bad input, H1)"
+)
 TIERS_TO_DO = (
     "reachable on CPU, not driven by the suite yet (to do): segment frees, "
     "alloc_extend_swa_tail, the pure-SWA allocator, SWA request rings, allocator host-copy "
-    "delegations and empty frees; host-pool drafts, layer sharding, DCP and dummy host pools, "
-    "page_unified, split-heads page meta, stride alignment, destroy, and the refusals of "
-    "layouts or io backends the suite never asks for"
+    "delegations and empty frees (host pools: HOST_TO_DO)"
 )
 
 TIER_REASONS: tuple[Reason, ...] = (
@@ -676,7 +729,110 @@ TIER_REASONS: tuple[Reason, ...] = (
             "get_split_heads_page_buffer_meta",
         )
     ),
+    *(Reason(path, "*", HOST_XPU, pattern=r"_kvcacheio_ops") for path in (_HMHA, _HMLA, _HDSA)),
+    *(
+        Reason(path, "*", HOST_PAGE_UNIFIED, pattern=r"page_unified")
+        for path in (_HMHA, _HMLA, _HDSA)
+    ),
+    Reason(_HMLA, "MLATokenToKVPoolHost.*", HOST_NPU_SPLIT, pattern=r"MLASplitBuffers|_native"),
+    Reason(_HMLA, "MLATokenToKVPoolHost.*", HOST_NPU_SPLIT, pattern=r"page_first_kv_split"),
+    Reason(_HMLA, "MLATokenToKVPoolHost._indexer_slot_range_for_layer", HOST_NPU_SPLIT),
+    Reason(_HMLA, "MLATokenToKVPoolHost._warn_draft_indexer_skipped", HOST_NPU_SPLIT),
+    Reason(_HMLA, "MLATokenToKVPoolHost.get_contiguous_buf_infos", HOST_NPU_SPLIT, r"x\.nbytes"),
+    *(
+        Reason(path, name, HOST_LAYOUT_SETTLED, pattern=r"Unsupported layout")
+        for path, name in (
+            (_HMHA, "MHATokenToKVPoolHost.get_data_page"),
+            (_HMHA, "MHATokenToKVPoolHost.get_page_buffer_meta"),
+            (_HMHA, "AsymmetricMHATokenToKVPoolHost.get_page_buffer_meta"),
+            (_HMLA, "MLATokenToKVPoolHost.get_data_page"),
+            (_HMLA, "MLATokenToKVPoolHost.set_from_flat_data_page"),
+            (_HMLA, "MLATokenToKVPoolHost.get_page_buffer_meta"),
+            (_HDSA, "DSAIndexerPoolHost.get_data_page"),
+            (_HDSA, "DSAIndexerPoolHost.set_from_flat_data_page"),
+            (_HDSA, "DSAIndexerPoolHost.get_page_buffer_meta"),
+            (_HDSA, "DSAIndexerPoolHost.init_kv_buffer"),
+        )
+    ),
+    Reason(_HMHA, "AsymmetricMHATokenToKVPoolHost.is_stride_page_aligned", HOST_LAYOUT_SETTLED),
+    Reason(_HB, "HostKVCache._init_device_row_stride", HOST_STRIDED_ROWS),
+    Reason(_HB, "HostKVCache.device_row_stride_bytes", HOST_STRIDED_ROWS),
+    Reason(_HB, "HostKVCache._require_packed_device_rows", HOST_STRIDED_ROWS),
+    Reason(_HB, "HostKVCache.is_stride_page_aligned", HOST_OVERRIDDEN),
+    Reason(_HB, "HostKVCache._merge_release_slots", HOST_MERGE_GUARD, pattern=r"^\s*return$"),
+    Reason(_HB, "HostKVCache._allocate_host_buffer", HOST_MEMORY_SHORT, r"available_bytes"),
+    Reason(_HDSA, "DSAIndexerPoolHost.__init__", HOST_MEMORY_SHORT, r"available_bytes"),
+    *(
+        Reason(_HMHA, name, HOST_SKIPPED_LAYER, pattern=r"^\s*return$")
+        for name in (
+            "MHATokenToKVPoolHost.load_to_device_per_layer",
+            "AsymmetricMHATokenToKVPoolHost.load_to_device_per_layer",
+        )
+    ),
+    Reason(
+        _HMLA, "MLATokenToKVPoolHost.load_to_device_per_layer", HOST_SKIPPED_LAYER, r"^\s*return$"
+    ),
+    Reason(
+        _HMHA,
+        "MHATokenToKVPoolHost.__init__",
+        HOST_BUFFER_INFO_REFUSALS,
+        pattern=r"scales|k_data_ptrs is None",
+    ),
+    Reason(_HMHA, "*._init_write_back_staging_buffers", HOST_JIT),
+    Reason(
+        _HMHA,
+        "AsymmetricMHATokenToKVPoolHost.get_page_buffer_meta",
+        HOST_LAYOUT_SETTLED,
+        pattern=r"self\.layout not in",
+    ),
+    Reason(
+        _HMHA,
+        "MHATokenToKVPoolHost.set_from_flat_data_page",
+        HOST_LAYOUT_SETTLED,
+        pattern=r"Unsupported layout",
+    ),
+    Reason(
+        _HMHA,
+        "MHATokenToKVPoolHost.set_from_flat_data_page",
+        HOST_SOME_SEEDS,
+    ),
+    *(
+        Reason(
+            _HMHA,
+            f"AsymmetricMHATokenToKVPoolHost.{name}",
+            HOST_SOME_SEEDS,
+            r"!= .page_first_direct",
+        )
+        for name in ("load_to_device_per_layer", "backup_from_device_all_layer")
+    ),
+    Reason(_HMHA, "get_mha_host_pool_cls", HOST_MXFP8_REFUSALS, pattern=r"raise|asymmetric"),
+    *(
+        Reason(_HB, f"HostKVCache.{name}", HOST_LAYER_SPLIT)
+        for name in (
+            "_device_owned_layer_range",
+            "_effective_host_layer_num",
+            "_is_device_layer_owned",
+            "_host_layer_index",
+            "_owned_device_layer_ids",
+        )
+    ),
+    Reason(_HMLA, "MLATokenToKVPoolHost._backup_from_device_per_layer", HOST_LAYER_SPLIT),
+    Reason(_HDSA, "DSAIndexerPoolHost._backup_from_device_per_layer", HOST_LAYER_SPLIT),
+    Reason(_HDSA, "DSAIndexerPoolHost._owned_device_layer_ids", HOST_LAYER_SPLIT),
+    Reason(
+        _HMLA,
+        "MLATokenToKVPoolHost.backup_from_device_all_layer",
+        HOST_LAYER_SPLIT,
+        pattern=r"_target_layer_indices",
+    ),
+    Reason(
+        _HDSA,
+        "DSAIndexerPoolHost.backup_from_device_all_layer",
+        HOST_LAYER_SPLIT,
+        pattern=r"_owned_device_layer_ids",
+    ),
     # What is left is the suite's to-do list, named as such.
+    *(Reason(path, "*", HOST_TO_DO) for path in HOST_POOL_FILES),
     *(Reason(path, "*", TIERS_TO_DO) for path in ALLOCATOR_FILES + HOST_POOL_FILES),
 )
 
