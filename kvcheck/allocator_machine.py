@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -62,7 +63,23 @@ ALLOCATOR_STEER_TAGS: tuple[str, ...] = (
     "allocator:swa:free_dead_window",
 )
 
-_KINDS = ("pause", "alloc", "extend", "decode", "free", "free_swa", "drain", "bad")
+_KINDS = (
+    "pause",
+    "alloc",
+    "extend",
+    "decode",
+    "swa_tail",
+    "free",
+    "free_swa",
+    "empty",
+    "drain",
+    "bad",
+)
+
+#: Slots of a request's row and the row position of the first (a free's segment).
+Segment = tuple[list[int], int]
+#: A free call: the method and the segments it names (one for a plain free).
+FreeCall = tuple[str, list[Segment]]
 
 
 def _lens(values: list[int], dtype: torch.dtype) -> torch.Tensor:
@@ -115,14 +132,16 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     def _kinds(self) -> tuple[str, ...]:
         spec = self._spec
-        kinds = ["pause", "free", "drain"]
+        kinds = ["pause", "free", "empty", "drain"]
         if spec.page_size == 1:
             kinds.append("alloc")
         else:
             kinds += ["extend", "decode"]
             if spec.kind == "paged":
                 kinds.append("alloc")
-        if spec.kind == "swa":
+            if spec.kind == "swa":
+                kinds.append("swa_tail")
+        if spec.kind in ("swa", "pure_swa"):
             kinds.append("free_swa")
         if self.validates:
             kinds.append("bad")
@@ -273,6 +292,65 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     # -- freeing ---------------------------------------------------------------------------
 
+    def _segments(self, data: st.DataObject, ids: list[int], start: int) -> list[Segment]:
+        """``ids`` (row positions from ``start``, page-aligned) cut at page boundaries."""
+        ps = self._spec.page_size
+        bounds = list(range(start + ps, start + len(ids), ps))
+        cuts = sorted(
+            data.draw(st.lists(st.sampled_from(bounds), unique=True, max_size=2), label="cuts")
+            if bounds
+            else []
+        )
+        edges = [start, *cuts, start + len(ids)]
+        return [(ids[a - start : b - start], a) for a, b in itertools.pairwise(edges)]
+
+    def _row_frees(self, data: st.DataObject, number: int, grouped: bool) -> list[FreeCall]:
+        """The calls that free request ``number``'s row, in one of the ways callers do."""
+        row, dead = self.rows[number], self.dead[number]
+        kind = self._spec.kind
+        if dead and (
+            kind == "pure_swa"
+            or "allocator:swa:free_dead_window" in self.steer
+            or data.draw(st.booleans(), label="free_full the dead window")
+        ):
+            # free_kv_row_segments: the window-freed part full-side only, the rest whole.
+            if data.draw(st.booleans(), label="as segments"):
+                return [
+                    ("free_full_segments", self._segments(data, row[:dead], 0)),
+                    ("free_segments", self._segments(data, row[dead:], dead)),
+                ]
+            return [("free_full", [(row[:dead], 0)]), ("free", [(row[dead:], dead)])]
+        how = data.draw(
+            st.sampled_from(("free", "free_segment", "free_segments", "split")), label="how"
+        )
+        if how == "split" and grouped and len(row) > 1:
+            cut = data.draw(st.integers(1, len(row) - 1), label="split at")
+            return [("free", [(row[:cut], 0)]), ("free", [(row[cut:], cut)])]
+        if how == "free_segment":
+            return [("free_segment", [(row, 0)])]
+        if how == "free_segments":
+            return [("free_segments", self._segments(data, row, 0))]
+        return [("free", [(row, 0)])]
+
+    def _call_free(self, method: str, segments: list[Segment]) -> None:
+        """One free call on the allocator and the reference."""
+        ref = self._ref
+        ids = [slot for part, _ in segments for slot in part]
+        if method.endswith("_segments"):
+            getattr(self.allocator, method)(
+                [(torch.tensor(part, dtype=torch.int64), at) for part, at in segments]
+            )
+        elif ids:
+            index = torch.tensor(ids, dtype=torch.int64)
+            if method.endswith("_segment"):
+                getattr(self.allocator, method)(index, start_pos=segments[0][1])
+            else:
+                getattr(self.allocator, method)(index)
+        if method.startswith("free_full"):
+            ref.free_full(ids)
+        elif ids:
+            ref.free(ids)
+
     def _free(self, data: st.DataObject) -> None:
         if not self.rows:
             return
@@ -281,34 +359,16 @@ class AllocatorMachine(RuleBasedStateMachine):
             label="finished requests",
         )
         grouped = data.draw(st.booleans(), label="free group")
-        calls: list[tuple[str, list[int]]] = []
-        for number in chosen:
-            row, dead = self.rows[number], self.dead[number]
-            if dead and (
-                "allocator:swa:free_dead_window" in self.steer
-                or data.draw(st.booleans(), label="free_full the dead window")
-            ):
-                calls += [("free_full", row[:dead]), ("free", row[dead:])]
-            elif grouped and len(row) > 1 and data.draw(st.booleans(), label="split row"):
-                cut = data.draw(st.integers(1, len(row) - 1), label="split at")
-                calls += [("free", row[:cut]), ("free", row[cut:])]
-            else:
-                calls.append(("free", row))
+        calls = [call for number in chosen for call in self._row_frees(data, number, grouped)]
         self.last_call = ("group: " if grouped else "") + ", ".join(
-            f"{m}({ids})" for m, ids in calls
+            f"{m}({segments})" for m, segments in calls
         )
         ref = self._ref
         if grouped:
             self.allocator.free_group_begin()
             ref.free_group_begin()
-        for method, ids in calls:
-            if not ids:
-                continue
-            getattr(self.allocator, method)(torch.tensor(ids, dtype=torch.int64))
-            if method == "free_full":
-                ref.full.release(ids)
-            else:
-                ref.free(ids)
+        for method, segments in calls:
+            self._call_free(method, segments)
         if grouped:
             self.allocator.free_group_end()
             ref.free_group_end()
@@ -334,10 +394,60 @@ class AllocatorMachine(RuleBasedStateMachine):
             * ps
         )
         ids = row[dead:upto]
-        self.last_call = f"free_swa({ids})"
-        self.allocator.free_swa(torch.tensor(ids, dtype=torch.int64))
+        index = torch.tensor(ids, dtype=torch.int64)
+        if data.draw(st.booleans(), label="as a segment"):
+            self.last_call = f"free_swa_segment({ids}, start_pos={dead})"
+            self.allocator.free_swa_segment(index, start_pos=dead)
+        else:
+            self.last_call = f"free_swa({ids})"
+            self.allocator.free_swa(index)
         self._ref.free_swa(ids)
         self.dead[number] = upto
+
+    def _swa_tail(self, data: st.DataObject) -> None:
+        """``alloc_extend_swa_tail`` of a new request (PD decode's preallocation): window
+        peers for a tail that starts a page of its row."""
+        spec, ref = self._spec, self._ref
+        ps = spec.page_size
+        small = st.integers(1, 3 * ps)
+        seq = data.draw(st.one_of(small, st.integers(1, spec.size + ps)), label="tokens")
+        start = ps * data.draw(st.integers(0, (seq - 1) // ps), label="tail starts at page")
+        tail = seq - start
+        t = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        call = self.last_call = f"alloc_extend_swa_tail(seq_lens=[{seq}], swa_tail_len={tail})"
+        before = allocator_sizes(self.allocator, spec)
+        out = self.allocator.alloc_extend_swa_tail(t(0), t(0), t(seq), t(seq), t(-1), seq, tail)
+        request = Request(0, seq, -1)
+        assert_refusal(
+            out is None,
+            ref.refuses_tail(request, tail),
+            before=before,
+            allocator=self.allocator,
+            call=call,
+            spec=spec,
+        )
+        if out is None:
+            return
+        slots = [int(x) for x in out.tolist()]
+        peers = self._peers(out[start:]) if len(slots) == seq else []
+        assert_answer(ref.swa_tail(call, request, tail, slots, peers), call=call, spec=spec)
+        number = self._add_request(slots)
+        self.dead[number] = start
+
+    def _empty(self, data: st.DataObject) -> None:
+        """A free that names no slot (a finished request that held none) changes nothing."""
+        methods = ["free", "free_full", "free_segment", "free_full_segment", "free_segments"]
+        if self._spec.kind in ("swa", "pure_swa"):
+            methods += ["free_swa", "free_swa_segment"]
+        method = data.draw(st.sampled_from(methods), label="empty free")
+        empty = torch.empty((0,), dtype=torch.int64)
+        self.last_call = f"{method}([])"
+        if method == "free_segments":
+            self.allocator.free_segments([(empty, 0)])
+        elif method.endswith("_segment"):
+            getattr(self.allocator, method)(empty, start_pos=0)
+        else:
+            getattr(self.allocator, method)(empty)
 
     def _drain(self, data: st.DataObject) -> None:
         spec, ref = self._spec, self._ref
@@ -371,8 +481,15 @@ class AllocatorMachine(RuleBasedStateMachine):
             choices.append("unaligned alloc")
         if spec.page_size > 1 and self._growable():
             choices.append("wrong last_loc")
+        if spec.page_size > 1 and any(len(r) > 1 for r in self.rows.values()):
+            choices.append("unaligned segment")
+        if spec.kind == "swa" and any(len(r) > self.dead[n] for n, r in self.rows.items()):
+            choices.append("free_full of live peers")
         why = data.draw(st.sampled_from(choices), label="bad input")
         allocator = self.allocator
+        if why in ("unaligned segment", "free_full of live peers"):
+            self._bad_segment_or_full(data, why)
+            return
         if why in ("out of range", "padding slot", "double free", "repeated slot"):
             if why == "out of range":
                 ids = [
@@ -429,6 +546,30 @@ class AllocatorMachine(RuleBasedStateMachine):
             why=why,
         )
 
+    def _bad_segment_or_full(self, data: st.DataObject, why: str) -> None:
+        spec, allocator = self._spec, self.allocator
+        if why == "unaligned segment":
+            number = data.draw(
+                st.sampled_from([n for n, r in self.rows.items() if len(r) > 1]), label="request"
+            )
+            ids, method, at = self.rows[number][1:], "free_segment", 1
+        else:
+            number = data.draw(
+                st.sampled_from([n for n, r in self.rows.items() if len(r) > self.dead[n]]),
+                label="request",
+            )
+            at = self.dead[number]
+            ids, method = self.rows[number][at:], "free_full_segment"
+        index = torch.tensor(ids, dtype=torch.int64)
+        call = self.last_call = f"{method}({ids}, start_pos={at})"
+        assert_bad_call_refused(
+            lambda: getattr(allocator, method)(index, start_pos=at),
+            allocator=allocator,
+            call=call,
+            spec=spec,
+            why=why,
+        )
+
     # -- the invariant ---------------------------------------------------------------------
 
     @invariant()
@@ -469,7 +610,8 @@ def allocator_machine(
         """Build the target's allocator and the reference from one spec."""
         self._build(spec)
 
-    name = f"{kind.upper() if kind == 'swa' else kind.capitalize()}AllocatorMachine"
+    words = {"swa": "SWA", "pure_swa": "PureSWA"}
+    name = f"{words.get(kind, kind.capitalize())}AllocatorMachine"
     machine: type[AllocatorMachine] = type(
         name,
         (AllocatorMachine,),

@@ -10,7 +10,9 @@ part). ``available_size()`` is always ``free pages * page_size``.
 Unlike SGLang 0.5.23, kvcheck's allocators refuse bad calls with ``ValueError`` and change
 nothing: a size that is not whole pages, a negative size, a slot outside the pool, a slot
 of a page nobody holds (a foreign slot, or one freed already), a slot listed twice, and
-extend/decode arguments whose last locations are not the requests' last slots.
+extend/decode arguments whose last locations are not the requests' last slots, and segment
+frees (:mod:`kvcheck.allocators.segments`) whose start is not page-aligned or whose segments
+share a page.
 
 Example:
     >>> import torch
@@ -30,9 +32,10 @@ from typing import Any
 import torch
 
 from kvcheck.allocators import _checks
+from kvcheck.allocators.segments import SegmentFrees
 
 
-class PageAllocator:
+class PageAllocator(SegmentFrees):
     """Free list, held pages and free groups of one allocator (one side, for SWA).
 
     Subclasses set ``_freed_first`` (where released pages go: the back of the free list,
@@ -160,6 +163,14 @@ class PageAllocator:
         """Release the pages of the slots named (inside a free group: at its end)."""
         ids = self.check_free(free_index, where=f"{type(self).__name__}.free")
         self._free_checked(ids)
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """``free`` (one pool: no sliding-window peer to leave alone)."""
+        ids = self.check_free(free_index, where=f"{type(self).__name__}.free_full")
+        self._free_checked(ids)
+
+    def _free_ids(self, where: str, free_index: Any, full_only: bool) -> list[int]:
+        return self.check_free(free_index, where=where)
 
     def _free_checked(self, ids: list[int]) -> None:
         if not ids:

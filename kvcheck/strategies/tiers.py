@@ -70,7 +70,7 @@ def _allocator_specs(
     draw: st.DrawFn, kinds: tuple[str, ...], max_pages: int, max_page_size: int
 ) -> AllocatorSpec:
     kind = draw(st.sampled_from(kinds), label="allocator kind")
-    if kind == "token":
+    if kind in ("token", "pure_swa"):
         page_size = 1
     elif kind == "paged":
         page_size = draw(st.integers(2, max_page_size), label="page_size")
