@@ -7,12 +7,15 @@ and runs the calls SGLang's scheduler makes, shaped as its callers shape them
 ``alloc_extend`` for a prefill batch (new requests and continued ones, int64 or int32 lengths,
 as the speculative-decoding path passes), ``alloc_decode`` (one token per request), ``free`` of
 finished requests, alone or in a free group (a request's row split over two frees in it),
-``free_swa`` of the pages that left a request's sliding window, ``free_full`` of those pages
-when the request finishes, a drain (``alloc`` of everything free, then freed) and, for a
-target that validates input, bad calls. Every answer is judged by the reference (no slot
+or in segments (``free_segment(s)``, as the radix cache and ``free_kv_row_segments`` free),
+``free_swa`` / ``free_swa_segment`` of the pages that left a request's sliding window,
+``free_full`` / ``free_full_segments`` of those pages when the request finishes,
+``alloc_extend_swa_tail`` (PD decode's preallocation: window peers for a tail only), frees
+that name no slot, ``clear()``, a drain (``alloc`` of everything free, then freed) and, for
+a target that validates input, bad calls. Every answer is judged by the reference (no slot
 handed out twice, page alignment, refused exactly when the pages do not cover it, a refusal
 changes nothing) and after every step ``available_size()`` (and SWA's two sides and its
-mapping) must equal the truth.
+mapping, and each side's census of its free pages) must equal the truth.
 
 Example::
 
@@ -72,6 +75,7 @@ _KINDS = (
     "free",
     "free_swa",
     "empty",
+    "clear",
     "drain",
     "bad",
 )
@@ -132,7 +136,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     def _kinds(self) -> tuple[str, ...]:
         spec = self._spec
-        kinds = ["pause", "free", "empty", "drain"]
+        kinds = ["pause", "free", "empty", "clear", "drain"]
         if spec.page_size == 1:
             kinds.append("alloc")
         else:
@@ -395,13 +399,22 @@ class AllocatorMachine(RuleBasedStateMachine):
         )
         ids = row[dead:upto]
         index = torch.tensor(ids, dtype=torch.int64)
+        grouped = data.draw(st.booleans(), label="free group")
+        ref = self._ref
+        if grouped:
+            self.allocator.free_group_begin()
+            ref.free_group_begin()
         if data.draw(st.booleans(), label="as a segment"):
             self.last_call = f"free_swa_segment({ids}, start_pos={dead})"
             self.allocator.free_swa_segment(index, start_pos=dead)
         else:
             self.last_call = f"free_swa({ids})"
             self.allocator.free_swa(index)
-        self._ref.free_swa(ids)
+        ref.free_swa(ids)
+        if grouped:
+            self.allocator.free_group_end()
+            ref.free_group_end()
+            self.last_call = f"group: {self.last_call}"
         self.dead[number] = upto
 
     def _swa_tail(self, data: st.DataObject) -> None:
@@ -433,6 +446,15 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert_answer(ref.swa_tail(call, request, tail, slots, peers), call=call, spec=spec)
         number = self._add_request(slots)
         self.dead[number] = start
+
+    def _clear(self, data: st.DataObject) -> None:
+        """``clear()`` (a cache flush): every slot free again, as when built."""
+        self.last_call = "clear()"
+        self.allocator.clear()
+        self.reference = ReferenceAllocator(self._spec)
+        self.rows.clear()
+        self.dead.clear()
+        self.freed = []
 
     def _empty(self, data: st.DataObject) -> None:
         """A free that names no slot (a finished request that held none) changes nothing."""

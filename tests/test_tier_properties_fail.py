@@ -9,11 +9,16 @@ import pytest
 from broken_tiers import (
     BrokenTierTarget,
     DriftingPagedAllocator,
+    EmptyFreeReleasingPagedAllocator,
+    FullReleasingPureSWAAllocator,
     GroupReleasingTwicePagedAllocator,
     LayerForgettingHost,
     LeakyDecodeSWAAllocator,
     NextPageMetaHost,
+    SegmentReleasingTwicePagedAllocator,
+    SegmentTrustingPagedAllocator,
     ShiftedPageHost,
+    TailDriftingSWAAllocator,
     TrustingPagedAllocator,
     TwiceHandingTokenAllocator,
     UnalignedPagedAllocator,
@@ -106,6 +111,44 @@ def test_a_refusal_that_changes_one_side_is_caught() -> None:
 def test_a_double_free_that_is_accepted_is_caught() -> None:
     """An allocator that takes a double free without ValueError fails the bad-input check."""
     error = allocator_failure(TrustingPagedAllocator, "paged")
+    assert error.signature.check == "raises", error
+    assert error.signature.kind == "no exception instead of ValueError"
+
+
+def test_a_segment_free_that_lists_a_page_twice_is_caught() -> None:
+    """A segment free that puts a page on the free list twice fails the free-page census,
+    though available_size() is right."""
+    error = allocator_failure(SegmentReleasingTwicePagedAllocator, "paged")
+    assert error.signature.check == "free_pages", error
+    assert error.signature.kind == "page free twice"
+    assert _steps(error) <= 3, error.__notes__
+
+
+def test_a_swa_tail_that_drifts_the_window_side_is_caught() -> None:
+    """alloc_extend_swa_tail must take window pages for the tail only."""
+    error = allocator_failure(TailDriftingSWAAllocator, "swa", min_page_size=2)
+    assert error.signature.check == "available_size", error
+    assert error.signature.call == "alloc_extend_swa_tail"
+    assert _steps(error) <= 3, error.__notes__
+
+
+def test_a_pure_swa_free_full_that_releases_again_is_caught() -> None:
+    """A pure sliding-window free_full must release nothing: free_swa released the slots."""
+    error = allocator_failure(FullReleasingPureSWAAllocator, "pure_swa")
+    assert error.signature.check in ("available_size", "free_pages"), error
+    assert _steps(error) <= 4, error.__notes__
+
+
+def test_an_empty_free_that_releases_a_page_is_caught() -> None:
+    """A free that names no slot must change nothing."""
+    error = allocator_failure(EmptyFreeReleasingPagedAllocator, "paged")
+    assert error.signature.check == "available_size", error
+    assert _steps(error) <= 3, error.__notes__
+
+
+def test_a_segment_that_starts_mid_page_is_refused() -> None:
+    """A segment free whose start is not page-aligned is bad input: ValueError."""
+    error = allocator_failure(SegmentTrustingPagedAllocator, "paged")
     assert error.signature.check == "raises", error
     assert error.signature.kind == "no exception instead of ValueError"
 

@@ -77,7 +77,7 @@ def _allocator_specs(
     else:
         page_size = draw(st.sampled_from((2, 1, *range(3, max_page_size + 1))), label="page_size")
     pages = draw(st.integers(1, max_pages), label="pages")
-    swa_pages = draw(st.integers(1, pages), label="swa pages") if kind == "swa" else 0
+    swa_pages = draw(st.integers(1, max_pages), label="swa pages") if kind == "swa" else 0
     need_sort = draw(st.booleans(), label="need_sort")
     return AllocatorSpec(
         kind=kind,
