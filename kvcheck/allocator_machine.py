@@ -37,13 +37,16 @@ from hypothesis import settings as Settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from kvcheck.failures import FailureSignature
 from kvcheck.properties.allocators import (
+    allocator_family,
     allocator_sizes,
     assert_allocator_state,
     assert_answer,
     assert_bad_call_refused,
     assert_refusal,
 )
+from kvcheck.properties.assertions import failure
 from kvcheck.reference.allocators import ReferenceAllocator, Request
 from kvcheck.strategies.tiers import allocator_specs
 from kvcheck.targets import supports
@@ -75,6 +78,7 @@ _KINDS = (
     "free",
     "free_swa",
     "empty",
+    "paged_call",
     "clear",
     "drain",
     "bad",
@@ -139,6 +143,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         kinds = ["pause", "free", "empty", "clear", "drain"]
         if spec.page_size == 1:
             kinds.append("alloc")
+            if spec.kind in ("token", "pure_swa"):
+                kinds.append("paged_call")
         else:
             kinds += ["extend", "decode"]
             if spec.kind == "paged":
@@ -165,7 +171,9 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     def _alloc(self, data: st.DataObject) -> None:
         spec = self._spec
-        pages = data.draw(st.integers(0, spec.num_pages), label="pages")
+        # Up to the larger side: a sliding-window side may be the larger one.
+        most = max(spec.num_pages, spec.size_swa // spec.page_size)
+        pages = data.draw(st.integers(0, most), label="pages")
         self._alloc_tokens(pages * spec.page_size)
 
     def _alloc_tokens(self, need: int) -> list[int] | None:
@@ -197,7 +205,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         return number
 
     def _growable(self) -> list[int]:
-        return [number for number, row in self.rows.items() if row]
+        """Requests that can grow: they hold a slot, and their last one a window peer."""
+        return [number for number, row in self.rows.items() if len(row) > self.dead[number]]
 
     def _extend(self, data: st.DataObject) -> None:
         spec = self._spec
@@ -424,7 +433,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         ps = spec.page_size
         small = st.integers(1, 3 * ps)
         seq = data.draw(st.one_of(small, st.integers(1, spec.size + ps)), label="tokens")
-        start = ps * data.draw(st.integers(0, (seq - 1) // ps), label="tail starts at page")
+        # The tail starts a page of the row; no tail at all when the row ends a page (the
+        # whole window was cut: the request cannot grow then).
+        last_start = seq // ps if seq % ps == 0 else (seq - 1) // ps
+        start = ps * data.draw(st.integers(0, last_start), label="tail starts at page")
         tail = seq - start
         t = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
         call = self.last_call = f"alloc_extend_swa_tail(seq_lens=[{seq}], swa_tail_len={tail})"
@@ -446,6 +458,33 @@ class AllocatorMachine(RuleBasedStateMachine):
         assert_answer(ref.swa_tail(call, request, tail, slots, peers), call=call, spec=spec)
         number = self._add_request(slots)
         self.dead[number] = start
+
+    def _paged_call(self, data: st.DataObject) -> None:
+        """A page-size > 1 entry point of a page-size-1 allocator raises NotImplementedError
+        (as SGLang's do) and changes nothing."""
+        spec = self._spec
+        methods = ["alloc_extend", "alloc_decode"]
+        if spec.kind == "pure_swa":
+            methods.append("alloc_extend_swa_tail")
+        method = data.draw(st.sampled_from(methods), label="page-size > 1 call")
+        call = self.last_call = f"{method}(...)"
+        before = allocator_sizes(self.allocator, spec)
+        one = torch.tensor([1], dtype=torch.int64)
+        try:
+            getattr(self.allocator, method)(one, one, one, one, -one, 1)
+        except NotImplementedError:
+            pass
+        else:
+            raise failure(
+                f"got an answer but should be NotImplementedError [{call}: page size 1]",
+                signature=FailureSignature(
+                    check="raises",
+                    call=method,
+                    kind="no exception instead of NotImplementedError",
+                    family=allocator_family(spec),
+                ),
+            )
+        assert_refusal(True, True, before=before, allocator=self.allocator, call=call, spec=spec)
 
     def _clear(self, data: st.DataObject) -> None:
         """``clear()`` (a cache flush): every slot free again, as when built."""
