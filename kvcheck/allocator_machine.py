@@ -44,7 +44,9 @@ from kvcheck.properties.allocators import (
     assert_allocator_state,
     assert_answer,
     assert_bad_call_refused,
+    assert_hook_answer,
     assert_refusal,
+    assert_reported_capacity,
 )
 from kvcheck.properties.assertions import failure
 from kvcheck.reference.allocators import ReferenceAllocator, Request
@@ -79,6 +81,7 @@ _KINDS = (
     "free_swa",
     "empty",
     "paged_call",
+    "hooks",
     "clear",
     "drain",
     "bad",
@@ -140,7 +143,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     def _kinds(self) -> tuple[str, ...]:
         spec = self._spec
-        kinds = ["pause", "free", "empty", "clear", "drain"]
+        kinds = ["pause", "free", "empty", "hooks", "clear", "drain"]
         if spec.page_size == 1:
             kinds.append("alloc")
             if spec.kind in ("token", "pure_swa"):
@@ -459,6 +462,27 @@ class AllocatorMachine(RuleBasedStateMachine):
         number = self._add_request(slots)
         self.dead[number] = start
 
+    def _hooks(self, data: st.DataObject) -> None:
+        """What the scheduler asks around allocations: whether a decode of ``num_tokens``
+        fits, and the transfer ids of a request's slots."""
+        spec, ref = self._spec, self._ref
+        most = max(spec.size, spec.size_swa) + spec.page_size
+        tokens = data.draw(st.integers(0, most), label="num_tokens")
+        call = self.last_call = f"check_decode_capacity(num_tokens={tokens}, tree_cache=None)"
+        got = self.allocator.check_decode_capacity(num_tokens=tokens, tree_cache=None)
+        assert_hook_answer(bool(got), tokens <= ref.available_size(), call=call, spec=spec)
+        if not self.rows:
+            return
+        row = self.rows[data.draw(st.sampled_from(sorted(self.rows)), label="request")]
+        index = torch.tensor(row, dtype=torch.int64)
+        call = self.last_call = f"translate_kv_indices_for_transfer({row})"
+        got_ids = self.allocator.translate_kv_indices_for_transfer(index).tolist()
+        assert_hook_answer(got_ids, row, call=call, spec=spec)
+        if spec.kind in ("swa", "pure_swa"):
+            call = self.last_call = f"translate_swa_indices_for_transfer({row})"
+            got_ids = self.allocator.translate_swa_indices_for_transfer(index).tolist()
+            assert_hook_answer(got_ids, ref.expected_mapping(row), call=call, spec=spec)
+
     def _paged_call(self, data: st.DataObject) -> None:
         """A page-size > 1 entry point of a page-size-1 allocator raises NotImplementedError
         (as SGLang's do) and changes nothing."""
@@ -635,9 +659,11 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @invariant()
     def sizes_match_reference(self) -> None:
-        """``available_size()`` (SWA: both sides and the mapping) equals the truth."""
+        """``available_size()`` (SWA: both sides and the mapping), the free-page census and
+        the reported capacities equal the truth."""
         if self.allocator is not None:
             assert_allocator_state(self.allocator, self._ref, call=self.last_call)
+            assert_reported_capacity(self.allocator, self._spec, call=self.last_call)
 
 
 def allocator_machine(

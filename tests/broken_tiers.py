@@ -204,6 +204,22 @@ class SegmentTrustingPagedAllocator(PagedTokenToKVPoolAllocator):
         return [int(x) for x in free_index.tolist()]
 
 
+class FullSideCapacitySWAAllocator(SWATokenToKVPoolAllocator):
+    """``check_decode_capacity`` asks the full side only: a decode the window side cannot
+    serve is let through to an allocation that fails."""
+
+    def check_decode_capacity(self, *, num_tokens: int, tree_cache: Any, **_: Any) -> bool:
+        return num_tokens <= self.full_available_size()
+
+
+class FullSizedSWAAllocator(SWATokenToKVPoolAllocator):
+    """Reports the full side's capacity as ``size`` (not the smaller side's)."""
+
+    @property
+    def size(self) -> int:
+        return self.size_full
+
+
 # --- host pools ---------------------------------------------------------------------------------
 
 

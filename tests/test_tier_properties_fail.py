@@ -11,6 +11,8 @@ from broken_tiers import (
     DriftingPagedAllocator,
     EmptyFreeReleasingPagedAllocator,
     FullReleasingPureSWAAllocator,
+    FullSideCapacitySWAAllocator,
+    FullSizedSWAAllocator,
     GroupReleasingTwicePagedAllocator,
     LayerForgettingHost,
     LeakyDecodeSWAAllocator,
@@ -151,6 +153,21 @@ def test_a_segment_that_starts_mid_page_is_refused() -> None:
     error = allocator_failure(SegmentTrustingPagedAllocator, "paged")
     assert error.signature.check == "raises", error
     assert error.signature.kind == "no exception instead of ValueError"
+
+
+def test_a_decode_capacity_that_asks_one_side_is_caught() -> None:
+    """check_decode_capacity must answer for both sides of a sliding-window allocator."""
+    error = allocator_failure(FullSideCapacitySWAAllocator, "swa")
+    assert error.signature.check == "hook", error
+    assert error.signature.call == "check_decode_capacity"
+    assert _steps(error) <= 3, error.__notes__
+
+
+def test_a_capacity_reported_wrong_is_caught() -> None:
+    """A sliding-window allocator's size is the smaller side's."""
+    error = allocator_failure(FullSizedSWAAllocator, "swa")
+    assert error.signature.check == "capacity", error
+    assert _steps(error) <= 1, error.__notes__
 
 
 def host_failure(

@@ -32,10 +32,11 @@ from typing import Any
 import torch
 
 from kvcheck.allocators import _checks
+from kvcheck.allocators.capacity import CapacityHooks
 from kvcheck.allocators.segments import SegmentFrees
 
 
-class PageAllocator(SegmentFrees):
+class PageAllocator(SegmentFrees, CapacityHooks):
     """Free list, held pages and free groups of one allocator (one side, for SWA).
 
     Subclasses set ``_freed_first`` (where released pages go: the back of the free list,
@@ -88,6 +89,19 @@ class PageAllocator(SegmentFrees):
     def available_size(self) -> int:
         """Slots free to hand out: free pages (released ones included) times page size."""
         return (len(self.free_pages) + len(self.release_pages)) * self.page_size
+
+    @property
+    def size_full(self) -> int:
+        """The capacity (one pool: all of it is the full side)."""
+        return self.size
+
+    def _problems(self) -> list[str]:
+        """Accounting violations: a free page listed twice, free and held, or out of range."""
+        listed = self.free_pages + self.release_pages
+        problems = [f"page {p} is listed free twice" for p in set(listed) if listed.count(p) > 1]
+        problems += [f"page {p} is free and held" for p in set(listed) & set(self._fill)]
+        problems += [f"page {p} is not a page" for p in listed if not 0 < p <= self.num_pages]
+        return problems
 
     def get_all_free_pages(self) -> torch.Tensor:
         """Every free page id (the free list, then the pages waiting for a merge)."""

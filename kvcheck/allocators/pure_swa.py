@@ -28,13 +28,14 @@ from typing import Any
 import torch
 
 from kvcheck.allocators import _checks
+from kvcheck.allocators.capacity import CapacityHooks
 from kvcheck.allocators.paged import TokenToKVPoolAllocator
 from kvcheck.allocators.segments import SegmentFrees
 
 __all__ = ["PureSWATokenToKVPoolAllocator"]
 
 
-class PureSWATokenToKVPoolAllocator(SegmentFrees):
+class PureSWATokenToKVPoolAllocator(SegmentFrees, CapacityHooks):
     """One token allocator of ``size_swa`` slots serving as the full and the window side."""
 
     def __init__(
@@ -83,6 +84,11 @@ class PureSWATokenToKVPoolAllocator(SegmentFrees):
             if not -1 <= slot < limit:
                 raise ValueError(f"{where}: slot {slot} not in [-1, {limit})")
         return kv_indices
+
+    translate_swa_indices_for_transfer = translate_loc_from_full_to_swa
+
+    def _problems(self) -> list[str]:
+        return self.swa_attn_allocator._problems()
 
     # -- allocating --------------------------------------------------------------------------
 

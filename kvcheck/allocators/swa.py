@@ -26,11 +26,12 @@ from typing import Any
 import torch
 
 from kvcheck.allocators import _checks
+from kvcheck.allocators.capacity import CapacityHooks
 from kvcheck.allocators.paged import Growth, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcheck.allocators.segments import SegmentFrees
 
 
-class SWATokenToKVPoolAllocator(SegmentFrees):
+class SWATokenToKVPoolAllocator(SegmentFrees, CapacityHooks):
     """SGLang's ``SWATokenToKVPoolAllocator(size, size_swa, page_size, dtype, device, kvcache,
     need_sort)``: a full side of ``size`` slots and a sliding-window side of ``size_swa``.
 
@@ -119,6 +120,15 @@ class SWATokenToKVPoolAllocator(SegmentFrees):
                     f"translate_loc_from_full_to_swa: slot {slot} not in [-1, {limit})"
                 )
         return self.full_to_swa_index_mapping[kv_indices.long().cpu()].to(kv_indices.device)
+
+    def translate_swa_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """The window-side ids the PD transfer engine addresses: the slots' window peers."""
+        return self.translate_loc_from_full_to_swa(kv_indices)
+
+    def _problems(self) -> list[str]:
+        return [f"full side: {p}" for p in self.full_attn_allocator._problems()] + [
+            f"window side: {p}" for p in self.swa_attn_allocator._problems()
+        ]
 
     def _map(self, full: torch.Tensor, swa: torch.Tensor) -> None:
         self.full_to_swa_index_mapping[full.long().cpu()] = swa.long().cpu()

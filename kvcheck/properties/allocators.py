@@ -9,6 +9,12 @@
   nothing else: a freed slot comes back exactly once (:func:`assert_allocator_state`);
 - an allocation is refused exactly when the free pages do not cover it, and a refused one
   changes nothing, on either side (:func:`assert_refusal`);
+- what the scheduler's hooks are told equals the truth: the capacities (``size_full``, and
+  a sliding-window allocator's ``size_swa`` and ``size``), ``check_decode_capacity`` (an
+  allocation of ``num_tokens`` fits exactly when the free slots cover it),
+  ``verify_byte_accounting()`` (no violation) and the transfer ids
+  (``translate_kv_indices_for_transfer``: the slots; ``translate_swa_indices_for_transfer``:
+  their window peers) (:func:`assert_reported_capacity`, :func:`assert_hook_answer`);
 - bad input (a double free, a foreign slot, an id out of range, a size that is not whole
   pages) raises ``ValueError`` and changes nothing (:func:`assert_bad_call_refused`,
   capability ``input_validation``).
@@ -45,7 +51,9 @@ __all__ = [
     "assert_answer",
     "assert_bad_call_refused",
     "assert_free_pages",
+    "assert_hook_answer",
     "assert_refusal",
+    "assert_reported_capacity",
 ]
 
 
@@ -223,4 +231,45 @@ def assert_bad_call_refused(
         raise failure(
             f"got {after} after a refused call but should be {before} [{call}: {why}]",
             signature=_signature("raises", call, "refusal changed the allocator", spec),
+        )
+
+
+def _expected_capacity(spec: AllocatorSpec) -> dict[str, int]:
+    sizes = {"size_full": spec.size}
+    if spec.kind == "swa":
+        sizes["size_swa"] = spec.size_swa
+        sizes["size"] = min(spec.size, spec.size_swa)
+    elif spec.kind == "pure_swa":
+        sizes["size_swa"] = sizes["size"] = spec.size
+    return sizes
+
+
+def assert_reported_capacity(allocator: Any, spec: AllocatorSpec, *, call: str) -> None:
+    """The capacities the allocator reports equal the spec's, and
+    ``verify_byte_accounting()`` (where it has one) finds no violation."""
+    __tracebackhide__ = True
+    expected = _expected_capacity(spec)
+    got = {name: int(getattr(allocator, name)) for name in expected}
+    if got != expected:
+        raise failure(
+            f"got {got} but should be {expected} [after {call}]",
+            signature=_signature("capacity", call, "capacity differs", spec),
+        )
+    verify = getattr(allocator, "verify_byte_accounting", None)
+    if callable(verify):
+        problems = list(verify())
+        if problems:
+            raise failure(
+                f"got verify_byte_accounting() = {problems[:6]} but should be [] [after {call}]",
+                signature=_signature("capacity", call, "accounting violation", spec),
+            )
+
+
+def assert_hook_answer(got: object, expected: object, *, call: str, spec: AllocatorSpec) -> None:
+    """A scheduler hook's answer (``call``) equals the truth."""
+    __tracebackhide__ = True
+    if got != expected:
+        raise failure(
+            f"got {got!r} but should be {expected!r} [{call}]",
+            signature=_signature("hook", call, "answer differs", spec),
         )
