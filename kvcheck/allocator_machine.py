@@ -471,6 +471,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         call = self.last_call = f"check_decode_capacity(num_tokens={tokens}, tree_cache=None)"
         got = self.allocator.check_decode_capacity(num_tokens=tokens, tree_cache=None)
         assert_hook_answer(bool(got), tokens <= ref.available_size(), call=call, spec=spec)
+        self._admission_hooks(data, tokens)
         if not self.rows:
             return
         row = self.rows[data.draw(st.sampled_from(sorted(self.rows)), label="request")]
@@ -482,6 +483,32 @@ class AllocatorMachine(RuleBasedStateMachine):
             call = self.last_call = f"translate_swa_indices_for_transfer({row})"
             got_ids = self.allocator.translate_swa_indices_for_transfer(index).tolist()
             assert_hook_answer(got_ids, ref.expected_mapping(row), call=call, spec=spec)
+
+    def _admission_hooks(self, data: st.DataObject, tokens: int) -> None:
+        """PD decode's admission questions: separate sides fit each within its own budget,
+        a static pool has no ceiling of its own and reserves no per-request workspace."""
+        spec, allocator = self._spec, self.allocator
+        window = data.draw(st.integers(0, tokens), label="window tokens")
+        budget = data.draw(st.integers(0, spec.size), label="full budget")
+        window_budget = data.draw(st.none() | st.integers(0, spec.size), label="window budget")
+        call = self.last_call = (
+            f"prealloc_fits(None, {tokens}, {window}, full_budget_tokens={budget}, "
+            f"swa_budget_tokens={window_budget})"
+        )
+        got = allocator.prealloc_fits(
+            None, tokens, window, full_budget_tokens=budget, swa_budget_tokens=window_budget
+        )
+        fits = tokens <= budget and (window_budget is None or window <= window_budget)
+        assert_hook_answer(bool(got), fits, call=call, spec=spec)
+        call = self.last_call = f"prealloc_ceiling_fits({tokens}, {window})"
+        assert_hook_answer(
+            allocator.prealloc_ceiling_fits(tokens, window), None, call=call, spec=spec
+        )
+        call = self.last_call = (
+            f"request_slot_reserve(has_req_pool_slot=True, prefill_tokens={tokens})"
+        )
+        got_reserve = allocator.request_slot_reserve(has_req_pool_slot=True, prefill_tokens=tokens)
+        assert_hook_answer(got_reserve, 0, call=call, spec=spec)
 
     def _paged_call(self, data: st.DataObject) -> None:
         """A page-size > 1 entry point of a page-size-1 allocator raises NotImplementedError

@@ -4,7 +4,10 @@ Before a decode step the scheduler asks ``check_decode_capacity(num_tokens=..., 
 (evicting reclaimable prefix-cache entries first, ``evict_to_free_tokens``) and retracts
 requests while it answers False; at idle it asks ``verify_byte_accounting()`` for violations;
 the PD transfer engine addresses slots by ``translate_kv_indices_for_transfer`` (a sliding-
-window allocator's window side by ``translate_swa_indices_for_transfer``). kvcheck models no
+window allocator's window side by ``translate_swa_indices_for_transfer``); PD decode's
+admission asks ``prealloc_fits`` (each side against its own budget: separate buffers),
+``prealloc_ceiling_fits`` (None: no ceiling beyond the caller's capacity) and
+``request_slot_reserve`` (0: a static pool reserves no workspace per request). kvcheck models no
 prefix cache: a tree cache that shares prefixes (``supports_prefix_sharing()``) is refused
 with ``ValueError``; ``None`` or a cache that shares none needs no eviction.
 
@@ -72,6 +75,32 @@ class CapacityHooks:
         """The accounting violations found (empty when healthy): a free page listed twice, a
         free page also held, a size that disagrees with the free pages."""
         return self._problems()
+
+    def request_slot_reserve(self, *, has_req_pool_slot: bool, prefill_tokens: int = 0) -> int:
+        """Slots a request needs beyond its prefill: none (no per-request workspace)."""
+        _checks.count(
+            f"{type(self).__name__}.request_slot_reserve", "prefill_tokens", prefill_tokens
+        )
+        return 0
+
+    def prealloc_ceiling_fits(self, full_tokens: int, swa_tokens: int) -> bool | None:
+        """None: no ceiling of its own (the caller's token capacity is the bound)."""
+        return None
+
+    def prealloc_fits(
+        self,
+        tree_cache: Any,
+        full_tokens: int,
+        swa_tokens: int,
+        *,
+        full_budget_tokens: int,
+        swa_budget_tokens: int | None = None,
+    ) -> bool:
+        """Whether a preallocation fits: each side within its own budget (no budget for the
+        window side: only the full side counts)."""
+        return full_tokens <= full_budget_tokens and (
+            swa_budget_tokens is None or swa_tokens <= swa_budget_tokens
+        )
 
     def translate_kv_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
         """The slot ids themselves (a static pool's ids index its buffers directly)."""

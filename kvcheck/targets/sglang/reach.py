@@ -500,8 +500,9 @@ _HB, _HC, _HMHA, _HMLA, _HDSA, _HMX = HOST_POOL_FILES
 
 ALLOCATOR_HOOKS = (
     "scheduler hooks a launched server calls around the allocator (prefill budgets, "
-    "preallocation, tree-cache eviction, decode capacity, resize, sizes, byte-accounting and "
-    "debug prints, transfer-index translation); the suite checks the allocation API itself"
+    "reclaim before preallocation, eviction from a prefix-sharing tree cache, resize, debug "
+    "prints, Mamba and shared-pool hooks, transfer events); the suite checks the allocation "
+    "API and the decode-capacity, preallocation-fit, byte-accounting, size and transfer-id hooks"
 )
 DEBUG_MEMORY_POOL = "SGLANG_DEBUG_MEMORY_POOL only (debug-mode assertions and duplicate checks)"
 HOST_PINNED = (
