@@ -79,10 +79,7 @@ _KINDS = (
     "swa_tail",
     "free",
     "free_swa",
-    "empty",
     "paged_call",
-    "hooks",
-    "clear",
     "drain",
     "bad",
 )
@@ -143,7 +140,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     def _kinds(self) -> tuple[str, ...]:
         spec = self._spec
-        kinds = ["pause", "free", "empty", "hooks", "clear", "drain"]
+        kinds = ["pause", "free", "drain"]
         if spec.page_size == 1:
             kinds.append("alloc")
             if spec.kind in ("token", "pure_swa"):
@@ -336,12 +333,11 @@ class AllocatorMachine(RuleBasedStateMachine):
                     ("free_segments", self._segments(data, row[dead:], dead)),
                 ]
             return [("free_full", [(row[:dead], 0)]), ("free", [(row[dead:], dead)])]
-        how = data.draw(
-            st.sampled_from(("free", "free_segment", "free_segments", "split")), label="how"
-        )
-        if how == "split" and grouped and len(row) > 1:
+        if grouped and len(row) > 1 and data.draw(st.booleans(), label="split row"):
+            # Two frees of one group name the row's shared page: it must come back once.
             cut = data.draw(st.integers(1, len(row) - 1), label="split at")
             return [("free", [(row[:cut], 0)]), ("free", [(row[cut:], cut)])]
+        how = data.draw(st.sampled_from(("free", "free_segment", "free_segments")), label="how")
         if how == "free_segment":
             return [("free_segment", [(row, 0)])]
         if how == "free_segments":
@@ -368,7 +364,8 @@ class AllocatorMachine(RuleBasedStateMachine):
             ref.free(ids)
 
     def _free(self, data: st.DataObject) -> None:
-        if not self.rows:
+        if not self.rows or data.draw(st.integers(0, 4), label="empty free") == 0:
+            self._empty(data)
             return
         chosen = data.draw(
             st.lists(st.sampled_from(sorted(self.rows)), unique=True, min_size=1, max_size=3),
@@ -462,53 +459,46 @@ class AllocatorMachine(RuleBasedStateMachine):
         number = self._add_request(slots)
         self.dead[number] = start
 
-    def _hooks(self, data: st.DataObject) -> None:
-        """What the scheduler asks around allocations: whether a decode of ``num_tokens``
-        fits, and the transfer ids of a request's slots."""
-        spec, ref = self._spec, self._ref
-        most = max(spec.size, spec.size_swa) + spec.page_size
-        tokens = data.draw(st.integers(0, most), label="num_tokens")
-        call = self.last_call = f"check_decode_capacity(num_tokens={tokens}, tree_cache=None)"
-        got = self.allocator.check_decode_capacity(num_tokens=tokens, tree_cache=None)
-        assert_hook_answer(bool(got), tokens <= ref.available_size(), call=call, spec=spec)
-        self._admission_hooks(data, tokens)
-        if not self.rows:
-            return
-        row = self.rows[data.draw(st.sampled_from(sorted(self.rows)), label="request")]
-        index = torch.tensor(row, dtype=torch.int64)
-        call = self.last_call = f"translate_kv_indices_for_transfer({row})"
-        got_ids = self.allocator.translate_kv_indices_for_transfer(index).tolist()
-        assert_hook_answer(got_ids, row, call=call, spec=spec)
-        if spec.kind in ("swa", "pure_swa"):
-            call = self.last_call = f"translate_swa_indices_for_transfer({row})"
-            got_ids = self.allocator.translate_swa_indices_for_transfer(index).tolist()
-            assert_hook_answer(got_ids, ref.expected_mapping(row), call=call, spec=spec)
-
-    def _admission_hooks(self, data: st.DataObject, tokens: int) -> None:
-        """PD decode's admission questions: separate sides fit each within its own budget,
-        a static pool has no ceiling of its own and reserves no per-request workspace."""
-        spec, allocator = self._spec, self.allocator
-        window = data.draw(st.integers(0, tokens), label="window tokens")
-        budget = data.draw(st.integers(0, spec.size), label="full budget")
-        window_budget = data.draw(st.none() | st.integers(0, spec.size), label="window budget")
-        call = self.last_call = (
-            f"prealloc_fits(None, {tokens}, {window}, full_budget_tokens={budget}, "
-            f"swa_budget_tokens={window_budget})"
-        )
-        got = allocator.prealloc_fits(
-            None, tokens, window, full_budget_tokens=budget, swa_budget_tokens=window_budget
-        )
-        fits = tokens <= budget and (window_budget is None or window <= window_budget)
-        assert_hook_answer(bool(got), fits, call=call, spec=spec)
-        call = self.last_call = f"prealloc_ceiling_fits({tokens}, {window})"
+    def _check_hooks(self) -> None:
+        """What the scheduler asks around allocations, at the boundaries: whether a decode
+        of ``num_tokens`` fits (the free slots, one more), PD decode's admission questions
+        (each side within its own budget, no ceiling of a static pool's own, no per-request
+        workspace) and the transfer ids of every request's slots."""
+        spec, ref, allocator = self._spec, self._ref, self.allocator
+        free = ref.available_size()
+        for tokens in (free, free + 1):
+            call = f"check_decode_capacity(num_tokens={tokens}, tree_cache=None)"
+            got = allocator.check_decode_capacity(num_tokens=tokens, tree_cache=None)
+            assert_hook_answer(bool(got), tokens <= free, call=call, spec=spec)
+        full, window = spec.size, spec.page_size
+        for budget, window_budget in ((full, None), (full - 1, None), (full, window - 1)):
+            call = (
+                f"prealloc_fits(None, {full}, {window}, full_budget_tokens={budget}, "
+                f"swa_budget_tokens={window_budget})"
+            )
+            got = allocator.prealloc_fits(
+                None, full, window, full_budget_tokens=budget, swa_budget_tokens=window_budget
+            )
+            fits = full <= budget and (window_budget is None or window <= window_budget)
+            assert_hook_answer(bool(got), fits, call=call, spec=spec)
+        call = f"prealloc_ceiling_fits({full}, {window})"
         assert_hook_answer(
-            allocator.prealloc_ceiling_fits(tokens, window), None, call=call, spec=spec
+            allocator.prealloc_ceiling_fits(full, window), None, call=call, spec=spec
         )
-        call = self.last_call = (
-            f"request_slot_reserve(has_req_pool_slot=True, prefill_tokens={tokens})"
-        )
-        got_reserve = allocator.request_slot_reserve(has_req_pool_slot=True, prefill_tokens=tokens)
+        call = f"request_slot_reserve(has_req_pool_slot=True, prefill_tokens={free})"
+        got_reserve = allocator.request_slot_reserve(has_req_pool_slot=True, prefill_tokens=free)
         assert_hook_answer(got_reserve, 0, call=call, spec=spec)
+        for row in self.rows.values():
+            if not row:
+                continue
+            index = torch.tensor(row, dtype=torch.int64)
+            call = f"translate_kv_indices_for_transfer({row})"
+            got_ids = allocator.translate_kv_indices_for_transfer(index).tolist()
+            assert_hook_answer(got_ids, row, call=call, spec=spec)
+            if spec.kind in ("swa", "pure_swa"):
+                call = f"translate_swa_indices_for_transfer({row})"
+                got_ids = allocator.translate_swa_indices_for_transfer(index).tolist()
+                assert_hook_answer(got_ids, ref.expected_mapping(row), call=call, spec=spec)
 
     def _paged_call(self, data: st.DataObject) -> None:
         """A page-size > 1 entry point of a page-size-1 allocator raises NotImplementedError
@@ -562,6 +552,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             getattr(self.allocator, method)(empty)
 
     def _drain(self, data: st.DataObject) -> None:
+        if data.draw(st.integers(0, 3), label="clear instead") == 0:
+            self._clear(data)
+            return
         spec, ref = self._spec, self._ref
         need = ref.available_size()
         if spec.page_size == 1 or spec.kind == "paged":
@@ -686,11 +679,12 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     @invariant()
     def sizes_match_reference(self) -> None:
-        """``available_size()`` (SWA: both sides and the mapping), the free-page census and
-        the reported capacities equal the truth."""
+        """``available_size()`` (SWA: both sides and the mapping), the free-page census, the
+        reported capacities and the scheduler hooks' answers equal the truth."""
         if self.allocator is not None:
             assert_allocator_state(self.allocator, self._ref, call=self.last_call)
             assert_reported_capacity(self.allocator, self._spec, call=self.last_call)
+            self._check_hooks()
 
 
 def allocator_machine(
