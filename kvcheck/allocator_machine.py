@@ -590,8 +590,25 @@ class AllocatorMachine(RuleBasedStateMachine):
             choices.append("unaligned segment")
         if spec.kind == "swa" and any(len(r) > self.dead[n] for n, r in self.rows.items()):
             choices.append("free_full of live peers")
+        if spec.kind == "pure_swa" and any(self.dead.values()):
+            # One pool: free_swa gave those slots back, so free of the row frees them twice.
+            choices.append("free after a window free")
         why = data.draw(st.sampled_from(choices), label="bad input")
         allocator = self.allocator
+        if why == "free after a window free":
+            number = data.draw(
+                st.sampled_from([n for n, dead in self.dead.items() if dead]), label="request"
+            )
+            ids = self.rows[number]
+            call = self.last_call = f"free({ids}) after free_swa({ids[: self.dead[number]]})"
+            assert_bad_call_refused(
+                lambda: allocator.free(torch.tensor(ids, dtype=torch.int64)),
+                allocator=allocator,
+                call=call,
+                spec=spec,
+                why=why,
+            )
+            return
         if why in ("unaligned segment", "free_full of live peers"):
             self._bad_segment_or_full(data, why)
             return
