@@ -327,10 +327,16 @@ class AllocatorMachine(RuleBasedStateMachine):
             or data.draw(st.booleans(), label="free_full the dead window")
         ):
             # free_kv_row_segments: the window-freed part full-side only, the rest whole.
-            if data.draw(st.booleans(), label="as segments"):
+            how = data.draw(st.sampled_from(("segments", "segment", "whole")), label="how")
+            if how == "segments":
                 return [
                     ("free_full_segments", self._segments(data, row[:dead], 0)),
                     ("free_segments", self._segments(data, row[dead:], dead)),
+                ]
+            if how == "segment":
+                return [
+                    ("free_full_segment", [(row[:dead], 0)]),
+                    ("free_segment", [(row[dead:], dead)]),
                 ]
             return [("free_full", [(row[:dead], 0)]), ("free", [(row[dead:], dead)])]
         if grouped and len(row) > 1 and data.draw(st.booleans(), label="split row"):
