@@ -435,7 +435,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     def _swa_tail(self, data: st.DataObject) -> None:
         """``alloc_extend_swa_tail`` of a new request (PD decode's preallocation): window
         peers for a tail that starts a page of its row."""
-        spec, ref = self._spec, self._ref
+        spec = self._spec
         ps = spec.page_size
         small = st.integers(1, 3 * ps)
         seq = data.draw(st.one_of(small, st.integers(1, spec.size + ps)), label="tokens")
@@ -443,6 +443,12 @@ class AllocatorMachine(RuleBasedStateMachine):
         # whole window was cut: the request cannot grow then).
         last_start = seq // ps if seq % ps == 0 else (seq - 1) // ps
         start = ps * data.draw(st.integers(0, last_start), label="tail starts at page")
+        self._swa_tail_request(seq, start)
+
+    def _swa_tail_request(self, seq: int, start: int) -> None:
+        """``alloc_extend_swa_tail`` of a new request of ``seq`` tokens, its tail from
+        token ``start`` on."""
+        spec, ref = self._spec, self._ref
         tail = seq - start
         t = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
         call = self.last_call = f"alloc_extend_swa_tail(seq_lens=[{seq}], swa_tail_len={tail})"
@@ -563,21 +569,38 @@ class AllocatorMachine(RuleBasedStateMachine):
             return
         spec, ref = self._spec, self._ref
         need = ref.available_size()
+        before = set(self.rows)
         if spec.page_size == 1 or spec.kind == "paged":
-            slots = self._alloc_tokens(need)
+            self._alloc_tokens(need)
         else:
-            before = set(self.rows)
             if need:
                 self._grow("alloc_extend", [(None, Request(0, need, -1))], torch.int64)
-            slots = [s for n in set(self.rows) - before for s in self.rows[n]]
-        if not slots:
+            self._decode_at_capacity()
+        for number in sorted(set(self.rows) - before):
+            row, dead = self.rows[number], self.dead[number]
+            self.last_call = f"free({row}) after draining"
+            if dead:  # a tail-0 request: no window peer left
+                self._call_free("free_full", [(row, 0)])
+            else:
+                self._call_free("free", [(row, 0)])
+            del self.rows[number]
+            del self.dead[number]
+
+    def _decode_at_capacity(self) -> None:
+        """With the window side drained, take the rest of the full side (a request without
+        a window tail) and decode a request whose next token starts a page: both sides
+        refuse it, and the refusal changes nothing."""
+        ref, ps = self._ref, self._spec.page_size
+        assert ref.swa is not None
+        if ref.swa.free or not ref.full.free:
             return
-        number = next(n for n, row in self.rows.items() if row == slots)
-        self.last_call = f"free({slots}) after draining"
-        self.allocator.free(torch.tensor(slots, dtype=torch.int64))
-        ref.free(slots)
-        del self.rows[number]
-        del self.dead[number]
+        rest = len(ref.full.free) * ps
+        self._swa_tail_request(rest, rest)
+        at_boundary = [n for n in self._growable() if len(self.rows[n]) % ps == 0]
+        if at_boundary:
+            row = self.rows[at_boundary[0]]
+            request = Request(len(row), len(row) + 1, row[-1])
+            self._grow("alloc_decode", [(at_boundary[0], request)], torch.int64)
 
     # -- bad input -------------------------------------------------------------------------
 
