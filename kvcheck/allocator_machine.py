@@ -65,7 +65,10 @@ __all__ = ["ALLOCATOR_STEER_TAGS", "AllocatorMachine", "allocator_machine"]
 #:     other cannot;
 #: ``allocator:swa:free_dead_window``
 #:     a request whose window was freed is freed as SGLang's callers free it: ``free_full``
-#:     of the pages that left the window, ``free`` of the rest (never ``free`` of the row).
+#:     (or ``free_full_segment(s)``) of the pages that left the window, ``free`` (or
+#:     ``free_segment(s)``) of the rest, never ``free`` of the row. A pure sliding-window
+#:     allocator's such requests are always freed so: there ``free`` of the row is a double
+#:     free (bad input).
 ALLOCATOR_STEER_TAGS: tuple[str, ...] = (
     "allocator:swa:one_side_refused",
     "allocator:swa:free_dead_window",
