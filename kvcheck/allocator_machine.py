@@ -7,12 +7,15 @@ and runs the calls SGLang's scheduler makes, shaped as its callers shape them
 ``alloc_extend`` for a prefill batch (new requests and continued ones, int64 or int32 lengths,
 as the speculative-decoding path passes), ``alloc_decode`` (one token per request), ``free`` of
 finished requests, alone or in a free group (a request's row split over two frees in it),
-``free_swa`` of the pages that left a request's sliding window, ``free_full`` of those pages
-when the request finishes, a drain (``alloc`` of everything free, then freed) and, for a
-target that validates input, bad calls. Every answer is judged by the reference (no slot
+or in segments (``free_segment(s)``, as the radix cache and ``free_kv_row_segments`` free),
+``free_swa`` / ``free_swa_segment`` of the pages that left a request's sliding window,
+``free_full`` / ``free_full_segments`` of those pages when the request finishes,
+``alloc_extend_swa_tail`` (PD decode's preallocation: window peers for a tail only), frees
+that name no slot, ``clear()``, a drain (``alloc`` of everything free, then freed) and, for
+a target that validates input, bad calls. Every answer is judged by the reference (no slot
 handed out twice, page alignment, refused exactly when the pages do not cover it, a refusal
 changes nothing) and after every step ``available_size()`` (and SWA's two sides and its
-mapping) must equal the truth.
+mapping, and each side's census of its free pages) must equal the truth.
 
 Example::
 
@@ -26,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -33,13 +37,18 @@ from hypothesis import settings as Settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from kvcheck.failures import FailureSignature
 from kvcheck.properties.allocators import (
+    allocator_family,
     allocator_sizes,
     assert_allocator_state,
     assert_answer,
     assert_bad_call_refused,
+    assert_hook_answer,
     assert_refusal,
+    assert_reported_capacity,
 )
+from kvcheck.properties.assertions import failure
 from kvcheck.reference.allocators import ReferenceAllocator, Request
 from kvcheck.strategies.tiers import allocator_specs
 from kvcheck.targets import supports
@@ -56,13 +65,32 @@ __all__ = ["ALLOCATOR_STEER_TAGS", "AllocatorMachine", "allocator_machine"]
 #:     other cannot;
 #: ``allocator:swa:free_dead_window``
 #:     a request whose window was freed is freed as SGLang's callers free it: ``free_full``
-#:     of the pages that left the window, ``free`` of the rest (never ``free`` of the row).
+#:     (or ``free_full_segment(s)``) of the pages that left the window, ``free`` (or
+#:     ``free_segment(s)``) of the rest, never ``free`` of the row. A pure sliding-window
+#:     allocator's such requests are always freed so: there ``free`` of the row is a double
+#:     free (bad input).
 ALLOCATOR_STEER_TAGS: tuple[str, ...] = (
     "allocator:swa:one_side_refused",
     "allocator:swa:free_dead_window",
 )
 
-_KINDS = ("pause", "alloc", "extend", "decode", "free", "free_swa", "drain", "bad")
+_KINDS = (
+    "pause",
+    "alloc",
+    "extend",
+    "decode",
+    "swa_tail",
+    "free",
+    "free_swa",
+    "paged_call",
+    "drain",
+    "bad",
+)
+
+#: Slots of a request's row and the row position of the first (a free's segment).
+Segment = tuple[list[int], int]
+#: A free call: the method and the segments it names (one for a plain free).
+FreeCall = tuple[str, list[Segment]]
 
 
 def _lens(values: list[int], dtype: torch.dtype) -> torch.Tensor:
@@ -118,11 +146,15 @@ class AllocatorMachine(RuleBasedStateMachine):
         kinds = ["pause", "free", "drain"]
         if spec.page_size == 1:
             kinds.append("alloc")
+            if spec.kind in ("token", "pure_swa"):
+                kinds.append("paged_call")
         else:
             kinds += ["extend", "decode"]
             if spec.kind == "paged":
                 kinds.append("alloc")
-        if spec.kind == "swa":
+            if spec.kind == "swa":
+                kinds.append("swa_tail")
+        if spec.kind in ("swa", "pure_swa"):
             kinds.append("free_swa")
         if self.validates:
             kinds.append("bad")
@@ -142,7 +174,9 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     def _alloc(self, data: st.DataObject) -> None:
         spec = self._spec
-        pages = data.draw(st.integers(0, spec.num_pages), label="pages")
+        # Up to the larger side: a sliding-window side may be the larger one.
+        most = max(spec.num_pages, spec.size_swa // spec.page_size)
+        pages = data.draw(st.integers(0, most), label="pages")
         self._alloc_tokens(pages * spec.page_size)
 
     def _alloc_tokens(self, need: int) -> list[int] | None:
@@ -174,7 +208,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         return number
 
     def _growable(self) -> list[int]:
-        return [number for number, row in self.rows.items() if row]
+        """Requests that can grow: they hold a slot, and their last one a window peer."""
+        return [number for number, row in self.rows.items() if len(row) > self.dead[number]]
 
     def _extend(self, data: st.DataObject) -> None:
         spec = self._spec
@@ -273,42 +308,89 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     # -- freeing ---------------------------------------------------------------------------
 
+    def _segments(self, data: st.DataObject, ids: list[int], start: int) -> list[Segment]:
+        """``ids`` (row positions from ``start``, page-aligned) cut at page boundaries."""
+        ps = self._spec.page_size
+        bounds = list(range(start + ps, start + len(ids), ps))
+        cuts = sorted(
+            data.draw(st.lists(st.sampled_from(bounds), unique=True, max_size=2), label="cuts")
+            if bounds
+            else []
+        )
+        edges = [start, *cuts, start + len(ids)]
+        return [(ids[a - start : b - start], a) for a, b in itertools.pairwise(edges)]
+
+    def _row_frees(self, data: st.DataObject, number: int, grouped: bool) -> list[FreeCall]:
+        """The calls that free request ``number``'s row, in one of the ways callers do."""
+        row, dead = self.rows[number], self.dead[number]
+        kind = self._spec.kind
+        if dead and (
+            kind == "pure_swa"
+            or "allocator:swa:free_dead_window" in self.steer
+            or data.draw(st.booleans(), label="free_full the dead window")
+        ):
+            # free_kv_row_segments: the window-freed part full-side only, the rest whole.
+            how = data.draw(st.sampled_from(("segments", "segment", "whole")), label="how")
+            if how == "segments":
+                return [
+                    ("free_full_segments", self._segments(data, row[:dead], 0)),
+                    ("free_segments", self._segments(data, row[dead:], dead)),
+                ]
+            if how == "segment":
+                return [
+                    ("free_full_segment", [(row[:dead], 0)]),
+                    ("free_segment", [(row[dead:], dead)]),
+                ]
+            return [("free_full", [(row[:dead], 0)]), ("free", [(row[dead:], dead)])]
+        if grouped and len(row) > 1 and data.draw(st.booleans(), label="split row"):
+            # Two frees of one group name the row's shared page: it must come back once.
+            cut = data.draw(st.integers(1, len(row) - 1), label="split at")
+            return [("free", [(row[:cut], 0)]), ("free", [(row[cut:], cut)])]
+        how = data.draw(st.sampled_from(("free", "free_segment", "free_segments")), label="how")
+        if how == "free_segment":
+            return [("free_segment", [(row, 0)])]
+        if how == "free_segments":
+            return [("free_segments", self._segments(data, row, 0))]
+        return [("free", [(row, 0)])]
+
+    def _call_free(self, method: str, segments: list[Segment]) -> None:
+        """One free call on the allocator and the reference."""
+        ref = self._ref
+        ids = [slot for part, _ in segments for slot in part]
+        if method.endswith("_segments"):
+            getattr(self.allocator, method)(
+                [(torch.tensor(part, dtype=torch.int64), at) for part, at in segments]
+            )
+        elif ids:
+            index = torch.tensor(ids, dtype=torch.int64)
+            if method.endswith("_segment"):
+                getattr(self.allocator, method)(index, start_pos=segments[0][1])
+            else:
+                getattr(self.allocator, method)(index)
+        if method.startswith("free_full"):
+            ref.free_full(ids)
+        elif ids:
+            ref.free(ids)
+
     def _free(self, data: st.DataObject) -> None:
-        if not self.rows:
+        if not self.rows or data.draw(st.integers(0, 4), label="empty free") == 0:
+            self._empty(data)
             return
         chosen = data.draw(
             st.lists(st.sampled_from(sorted(self.rows)), unique=True, min_size=1, max_size=3),
             label="finished requests",
         )
         grouped = data.draw(st.booleans(), label="free group")
-        calls: list[tuple[str, list[int]]] = []
-        for number in chosen:
-            row, dead = self.rows[number], self.dead[number]
-            if dead and (
-                "allocator:swa:free_dead_window" in self.steer
-                or data.draw(st.booleans(), label="free_full the dead window")
-            ):
-                calls += [("free_full", row[:dead]), ("free", row[dead:])]
-            elif grouped and len(row) > 1 and data.draw(st.booleans(), label="split row"):
-                cut = data.draw(st.integers(1, len(row) - 1), label="split at")
-                calls += [("free", row[:cut]), ("free", row[cut:])]
-            else:
-                calls.append(("free", row))
+        calls = [call for number in chosen for call in self._row_frees(data, number, grouped)]
         self.last_call = ("group: " if grouped else "") + ", ".join(
-            f"{m}({ids})" for m, ids in calls
+            f"{m}({segments})" for m, segments in calls
         )
         ref = self._ref
         if grouped:
             self.allocator.free_group_begin()
             ref.free_group_begin()
-        for method, ids in calls:
-            if not ids:
-                continue
-            getattr(self.allocator, method)(torch.tensor(ids, dtype=torch.int64))
-            if method == "free_full":
-                ref.full.release(ids)
-            else:
-                ref.free(ids)
+        for method, segments in calls:
+            self._call_free(method, segments)
         if grouped:
             self.allocator.free_group_end()
             ref.free_group_end()
@@ -334,29 +416,194 @@ class AllocatorMachine(RuleBasedStateMachine):
             * ps
         )
         ids = row[dead:upto]
-        self.last_call = f"free_swa({ids})"
-        self.allocator.free_swa(torch.tensor(ids, dtype=torch.int64))
-        self._ref.free_swa(ids)
+        index = torch.tensor(ids, dtype=torch.int64)
+        grouped = data.draw(st.booleans(), label="free group")
+        ref = self._ref
+        if grouped:
+            self.allocator.free_group_begin()
+            ref.free_group_begin()
+        if data.draw(st.booleans(), label="as a segment"):
+            self.last_call = f"free_swa_segment({ids}, start_pos={dead})"
+            self.allocator.free_swa_segment(index, start_pos=dead)
+        else:
+            self.last_call = f"free_swa({ids})"
+            self.allocator.free_swa(index)
+        ref.free_swa(ids)
+        if grouped:
+            self.allocator.free_group_end()
+            ref.free_group_end()
+            self.last_call = f"group: {self.last_call}"
         self.dead[number] = upto
 
+    def _swa_tail(self, data: st.DataObject) -> None:
+        """``alloc_extend_swa_tail`` of a new request (PD decode's preallocation): window
+        peers for a tail that starts a page of its row."""
+        spec = self._spec
+        ps = spec.page_size
+        small = st.integers(1, 3 * ps)
+        seq = data.draw(st.one_of(small, st.integers(1, spec.size + ps)), label="tokens")
+        # The tail starts a page of the row; no tail at all when the row ends a page (the
+        # whole window was cut: the request cannot grow then).
+        last_start = seq // ps if seq % ps == 0 else (seq - 1) // ps
+        start = ps * data.draw(st.integers(0, last_start), label="tail starts at page")
+        self._swa_tail_request(seq, start)
+
+    def _swa_tail_request(self, seq: int, start: int) -> None:
+        """``alloc_extend_swa_tail`` of a new request of ``seq`` tokens, its tail from
+        token ``start`` on."""
+        spec, ref = self._spec, self._ref
+        tail = seq - start
+        t = lambda *xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+        call = self.last_call = f"alloc_extend_swa_tail(seq_lens=[{seq}], swa_tail_len={tail})"
+        before = allocator_sizes(self.allocator, spec)
+        out = self.allocator.alloc_extend_swa_tail(t(0), t(0), t(seq), t(seq), t(-1), seq, tail)
+        request = Request(0, seq, -1)
+        assert_refusal(
+            out is None,
+            ref.refuses_tail(request, tail),
+            before=before,
+            allocator=self.allocator,
+            call=call,
+            spec=spec,
+        )
+        if out is None:
+            return
+        slots = [int(x) for x in out.tolist()]
+        peers = self._peers(out[start:]) if len(slots) == seq else []
+        assert_answer(ref.swa_tail(call, request, tail, slots, peers), call=call, spec=spec)
+        number = self._add_request(slots)
+        self.dead[number] = start
+
+    def _check_hooks(self) -> None:
+        """What the scheduler asks around allocations, at the boundaries: whether a decode
+        of ``num_tokens`` fits (the free slots, one more), PD decode's admission questions
+        (each side within its own budget, no ceiling of a static pool's own, no per-request
+        workspace) and the transfer ids of every request's slots."""
+        spec, ref, allocator = self._spec, self._ref, self.allocator
+        free = ref.available_size()
+        for tokens in (free, free + 1):
+            call = f"check_decode_capacity(num_tokens={tokens}, tree_cache=None)"
+            got = allocator.check_decode_capacity(num_tokens=tokens, tree_cache=None)
+            assert_hook_answer(bool(got), tokens <= free, call=call, spec=spec)
+        full, window = spec.size, spec.page_size
+        for budget, window_budget in ((full, None), (full - 1, None), (full, window - 1)):
+            call = (
+                f"prealloc_fits(None, {full}, {window}, full_budget_tokens={budget}, "
+                f"swa_budget_tokens={window_budget})"
+            )
+            got = allocator.prealloc_fits(
+                None, full, window, full_budget_tokens=budget, swa_budget_tokens=window_budget
+            )
+            fits = full <= budget and (window_budget is None or window <= window_budget)
+            assert_hook_answer(bool(got), fits, call=call, spec=spec)
+        call = f"prealloc_ceiling_fits({full}, {window})"
+        assert_hook_answer(
+            allocator.prealloc_ceiling_fits(full, window), None, call=call, spec=spec
+        )
+        call = f"request_slot_reserve(has_req_pool_slot=True, prefill_tokens={free})"
+        got_reserve = allocator.request_slot_reserve(has_req_pool_slot=True, prefill_tokens=free)
+        assert_hook_answer(got_reserve, 0, call=call, spec=spec)
+        for row in self.rows.values():
+            if not row:
+                continue
+            index = torch.tensor(row, dtype=torch.int64)
+            call = f"translate_kv_indices_for_transfer({row})"
+            got_ids = allocator.translate_kv_indices_for_transfer(index).tolist()
+            assert_hook_answer(got_ids, row, call=call, spec=spec)
+            if spec.kind in ("swa", "pure_swa"):
+                call = f"translate_swa_indices_for_transfer({row})"
+                got_ids = allocator.translate_swa_indices_for_transfer(index).tolist()
+                assert_hook_answer(got_ids, ref.expected_mapping(row), call=call, spec=spec)
+
+    def _paged_call(self, data: st.DataObject) -> None:
+        """A page-size > 1 entry point of a page-size-1 allocator raises NotImplementedError
+        (as SGLang's do) and changes nothing."""
+        spec = self._spec
+        methods = ["alloc_extend", "alloc_decode"]
+        if spec.kind == "pure_swa":
+            methods.append("alloc_extend_swa_tail")
+        method = data.draw(st.sampled_from(methods), label="page-size > 1 call")
+        call = self.last_call = f"{method}(...)"
+        before = allocator_sizes(self.allocator, spec)
+        one = torch.tensor([1], dtype=torch.int64)
+        try:
+            getattr(self.allocator, method)(one, one, one, one, -one, 1)
+        except NotImplementedError:
+            pass
+        else:
+            raise failure(
+                f"got an answer but should be NotImplementedError [{call}: page size 1]",
+                signature=FailureSignature(
+                    check="raises",
+                    call=method,
+                    kind="no exception instead of NotImplementedError",
+                    family=allocator_family(spec),
+                ),
+            )
+        assert_refusal(True, True, before=before, allocator=self.allocator, call=call, spec=spec)
+
+    def _clear(self, data: st.DataObject) -> None:
+        """``clear()`` (a cache flush): every slot free again, as when built."""
+        self.last_call = "clear()"
+        self.allocator.clear()
+        self.reference = ReferenceAllocator(self._spec)
+        self.rows.clear()
+        self.dead.clear()
+        self.freed = []
+
+    def _empty(self, data: st.DataObject) -> None:
+        """A free that names no slot (a finished request that held none) changes nothing."""
+        methods = ["free", "free_full", "free_segment", "free_full_segment", "free_segments"]
+        if self._spec.kind in ("swa", "pure_swa"):
+            methods += ["free_swa", "free_swa_segment"]
+        method = data.draw(st.sampled_from(methods), label="empty free")
+        empty = torch.empty((0,), dtype=torch.int64)
+        self.last_call = f"{method}([])"
+        if method == "free_segments":
+            self.allocator.free_segments([(empty, 0)])
+        elif method.endswith("_segment"):
+            getattr(self.allocator, method)(empty, start_pos=0)
+        else:
+            getattr(self.allocator, method)(empty)
+
     def _drain(self, data: st.DataObject) -> None:
+        if data.draw(st.integers(0, 3), label="clear instead") == 0:
+            self._clear(data)
+            return
         spec, ref = self._spec, self._ref
         need = ref.available_size()
+        before = set(self.rows)
         if spec.page_size == 1 or spec.kind == "paged":
-            slots = self._alloc_tokens(need)
+            self._alloc_tokens(need)
         else:
-            before = set(self.rows)
             if need:
                 self._grow("alloc_extend", [(None, Request(0, need, -1))], torch.int64)
-            slots = [s for n in set(self.rows) - before for s in self.rows[n]]
-        if not slots:
+            self._decode_at_capacity()
+        for number in sorted(set(self.rows) - before):
+            row, dead = self.rows[number], self.dead[number]
+            self.last_call = f"free({row}) after draining"
+            if dead:  # a tail-0 request: no window peer left
+                self._call_free("free_full", [(row, 0)])
+            else:
+                self._call_free("free", [(row, 0)])
+            del self.rows[number]
+            del self.dead[number]
+
+    def _decode_at_capacity(self) -> None:
+        """With the window side drained, take the rest of the full side (a request without
+        a window tail) and decode a request whose next token starts a page: both sides
+        refuse it, and the refusal changes nothing."""
+        ref, ps = self._ref, self._spec.page_size
+        assert ref.swa is not None
+        if ref.swa.free or not ref.full.free:
             return
-        number = next(n for n, row in self.rows.items() if row == slots)
-        self.last_call = f"free({slots}) after draining"
-        self.allocator.free(torch.tensor(slots, dtype=torch.int64))
-        ref.free(slots)
-        del self.rows[number]
-        del self.dead[number]
+        rest = len(ref.full.free) * ps
+        self._swa_tail_request(rest, rest)
+        at_boundary = [n for n in self._growable() if len(self.rows[n]) % ps == 0]
+        if at_boundary:
+            row = self.rows[at_boundary[0]]
+            request = Request(len(row), len(row) + 1, row[-1])
+            self._grow("alloc_decode", [(at_boundary[0], request)], torch.int64)
 
     # -- bad input -------------------------------------------------------------------------
 
@@ -371,8 +618,32 @@ class AllocatorMachine(RuleBasedStateMachine):
             choices.append("unaligned alloc")
         if spec.page_size > 1 and self._growable():
             choices.append("wrong last_loc")
+        if spec.page_size > 1 and any(len(r) > 1 for r in self.rows.values()):
+            choices.append("unaligned segment")
+        if spec.kind == "swa" and any(len(r) > self.dead[n] for n, r in self.rows.items()):
+            choices.append("free_full of live peers")
+        if spec.kind == "pure_swa" and any(self.dead.values()):
+            # One pool: free_swa gave those slots back, so free of the row frees them twice.
+            choices.append("free after a window free")
         why = data.draw(st.sampled_from(choices), label="bad input")
         allocator = self.allocator
+        if why == "free after a window free":
+            number = data.draw(
+                st.sampled_from([n for n, dead in self.dead.items() if dead]), label="request"
+            )
+            ids = self.rows[number]
+            call = self.last_call = f"free({ids}) after free_swa({ids[: self.dead[number]]})"
+            assert_bad_call_refused(
+                lambda: allocator.free(torch.tensor(ids, dtype=torch.int64)),
+                allocator=allocator,
+                call=call,
+                spec=spec,
+                why=why,
+            )
+            return
+        if why in ("unaligned segment", "free_full of live peers"):
+            self._bad_segment_or_full(data, why)
+            return
         if why in ("out of range", "padding slot", "double free", "repeated slot"):
             if why == "out of range":
                 ids = [
@@ -429,13 +700,40 @@ class AllocatorMachine(RuleBasedStateMachine):
             why=why,
         )
 
+    def _bad_segment_or_full(self, data: st.DataObject, why: str) -> None:
+        spec, allocator = self._spec, self.allocator
+        if why == "unaligned segment":
+            number = data.draw(
+                st.sampled_from([n for n, r in self.rows.items() if len(r) > 1]), label="request"
+            )
+            ids, method, at = self.rows[number][1:], "free_segment", 1
+        else:
+            number = data.draw(
+                st.sampled_from([n for n, r in self.rows.items() if len(r) > self.dead[n]]),
+                label="request",
+            )
+            at = self.dead[number]
+            ids, method = self.rows[number][at:], "free_full_segment"
+        index = torch.tensor(ids, dtype=torch.int64)
+        call = self.last_call = f"{method}({ids}, start_pos={at})"
+        assert_bad_call_refused(
+            lambda: getattr(allocator, method)(index, start_pos=at),
+            allocator=allocator,
+            call=call,
+            spec=spec,
+            why=why,
+        )
+
     # -- the invariant ---------------------------------------------------------------------
 
     @invariant()
     def sizes_match_reference(self) -> None:
-        """``available_size()`` (SWA: both sides and the mapping) equals the truth."""
+        """``available_size()`` (SWA: both sides and the mapping), the free-page census, the
+        reported capacities and the scheduler hooks' answers equal the truth."""
         if self.allocator is not None:
             assert_allocator_state(self.allocator, self._ref, call=self.last_call)
+            assert_reported_capacity(self.allocator, self._spec, call=self.last_call)
+            self._check_hooks()
 
 
 def allocator_machine(
@@ -469,7 +767,8 @@ def allocator_machine(
         """Build the target's allocator and the reference from one spec."""
         self._build(spec)
 
-    name = f"{kind.upper() if kind == 'swa' else kind.capitalize()}AllocatorMachine"
+    words = {"swa": "SWA", "pure_swa": "PureSWA"}
+    name = f"{words.get(kind, kind.capitalize())}AllocatorMachine"
     machine: type[AllocatorMachine] = type(
         name,
         (AllocatorMachine,),

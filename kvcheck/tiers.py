@@ -40,8 +40,9 @@ __all__ = [
     "unchecked_host_pool_spec",
 ]
 
-#: The allocators SGLang builds: page size 1, pages, and sliding-window (two sides).
-ALLOCATOR_KINDS: tuple[str, ...] = ("token", "paged", "swa")
+#: The allocators SGLang builds: page size 1, pages, sliding-window (two sides) and pure
+#: sliding-window (every layer sliding-window: one pool, page size 1).
+ALLOCATOR_KINDS: tuple[str, ...] = ("token", "paged", "swa", "pure_swa")
 
 #: Host layouts, by the family of the device pool a host pool mirrors (SGLang 0.5.23's
 #: ``MHATokenToKVPoolHost``, ``MLATokenToKVPoolHost``; a DSA model's host tier is an MLA host
@@ -105,6 +106,8 @@ class AllocatorSpec:
     ``swa`` take whole pages (``size`` a multiple of ``page_size``); ``swa`` at page size 1
     uses token sides (``alloc`` only), above it paged sides (``alloc_extend`` /
     ``alloc_decode``). ``size_swa`` is the sliding-window side's capacity (``swa`` only).
+    ``pure_swa`` (a model whose every layer is sliding-window) takes ``page_size=1``: its one
+    pool of ``size`` slots serves as both sides.
     ``need_sort`` defers freed pages to a sorted merge (SGLang: PD disaggregation).
 
     Example:
@@ -125,8 +128,10 @@ class AllocatorSpec:
             raise ValueError(f"kind={self.kind!r} not in {ALLOCATOR_KINDS}")
         _positive_int(self.size, "size")
         _positive_int(self.page_size, "page_size")
-        if self.kind == "token" and self.page_size != 1:
-            raise ValueError(f"kind='token' takes page_size=1, got page_size={self.page_size}")
+        if self.kind in ("token", "pure_swa") and self.page_size != 1:
+            raise ValueError(
+                f"kind={self.kind!r} takes page_size=1, got page_size={self.page_size}"
+            )
         if self.size % self.page_size:
             raise ValueError(f"size={self.size} must be whole pages of page_size={self.page_size}")
         if self.kind == "swa":

@@ -17,6 +17,7 @@ import torch
 from kvcheck.allocators import (
     Growth,
     PagedTokenToKVPoolAllocator,
+    PureSWATokenToKVPoolAllocator,
     SWATokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
 )
@@ -146,6 +147,77 @@ class LeakyDecodeSWAAllocator(SWATokenToKVPoolAllocator):
             return None
         self._map(full, swa_out)
         return full
+
+
+class SegmentReleasingTwicePagedAllocator(PagedTokenToKVPoolAllocator):
+    """``free_segment`` releases a segment's last page twice (it lists it once more) but
+    counts distinct free pages, so ``available_size()`` stays right and only the census of
+    free pages shows the page that would be handed out twice."""
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        super().free_segment(free_index, start_pos=start_pos)
+        if self.free_group is None and len(free_index):
+            self.free_pages.append(int(free_index[-1]) // self.page_size)
+
+    def available_size(self) -> int:
+        return len(set(self.free_pages) | set(self.release_pages)) * self.page_size
+
+
+class TailDriftingSWAAllocator(SWATokenToKVPoolAllocator):
+    """``alloc_extend_swa_tail`` takes one more window page than the tail needs whenever the
+    tail is shorter than the request: ``swa_available_size()`` drifts below the truth."""
+
+    def alloc_extend_swa_tail(self, *args: Any) -> torch.Tensor | None:
+        out = super().alloc_extend_swa_tail(*args)
+        window = self.swa_attn_allocator
+        if out is not None and args[6] < args[5] and window.free_pages:
+            (page,) = window._take(1)
+            window._fill[page] = window.page_size
+        return out
+
+
+class FullReleasingPureSWAAllocator(PureSWATokenToKVPoolAllocator):
+    """``free_full`` releases its slots (as a two-sided allocator's full side would), though
+    ``free_swa`` released them already: each comes back twice."""
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        super().free_full(free_index)
+        self.swa_attn_allocator.free_pages.extend(int(x) for x in free_index.tolist())
+
+
+class EmptyFreeReleasingPagedAllocator(PagedTokenToKVPoolAllocator):
+    """A ``free`` that names no slot releases the highest held page (an index taken from
+    the end of an empty list, as ``free_index[-1]`` would be read)."""
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if not len(free_index) and self._fill and self.free_group is None:
+            self._release([max(self._fill)])
+            return
+        super().free(free_index)
+
+
+class SegmentTrustingPagedAllocator(PagedTokenToKVPoolAllocator):
+    """Takes any segment start (as SGLang's, which only asserts): a segment that starts
+    mid-page is freed as if it started the page."""
+
+    def _segment_ids(self, where: str, free_index: Any, start_pos: object) -> list[int]:
+        return [int(x) for x in free_index.tolist()]
+
+
+class FullSideCapacitySWAAllocator(SWATokenToKVPoolAllocator):
+    """``check_decode_capacity`` asks the full side only: a decode the window side cannot
+    serve is let through to an allocation that fails."""
+
+    def check_decode_capacity(self, *, num_tokens: int, tree_cache: Any, **_: Any) -> bool:
+        return num_tokens <= self.full_available_size()
+
+
+class FullSizedSWAAllocator(SWATokenToKVPoolAllocator):
+    """Reports the full side's capacity as ``size`` (not the smaller side's)."""
+
+    @property
+    def size(self) -> int:
+        return self.size_full
 
 
 # --- host pools ---------------------------------------------------------------------------------

@@ -11,6 +11,10 @@ from broken_tiers import (
     BaseOnlyAlignedHost,
     BrokenTierTarget,
     DriftingPagedAllocator,
+    EmptyFreeReleasingPagedAllocator,
+    FullReleasingPureSWAAllocator,
+    FullSideCapacitySWAAllocator,
+    FullSizedSWAAllocator,
     GroupReleasingTwicePagedAllocator,
     KeyOnlyRegisteringHost,
     LayerForgettingHost,
@@ -22,7 +26,10 @@ from broken_tiers import (
     PhysicalSkippingHost,
     ScaleDroppingHost,
     ScaleMisplacingHost,
+    SegmentReleasingTwicePagedAllocator,
+    SegmentTrustingPagedAllocator,
     ShiftedPageHost,
+    TailDriftingSWAAllocator,
     TrustingPagedAllocator,
     TwiceHandingTokenAllocator,
     UnalignedPagedAllocator,
@@ -64,12 +71,20 @@ def _steps(error: PropertyFailure) -> int:
 
 
 def allocator_failure(
-    broken: type, kind: str, *, min_page_size: int = 1, max_examples: int | None = None
+    broken: type,
+    kind: str,
+    *,
+    min_page_size: int = 1,
+    max_examples: int | None = None,
+    smaller_window: bool = False,
 ) -> PropertyFailure:
-    """Run ``kind``'s allocator machine on the twin; the failure it ends with."""
+    """Run ``kind``'s allocator machine on the twin; the failure it ends with
+    (``smaller_window``: only sliding-window sides smaller than the full side)."""
     specs = allocator_specs(kinds=(kind,), max_pages=4)
     if min_page_size > 1:
         specs = specs.filter(lambda spec: spec.page_size >= min_page_size)
+    if smaller_window:
+        specs = specs.filter(lambda spec: spec.size_swa < spec.size)
     machine = allocator_machine(BrokenTierTarget(broken), device="cpu", kind=kind, specs=specs)
     twin = TWIN if max_examples is None else settings(TWIN, max_examples=max_examples)
     with pytest.raises(PropertyFailure) as caught:
@@ -112,7 +127,8 @@ def test_an_unaligned_extend_is_caught() -> None:
 
 def test_a_refusal_that_changes_one_side_is_caught() -> None:
     """A sliding-window decode refused on the window side must not take a full-side page."""
-    error = allocator_failure(LeakyDecodeSWAAllocator, "swa", min_page_size=2)
+    # The leak shows only where the window side runs out first: a smaller window side.
+    error = allocator_failure(LeakyDecodeSWAAllocator, "swa", min_page_size=2, smaller_window=True)
     assert error.signature.check == "refusal", error
     assert error.signature.kind == "refusal changed the allocator"
     assert _steps(error) <= 4, error.__notes__
@@ -123,6 +139,59 @@ def test_a_double_free_that_is_accepted_is_caught() -> None:
     error = allocator_failure(TrustingPagedAllocator, "paged")
     assert error.signature.check == "raises", error
     assert error.signature.kind == "no exception instead of ValueError"
+
+
+def test_a_segment_free_that_lists_a_page_twice_is_caught() -> None:
+    """A segment free that puts a page on the free list twice fails the free-page census,
+    though available_size() is right."""
+    error = allocator_failure(SegmentReleasingTwicePagedAllocator, "paged")
+    assert error.signature.check == "free_pages", error
+    assert error.signature.kind == "page free twice"
+    assert _steps(error) <= 3, error.__notes__
+
+
+def test_a_swa_tail_that_drifts_the_window_side_is_caught() -> None:
+    """alloc_extend_swa_tail must take window pages for the tail only."""
+    error = allocator_failure(TailDriftingSWAAllocator, "swa", min_page_size=2)
+    assert error.signature.check == "available_size", error
+    assert error.signature.call == "alloc_extend_swa_tail"
+    assert _steps(error) <= 3, error.__notes__
+
+
+def test_a_pure_swa_free_full_that_releases_again_is_caught() -> None:
+    """A pure sliding-window free_full must release nothing: free_swa released the slots."""
+    error = allocator_failure(FullReleasingPureSWAAllocator, "pure_swa")
+    assert error.signature.check in ("available_size", "free_pages"), error
+    assert _steps(error) <= 4, error.__notes__
+
+
+def test_an_empty_free_that_releases_a_page_is_caught() -> None:
+    """A free that names no slot must change nothing."""
+    error = allocator_failure(EmptyFreeReleasingPagedAllocator, "paged")
+    assert error.signature.check == "available_size", error
+    assert _steps(error) <= 3, error.__notes__
+
+
+def test_a_segment_that_starts_mid_page_is_refused() -> None:
+    """A segment free whose start is not page-aligned is bad input: ValueError."""
+    error = allocator_failure(SegmentTrustingPagedAllocator, "paged")
+    assert error.signature.check == "raises", error
+    assert error.signature.kind == "no exception instead of ValueError"
+
+
+def test_a_decode_capacity_that_asks_one_side_is_caught() -> None:
+    """check_decode_capacity must answer for both sides of a sliding-window allocator."""
+    error = allocator_failure(FullSideCapacitySWAAllocator, "swa")
+    assert error.signature.check == "hook", error
+    assert error.signature.call == "check_decode_capacity"
+    assert _steps(error) <= 3, error.__notes__
+
+
+def test_a_capacity_reported_wrong_is_caught() -> None:
+    """A sliding-window allocator's size is the smaller side's."""
+    error = allocator_failure(FullSizedSWAAllocator, "swa")
+    assert error.signature.check == "capacity", error
+    assert _steps(error) <= 1, error.__notes__
 
 
 def host_failure(

@@ -10,7 +10,9 @@ part). ``available_size()`` is always ``free pages * page_size``.
 Unlike SGLang 0.5.23, kvcheck's allocators refuse bad calls with ``ValueError`` and change
 nothing: a size that is not whole pages, a negative size, a slot outside the pool, a slot
 of a page nobody holds (a foreign slot, or one freed already), a slot listed twice, and
-extend/decode arguments whose last locations are not the requests' last slots.
+extend/decode arguments whose last locations are not the requests' last slots, and segment
+frees (:mod:`kvcheck.allocators.segments`) whose start is not page-aligned or whose segments
+share a page.
 
 Example:
     >>> import torch
@@ -30,9 +32,11 @@ from typing import Any
 import torch
 
 from kvcheck.allocators import _checks
+from kvcheck.allocators.capacity import CapacityHooks
+from kvcheck.allocators.segments import SegmentFrees
 
 
-class PageAllocator:
+class PageAllocator(SegmentFrees, CapacityHooks):
     """Free list, held pages and free groups of one allocator (one side, for SWA).
 
     Subclasses set ``_freed_first`` (where released pages go: the back of the free list,
@@ -85,6 +89,19 @@ class PageAllocator:
     def available_size(self) -> int:
         """Slots free to hand out: free pages (released ones included) times page size."""
         return (len(self.free_pages) + len(self.release_pages)) * self.page_size
+
+    @property
+    def size_full(self) -> int:
+        """The capacity (one pool: all of it is the full side)."""
+        return self.size
+
+    def _problems(self) -> list[str]:
+        """Accounting violations: a free page listed twice, free and held, or out of range."""
+        listed = self.free_pages + self.release_pages
+        problems = [f"page {p} is listed free twice" for p in set(listed) if listed.count(p) > 1]
+        problems += [f"page {p} is free and held" for p in set(listed) & set(self._fill)]
+        problems += [f"page {p} is not a page" for p in listed if not 0 < p <= self.num_pages]
+        return problems
 
     def get_all_free_pages(self) -> torch.Tensor:
         """Every free page id (the free list, then the pages waiting for a merge)."""
@@ -160,6 +177,14 @@ class PageAllocator:
         """Release the pages of the slots named (inside a free group: at its end)."""
         ids = self.check_free(free_index, where=f"{type(self).__name__}.free")
         self._free_checked(ids)
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """``free`` (one pool: no sliding-window peer to leave alone)."""
+        ids = self.check_free(free_index, where=f"{type(self).__name__}.free_full")
+        self._free_checked(ids)
+
+    def _free_ids(self, where: str, free_index: Any, full_only: bool) -> list[int]:
+        return self.check_free(free_index, where=where)
 
     def _free_checked(self, ids: list[int]) -> None:
         if not ids:

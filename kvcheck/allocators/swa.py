@@ -26,10 +26,12 @@ from typing import Any
 import torch
 
 from kvcheck.allocators import _checks
+from kvcheck.allocators.capacity import CapacityHooks
 from kvcheck.allocators.paged import Growth, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvcheck.allocators.segments import SegmentFrees
 
 
-class SWATokenToKVPoolAllocator:
+class SWATokenToKVPoolAllocator(SegmentFrees, CapacityHooks):
     """SGLang's ``SWATokenToKVPoolAllocator(size, size_swa, page_size, dtype, device, kvcache,
     need_sort)``: a full side of ``size`` slots and a sliding-window side of ``size_swa``.
 
@@ -119,6 +121,15 @@ class SWATokenToKVPoolAllocator:
                 )
         return self.full_to_swa_index_mapping[kv_indices.long().cpu()].to(kv_indices.device)
 
+    def translate_swa_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """The window-side ids the PD transfer engine addresses: the slots' window peers."""
+        return self.translate_loc_from_full_to_swa(kv_indices)
+
+    def _problems(self) -> list[str]:
+        return [f"full side: {p}" for p in self.full_attn_allocator._problems()] + [
+            f"window side: {p}" for p in self.swa_attn_allocator._problems()
+        ]
+
     def _map(self, full: torch.Tensor, swa: torch.Tensor) -> None:
         self.full_to_swa_index_mapping[full.long().cpu()] = swa.long().cpu()
 
@@ -197,6 +208,59 @@ class SWATokenToKVPoolAllocator:
             )
         return self._grow(where, (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc))
 
+    def alloc_extend_swa_tail(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        swa_tail_len: int,
+    ) -> torch.Tensor | None:
+        """One request (page size > 1) grown on the full side as ``alloc_extend`` grows it,
+        with sliding-window peers for its last ``swa_tail_len`` tokens only (fresh pages: the
+        tail starts a page of the row, ``(seq_len - swa_tail_len) % page_size == 0``); the
+        new slots before the tail get no peer. None when either side lacks the pages
+        (nothing changes). SGLang's decode side of PD disaggregation preallocates a
+        transferred request so (only its window's KV comes over for the window layers)."""
+        where = "SWATokenToKVPoolAllocator.alloc_extend_swa_tail"
+        if self.page_size == 1:
+            raise NotImplementedError("SWA alloc_extend_swa_tail is for page size > 1")
+        full_side = self.full_attn_allocator
+        growths = full_side.check_growth(
+            where, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc
+        )
+        if len(growths) != 1:
+            raise ValueError(f"{where}: a batch of {len(growths)} requests (it takes one)")
+        (growth,) = growths
+        extend_num_tokens = _checks.count(where, "extend_num_tokens", extend_num_tokens)
+        if extend_num_tokens != growth.seq - growth.prefix:
+            raise ValueError(
+                f"{where}: extend_num_tokens={extend_num_tokens} but the request grows by "
+                f"{growth.seq - growth.prefix}"
+            )
+        tail = _checks.count(where, "swa_tail_len", swa_tail_len)
+        start = growth.seq - tail
+        if tail > extend_num_tokens or start % self.page_size:
+            raise ValueError(
+                f"{where}: swa_tail_len={tail} must be at most extend_num_tokens="
+                f"{extend_num_tokens} and start a page of the row (seq_len={growth.seq}, "
+                f"page_size={self.page_size})"
+            )
+        tail_growth = Growth(0, tail, -1)
+        full_pages = full_side.new_pages_needed(growths)
+        swa_pages = tail_growth.new_pages(self.page_size)
+        if (
+            full_pages * self.page_size > self.full_available_size()
+            or swa_pages * self.page_size > self.swa_available_size()
+        ):
+            return None
+        full = full_side.grow(growths)
+        if tail:
+            self._map(full[len(full) - tail :], self.swa_attn_allocator.grow([tail_growth]))
+        return full
+
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
@@ -236,22 +300,32 @@ class SWATokenToKVPoolAllocator:
             self.full_to_swa_index_mapping[torch.tensor(slots, dtype=torch.int64)] = 0
         self.swa_attn_allocator._free_checked(peers)
 
+    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """``free_swa`` of ``row[start_pos : start_pos + len(free_index)]`` (page-aligned start)."""
+        where = "SWATokenToKVPoolAllocator.free_swa_segment"
+        self._segment_ids(where, free_index, start_pos)
+        self.free_swa(free_index)
+
+    def _free_ids(self, where: str, free_index: Any, full_only: bool) -> list[int]:
+        """The ids of a valid ``free`` (``full_only``: ``free_full``): full-side slots held,
+        their live peers held on the sliding-window side (``free_full``: none left)."""
+        ids = self.full_attn_allocator.check_free(free_index, where=where)
+        _, peers = self._peers(ids)
+        if full_only and peers:
+            raise ValueError(f"{where}: slots {ids} still have sliding-window peers {peers}")
+        self.swa_attn_allocator.check_free(torch.tensor(peers, dtype=torch.int64), where=where)
+        return ids
+
     def free(self, free_index: torch.Tensor) -> None:
         """Release both sides' pages of the slots named (the full side's, and their peers)."""
-        where = "SWATokenToKVPoolAllocator.free"
-        ids = self.full_attn_allocator.check_free(free_index, where=where)
+        ids = self._free_ids("SWATokenToKVPoolAllocator.free", free_index, False)
         slots, peers = self._peers(ids)
-        self.swa_attn_allocator.check_free(torch.tensor(peers, dtype=torch.int64), where=where)
         self._free_swa_checked(slots, peers)
         self.full_attn_allocator._free_checked(ids)
 
     def free_full(self, free_index: torch.Tensor) -> None:
         """Release the full side's pages only (their peers must be gone already)."""
-        where = "SWATokenToKVPoolAllocator.free_full"
-        ids = self.full_attn_allocator.check_free(free_index, where=where)
-        _, peers = self._peers(ids)
-        if peers:
-            raise ValueError(f"{where}: slots {ids} still have sliding-window peers {peers}")
+        ids = self._free_ids("SWATokenToKVPoolAllocator.free_full", free_index, True)
         self.full_attn_allocator._free_checked(ids)
 
     def free_group_begin(self) -> None:

@@ -4,9 +4,17 @@
 - no slot is handed out twice, and extend/decode answers are page-aligned
   (:func:`assert_answer`: the reference's verdict on what the allocator returned);
 - ``available_size()`` (and a sliding-window allocator's two sides and its full-to-window
-  mapping) equals the truth after every step (:func:`assert_allocator_state`);
+  mapping) equals the truth after every step, and each side's census of its free pages
+  (``get_all_free_pages()``, where the allocator has one) lists every free page once and
+  nothing else: a freed slot comes back exactly once (:func:`assert_allocator_state`);
 - an allocation is refused exactly when the free pages do not cover it, and a refused one
   changes nothing, on either side (:func:`assert_refusal`);
+- what the scheduler's hooks are told equals the truth: the capacities (``size_full``, and
+  a sliding-window allocator's ``size_swa`` and ``size``), ``check_decode_capacity`` (an
+  allocation of ``num_tokens`` fits exactly when the free slots cover it),
+  ``verify_byte_accounting()`` (no violation) and the transfer ids
+  (``translate_kv_indices_for_transfer``: the slots; ``translate_swa_indices_for_transfer``:
+  their window peers) (:func:`assert_reported_capacity`, :func:`assert_hook_answer`);
 - bad input (a double free, a foreign slot, an id out of range, a size that is not whole
   pages) raises ``ValueError`` and changes nothing (:func:`assert_bad_call_refused`,
   capability ``input_validation``).
@@ -42,8 +50,15 @@ __all__ = [
     "assert_allocator_state",
     "assert_answer",
     "assert_bad_call_refused",
+    "assert_free_pages",
+    "assert_hook_answer",
     "assert_refusal",
+    "assert_reported_capacity",
 ]
+
+
+#: Kinds with a full and a sliding-window side (one pool serving as both, for ``pure_swa``).
+_TWO_SIDED = ("swa", "pure_swa")
 
 
 def allocator_family(spec: AllocatorSpec) -> str:
@@ -77,7 +92,7 @@ def assert_answer(problems: list[str], *, call: str, spec: AllocatorSpec) -> Non
 def allocator_sizes(allocator: Any, spec: AllocatorSpec) -> dict[str, int]:
     """What the allocator reports: ``available_size()`` (and, for SWA, each side's)."""
     sizes = {"available_size()": int(allocator.available_size())}
-    if spec.kind == "swa":
+    if spec.kind in _TWO_SIDED:
         sizes["full_available_size()"] = int(allocator.full_available_size())
         sizes["swa_available_size()"] = int(allocator.swa_available_size())
     return sizes
@@ -85,10 +100,51 @@ def allocator_sizes(allocator: Any, spec: AllocatorSpec) -> dict[str, int]:
 
 def _expected_sizes(reference: ReferenceAllocator) -> dict[str, int]:
     sizes = {"available_size()": reference.available_size()}
-    if reference.swa is not None:
+    if reference.spec.kind in _TWO_SIDED:
+        window = reference.swa or reference.full
         sizes["full_available_size()"] = reference.full.available_size()
-        sizes["swa_available_size()"] = reference.swa.available_size()
+        sizes["swa_available_size()"] = window.available_size()
     return sizes
+
+
+def _censuses(allocator: Any, reference: ReferenceAllocator) -> list[tuple[str, Any, Any]]:
+    """(name, the allocator's side, the reference's side) for each side that takes a census."""
+    kind = reference.spec.kind
+    if kind == "swa":
+        assert reference.swa is not None
+        pairs = [
+            ("full side", getattr(allocator, "full_attn_allocator", None), reference.full),
+            ("window side", getattr(allocator, "swa_attn_allocator", None), reference.swa),
+        ]
+    elif kind == "pure_swa":
+        pairs = [("pool", getattr(allocator, "swa_attn_allocator", None), reference.full)]
+    else:
+        pairs = [("allocator", allocator, reference.full)]
+    return [
+        (name, side, ref_side)
+        for name, side, ref_side in pairs
+        if callable(getattr(side, "get_all_free_pages", None))
+    ]
+
+
+def assert_free_pages(allocator: Any, reference: ReferenceAllocator, *, call: str) -> None:
+    """Each side's ``get_all_free_pages()`` lists every free page once and no held page."""
+    __tracebackhide__ = True
+    for name, side, ref_side in _censuses(allocator, reference):
+        pages = side.get_all_free_pages()
+        listed = [] if pages is None else [int(x) for x in pages.tolist()]
+        problems = reference.free_pages_problems(ref_side, listed, f"{name} get_all_free_pages()")
+        if problems:
+            twice = any("twice" in p for p in problems)
+            raise failure(
+                f"free-page census breaks the contract [after {call}]\n" + "\n".join(problems[:6]),
+                signature=_signature(
+                    "free_pages",
+                    call,
+                    "page free twice" if twice else "census differs",
+                    reference.spec,
+                ),
+            )
 
 
 def assert_allocator_state(allocator: Any, reference: ReferenceAllocator, *, call: str) -> None:
@@ -102,7 +158,8 @@ def assert_allocator_state(allocator: Any, reference: ReferenceAllocator, *, cal
             f"got {got} but should be {expected} [after {call}]",
             signature=_signature("available_size", call, "size differs", spec),
         )
-    if spec.kind != "swa":
+    assert_free_pages(allocator, reference, call=call)
+    if spec.kind not in _TWO_SIDED:
         return
     import torch
 
@@ -174,4 +231,45 @@ def assert_bad_call_refused(
         raise failure(
             f"got {after} after a refused call but should be {before} [{call}: {why}]",
             signature=_signature("raises", call, "refusal changed the allocator", spec),
+        )
+
+
+def _expected_capacity(spec: AllocatorSpec) -> dict[str, int]:
+    sizes = {"size_full": spec.size}
+    if spec.kind == "swa":
+        sizes["size_swa"] = spec.size_swa
+        sizes["size"] = min(spec.size, spec.size_swa)
+    elif spec.kind == "pure_swa":
+        sizes["size_swa"] = sizes["size"] = spec.size
+    return sizes
+
+
+def assert_reported_capacity(allocator: Any, spec: AllocatorSpec, *, call: str) -> None:
+    """The capacities the allocator reports equal the spec's, and
+    ``verify_byte_accounting()`` (where it has one) finds no violation."""
+    __tracebackhide__ = True
+    expected = _expected_capacity(spec)
+    got = {name: int(getattr(allocator, name)) for name in expected}
+    if got != expected:
+        raise failure(
+            f"got {got} but should be {expected} [after {call}]",
+            signature=_signature("capacity", call, "capacity differs", spec),
+        )
+    verify = getattr(allocator, "verify_byte_accounting", None)
+    if callable(verify):
+        problems = list(verify())
+        if problems:
+            raise failure(
+                f"got verify_byte_accounting() = {problems[:6]} but should be [] [after {call}]",
+                signature=_signature("capacity", call, "accounting violation", spec),
+            )
+
+
+def assert_hook_answer(got: object, expected: object, *, call: str, spec: AllocatorSpec) -> None:
+    """A scheduler hook's answer (``call``) equals the truth."""
+    __tracebackhide__ = True
+    if got != expected:
+        raise failure(
+            f"got {got!r} but should be {expected!r} [{call}]",
+            signature=_signature("hook", call, "answer differs", spec),
         )

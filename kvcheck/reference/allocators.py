@@ -202,6 +202,8 @@ class ReferenceAllocator:
         self.full = ReferenceSide(spec.num_pages, spec.page_size)
         self.swa: ReferenceSide | None = None
         self.mapping: dict[int, int] = {}
+        #: pure sliding-window: one pool, each slot its own window peer
+        self.pure = spec.kind == "pure_swa"
         if spec.kind == "swa":
             self.swa = ReferenceSide(spec.size_swa // spec.page_size, spec.page_size)
 
@@ -274,8 +276,42 @@ class ReferenceAllocator:
                 pages.append(slot // ps)
         return [page * ps + offset for page in pages for offset in range(ps)]
 
+    def swa_tail(
+        self,
+        call: str,
+        request: Request,
+        tail: int,
+        slots: Sequence[int],
+        peers: Sequence[int],
+    ) -> list[str]:
+        """Judge and record ``alloc_extend_swa_tail``'s answer: the full side grows as an
+        extend grows it; the last ``tail`` slots get ``peers``, a fresh window request."""
+        problems = self.full.grow(call, [request], slots)
+        if problems or self.swa is None:
+            return problems
+        if len(peers) != tail:
+            return [f"{call}: {len(peers)} window peers for a tail of {tail}"]
+        problems = self.swa.grow(
+            f"{call} (window peers of the tail)", [Request(0, tail, -1)], peers
+        )
+        if not problems:
+            for slot, peer in zip(slots[len(slots) - tail :], peers, strict=True):
+                self.mapping[slot] = peer
+        return problems
+
+    def refuses_tail(self, request: Request, tail: int) -> bool:
+        """Whether ``alloc_extend_swa_tail`` of ``request`` must be refused."""
+        if self.full.new_pages([request]) > len(self.full.free):
+            return True
+        window = Request(0, tail, -1)
+        return self.swa is not None and self.swa.new_pages([window]) > len(self.swa.free)
+
     def free_swa(self, slots: Sequence[int]) -> None:
-        """Release the sliding-window peers of the full pages ``slots`` touch (valid input)."""
+        """Release the sliding-window peers of the full pages ``slots`` touch (valid input);
+        for a pure sliding-window allocator, the slots themselves."""
+        if self.pure:
+            self.full.release(slots)
+            return
         assert self.swa is not None
         peers = []
         for slot in self._window_slots(slots):
@@ -289,6 +325,41 @@ class ReferenceAllocator:
             self.free_swa(slots)
         self.full.release(slots)
 
+    def free_full(self, slots: Sequence[int]) -> None:
+        """``free_full`` (valid input): the full side's pages; nothing for a pure
+        sliding-window allocator, whose ``free_swa`` released them."""
+        if not self.pure:
+            self.full.release(slots)
+
+    def free_full_problem(self, slots: Sequence[int]) -> str | None:
+        """Why ``free_full(slots)`` is bad input (None: it is valid)."""
+        if self.pure:
+            return None if len(set(slots)) == len(slots) else "a slot is listed twice"
+        problem = self.full.free_problem(slots)
+        if problem is None and self.swa is not None:
+            live = [slot for slot in self._window_slots(slots) if slot in self.mapping]
+            if live:
+                return f"slots {live} still have window peers"
+        return problem
+
+    def free_pages_problems(
+        self, side: ReferenceSide, pages: Sequence[int], name: str
+    ) -> list[str]:
+        """What is wrong with an allocator's census of ``side``'s free pages (each free page
+        listed once, no other page)."""
+        problems: list[str] = []
+        seen: set[int] = set()
+        for page in pages:
+            if page in seen:
+                problems.append(f"{name}: page {page} is listed free twice")
+            elif page not in side.free:
+                problems.append(f"{name}: page {page} is listed free but is held (or no page)")
+            seen.add(page)
+        for page in sorted(side.free):
+            if page not in seen:
+                problems.append(f"{name}: page {page} is free but not listed")
+        return problems
+
     def free_group_begin(self) -> None:
         for side in self.sides():
             side.group = []
@@ -298,5 +369,8 @@ class ReferenceAllocator:
             side.end_group()
 
     def expected_mapping(self, slots: Sequence[int]) -> list[int]:
-        """The sliding-window peer of each full-side slot (0: none; -1 stays -1)."""
+        """The sliding-window peer of each full-side slot (0: none; -1 stays -1; a pure
+        sliding-window allocator's: the slot itself)."""
+        if self.pure:
+            return list(slots)
         return [-1 if slot == -1 else self.mapping.get(slot, 0) for slot in slots]

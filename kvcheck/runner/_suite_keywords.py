@@ -19,6 +19,7 @@ SUITE_TESTS: dict[tuple[str, str], tuple[str, ...]] = {
     ),
     ("test_allocators.py", "parametrize"): (
         "test_allocator_matches_reference_after_every_call[paged]",
+        "test_allocator_matches_reference_after_every_call[pure_swa]",
         "test_allocator_matches_reference_after_every_call[swa]",
         "test_allocator_matches_reference_after_every_call[token]",
     ),

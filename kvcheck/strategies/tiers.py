@@ -70,14 +70,14 @@ def _allocator_specs(
     draw: st.DrawFn, kinds: tuple[str, ...], max_pages: int, max_page_size: int
 ) -> AllocatorSpec:
     kind = draw(st.sampled_from(kinds), label="allocator kind")
-    if kind == "token":
+    if kind in ("token", "pure_swa"):
         page_size = 1
     elif kind == "paged":
         page_size = draw(st.integers(2, max_page_size), label="page_size")
     else:
         page_size = draw(st.sampled_from((2, 1, *range(3, max_page_size + 1))), label="page_size")
     pages = draw(st.integers(1, max_pages), label="pages")
-    swa_pages = draw(st.integers(1, pages), label="swa pages") if kind == "swa" else 0
+    swa_pages = draw(st.integers(1, max_pages), label="swa pages") if kind == "swa" else 0
     need_sort = draw(st.booleans(), label="need_sort")
     return AllocatorSpec(
         kind=kind,

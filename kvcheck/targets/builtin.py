@@ -182,6 +182,10 @@ class KVCheckTarget:
             return allocators.PagedTokenToKVPoolAllocator(
                 spec.size, spec.page_size, torch.bfloat16, device, kvcache, spec.need_sort
             )
+        if spec.kind == "pure_swa":
+            return allocators.PureSWATokenToKVPoolAllocator(
+                spec.size, spec.page_size, torch.bfloat16, device, kvcache, spec.need_sort
+            )
         return allocators.SWATokenToKVPoolAllocator(
             spec.size,
             spec.size_swa,

@@ -5,10 +5,17 @@ and has two optional members:
 
 ``make_allocator(spec: AllocatorSpec, *, device: str, kvcache=None)``
     the allocator ``spec`` describes (SGLang's API: ``alloc``, ``alloc_extend``,
-    ``alloc_decode``, ``free``, ``free_group_begin``/``end``, ``available_size``; SWA also
-    ``free_swa``, ``full_available_size``, ``swa_available_size``,
-    ``translate_loc_from_full_to_swa``), handing out slots of ``kvcache`` (the device pool,
-    when the caller has one; the target builds whatever its allocator needs otherwise);
+    ``alloc_decode``, ``free``, ``free_full``, ``free_segment(s)``, ``free_full_segment(s)``,
+    ``free_group_begin``/``end``, ``clear``, ``available_size``, ``size_full``, the
+    scheduler's hooks ``check_decode_capacity``, ``prealloc_fits``, ``prealloc_ceiling_fits``,
+    ``request_slot_reserve``, ``verify_byte_accounting``,
+    ``translate_kv_indices_for_transfer``, and ``get_all_free_pages`` where it keeps a page
+    list; SWA and pure SWA also ``free_swa``, ``free_swa_segment``, ``full_available_size``,
+    ``swa_available_size``, ``size``, ``size_swa``, ``translate_loc_from_full_to_swa``,
+    ``translate_swa_indices_for_transfer``, their sides as ``full_attn_allocator`` /
+    ``swa_attn_allocator``; SWA above page size 1 ``alloc_extend_swa_tail``), handing out
+    slots of ``kvcache`` (the device pool, when the caller has one; the target builds
+    whatever its allocator needs otherwise);
 ``make_host_pool(spec: HostPoolSpec, device_pool, *, device: str)``
     the host tier mirroring ``device_pool``: a tuple of host pools, the first of which
     allocates host slots (``alloc``, ``free``, ``available_size``) and every one of which backs

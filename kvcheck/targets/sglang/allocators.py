@@ -4,7 +4,9 @@
 CPU its torch bodies ``alloc_extend_naive`` / ``alloc_decode_naive`` run: sglang takes the
 Triton kernels only where its platform supports Triton) and ``swa``
 ``SWATokenToKVPoolAllocator`` over a small ``SWAKVPool`` (one sliding-window layer, one full
-layer), which the allocator needs for its sides and its full-to-window mapping. Nothing is
+layer), which the allocator needs for its sides and its full-to-window mapping; ``pure_swa``
+``PureSWATokenToKVPoolAllocator`` over such a pool too (it uses only its sliding-window pool,
+as sglang's configurator builds it for a model with no full-attention tokens). Nothing is
 stood in: every allocator method here is plain torch.
 
 Example, where sglang is installed::
@@ -43,7 +45,7 @@ def swa_pool(spec: AllocatorSpec, *, device: str) -> Any:
     with env.native_kv_move():
         return pool_class(
             size=spec.size,
-            size_swa=spec.size_swa,
+            size_swa=spec.size_swa or spec.size,
             page_size=spec.page_size,
             dtype=ALLOCATOR_DTYPE,
             head_num=1,
@@ -68,6 +70,10 @@ def make_allocator(spec: AllocatorSpec, *, device: str, kvcache: Any = None) -> 
         )
     pool = kvcache if kvcache is not None else swa_pool(spec, device=device)
     swa = _module(SWA_ALLOCATOR_MODULE)
+    if spec.kind == "pure_swa":
+        return swa.PureSWATokenToKVPoolAllocator(
+            spec.size, spec.page_size, dtype, device, pool, spec.need_sort
+        )
     return swa.SWATokenToKVPoolAllocator(
         spec.size, spec.size_swa, spec.page_size, dtype, device, pool, spec.need_sort
     )

@@ -500,8 +500,9 @@ _HB, _HC, _HMHA, _HMLA, _HDSA, _HMX = HOST_POOL_FILES
 
 ALLOCATOR_HOOKS = (
     "scheduler hooks a launched server calls around the allocator (prefill budgets, "
-    "preallocation, tree-cache eviction, decode capacity, resize, sizes, byte-accounting and "
-    "debug prints, transfer-index translation); the suite checks the allocation API itself"
+    "reclaim before preallocation, eviction from a prefix-sharing tree cache, resize, debug "
+    "prints, Mamba and shared-pool hooks, transfer events); the suite checks the allocation "
+    "API and the decode-capacity, preallocation-fit, byte-accounting, size and transfer-id hooks"
 )
 DEBUG_MEMORY_POOL = "SGLANG_DEBUG_MEMORY_POOL only (debug-mode assertions and duplicate checks)"
 HOST_PINNED = (
@@ -588,17 +589,35 @@ HOST_TO_DO = (
     "host pools, the FP4 MLA host refusal (quantized host tiers), the refusal of an "
     "unaligned host_token_capacity and DSA index-K transfers of part of a page (bad input, H1)"
 )
-TIERS_TO_DO = (
-    "reachable on CPU, not driven by the suite yet (to do): segment frees, "
-    "alloc_extend_swa_tail, the pure-SWA allocator, SWA request rings, allocator host-copy "
-    "delegations and empty frees (host pools: HOST_TO_DO)"
+SWA_REQ_RING = (
+    "the per-request SWA ring mode: only DeepSeekV4TokenToKVPool sets swa_req_ring_size (its "
+    "compressed-state ring), a pool the target does not build, and the mode counts window "
+    "capacity in the scheduler's req_to_token_pool slots"
+)
+EMPTY_GUARD = (
+    "an empty-index guard no allocator call reaches: every caller (free_swa, "
+    "free_swa_segment, alloc_extend_swa_tail) returns on an empty index or passes a non-empty one"
+)
+PURE_SWA_GUARDS = (
+    "the pure-SWA allocator's guards against its parent's paths: only alloc_extend and "
+    "alloc_extend_swa_tail (which it refuses at page size 1, checked) call "
+    "new_pages_available, and nothing of its own writes the identity full-to-window mapping"
+)
+COMPOSITE_CENSUS = (
+    "the SWA composites keep no page list of their own (free_pages None): the suite takes "
+    "the free-page census of each side (full_attn_allocator, swa_attn_allocator)"
+)
+ALLOCATORS_TO_DO = (
+    "reachable on CPU, not driven by the suite yet (to do): the allocators' host-copy "
+    "delegations (get_cpu_copy / load_cpu_copy forward to the device pool: the scheduler's "
+    "retraction offload; the pools' own host copies are checked)"
 )
 
 TIER_REASONS: tuple[Reason, ...] = (
     # --- allocators ---------------------------------------------------------------------------
     Reason(_AB, "BaseTokenToKVPoolAllocator.*", ABSTRACT, pattern=r"raise NotImplementedError"),
     Reason(_AB, "BaseTokenToKVPoolAllocator.available_size", ABSTRACT),
-    Reason(_AB, "BaseTokenToKVPoolAllocator.get_all_free_pages", ABSTRACT),
+    Reason(_AB, "BaseTokenToKVPoolAllocator.get_all_free_pages", COMPOSITE_CENSUS),
     *(
         Reason(_AB, f"BaseTokenToKVPoolAllocator.{name}", ALLOCATOR_HOOKS)
         for name in (
@@ -648,6 +667,18 @@ TIER_REASONS: tuple[Reason, ...] = (
     Reason(_AS, "SWATokenToKVPoolAllocator._free_swa_pages_cuda", GPU_ONLY),
     Reason(_AS, "SWATokenToKVPoolAllocator._free_swa_pages", GPU_ONLY, pattern=r"_cuda\("),
     Reason(_AS, "SWATokenToKVPoolAllocator.alloc_decode", NPU_ONLY, pattern=r"indices_2d|npu"),
+    Reason(
+        _AS, "SWATokenToKVPoolAllocator.clear_full_to_swa_mapping", NPU_ONLY, pattern=r"_is_npu"
+    ),
+    Reason(_AS, "SWATokenToKVPoolAllocator.*", DEBUG_MEMORY_POOL, pattern=r"debug_mode"),
+    Reason(_AS, "SWATokenToKVPoolAllocator.*", SWA_REQ_RING, pattern=r"_swa_req_ring"),
+    Reason(_AS, "is_swa_req_ring", SWA_REQ_RING),
+    Reason(_AS, "*.clear_full_to_swa_mapping", EMPTY_GUARD, pattern=r"numel\(\) == 0"),
+    Reason(
+        _AP, "PagedTokenToKVPoolAllocator.free_page_ids", EMPTY_GUARD, pattern=r"numel\(\) == 0"
+    ),
+    Reason(_AS, "PureSWATokenToKVPoolAllocator.new_pages_available", PURE_SWA_GUARDS),
+    Reason(_AS, "PureSWATokenToKVPoolAllocator.*_full_to_swa_mapping", PURE_SWA_GUARDS),
     # --- host pools ---------------------------------------------------------------------------
     Reason(_HB, "HostKVCache.*", ABSTRACT, pattern=r"raise NotImplementedError\(\)"),
     Reason(_HB, "HostKVCache.destroy", HOST_PINNED),
@@ -832,8 +863,8 @@ TIER_REASONS: tuple[Reason, ...] = (
         pattern=r"_owned_device_layer_ids",
     ),
     # What is left is the suite's to-do list, named as such.
+    *(Reason(path, "*", ALLOCATORS_TO_DO) for path in ALLOCATOR_FILES),
     *(Reason(path, "*", HOST_TO_DO) for path in HOST_POOL_FILES),
-    *(Reason(path, "*", TIERS_TO_DO) for path in ALLOCATOR_FILES + HOST_POOL_FILES),
 )
 
 REASONS = REASONS + TIER_REASONS
