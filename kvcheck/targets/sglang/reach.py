@@ -872,5 +872,15 @@ REASONS = REASONS + TIER_REASONS
 #: Reasons that name hardware a CPU host lacks: the report's per-file "on CPU" figure leaves
 #: their lines out (a CPU run cannot reach them, however thorough the suite).
 OFF_CPU_REASONS: frozenset[str] = frozenset(
-    {GPU_ONLY, POST_CAPTURE, NVFP4_GPU, NPU_ONLY, FP4_CPU, HOST_PINNED, HOST_JIT}
+    {
+        GPU_ONLY,
+        POST_CAPTURE,
+        NVFP4_GPU,
+        NPU_ONLY,
+        FP4_CPU,
+        HOST_PINNED,
+        HOST_JIT,
+        HOST_XPU,
+        HOST_NPU_SPLIT,
+    }
 )
