@@ -323,7 +323,7 @@ def tier_problems(allocators: object, host_layouts: object) -> list[str]:
 
     Example:
         >>> tier_problems(("token", "buddy"), {"mha": ("page_head",)})
-        ["surface allocators: 'buddy' not in ('token', 'paged', 'swa')"]
+        ["surface allocators: 'buddy' not in ('token', 'paged', 'swa', 'pure_swa')"]
     """
     problems: list[str] = []
     if not isinstance(allocators, tuple):
