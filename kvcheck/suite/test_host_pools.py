@@ -45,6 +45,16 @@ from kvcheck.targets.tiers import host_pool_skip_reason, host_variant_skip_reaso
 from kvcheck.tiers import HOST_FAMILIES
 
 
+def _host_spec_or_skip(target: Any, family: str, data: st.DataObject) -> Any:
+    """A host pool spec of ``family`` inside ``target``'s surface, steered as its findings
+    ask (the test skips, saying why, where the target builds no such host pool)."""
+    reason = host_pool_skip_reason(target, family)
+    if reason is not None:
+        pytest.skip(reason)
+    specs = host_pool_specs(families=(family,), target=target, steer=steered_tags(target))
+    return data.draw(specs, label="host pool")
+
+
 @pytest.mark.parametrize(
     "family",
     [pytest.param(f, marks=pytest.mark.kvcheck_needs(f"{f}_pool"), id=f) for f in HOST_FAMILIES],
@@ -54,13 +64,7 @@ def test_host_round_trip_is_byte_exact(
     kvcheck_target: Any, kvcheck_device: str, family: str, data: st.DataObject
 ) -> None:
     """Backup then load of whole pages restores every byte; host bytes sit where the layout says."""
-    reason = host_pool_skip_reason(kvcheck_target, family)
-    if reason is not None:
-        pytest.skip(reason)
-    specs = host_pool_specs(
-        families=(family,), target=kvcheck_target, steer=steered_tags(kvcheck_target)
-    )
-    spec = data.draw(specs, label="host pool")
+    spec = _host_spec_or_skip(kvcheck_target, family, data)
     check_host_round_trip(
         kvcheck_target,
         spec,
@@ -152,13 +156,7 @@ def test_host_storage_queries_and_teardown(
     kvcheck_target: Any, kvcheck_device: str, family: str, data: st.DataObject
 ) -> None:
     """Storage-backend queries describe the host bytes; hooks, slot reuse and destroy hold."""
-    reason = host_pool_skip_reason(kvcheck_target, family)
-    if reason is not None:
-        pytest.skip(reason)
-    specs = host_pool_specs(
-        families=(family,), target=kvcheck_target, steer=steered_tags(kvcheck_target)
-    )
-    spec = data.draw(specs, label="host pool")
+    spec = _host_spec_or_skip(kvcheck_target, family, data)
     check_host_storage_and_teardown(
         kvcheck_target,
         spec,
