@@ -74,6 +74,15 @@ def test_the_stand_in_undoes_itself() -> None:
     if target.unavailable:
         pytest.skip(target.unavailable)
     target.prepare()  # imports sglang under the target's stand-ins, once per process
+    from kvcheck.targets.sglang.target import _facts
+    from kvcheck.targets.tiers import host_pool_skip_reason
+
+    # A release without host pools (or without the MXFP8 host tier) never installs the
+    # stand-in, and its modules may lack what it patches.
+    missing = [_facts().loaded.missing.get(n) for n in ("host_mxfp8", "hicache_jit")]
+    why = host_pool_skip_reason(target, "mha") or next((m for m in missing if m), None)
+    if why is not None:
+        pytest.skip(why)
     modules = [importlib.import_module(name) for name in hicache_jit.MODULES]
     before = [
         {name: module.__dict__.get(name) for name in (*hicache_jit.JIT_NAMES, "_is_cuda")}
