@@ -627,7 +627,7 @@ def test_replay_round_trip_across_working_directories(
     assert main(["replay", "--suite", str(project), "--device", "cpu", "--json", "r.json"]) == 1
     out = capfd.readouterr().out
     assert "still failing" in out and "test_clamp.py::test_clamp_at_most_100" in out
-    assert "Minimal example: test_clamp_at_most_100(" in out
+    assert "Example (not shrunk): test_clamp_at_most_100(" in out  # replay does not shrink
     verdicts = json.loads(Path("r.json").read_text())["verdicts"]
     assert [v["verdict"] for v in verdicts] == ["still failing"]
 

@@ -6,8 +6,10 @@
     property its result, examples and time; per failure the minimal reproduction.
 ``kvcheck replay``
     Run only the examples stored in the database (``KVCHECK_DB``) and say, per test that had
-    some, whether it is still failing or fixed. Examples are stored per target: ``--target``
-    chooses whose; without it, each target that has stored examples is replayed in turn.
+    some, whether it is still failing or fixed; "fixed" only when every stored example of the
+    test was decoded, replayed and passed, "unconfirmed" (exit 2) when the test passed
+    without that evidence. Examples are stored per target: ``--target`` chooses whose;
+    without it, each target that has stored examples is replayed in turn.
 ``kvcheck memory-report``
     Cell sizes, token capacities and pool bytes (built on ``meta``) for real model configs.
 ``kvcheck campaign``
@@ -25,12 +27,18 @@ Settings are checked before pytest starts, cheapest first, so a mistake is repor
 a second: the options (``-n``, ``-k``/``--family`` against the shipped suite's tests
 (:mod:`kvcheck.runner.selection`), the device, CUDA where asked for, every output path by
 writing a probe file there), then the target (``sglang`` and ``module:attr`` are imported)
-and the example database. The time in the summary is the command's wall time.
+and the example database. A database holding a damaged entry that the run would read (the
+target's own or one an older kvcheck stored: empty, unreadable, or not a serialized example)
+stops ``verify`` and ``replay`` there, before any test runs, with one line naming the count
+and the database: Hypothesis would replay an empty entry as a fresh random example and
+silently drop an undecodable one, and either would pass for a fixed bug. The time in the
+summary is the command's wall time.
 
 Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage, target or
-setup error, or the example database failed (a failing example could not be saved; replay:
-the database is missing, empty, holds examples that cannot be decoded, or none of them
-belongs to the selected tests); 130 interrupted: SIGINT (Ctrl-C) or SIGTERM, at any moment
+setup error, or the example database failed (it holds damaged entries the run would read; a
+failing example could not be saved; replay: the database is missing or empty, none of its
+examples belongs to the selected tests, or a test passed without replaying every stored
+example: "unconfirmed"); 130 interrupted: SIGINT (Ctrl-C) or SIGTERM, at any moment
 (:mod:`kvcheck.runner.launch`), after the summary of what ran. Arguments after ``--`` go
 to pytest unchanged.
 
@@ -82,10 +90,11 @@ DEFAULT_RESULTS_DIR = ".kvcheck"
 _EXIT_STATUS_TEXT = (
     "Exit status: 0 all passed; 1 a property failed (replay: still failing; with --call-floor, "
     "also a cell called fewer times); 2 usage, target "
-    "or setup error, or the example database failed (a failing example could not be saved; "
-    "replay: the database is missing, empty, holds examples that cannot be decoded, or none "
-    "of them belongs to the selected tests); 130 interrupted (SIGINT or SIGTERM), after the "
-    "summary of what ran."
+    "or setup error, or the example database failed (it holds damaged entries the run would "
+    "read; a failing example could not be saved; replay: the database is missing or empty, "
+    "none of its examples belongs to the selected tests, or a test passed without replaying "
+    "every stored example); 130 interrupted (SIGINT or SIGTERM), after the summary of what "
+    "ran."
 )
 _DEFAULT_BUDGET_GIB = 64.0
 _DEFAULT_PAGE_SIZE = 64
@@ -340,13 +349,20 @@ def _replay(options: argparse.Namespace, extra: Sequence[str]) -> int:
     """Replay one target's stored examples, or, without ``--target``, each target's in turn.
 
     A database may hold several targets' examples (kvcheck keys them by target); each is
-    replayed against its own target, never another's, and named before its run.
+    replayed against its own target, never another's, and named before its run. Every
+    target's share is checked for damage before the first one runs, so that no verdict is
+    printed while another target's examples are unreadable.
     """
+    from kvcheck.runner.db import describe_database, scan_database
     from kvcheck.runner.profiles import REPLAY
 
     targets = _targets_to_replay(options.target)
-    if len(targets) == 1:
+    if len(targets) == 1:  # checked with the other settings, the cheap ones first
         return _run_suite(options, extra, command="replay", profile=REPLAY, target=targets[0])
+    database = check_database(writable=False)
+    scan = scan_database(database)
+    for name in targets:
+        _refuse_damage(scan, target=name, where=describe_database(database), command="replay")
     for option, value in (("--json", options.json_path), ("--junit-xml", options.junit_xml)):
         if value is not None:
             raise UsageProblem(
@@ -441,6 +457,8 @@ def _checked_settings(
     if command == "replay":
         scan = _scan_for_replay(database, target=target)
         check_database(writable=True)
+    else:  # verify replays the stored examples first, in Hypothesis's reuse phase
+        _scan_for_verify(database, target=target)
     return _Settings(
         target=target,
         import_root=import_root,
@@ -464,7 +482,7 @@ def _run_suite(
 
     ``target`` overrides ``options.target`` (replay names each stored target)."""
     from kvcheck.runner.results import load_results
-    from kvcheck.runner.summary import EXIT_USAGE, exit_code_for
+    from kvcheck.runner.summary import EXIT_USAGE, exit_code_for, replay_verdicts
 
     settings = _checked_settings(options, command=command, target=target)
     results_path = settings.results_dir / "results.json"
@@ -500,8 +518,10 @@ def _run_suite(
     if any(test.get("save_errors") for test in tests):
         exit_code = EXIT_USAGE  # reproductions were lost: the run cannot be trusted to replay
     scan = settings.scan
-    if scan is not None and (scan.undecodable or not any(t.get("stored_examples") for t in tests)):
+    if scan is not None and not any(t.get("stored_examples") for t in tests):
         exit_code = max(exit_code, EXIT_USAGE)  # replay found nothing it could replay
+    if scan is not None and any(v == "unconfirmed" for v, _ in replay_verdicts(tests)):
+        exit_code = max(exit_code, EXIT_USAGE)  # a pass that replayed less than was stored
     if interrupts.received:
         exit_code = EXIT_INTERRUPTED
     return _summarize(results, options, settings, command=command, exit_code=exit_code)
@@ -624,12 +644,13 @@ def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
 
 
 def _scan_for_replay(database: Any, *, target: str) -> Any:
-    """What replay of ``target`` will find; nothing (missing, empty, all undecodable, only
-    other targets' examples) is a usage error."""
+    """What replay of ``target`` will find; nothing (missing, empty, only other targets'
+    examples) or any damaged entry it would read is a usage error."""
     from kvcheck.runner.db import describe_database, scan_database
 
     scan = scan_database(database)
     where = describe_database(database)
+    _refuse_damage(scan, target=target, where=where, command="replay")
     held = scan.holdings(target)
     others = [f"{h.target!r} ({h.entries})" for h in scan.targets if h.entries and h is not held]
     if not held.entries and not scan.legacy and others:
@@ -647,12 +668,49 @@ def _scan_for_replay(database: Any, *, target: str) -> Any:
             f"nothing to replay: the example database ({where}) holds no stored examples"
             f"{missing}; check KVCHECK_DB"
         )
-    if scan.undecodable == scan.entries:
-        raise UsageProblem(
-            f"nothing to replay: {scan.undecodable} stored examples could not be decoded "
-            f"(of {scan.entries} in {where}); the database is corrupted or from another tool"
-        )
     return scan
+
+
+def _scan_for_verify(database: Any, *, target: str) -> None:
+    """Refuse a verify run whose reuse phase would read a damaged entry."""
+    from kvcheck.runner.db import describe_database, scan_database
+
+    _refuse_damage(
+        scan_database(database), target=target, where=describe_database(database), command="verify"
+    )
+
+
+def _refuse_damage(scan: Any, *, target: str, where: str, command: str) -> None:
+    """A :class:`~kvcheck.runner.UsageProblem` when ``target``'s run would read an entry that
+    is empty, unreadable or not a serialized example (:meth:`DatabaseScan.damaged`).
+
+    Raised before any test runs: Hypothesis replays an empty entry as a fresh random example
+    and drops an undecodable one (kvcheck archives it), so the run would print verdicts
+    ("fixed") and examples that no stored failure supports, and would move the user's data.
+
+    Example:
+        >>> from kvcheck.runner.db import DatabaseScan
+        >>> _refuse_damage(DatabaseScan(legacy=3, legacy_undecodable=3), target="t",
+        ...                where="directory /db", command="replay")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        kvcheck.runner.checks.UsageProblem: the example database (directory /db) holds 3 ...
+    """
+    damaged = scan.damaged(target)
+    if not damaged:
+        return
+    legacy = scan.legacy_undecodable
+    whose = f"of target {target!r}" + (
+        f" ({legacy} of them stored by an older kvcheck or no longer indexed by target)"
+        if legacy
+        else ""
+    )
+    raise UsageProblem(
+        f"the example database ({where}) holds {damaged} stored examples {whose} that cannot "
+        f"be read or decoded (empty, truncated or corrupted entries); kvcheck {command} "
+        "stopped before running any test and changed nothing in the database: restore it "
+        "from a copy, or point KVCHECK_DB at another database"
+    )
 
 
 def _write_json(path: Path, results: dict[str, Any], *, command: str, exit_code: int) -> None:

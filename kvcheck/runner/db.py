@@ -21,13 +21,16 @@ and never deleted.
 
 :class:`RecordingDatabase` wraps any of them and counts, per running test, how many stored
 examples the test fetched, which is how ``kvcheck replay`` knows what had something to
-replay.
+replay, and how many of them could not be decoded (an empty entry among them), which is
+how ``kvcheck replay`` knows whether a pass replayed every stored example.
 
 A database that cannot be written is never silent: :func:`check_writable` (run before the
 suite) creates the directory and a probe file, and :class:`RecordingDatabase` records, per
 test, every save that failed (Hypothesis's own directory database drops write errors), which
 the plugin and ``kvcheck verify`` then report. :func:`scan_database` counts what a database
-holds, per target, and how much of it cannot be decoded, before ``kvcheck replay`` runs.
+holds, per target, and how much of it cannot be decoded, before ``kvcheck replay`` and
+``kvcheck verify`` run: an entry that is empty or is not a serialized example is damage,
+and the command stops before any test runs (:meth:`DatabaseScan.damaged`).
 
 Example:
     >>> db = database_from_spec("/tmp/kvcheck-db")
@@ -72,6 +75,7 @@ __all__ = [
     "recording_test",
     "save_errors",
     "scan_database",
+    "stored_examples_damaged",
     "stored_examples_fetched",
     "stored_targets",
 ]
@@ -263,7 +267,9 @@ class DatabaseScan:
     kvcheck stored without a target (``None`` where they cannot be counted: Redis).
     ``missing`` lists the directories that do not exist; ``scanned`` is False where the
     total cannot be counted (Redis), whose ``entries`` and ``undecodable`` then count the
-    targets' examples only.
+    targets' examples only. ``legacy_undecodable`` counts the older kvcheck's examples that
+    cannot be decoded, and with a damaged index (kvcheck's list of targets and keys), every
+    example the index no longer attributes to a target.
     """
 
     entries: int = 0
@@ -272,6 +278,20 @@ class DatabaseScan:
     scanned: bool = True
     targets: tuple[TargetHoldings, ...] = ()
     legacy: int | None = 0
+    legacy_undecodable: int = 0
+
+    def damaged(self, target: str) -> int:
+        """The entries a run of ``target`` would read that cannot be read or decoded: its own
+        and the older kvcheck's (read by every target). Another target's damage is not
+        counted: a run of ``target`` never reads it.
+
+        Example:
+            >>> scan = DatabaseScan(targets=(TargetHoldings("a", 3, 1), TargetHoldings("b", 2, 2)),
+            ...                     legacy=4, legacy_undecodable=1)
+            >>> scan.damaged("a"), scan.damaged("c")
+            (2, 1)
+        """
+        return self.holdings(target).undecodable + self.legacy_undecodable
 
     def holdings(self, target: str) -> TargetHoldings:
         """``target``'s counts (zero when it stored nothing).
@@ -330,11 +350,13 @@ def _scan_part(part: ExampleDatabase) -> DatabaseScan:
     archived = sum(t.archived for t in targets)
     archived_undecodable = sum(undecodable for _, undecodable in counted)
     entries = files - index_entries - archived
+    undecodable = undecodable_files - index_undecodable - archived_undecodable
     return DatabaseScan(
         entries=entries,
-        undecodable=undecodable_files - index_undecodable - archived_undecodable,
+        undecodable=undecodable,
         targets=targets,
         legacy=entries - held,
+        legacy_undecodable=undecodable - held_undecodable,
     )
 
 
@@ -358,6 +380,7 @@ def _merged(scans: list[DatabaseScan]) -> DatabaseScan:
         scanned=all(scan.scanned for scan in scans),
         targets=tuple(targets[name] for name in sorted(targets)),
         legacy=None if None in legacies else sum(legacy or 0 for legacy in legacies),
+        legacy_undecodable=sum(scan.legacy_undecodable for scan in scans),
     )
 
 
@@ -380,6 +403,9 @@ _current_test: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 #: test id -> stored examples fetched while it ran; per process, keyed by test, so xdist
 #: workers and tests never share an entry.
 _fetched: dict[str, int] = {}
+#: test id -> of those, the ones that are empty or cannot be decoded (Hypothesis drops the
+#: undecodable ones, and replays an empty one as a fresh random example).
+_fetched_damaged: dict[str, int] = {}
 #: test id -> why its saves failed; saves outside any recorded test go under _NO_TEST.
 _save_errors: dict[str, list[str]] = {}
 _NO_TEST = "<no kvcheck test running>"
@@ -396,6 +422,7 @@ def recording_test(test_id: str) -> Iterator[None]:
         0
     """
     _fetched[test_id] = 0
+    _fetched_damaged[test_id] = 0
     _save_errors.pop(test_id, None)
     token = _current_test.set(test_id)
     try:
@@ -407,6 +434,16 @@ def recording_test(test_id: str) -> Iterator[None]:
 def stored_examples_fetched(test_id: str) -> int:
     """Stored examples that ``test_id`` fetched through a :class:`RecordingDatabase`."""
     return _fetched.get(test_id, 0)
+
+
+def stored_examples_damaged(test_id: str) -> int:
+    """Of the stored examples ``test_id`` fetched, those that are empty or cannot be decoded.
+
+    Example:
+        >>> stored_examples_damaged("a test that never ran")
+        0
+    """
+    return _fetched_damaged.get(test_id, 0)
 
 
 def save_errors(test_id: str) -> list[str]:
@@ -452,6 +489,8 @@ class RecordingDatabase(ExampleDatabase):
         for value in self.inner.fetch(key):
             if test_id is not None:
                 _fetched[test_id] = _fetched.get(test_id, 0) + 1
+                if not _decodes(value):
+                    _fetched_damaged[test_id] = _fetched_damaged.get(test_id, 0) + 1
             yield value
 
     def save(self, key: bytes, value: bytes) -> None:
@@ -645,7 +684,13 @@ def _written_directories(db: Any) -> list[Path]:
 
 
 def _decodes(value: bytes) -> bool:
-    return choices_from_bytes(value) is not None
+    """Whether ``value`` is a stored example: not empty, and a serialized choice sequence.
+
+    An empty entry decodes to no choices, which Hypothesis replays as a fresh random example
+    (so a test "passes" it); every example kvcheck's properties store draws something, so an
+    empty one is damage (a truncated file), never a stored failure.
+    """
+    return bool(value) and choices_from_bytes(value) is not None
 
 
 def _file_decodes(path: Path) -> bool:

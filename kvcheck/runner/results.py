@@ -7,6 +7,7 @@ Workers (or the single pytest process) attach what only they can see to each rep
 - ``kvcheck_failures``: per distinct failure, the error, Hypothesis's falsifying example
   and its ``@reproduce_failure`` blob,
 - ``kvcheck_stored_examples``: stored examples the test fetched from the database,
+- ``kvcheck_stored_damaged``: of those, the ones that were empty or could not be decoded,
 - ``kvcheck_device``: the device the worker ran on,
 - ``kvcheck_save_errors``: why saving a failing example to the database failed, if it did;
 - ``kvcheck_pins``: the id of the target's declared finding the test pins, if it pins one.
@@ -14,6 +15,10 @@ Workers (or the single pytest process) attach what only they can see to each rep
 On the controller, :class:`ResultsCollector` folds the setup/call/teardown reports into one
 :class:`RecordedTest` per test, writes them as JSON (``--kvcheck-results FILE``), streams
 the kvcheck command's progress and warns of every failing example that was not saved.
+It also heads each example by what the run did to it: :data:`EXAMPLE_HEADING` ("Minimal
+example:") only when Hypothesis shrank in this run, :data:`UNSHRUNK_HEADING` otherwise (a
+stored example replayed by ``kvcheck replay``, whose profile does not shrink, or one that
+Hypothesis replayed exactly from the database and did not shrink again).
 
 Example:
     >>> summarize_statistics([{"generate-phase": {"test-cases": [{"status": "valid"}] * 3,
@@ -36,7 +41,7 @@ from typing import Any
 import pytest
 
 from kvcheck.failures import leaf_exceptions, reproduction_to_json
-from kvcheck.runner.db import save_errors, stored_examples_fetched
+from kvcheck.runner.db import save_errors, stored_examples_damaged, stored_examples_fetched
 from kvcheck.targets.findings import STEERED_EVENT
 
 __all__ = [
@@ -47,7 +52,9 @@ __all__ = [
     "RESULTS_FORMAT",
     "SAVE_ERRORS_PROPERTY",
     "STATISTICS_PROPERTY",
+    "STORED_DAMAGED_PROPERTY",
     "STORED_PROPERTY",
+    "UNSHRUNK_HEADING",
     "RecordedTest",
     "ResultsCollector",
     "call_properties",
@@ -61,6 +68,7 @@ RESULTS_FORMAT = 1
 STATISTICS_PROPERTY = "kvcheck_statistics"
 FAILURES_PROPERTY = "kvcheck_failures"
 STORED_PROPERTY = "kvcheck_stored_examples"
+STORED_DAMAGED_PROPERTY = "kvcheck_stored_damaged"
 DEVICE_PROPERTY = "kvcheck_device"
 SAVE_ERRORS_PROPERTY = "kvcheck_save_errors"
 PINS_PROPERTY = "kvcheck_pins"
@@ -72,8 +80,11 @@ _BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
 #: followed by a call or, for state machines, by steps on the next lines.
 _EXAMPLE_NOTE = re.compile(r"\A[A-Z][A-Za-z ]*:[ \n]")
 _DRAW = re.compile(r"\ADraw \d+")
-#: kvcheck's heading for the minimal example, whatever Hypothesis calls it.
+#: kvcheck's heading for the minimal example, whatever Hypothesis calls it: only for an
+#: example Hypothesis shrank in the run that reported it.
 EXAMPLE_HEADING = "Minimal example:"
+#: The heading of an example no shrinking ran on in its run: it may be far from minimal.
+UNSHRUNK_HEADING = "Example (not shrunk):"
 #: Keep a plain (non-Hypothesis) failure readable in a summary.
 _MAX_MESSAGE_LINES = 30
 
@@ -132,8 +143,9 @@ def call_properties(
     nodeid: str, runs: Sequence[Mapping[str, Any]], *, device: str | None
 ) -> list[tuple[str, Any]]:
     """The user properties a test process attaches to test ``nodeid`` after its call: its
-    Hypothesis ``runs`` summarized, the stored examples it fetched, the saves that failed
-    (:mod:`kvcheck.runner.db`) and its ``device``; each but the fetch count only when known.
+    Hypothesis ``runs`` summarized, the stored examples it fetched and how many of them were
+    damaged (empty or undecodable), the saves that failed (:mod:`kvcheck.runner.db`) and its
+    ``device``; each but the fetch count only when known or not zero.
 
     Example:
         >>> call_properties("a test that never ran", [], device="cpu")
@@ -143,6 +155,8 @@ def call_properties(
     if runs:
         properties.append((STATISTICS_PROPERTY, json.dumps(summarize_statistics(runs))))
     properties.append((STORED_PROPERTY, stored_examples_fetched(nodeid)))
+    if damaged := stored_examples_damaged(nodeid):
+        properties.append((STORED_DAMAGED_PROPERTY, damaged))
     if lost := save_errors(nodeid):
         properties.append((SAVE_ERRORS_PROPERTY, json.dumps(lost)))
     if device is not None:
@@ -158,7 +172,9 @@ def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
     ``ExceptionGroup``. Its headings change between releases ("Falsifying example:",
     "Failing test case:"), so the heading is dropped and kvcheck's own put in its place:
     ``example`` is the bare call (or state-machine steps), ``reproduction`` is that under
-    :data:`EXAMPLE_HEADING` followed by the draws. A leaf with a ``signature`` (a
+    :data:`EXAMPLE_HEADING` followed by the draws (the collector puts
+    :data:`UNSHRUNK_HEADING` in its place, and ``shrunk`` False, when the run's statistics
+    show no shrinking). A leaf with a ``signature`` (a
     :class:`~kvcheck.failures.PropertyFailure`) adds its fields; one with a
     ``reproduction`` adds ``reproduction_data``
     (:func:`kvcheck.failures.reproduction_to_json`).
@@ -230,6 +246,8 @@ class RecordedTest:
     statistics: dict[str, Any] | None = None
     failures: list[dict[str, Any]] = field(default_factory=list)
     stored_examples: int | None = None
+    #: Of the stored examples fetched, those that were empty or could not be decoded.
+    stored_damaged: int = 0
     device: str | None = None
     save_errors: list[str] = field(default_factory=list)
     #: The declared finding this test pins (it must fail with exactly that finding).
@@ -276,6 +294,8 @@ class ResultsCollector:
         record = self.records.setdefault(report.nodeid, RecordedTest(nodeid=report.nodeid))
         record.duration_s += float(getattr(report, "duration", 0.0) or 0.0)
         _apply_properties(record, getattr(report, "user_properties", ()))
+        if report.when == "call":
+            _head_examples(record)
         xfail = hasattr(report, "wasxfail")
         if report.when == "call":
             if report.passed:
@@ -386,7 +406,9 @@ def capped_lines(text: str, limit: int, *, where: str = "") -> list[str]:
 # --- helpers ----------------------------------------------------------------------------------
 
 
-def _reproduction_text(example: str | None, draws: list[str], other: list[str]) -> str | None:
+def _reproduction_text(
+    example: str | None, draws: list[str], other: list[str], *, heading: str = EXAMPLE_HEADING
+) -> str | None:
     if example is None and not draws and not other:
         return None
     lines: list[str] = []
@@ -394,8 +416,36 @@ def _reproduction_text(example: str | None, draws: list[str], other: list[str]) 
         first = example.split("\n", 1)[0].rstrip()
         # A call starts on the heading's line; state-machine steps start on the next one.
         starts_a_call = "\n" not in example or first.endswith("(")
-        lines.append(f"{EXAMPLE_HEADING}{' ' if starts_a_call else chr(10)}{example}")
+        lines.append(f"{heading}{' ' if starts_a_call else chr(10)}{example}")
     return "\n".join([*lines, *draws, *other])
+
+
+def _head_examples(record: RecordedTest) -> None:
+    """Mark each failure of ``record`` shrunk or not, and head its example to match.
+
+    Only the run's own statistics are evidence: Hypothesis reports its shrink phase even
+    when the settings leave shrinking out (``kvcheck replay``), and skips it when it replays
+    a stored example exactly, so an example counts as shrunk only when the shrink phase ran
+    test cases. A stored example could be anything (a damaged entry that happened to decode
+    included), and "minimal" would be a claim nobody checked.
+
+    Example:
+        >>> record = RecordedTest("t", statistics={"shrinks": 0}, failures=[
+        ...     {"example": "t(x=7)", "draws": [], "notes": []}])
+        >>> _head_examples(record)
+        >>> record.failures[0]["reproduction"], record.failures[0]["shrunk"]
+        ('Example (not shrunk): t(x=7)', False)
+    """
+    shrunk = bool((record.statistics or {}).get("shrinks"))
+    for failure in record.failures:
+        failure["shrunk"] = shrunk
+        if failure.get("example") is not None or failure.get("draws") or failure.get("notes"):
+            failure["reproduction"] = _reproduction_text(
+                failure.get("example"),
+                list(failure.get("draws") or ()),
+                list(failure.get("notes") or ()),
+                heading=EXAMPLE_HEADING if shrunk else UNSHRUNK_HEADING,
+            )
 
 
 #: user property -> (field of RecordedTest, how its value is read)
@@ -403,6 +453,7 @@ _PROPERTY_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     STATISTICS_PROPERTY: ("statistics", json.loads),
     FAILURES_PROPERTY: ("failures", json.loads),
     STORED_PROPERTY: ("stored_examples", int),
+    STORED_DAMAGED_PROPERTY: ("stored_damaged", int),
     DEVICE_PROPERTY: ("device", str),
     SAVE_ERRORS_PROPERTY: ("save_errors", lambda value: list(json.loads(value))),
     PINS_PROPERTY: ("pins", str),

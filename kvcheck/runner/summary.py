@@ -1,12 +1,19 @@
 """What ``kvcheck verify`` and ``kvcheck replay`` print once the suite has run.
 
 Both read the results file the pytest plugin wrote (:mod:`kvcheck.runner.results`). By default the
-verify summary is short: the failure with the smallest minimal example in full (the property,
-its error with the first differing byte, the minimal example, the ``@reproduce_failure`` line
-and the standalone script) and every other failure in one line (property, error headline,
-size of its example, where its full report is), then passes collapsed into one line and
-skips grouped by reason. ``verbosity=1`` adds a row per test and prints every failure in
-full; ``verbosity=-1`` leaves only the counts and the names of the failures.
+verify summary is short: one failure in full (the property, its error with the first
+differing byte, its example, the ``@reproduce_failure`` line and the standalone script) and
+every other failure in one line (property, error headline, size of its example, where its
+full report is), then passes collapsed into one line and skips grouped by reason. The one in
+full is the smallest failure that carries a standalone script, so that a script command is
+printed wherever any failure has one; without scripts, the smallest failure. An example is
+headed "Minimal example:" only when Hypothesis shrank it in the run, "Example (not
+shrunk):" otherwise (:func:`kvcheck.runner.results.failures_from_exception`).
+``verbosity=1`` adds a row per test and prints every failure in full; ``verbosity=-1``
+leaves only the counts and the names of the failures.
+
+A replay verdict comes from evidence only (:func:`replay_verdicts`): "fixed" needs every
+stored example of the test decoded, replayed and passing.
 
 Example:
     >>> results = {"target": {"name": "kvcheck", "version": "0.1.0"}, "tests": [
@@ -91,8 +98,8 @@ def render_verify(
     wall_s: float | None = None,
     command: str = "kvcheck verify",
 ) -> str:
-    """The verify summary: the smallest failure in full, the others in a line each, passes
-    collapsed, skips grouped by reason.
+    """The verify summary: one failure in full (:func:`_failure_blocks` says which), the
+    others in a line each, passes collapsed, skips grouped by reason.
 
     ``verbosity`` 1 adds a row per test (result, examples, time) and prints every failure
     in full; -1 keeps only the counts and the failures' names. ``locations`` (label ->
@@ -112,7 +119,7 @@ def render_verify(
             f"Failures ({len(failing)}): the smallest example in full, the other "
             f"{len(failing) - 1} in a line each (--verbose prints every one in full)"
             if condensed
-            else f"Failures ({len(failing)}), each with its minimal reproduction",
+            else f"Failures ({len(failing)}), each with its reproduction",
             "",
             *_failure_blocks(failing, verbosity=verbosity, locations=locations),
         ]
@@ -132,12 +139,19 @@ def render_verify(
 def replay_verdicts(tests: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mapping[str, Any]]]:
     """``(verdict, test)`` for every test that replayed stored examples or failed.
 
-    Verdicts: ``still failing`` (stored examples, test fails), ``fixed`` (stored examples,
-    test passes), ``failed`` (fails without stored examples), ``skipped``.
+    Verdicts: ``still failing`` (stored examples, test fails), ``fixed`` (the test passes
+    and every stored example it fetched was decoded, replayed and passed), ``unconfirmed``
+    (the test passes, but some stored example was damaged, rejected as invalid or not run,
+    so the pass is no evidence of a fix), ``failed`` (fails without stored examples),
+    ``skipped``. The count replayed is the Hypothesis statistics of the reuse phase; the
+    count fetched and damaged is :class:`kvcheck.runner.db.RecordingDatabase`'s.
 
     Example:
-        >>> replay_verdicts([{"outcome": "passed", "stored_examples": 2}])[0][0]
-        'fixed'
+        >>> reuse = {"phases": {"reuse": {"valid": 2, "failing": 0, "invalid": 0}}}
+        >>> replay_verdicts([{"outcome": "passed", "stored_examples": 2, "statistics": reuse},
+        ...                  {"outcome": "passed", "stored_examples": 3, "statistics": reuse}])
+        ... # doctest: +ELLIPSIS
+        [('fixed', ...), ('unconfirmed', ...)]
     """
     return [(verdict, test) for test in tests if (verdict := _verdict(test)) is not None]
 
@@ -166,6 +180,11 @@ def render_replay(
     if verdicts:
         lines.append(f"{'VERDICT':<14} {'REPLAYED':>8}  PROPERTY")
         lines += [f"{v:<14} {_replayed(t):>8}  {short_name(t['nodeid'])}" for v, t in verdicts]
+        lines += [
+            f"  unconfirmed {short_name(t['nodeid'])}: {_unreplayed(t)}"
+            for v, t in verdicts
+            if v == "unconfirmed"
+        ]
     else:
         lines.append(f"nothing to replay: no stored examples in {results.get('database', '?')}")
     if not any(test.get("stored_examples") for test in tests):
@@ -183,7 +202,7 @@ def render_replay(
     without = sum(1 for test in tests if not test.get("stored_examples"))
     parts = [
         f"{counts[name]} {name}"
-        for name in ("still failing", "fixed", "failed", "skipped")
+        for name in ("still failing", "unconfirmed", "fixed", "failed", "skipped")
         if counts[name]
     ]
     parts.append(f"{_plural(without, 'test')} without stored examples")
@@ -262,11 +281,19 @@ def _table(tests: Sequence[Mapping[str, Any]]) -> list[str]:
 def _failure_blocks(
     failing: Sequence[Mapping[str, Any]], *, verbosity: int, locations: Mapping[str, str] | None
 ) -> list[str]:
-    """The failure with the smallest example in full and, unless ``verbosity`` is 1, every
-    other failure in one line; each block ends with a blank line."""
+    """One failure in full and, unless ``verbosity`` is 1, every other in one line; each block
+    ends with a blank line.
+
+    The one in full is the smallest failure (:func:`_example_size`) among those that carry a
+    standalone script, or the smallest of all when none does: the one-line failures print
+    no script command, so the full block must carry one wherever a script was written (the
+    smallest failure may be an input check, which has no reproduction script).
+    """
     if verbosity > 0 or len(failing) == 1:
         return [line for test in failing for line in (*_failure_block(test), "")]
-    first, *others = sorted(failing, key=_example_size)
+    ordered = sorted(failing, key=_example_size)
+    first = next((test for test in ordered if _has_script(test)), ordered[0])
+    others = [test for test in ordered if test is not first]
     where = ", ".join(
         path for label, path in (locations or {}).items() if label in ("results", "pytest log")
     )
@@ -292,9 +319,13 @@ def _failure_line(test: Mapping[str, Any], *, where: str) -> str:
     return f"{label} {name}: {headline} (example: {size}; full report: {where})"
 
 
+def _has_script(test: Mapping[str, Any]) -> bool:
+    return any(failure.get("script") for failure in test.get("failures") or ())
+
+
 def _example_size(test: Mapping[str, Any]) -> tuple[int, int]:
-    """(lines, characters) of the test's smallest minimal example; a test without one
-    sorts after every test with one."""
+    """(lines, characters) of the test's smallest example; a test without one sorts after
+    every test with one."""
     sizes = [
         (len(text.splitlines()), len(text))
         for failure in test.get("failures") or ()
@@ -393,7 +424,35 @@ def _verdict(test: Mapping[str, Any]) -> str | None:
         return "failed" if failed else None
     if failed:
         return "still failing"
-    return "fixed" if test.get("outcome") == "passed" else "skipped"
+    if test.get("outcome") != "passed":
+        return "skipped"
+    return "unconfirmed" if _unreplayed(test) else "fixed"
+
+
+def _unreplayed(test: Mapping[str, Any]) -> str | None:
+    """Why a passing test's stored examples are no evidence of a fix; None when every one
+    was decoded, replayed and passed.
+
+    Example:
+        >>> _unreplayed({"stored_examples": 3, "stored_damaged": 1, "statistics": {
+        ...     "phases": {"reuse": {"valid": 2, "failing": 0, "invalid": 0}}}})
+        '2 of 3 stored examples replayed and passed; 1 empty or undecodable'
+    """
+    stored = int(test.get("stored_examples") or 0)
+    damaged = int(test.get("stored_damaged") or 0)
+    reuse = ((test.get("statistics") or {}).get("phases") or {}).get("reuse") or {}
+    passed = int(reuse.get("valid", 0))
+    invalid = int(reuse.get("invalid", 0))
+    if not damaged and not invalid and passed == stored:
+        return None
+    reasons = [f"{damaged} empty or undecodable"] if damaged else []
+    if invalid:
+        reasons.append(f"{invalid} rejected as invalid (assume, filter or overrun)")
+    if not reuse:
+        reasons.append("no replay statistics were recorded")
+    return f"{passed} of {stored} stored examples replayed and passed; " + ", ".join(
+        reasons or ["the others did not run"]
+    )
 
 
 def _replayed(test: Mapping[str, Any]) -> str:
