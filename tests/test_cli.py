@@ -458,7 +458,7 @@ def test_several_failures_show_the_smallest_in_full_and_the_others_in_a_line() -
     }
     where = {"results": ".kvcheck/results.json", "pytest log": ".kvcheck/pytest.log"}
     text = render_verify(results, exit_code=1, locations=where)
-    assert "the smallest example in full, the other 3 in a line each" in text
+    assert "the smallest in full, the other 3 in a line each" in text
     assert text.count("state.step_") == 2  # test_small's example only
     assert text.index("FAILED test_m.py::test_small") < text.index("FAILED test_m.py::test_mid")
     report = "full report: .kvcheck/results.json, .kvcheck/pytest.log"

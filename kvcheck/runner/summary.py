@@ -115,8 +115,9 @@ def render_verify(
     failing = [test for test in tests if test["outcome"] in FAILING_OUTCOMES]
     if failing and verbosity >= 0:
         condensed = verbosity == 0 and len(failing) > 1
-        lines += [
-            f"Failures ({len(failing)}): the smallest example in full, the other "
+        lines += [  # the one in full: see _failure_blocks
+            f"Failures ({len(failing)}): the smallest"
+            f"{' with a script' if any(map(_has_script, failing)) else ''} in full, the other "
             f"{len(failing) - 1} in a line each (--verbose prints every one in full)"
             if condensed
             else f"Failures ({len(failing)}), each with its reproduction",
