@@ -24,9 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ISSUES = ROOT / "docs" / "sglang-findings"
 
 #: One embedded script: the opening marker (group ``path``), anything, the closing marker.
-BLOCK = re.compile(
-    r"<!-- script: (?P<path>[^ ]+) -->\n.*?<!-- /script -->", flags=re.DOTALL
-)
+BLOCK = re.compile(r"<!-- script: (?P<path>[^ ]+) -->\n.*?<!-- /script -->", flags=re.DOTALL)
 
 
 def embedded(path: str, script: str) -> str:
