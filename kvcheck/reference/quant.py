@@ -12,7 +12,7 @@ the vectorized encoders of :mod:`kvcheck.pools` or with torch's casts:
 - :func:`nvfp4_encode`: NVFP4, per block of 16 values an e4m3 scale of ``max / (6 g)``
   (``g`` the layer's global scale) and e2m1 codes rounded to nearest, ties to even, as
   kvcheck's contract states it (FlashInfer's CUDA quantizer is not run on a CPU; see
-  docs/sglang-findings.md, "CPU stand-ins");
+  docs/sglang-findings-appendix.md, "CPU stand-ins");
 - :func:`mxfp8_block_encode`: MXFP8's fused write, per block of 32 values an e8m0 byte
   ``clamp(ceil(log2(max / 448)) + 127, 0, 254)`` and the values divided by its power of
   two, cast to e4m3.

@@ -1,4 +1,5 @@
-"""Pinned reproductions of what the suite finds in sglang (docs/sglang-findings.md).
+"""Pinned reproductions of what the suite finds in sglang (docs/sglang-findings.md, the
+appendix docs/sglang-findings-appendix.md says which test pins which finding).
 
 Each test runs kvcheck's own check on the minimal example Hypothesis gave for one finding,
 against the active target. On the kvcheck target they pass, which shows the check and the
@@ -6,9 +7,10 @@ example are sound. The sglang target's findings (``kvcheck/targets/sglang/findin
 name these tests as the ones that pin them, so the plugin runs them as strict xfails that
 must fail with exactly that finding's failure: the day sglang changes, the matching test
 passes (or fails differently) and the run fails until the finding is updated. The
-finding ids (``V2``, ``C3``, ...) are the anchors in the doc. The target declares only the
-findings of the installed release (``RELEASES`` in the findings module): on a release where
-a finding is fixed, or never was, its tests run as plain tests and must pass.
+finding ids (``V2``, ``C3``, ...) are the index's ids and the appendix's anchors. The
+target declares only the findings of the installed release (``RELEASES`` in the
+findings module): on a release where a finding is fixed, or never was, its tests run as
+plain tests and must pass.
 
 Run against sglang with ``KVCHECK_TARGET=sglang python -m pytest tests/targets``.
 """

@@ -98,7 +98,7 @@ def test_cpu_bodies_store_the_bytes_sglangs_kernels_store() -> None:
     """Under Triton's interpreter, sglang's store_sf_interleaved and quant_store_kv_mxfp8
     leave the same scale bytes as their CPU bodies, skip slot 0 alike, and store the same
     fp8 payload but where the interpreter's fp8 cast halves a value rounded up into the
-    next power of two (see the DSA quantizer's note in docs/sglang-findings.md)."""
+    next power of two (see the DSA quantizer's note in docs/sglang-findings-appendix.md)."""
     child_env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
     result = subprocess.run(
         [sys.executable, "-c", _COMPARE],

@@ -1,8 +1,10 @@
 """The discrepancies between sglang and kvcheck's contracts that the suite finds, and the
 sglang releases each holds for.
 
-:data:`FINDINGS` summarizes each one under the id its section has in
-``docs/sglang-findings.md``; :data:`SGLANG_FINDINGS` declares each as a
+:data:`FINDINGS` summarizes each one under the id it has in ``docs/sglang-findings.md``
+(the index; bugs and preconditions have an issue file in ``docs/sglang-findings/``, the
+rest an entry in ``docs/sglang-findings-appendix.md``), :data:`CLASSES` classes it;
+:data:`SGLANG_FINDINGS` declares each as a
 :class:`~kvcheck.targets.findings.Finding` matched by the failure it causes (the property,
 the method, the kind of difference), never by a test id. While the suite runs on sglang,
 a matching failure is steered around and the property keeps checking everything else;
@@ -36,6 +38,8 @@ from kvcheck.targets.findings import Finding
 from kvcheck.targets.sglang.release import Releases
 
 FINDINGS_DOC = "docs/sglang-findings.md"
+#: Where the issue file of a bug or precondition lives (``<id>`` lower-case).
+ISSUE_FILE = "docs/sglang-findings/{id}.md"
 
 #: Finding id -> one-line summary (details, reproductions and class in FINDINGS_DOC).
 FINDINGS: Mapping[str, str] = MappingProxyType(
@@ -99,8 +103,9 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "Q6": "MHA fp4_mx_block16 get_cpu_copy and load_cpu_copy carry the payload and not "
         "k_scale_buffer/v_scale_buffer (its move_kv_cache carries them): reloaded tokens keep "
         "the target slot's old scales",
-        "Q11": "MLA FP4 get_value_buffer returns the layer's packed FP4 bytes (nope and "
-        "rope mixed, no scales), not the dequantized latent get_key_buffer returns",
+        "Q11": "MLA FP4 get_value_buffer returns the layer's whole packed FP4 row "
+        "([rows, 1, (R+P)/2]: nope and rope codes, no scales), not the dequantized latent "
+        "get_key_buffer returns",
         "Q12": "MLA FP4 set_kv_buffer and set_mla_kv_buffer take no layer_id_override, "
         "which their parent's writes declare and SWAKVPool passes to every MLA pool",
         "Q13": "the MXFP8 pool's writes skip slot 0 (the padding sink), while its moves and "
@@ -111,7 +116,8 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "sglang builds them, and their moves, reloads and descriptors serve the flat layout",
         "Q15": "flat-scale MXFP8 moves and reloads store the scales by index_put on "
         "float8_e8m0fnu, which a CPU torch lacks: NotImplementedError after the fp8 payload "
-        "has moved",
+        "has moved (moves on sglang's torch move path; its default Triton move asserts "
+        "without a speculative algorithm)",
     }
 )
 
@@ -185,6 +191,63 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
 )
 
 
+#: The classes of docs/sglang-findings.md, most severe first.
+CLASS_ORDER: tuple[str, ...] = ("serving bug", "latent bug", "precondition", "contract difference")
+
+#: Finding id -> its class (one of :data:`CLASS_ORDER`), for every finding of
+#: :data:`RELEASES`. Checked against sglang 0.5.23's source: a bug is "serving" where a
+#: served configuration reaches it (read from the source where no server was run).
+CLASSES: Mapping[str, str] = MappingProxyType(
+    {
+        **{
+            finding: "serving bug"
+            for finding in (
+                "W1",
+                "C3",
+                "T1",
+                "R2",
+                "T2",
+                "X1",
+                "PV1",
+                "D21",
+                "Q2",
+                "Q3",
+                "Q4",
+                "Q5",
+                "Q6",
+                "Q14",
+            )
+        },
+        # S1: the scheduler's check_decode_capacity asks available_size(), the smaller side,
+        # first; a refusal that still happens is "Decode out of memory".
+        **{finding: "latent bug" for finding in ("P1", "N4", "A1", "T3", "S1", "B2")},
+        **{finding: "precondition" for finding in ("H1", "L1", "G1", "G2", "Q15", "S2")},
+        # M1, Q13: slot 0 is sglang's padding slot, whose contents nothing reads. I (I1-I10):
+        # caller errors, I10 (an index-K write to a skip layer) included.
+        **{
+            finding: "contract difference"
+            for finding in (
+                "V2",
+                "K1",
+                "C4",
+                "R1",
+                "L2",
+                "N1",
+                "N3",
+                "N5",
+                "B1",
+                "B3",
+                "Q11",
+                "Q12",
+                "M1",
+                "Q13",
+                "I",
+            )
+        },
+    }
+)
+
+
 #: Tests the target expects to fail as a whole (node-id pattern -> reason, releases). Only
 #: C3's are left: it shows in every example of the capacity properties (every budget meets
 #: the missing padding page), so no example is left to steer to; the finding is pinned by
@@ -193,14 +256,14 @@ EXPECTED_FAILURES: Mapping[str, tuple[str, Releases]] = MappingProxyType(
     {
         "test_serving_configurator.py::test_capacity_fits_its_budget": (
             "C3: max_total_num_tokens ignores the padding page, so its pools overshoot the "
-            f"budget in every example (also C4; see {FINDINGS_DOC}#c3)",
+            f"budget in every example (also C4; see {ISSUE_FILE.format(id='c3')})",
             RELEASES["C3"],
         ),
         # The same property for a quantized --kv-cache-dtype (mxfp8: the dtype the target
         # sizes), and the same missing page in every example.
         "test_serving_configurator.py::test_quantized_capacity_fits_its_budget": (
             "C3: max_total_num_tokens ignores the padding page, so the MXFP8 pools overshoot "
-            f"the budget in every example too (see {FINDINGS_DOC}#c3)",
+            f"the budget in every example too (see {ISSUE_FILE.format(id='c3')})",
             RELEASES["C3"],
         ),
     }

@@ -59,7 +59,7 @@ _MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 _MHA_ON_META = (
     "sglang {release}'s {cls} calls torch.get_device_module(device) in its constructor, "
     "which raises for 'meta' (MLATokenToKVPool and DSATokenToKVPool do build on meta; "
-    "docs/sglang-findings.md#d3)"
+    "docs/sglang-findings-appendix.md#d3)"
 )
 
 
@@ -113,7 +113,7 @@ def unsupported_for(release_name: str) -> Mapping[str, str]:
             "input_validation": (
                 f"sglang {release_name} pools do not validate their arguments (negative or "
                 "out-of-range locations, duplicate targets, wrong shapes or dtypes, skip-layer "
-                "index writes: findings I1-I9 and I10 in docs/sglang-findings.md#i)"
+                "index writes: findings I1-I9 and I10 in docs/sglang-findings-appendix.md#i)"
             ),
         }
     )
@@ -268,7 +268,7 @@ CPU_NOTES: Mapping[str, str] = MappingProxyType(
 
 #: Every stand-in, environment setting, guard and translation the target puts in place of
 #: what a launched sglang server on a GPU provides, by the name under which the "CPU
-#: stand-ins" table of docs/sglang-findings.md says what sglang does without it (a stand-in
+#: stand-ins" table of docs/sglang-findings-appendix.md says what sglang does without it (a stand-in
 #: must never hide a finding). tests/targets/test_sglang_findings_doc.py fails when one has
 #: no row there, and when ``env`` gains a context manager or ``adapt`` a
 #: ``*StandIn`` class that is not listed here.
@@ -801,7 +801,7 @@ def _kv_cache_dim(spec: PoolSpec) -> int:
 def _refuse_zero_row_index_write(pool: Any, layer_id: int) -> None:
     """Stop an index-K write that sglang would launch into a skip layer's zero-row buffer.
 
-    sglang does not check this (docs/sglang-findings.md#i10); its kernel has no
+    sglang does not check this (docs/sglang-findings-appendix.md#i10); its kernel has no
     bounds check, so the launch writes through the empty buffer's null pointer. The error is an
     ``IndexError``, as the CPU kernel body raises, so the finding stays visible.
     """
