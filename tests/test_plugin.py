@@ -88,7 +88,8 @@ def test_header_names_target_device_profile_database_and_env(
             "kvcheck target: kvcheck 0.1.0 ('kvcheck', default*",
             "kvcheck device: cpu (requested cpu)",
             "kvcheck hypothesis profile: kvcheck-dev for tests that use kvcheck*",
-            f"kvcheck database: directory {tmp_path / 'db'} (examples of target 'kvcheck')",
+            f"kvcheck database: directory {tmp_path / 'db'} (examples keyed by the target "
+            "each test uses; default 'kvcheck')",
             "kvcheck env: KVCHECK_DB=*, KVCHECK_DEVICE='cpu', KVCHECK_SOMETHING='typo?'",
             "kvcheck WARNING: unknown variable KVCHECK_SOMETHING='typo?' is ignored (kvcheck*",
         ]

@@ -172,6 +172,16 @@ def test_a_replayed_example_is_not_labelled_minimal(
 # --- item 4: the failure printed in full carries a script wherever any failure does ------------
 
 
+def test_replay_finds_a_targets_examples_under_any_spelling_of_it(
+    seeded: tuple[Path, Path], project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Examples stored by ``--target buggy_target:BuggyTarget`` (the class) are replayed by
+    ``--target buggy_target:buggy`` (an instance of it): one target, one set of examples."""
+    instance = BUGGY.replace(":BuggyTarget", ":buggy")
+    assert main(["replay", "--target", instance, *_options(seeded[0])]) == 1
+    assert "still failing" in capsys.readouterr().out
+
+
 def test_the_failure_in_full_carries_a_script_when_any_failure_has_one() -> None:
     """The smallest failure is an input check without a script; another has one. The summary
     prints a script command, the one of the failure that carries it."""

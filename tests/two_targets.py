@@ -35,6 +35,9 @@ _TARGET = """
 
     class BuggyTarget(KVCheckTarget):
         name = "buggy"
+
+
+    buggy = BuggyTarget()  # the same target, spelled as an instance
 """
 
 

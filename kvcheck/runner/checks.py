@@ -65,6 +65,25 @@ def checked_target(name: str | None) -> tuple[str, str | None]:
     return spec, import_root(spec.partition(":")[0].strip())
 
 
+def resolved_quietly(name: str) -> Any:
+    """The target ``name`` resolves to, imported as pytest will (the current directory on
+    the path), or None where it cannot be resolved (the caller reports why elsewhere).
+
+    Example:
+        >>> resolved_quietly("no_such_module:target") is None
+        True
+    """
+    from kvcheck.targets import DEFAULT_TARGET, TargetError, resolve_target
+
+    if name == DEFAULT_TARGET:  # kvcheck's own target is its name: no torch import needed
+        return None
+    try:
+        with _cwd_on_sys_path():
+            return resolve_target(name, available=False)
+    except (TargetError, ImportError):
+        return None
+
+
 @contextlib.contextmanager
 def _cwd_on_sys_path() -> Iterator[None]:
     cwd = os.getcwd()

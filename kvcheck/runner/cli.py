@@ -355,14 +355,31 @@ def _replay(options: argparse.Namespace, extra: Sequence[str]) -> int:
     """
     from kvcheck.runner.db import describe_database, scan_database
     from kvcheck.runner.profiles import REPLAY
+    from kvcheck.runner.summary import EXIT_USAGE
 
     targets = _targets_to_replay(options.target)
-    if len(targets) == 1:  # checked with the other settings, the cheap ones first
+    unnamed = [name for name in targets if _parameterized(name)] if not options.target else []
+    for name in unnamed:  # kept, and said: no spelling here builds that very target
+        print(
+            f"kvcheck replay: stored examples of target {name!r} are kept, not replayed: a "
+            "target with parameters is replayed by naming what builds it, with --target "
+            "module:attr, or by the pytest run whose tests use it",
+            file=sys.stderr,
+        )
+    targets = [name for name in targets if name not in unnamed]
+    if not targets:
+        return EXIT_USAGE
+    if len(targets) == 1 and not unnamed:  # checked with the other settings, cheap ones first
         return _run_suite(options, extra, command="replay", profile=REPLAY, target=targets[0])
     database = check_database(writable=False)
     scan = scan_database(database)
     for name in targets:
-        _refuse_damage(scan, target=name, where=describe_database(database), command="replay")
+        _refuse_damage(
+            scan.as_one(name, _stored_names(name)),
+            target=name,
+            where=describe_database(database),
+            command="replay",
+        )
     for option, value in (("--json", options.json_path), ("--junit-xml", options.junit_xml)):
         if value is not None:
             raise UsageProblem(
@@ -389,7 +406,7 @@ def _replay(options: argparse.Namespace, extra: Sequence[str]) -> int:
         )
         if statuses[-1] == EXIT_INTERRUPTED:
             return EXIT_INTERRUPTED
-    return max(statuses)
+    return max(*statuses, EXIT_USAGE if unnamed else 0)
 
 
 def _targets_to_replay(option: str | None) -> list[str]:
@@ -401,8 +418,22 @@ def _targets_to_replay(option: str | None) -> list[str]:
     if (option and option.strip()) or os.environ.get(TARGET_ENV_VAR, "").strip():
         return [target_spec(option)]
     scan = scan_database(check_database(writable=False))
-    holding = [held.target for held in scan.targets if held.entries]
-    return holding or [DEFAULT_TARGET]
+    holding: dict[str, str] = {}  # identity -> the stored name to replay it as
+    for held in scan.targets:
+        if held.entries:
+            holding.setdefault(_stored_names(held.target)[0], held.target)
+    return list(holding.values()) or [DEFAULT_TARGET]
+
+
+def _parameterized(stored_name: str) -> bool:
+    """Whether a stored target name is an identity with parameters
+    (``pkg.mod:Cls(name='x')``), which no ``--target`` spelling resolves.
+
+    Example:
+        >>> _parameterized("pkg.mod:Cls(name='x')"), _parameterized("pkg.mod:target")
+        (True, False)
+    """
+    return stored_name.endswith(")") and "(" in stored_name.partition(":")[2]
 
 
 def _target_results_dir(results_dir: Path, target: str) -> str:
@@ -648,7 +679,7 @@ def _scan_for_replay(database: Any, *, target: str) -> Any:
     examples) or any damaged entry it would read is a usage error."""
     from kvcheck.runner.db import describe_database, scan_database
 
-    scan = scan_database(database)
+    scan = scan_database(database).as_one(target, _stored_names(target))
     where = describe_database(database)
     _refuse_damage(scan, target=target, where=where, command="replay")
     held = scan.holdings(target)
@@ -671,13 +702,30 @@ def _scan_for_replay(database: Any, *, target: str) -> Any:
     return scan
 
 
+def _stored_names(spelling: str) -> tuple[str, ...]:
+    """The names ``spelling``'s examples may be stored under: the target's identity
+    (:func:`kvcheck.targets.target_identity`, what kvcheck keys by) and the spelling itself
+    (what an older kvcheck keyed by). A target that cannot be resolved here is only its
+    spelling: it is refused later, with the reason, where it is resolved for the run.
+
+    Example:
+        >>> _stored_names("kvcheck")
+        ('kvcheck',)
+    """
+    from kvcheck.runner.checks import resolved_quietly
+    from kvcheck.targets import target_identity
+
+    target = resolved_quietly(spelling)
+    identity = spelling if target is None else target_identity(target)
+    return tuple(dict.fromkeys((identity, spelling)))
+
+
 def _scan_for_verify(database: Any, *, target: str) -> None:
     """Refuse a verify run whose reuse phase would read a damaged entry."""
     from kvcheck.runner.db import describe_database, scan_database
 
-    _refuse_damage(
-        scan_database(database), target=target, where=describe_database(database), command="verify"
-    )
+    scan = scan_database(database).as_one(target, _stored_names(target))
+    _refuse_damage(scan, target=target, where=describe_database(database), command="verify")
 
 
 def _refuse_damage(scan: Any, *, target: str, where: str, command: str) -> None:

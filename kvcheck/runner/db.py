@@ -14,10 +14,15 @@ Stored examples are the user's data, and one database may serve several targets 
 runner's Redis server checks ``kvcheck``, ``sglang`` and a team's own pool). So every run
 sees the database through :class:`TargetDatabase`, which keys each example by the target
 it failed on as well as by the test: a run of one target never replays, shrinks or deletes
-another target's examples. The database also lists which targets stored examples in it
-(:func:`stored_targets`), which is how ``kvcheck replay`` without ``--target`` knows what
-to replay. Examples an older kvcheck stored (keyed by test only) are read by every target
-and never deleted.
+another target's examples. A target is keyed by its identity
+(:func:`kvcheck.targets.target_identity`: its class and the parameters that change what it
+builds), never by how ``--target`` spelled it; the pytest plugin keys each test by the
+target that test really uses (:class:`PerTestTargetDatabase`). The database also lists which
+targets stored examples in it (:func:`stored_targets`), which is how ``kvcheck replay``
+without ``--target`` knows what to replay. Examples an older kvcheck stored without a
+target (keyed by test only), or under the target of a run that a test did not use, are
+read but never moved, archived or counted as the target's
+(:func:`unattributed_examples_fetched`).
 
 :class:`RecordingDatabase` wraps any of them and counts, per running test, how many stored
 examples the test fetched, which is how ``kvcheck replay`` knows what had something to
@@ -45,8 +50,8 @@ import contextvars
 import os
 import urllib.parse
 import uuid
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +68,7 @@ __all__ = [
     "DEFAULT_DATABASE_DIR",
     "DatabaseScan",
     "DatabaseSpecError",
+    "PerTestTargetDatabase",
     "RecordingDatabase",
     "StrictDirectoryDatabase",
     "TargetDatabase",
@@ -71,6 +77,7 @@ __all__ = [
     "database_from_env",
     "database_from_spec",
     "describe_database",
+    "keyed_by_test_target",
     "probe_directory",
     "recording_test",
     "save_errors",
@@ -78,6 +85,7 @@ __all__ = [
     "stored_examples_damaged",
     "stored_examples_fetched",
     "stored_targets",
+    "unattributed_examples_fetched",
 ]
 
 DATABASE_ENV_VAR = "KVCHECK_DB"
@@ -195,6 +203,11 @@ def describe_database(db: Any) -> str:
         return describe_database(db.inner)
     if isinstance(db, TargetDatabase):
         return f"{describe_database(db.inner)} (examples of target {db.target!r})"
+    if isinstance(db, PerTestTargetDatabase):
+        return (
+            f"{describe_database(db.inner)} (examples keyed by the target each test uses; "
+            f"default {db.default!r})"
+        )
     if isinstance(db, DirectoryBasedExampleDatabase):
         return f"directory {db.path}"
     # Hypothesis keeps the wrapped databases in ``_wrapped``; fall back to repr without it.
@@ -292,6 +305,28 @@ class DatabaseScan:
             (2, 1)
         """
         return self.holdings(target).undecodable + self.legacy_undecodable
+
+    def as_one(self, target: str, names: Sequence[str]) -> DatabaseScan:
+        """This scan with the holdings of ``names`` (one target's identity and the spellings
+        an older kvcheck keyed it by) counted as ``target``'s.
+
+        Example:
+            >>> scan = DatabaseScan(targets=(TargetHoldings("pkg:Cls", 2), TargetHoldings("b", 1),
+            ...                              TargetHoldings("pkg:inst", 3, 1)))
+            >>> scan.as_one("pkg:inst", ["pkg:Cls", "pkg:inst"]).holdings("pkg:inst")
+            TargetHoldings(target='pkg:inst', entries=5, undecodable=1, archived=0)
+        """
+        mine = [held for held in self.targets if held.target in names]
+        rest = tuple(held for held in self.targets if held.target not in names)
+        if not mine:
+            return self
+        merged = TargetHoldings(
+            target,
+            sum(held.entries for held in mine),
+            sum(held.undecodable for held in mine),
+            sum(held.archived for held in mine),
+        )
+        return replace(self, targets=(merged, *rest))
 
     def holdings(self, target: str) -> TargetHoldings:
         """``target``'s counts (zero when it stored nothing).
@@ -406,6 +441,8 @@ _fetched: dict[str, int] = {}
 #: test id -> of those, the ones that are empty or cannot be decoded (Hypothesis drops the
 #: undecodable ones, and replays an empty one as a fresh random example).
 _fetched_damaged: dict[str, int] = {}
+#: test id -> how many of the fetched examples no target can claim (see TargetDatabase).
+_unattributed: dict[str, int] = {}
 #: test id -> why its saves failed; saves outside any recorded test go under _NO_TEST.
 _save_errors: dict[str, list[str]] = {}
 _NO_TEST = "<no kvcheck test running>"
@@ -423,6 +460,7 @@ def recording_test(test_id: str) -> Iterator[None]:
     """
     _fetched[test_id] = 0
     _fetched_damaged[test_id] = 0
+    _unattributed[test_id] = 0
     _save_errors.pop(test_id, None)
     token = _current_test.set(test_id)
     try:
@@ -432,8 +470,28 @@ def recording_test(test_id: str) -> Iterator[None]:
 
 
 def stored_examples_fetched(test_id: str) -> int:
-    """Stored examples that ``test_id`` fetched through a :class:`RecordingDatabase`."""
-    return _fetched.get(test_id, 0)
+    """Stored examples of its own target that ``test_id`` fetched through a
+    :class:`RecordingDatabase` (unattributed ones left out:
+    :func:`unattributed_examples_fetched`)."""
+    return _fetched.get(test_id, 0) - _unattributed.get(test_id, 0)
+
+
+def unattributed_examples_fetched(test_id: str) -> int:
+    """Stored examples ``test_id`` read that its target cannot claim as its own: stored by
+    an older kvcheck without a target, or under the target of a run the test did not use.
+    They are replayed but never archived, and a pass does not make them "fixed".
+
+    Example:
+        >>> from hypothesis.database import InMemoryExampleDatabase
+        >>> shared = InMemoryExampleDatabase()
+        >>> shared.save(b"test", b"stored without a target")
+        >>> db = RecordingDatabase(TargetDatabase(shared, "kvcheck"))
+        >>> with recording_test("test_c"):
+        ...     _ = list(db.fetch(b"test"))
+        >>> stored_examples_fetched("test_c"), unattributed_examples_fetched("test_c")
+        (0, 1)
+    """
+    return _unattributed.get(test_id, 0)
 
 
 def stored_examples_damaged(test_id: str) -> int:
@@ -565,8 +623,15 @@ class TargetDatabase(ExampleDatabase):
     Every key is prefixed with the target's name, so a run of one target never fetches,
     shrinks, moves or deletes another target's examples. The first save under a key also
     records the target (:func:`stored_targets`) and the key, so that what a target holds can
-    be counted without running it. Examples stored by an older kvcheck, under the bare key,
-    are fetched too (``read_legacy``) but never deleted: they may be another target's.
+    be counted without running it.
+
+    Older keys are read too. ``aliases`` are other names of this very target (the spelling an
+    older kvcheck keyed it by: ``my_pkg.kv:buggy``): their examples are this target's, moved
+    to its keys or its archive like its own. ``also_read`` names targets whose examples are
+    read but never touched (an older kvcheck keyed a test by the run's target, not the one
+    the test used), and so are examples stored under the bare key (``read_legacy``). Those
+    are unattributed: replayed, never moved, archived or deleted, and counted apart
+    (:func:`unattributed_examples_fetched`).
 
     Example:
         >>> from hypothesis.database import InMemoryExampleDatabase
@@ -578,16 +643,30 @@ class TargetDatabase(ExampleDatabase):
         [b'failing example']
     """
 
-    def __init__(self, inner: ExampleDatabase, target: str, *, read_legacy: bool = True) -> None:
+    def __init__(
+        self,
+        inner: ExampleDatabase,
+        target: str,
+        *,
+        read_legacy: bool = True,
+        aliases: Iterable[str] = (),
+        also_read: Iterable[str] = (),
+    ) -> None:
         super().__init__()
         if not isinstance(inner, ExampleDatabase):
             raise ValueError(f"inner={inner!r} is not a Hypothesis ExampleDatabase")
-        if not isinstance(target, str) or not target.strip() or "\x00" in target:
-            raise ValueError(f"target={target!r} must be a non-empty target name without NUL")
+        _check_target_name(target, "target")
         self.inner = inner
         self.target = target
         self.read_legacy = read_legacy
+        self.aliases = tuple(dict.fromkeys(a for a in aliases if a != target))
+        self.also_read = tuple(
+            dict.fromkeys(a for a in also_read if a != target and a not in self.aliases)
+        )
+        for name in (*self.aliases, *self.also_read):
+            _check_target_name(name, "aliases/also_read")
         self._prefix = _target_prefix(target)
+        self._alias_prefixes = tuple(_target_prefix(name) for name in self.aliases)
         self._archive = _archive_prefix(target)
         self._recorded: set[bytes] = set()
 
@@ -606,12 +685,21 @@ class TargetDatabase(ExampleDatabase):
 
     def fetch(self, key: bytes) -> Iterable[bytes]:
         seen: set[bytes] = set()
-        for value in self.inner.fetch(self._prefix + key):
-            seen.add(value)
-            yield value
-        if self.read_legacy and not _is_kvcheck_key(key):
-            for value in self.inner.fetch(key):
+        for prefix in (self._prefix, *self._alias_prefixes):
+            for value in self.inner.fetch(prefix + key):
                 if value not in seen:
+                    seen.add(value)
+                    yield value
+        if _is_kvcheck_key(key):
+            return
+        unattributed = [_target_prefix(name) + key for name in self.also_read]
+        if self.read_legacy:
+            unattributed.append(key)
+        for where in unattributed:
+            for value in self.inner.fetch(where):
+                if value not in seen:
+                    seen.add(value)
+                    _record_unattributed()
                     yield value
 
     def save(self, key: bytes, value: bytes) -> None:
@@ -623,15 +711,29 @@ class TargetDatabase(ExampleDatabase):
 
         Hypothesis deletes an example that replays as fixed, one it cannot decode (after an
         upgrade changed its format) and, while it shrinks, ones that stopped failing. Each
-        goes to the archive (:func:`scan_database` counts it), where no run reads it. A
-        legacy value (stored without a target) is left where it is, for its own target.
+        goes to the archive (:func:`scan_database` counts it), where no run reads it. An
+        unattributed value (stored without a target, or under another target) is left where
+        it is, for its own target.
         """
-        if value in self.inner.fetch(self._prefix + key):
-            self.inner.move(self._prefix + key, self._archive + key, value)
+        held = self._held_under(key, value)
+        if held is not None:
+            self._record(key)
+            self.inner.move(held, self._archive + key, value)
 
     def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        """Move one of this target's values; an unattributed one stays where it is."""
+        held = self._held_under(src, value)
+        if held is None:
+            return
         self._record(dest)
-        self.inner.move(self._prefix + src, self._prefix + dest, value)
+        self.inner.move(held, self._prefix + dest, value)
+
+    def _held_under(self, key: bytes, value: bytes) -> bytes | None:
+        """The full key under which this target (or an alias of it) holds ``value``."""
+        for prefix in (self._prefix, *self._alias_prefixes):
+            if value in self.inner.fetch(prefix + key):
+                return prefix + key
+        return None
 
     def _record(self, key: bytes) -> None:
         if key in self._recorded:
@@ -653,7 +755,128 @@ class TargetDatabase(ExampleDatabase):
             self._broadcast_change((kind, (key[len(self._prefix) :], *rest)))
 
 
+#: The running test's target identity, as far as known: set by the pytest plugin around a
+#: test (:func:`keyed_by_test_target`), asked again at every database call.
+_test_target: contextvars.ContextVar[Callable[[], str | None] | None] = contextvars.ContextVar(
+    "kvcheck_test_target", default=None
+)
+
+
+@contextlib.contextmanager
+def keyed_by_test_target(identity: Callable[[], str | None]) -> Iterator[None]:
+    """Inside the block, a :class:`PerTestTargetDatabase` keys by ``identity()``: the target
+    the running test uses as far as known when the database is called (None: not known).
+
+    Example:
+        >>> from hypothesis.database import InMemoryExampleDatabase
+        >>> shared = InMemoryExampleDatabase()
+        >>> db = PerTestTargetDatabase(shared, "kvcheck")
+        >>> with keyed_by_test_target(lambda: "my_pkg.kv:MyTarget"):
+        ...     db.save(b"test", b"example")
+        >>> stored_targets(shared)
+        ['my_pkg.kv:MyTarget']
+    """
+    token = _test_target.set(identity)
+    try:
+        yield
+    finally:
+        _test_target.reset(token)
+
+
+class PerTestTargetDatabase(ExampleDatabase):
+    """The database of a pytest session: each test's examples are kept under the target that
+    test uses (its ``kvcheck_target`` fixture or parameter, its strategies' ``target=``, the
+    target it hands a machine), which the plugin says through :func:`keyed_by_test_target`.
+
+    A test that shows no target before its examples are read is keyed by the target that
+    already holds examples under the test's key, when exactly one other than ``default``
+    does (one the test used while drawing), else by ``default``, the session's target.
+    ``aliases`` are older names of ``default`` (its spelling on the command line). A test
+    that uses another target also reads, and never touches, the examples an older kvcheck
+    stored for it under the session's target.
+
+    Example:
+        >>> from hypothesis.database import InMemoryExampleDatabase
+        >>> shared = InMemoryExampleDatabase()
+        >>> db = PerTestTargetDatabase(shared, "kvcheck")
+        >>> db.save(b"test", b"example")
+        >>> list(TargetDatabase(shared, "kvcheck").fetch(b"test"))
+        [b'example']
+    """
+
+    def __init__(
+        self, inner: ExampleDatabase, default: str, *, aliases: Iterable[str] = ()
+    ) -> None:
+        super().__init__()
+        if not isinstance(inner, ExampleDatabase):
+            raise ValueError(f"inner={inner!r} is not a Hypothesis ExampleDatabase")
+        _check_target_name(default, "default")
+        self.inner = inner
+        self.default = default
+        self.aliases = tuple(aliases)
+        self._parts: dict[str, TargetDatabase] = {}
+
+    def __repr__(self) -> str:
+        return f"PerTestTargetDatabase({self.inner!r}, {self.default!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PerTestTargetDatabase) and (self.inner, self.default) == (
+            other.inner,
+            other.default,
+        )
+
+    def __hash__(self) -> int:
+        return hash((PerTestTargetDatabase, id(self.inner), self.default))
+
+    def target_for(self, key: bytes) -> str:
+        """The target whose examples a call on ``key`` reads and writes now."""
+        resolve = _test_target.get()
+        known = resolve() if resolve is not None else None
+        if known:
+            return known
+        holders = [
+            name
+            for name in stored_targets(self.inner)
+            if name != self.default and key in set(self.inner.fetch(_keys_key(name)))
+        ]
+        return holders[0] if len(holders) == 1 else self.default
+
+    def _part(self, key: bytes) -> TargetDatabase:
+        target = self.target_for(key)
+        part = self._parts.get(target)
+        if part is None:
+            if target == self.default:
+                part = TargetDatabase(self.inner, target, aliases=self.aliases)
+            else:  # an older kvcheck keyed this test by the session's target
+                part = TargetDatabase(self.inner, target, also_read=(self.default, *self.aliases))
+            self._parts[target] = part
+        return part
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        return self._part(key).fetch(key)
+
+    def save(self, key: bytes, value: bytes) -> None:
+        self._part(key).save(key, value)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        self._part(key).delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        self._part(src).move(src, dest, value)
+
+
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _check_target_name(name: object, argument: str) -> None:
+    if not isinstance(name, str) or not name.strip() or "\x00" in name:
+        raise ValueError(f"{argument}={name!r} must be a non-empty target name without NUL")
+
+
+def _record_unattributed() -> None:
+    test_id = _current_test.get()
+    if test_id is not None:
+        _unattributed[test_id] = _unattributed.get(test_id, 0) + 1
 
 
 def _record_save_error(exc: BaseException) -> None:
@@ -711,7 +934,7 @@ def _count(values: Iterable[bytes]) -> tuple[int, int]:
 
 def _unwrapped(db: Any) -> ExampleDatabase:
     """The database under kvcheck's wrappers: the one every target shares."""
-    while isinstance(db, (RecordingDatabase, TargetDatabase)):
+    while isinstance(db, (RecordingDatabase, TargetDatabase, PerTestTargetDatabase)):
         db = db.inner
     return db
 

@@ -19,7 +19,12 @@ Installing kvcheck is enough for any test suite to get:
 - kvcheck's Hypothesis profiles (:mod:`kvcheck.runner.profiles`) with the ``KVCHECK_DB`` database,
   applied to the tests that use kvcheck (below), or to every test when asked for;
 - report header lines with the target, device, profile, database and ``KVCHECK_*`` variables
-  (with a did-you-mean for an unknown ``KVCHECK_*`` variable, repeated in the summary);
+  (with a did-you-mean for an unknown ``KVCHECK_*`` variable, repeated in the summary), and
+  after collection the targets the collected tests use;
+- stored examples keyed by the target each test uses (:func:`kvcheck.targets.target_identity`
+  of its ``kvcheck_target`` fixture or parameter, of the targets its ``@given`` strategies
+  were built for, or of the targets it hands a strategy or a machine before its examples
+  are read), the run's target only for a test that shows none;
 - a terminal-summary warning naming every test whose failing example could not be saved;
 - under ``pytest -n N`` with several GPUs, one GPU per xdist worker, round-robin.
 
@@ -71,6 +76,8 @@ _ENV_PREFIX = "KVCHECK_"
 _PACKAGE = Path(__file__).resolve().parents[1]
 _KVCHECK_FIXTURES = frozenset({"kvcheck_target", "kvcheck_device"})
 _TARGET_MARKER = "kvcheck_target"
+_TARGET_FIXTURE = "kvcheck_target"
+#: User property: stored examples a test read that its target cannot claim (legacy ones).
 _KVCHECK_MARKERS = ("kvcheck_needs", "gpu", _TARGET_MARKER)
 #: Hypothesis settings a test's own ``@settings(...)`` may have changed from its parent.
 _SETTING_NAMES = (
@@ -93,6 +100,8 @@ class KVCheckSession:
     """What the plugin settled for this pytest process (one per ``pytest.Config``)."""
 
     target: Any
+    #: The run's target's identity (:func:`kvcheck.targets.target_identity`).
+    target_key: str
     target_source: str
     device_spec: str
     gpu_assignment: str | None
@@ -257,7 +266,9 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     target = session.target
     env_text = ", ".join(f"{name}={value!r}" for name, value in _kvcheck_env().items())
     lines = [
-        f"kvcheck target: {_describe_target(target)} ({session.target_source})",
+        f"kvcheck target: {_describe_target(target)} ({session.target_source}); a test "
+        "that uses another target (a kvcheck_target fixture or parameter, strategies' "
+        "target=) is checked and keyed by that one (listed after collection)",
         f"kvcheck surface: {_describe_surface(target)}",
         f"kvcheck device: {_describe_device(session)}",
         f"kvcheck hypothesis profile: {profile}",
@@ -278,6 +289,26 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
             f"kvcheck expected failures: {len(expected)} declared by target {target.name!r} ({how})"
         )
     return lines
+
+
+def pytest_report_collectionfinish(
+    config: pytest.Config, start_path: Path, items: list[pytest.Item]
+) -> list[str] | None:
+    """Which targets the collected tests use, and so key their stored examples by."""
+    session = config.stash.get(_SESSION, None)
+    if session is None:
+        return None
+    counts: dict[str, int] = {}
+    for item in items:
+        if _uses_kvcheck(item):
+            where = _collected_target(item, session)
+            counts[where] = counts.get(where, 0) + 1
+    if not counts:
+        return None
+    if list(counts) == [session.target_key]:
+        return [f"kvcheck targets: {session.target_key} (every test that uses kvcheck)"]
+    shown = ", ".join(f"{name} ({number} tests)" for name, number in sorted(counts.items()))
+    return [f"kvcheck targets, per test: {shown}"]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -382,8 +413,12 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """Record Hypothesis statistics and database hits of kvcheck tests as user properties;
     run the target's expected failures without shrinking (:mod:`kvcheck.targets.expected`)."""
     session = item.config.stash.get(_SESSION, None)
-    if session is None or not _is_tracked(item, session):
+    if session is None:
         with _fast_if_expected_to_fail(item), _steering(item, session):
+            yield
+        return
+    if not _is_tracked(item, session):
+        with _fast_if_expected_to_fail(item), _steering(item, session), _keyed_by_target(item):
             yield
         return
     from kvcheck.runner.db import recording_test
@@ -394,6 +429,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         _fast_if_expected_to_fail(item),
         _steering(item, session),
         _kvcheck_profile_around(item, session),
+        _keyed_by_target(item),
         recording_test(item.nodeid),
         _collecting_statistics(runs),
     ):
@@ -450,6 +486,8 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
     worker_id = worker_input.get("workerid") if isinstance(worker_input, dict) else None
     gpu_assignment = assign_worker_gpu(worker_id, device_spec)
 
+    from kvcheck.targets import target_identity
+
     target_option = config.getoption("kvcheck_target")
     if target_option:
         source = f"from {_TARGET_OPTION}"
@@ -466,14 +504,22 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
             prepare_target(target)
     except TargetError as exc:
         raise pytest.UsageError(f"kvcheck: {exc}") from exc
-    source = f"{target_spec(target_option)!r}, {source}"
+    spelling = target_spec(target_option)
+    try:
+        target_key = target_identity(target)
+    except TargetError as exc:
+        raise pytest.UsageError(f"kvcheck: {exc}") from exc
+    source = f"{spelling!r}, {source}"
+    if target_key != spelling:
+        source += f"; stored examples keyed {target_key!r}"
 
     record_results = bool(config.getoption("kvcheck_results"))
     database, profile, everywhere, unchosen = _load_profile(
-        config, target_name=target_spec(target_option), record_results=record_results
+        config, target_key=target_key, spelling=spelling, record_results=record_results
     )
     session = KVCheckSession(
         target=target,
+        target_key=target_key,
         target_source=source,
         device_spec=device_spec,
         gpu_assignment=gpu_assignment,
@@ -509,12 +555,14 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
 
 
 def _load_profile(
-    config: pytest.Config, *, target_name: str, record_results: bool
+    config: pytest.Config, *, target_key: str, spelling: str, record_results: bool
 ) -> tuple[Any, str | None, bool, tuple[Any, ...]]:
     """Register kvcheck's profiles and settle which applies where.
 
-    The database is ``target_name``'s share of the one ``KVCHECK_DB`` names, so this run
-    never touches another target's stored examples. Returns the database, the kvcheck
+    The database is the one ``KVCHECK_DB`` names, seen per test as the share of the target
+    the test uses (``target_key``, the run's target, for a test that shows none; examples an
+    older kvcheck keyed by its ``spelling`` are its own too), so this run never touches
+    another target's stored examples. Returns the database, the kvcheck
     profile in effect (None when the project chose its own Hypothesis profile), whether it
     is loaded for the whole run (any ``--kvcheck-*`` option given, ``KVCHECK_PROFILE``, the
     kvcheck command, kvcheck's checkout) rather than around each test that uses kvcheck, and
@@ -526,8 +574,8 @@ def _load_profile(
     from kvcheck.runner.db import (
         DATABASE_ENV_VAR,
         DatabaseSpecError,
+        PerTestTargetDatabase,
         RecordingDatabase,
-        TargetDatabase,
         database_from_env,
     )
     from kvcheck.runner.profiles import (
@@ -550,7 +598,7 @@ def _load_profile(
         inner = database_from_env(writable=asked)
     except DatabaseSpecError as exc:
         raise pytest.UsageError(f"kvcheck: {exc}") from exc
-    database = RecordingDatabase(TargetDatabase(inner, target_name))
+    database = RecordingDatabase(PerTestTargetDatabase(inner, target_key, aliases=(spelling,)))
     config.stash[_RESTORE_PROFILES] = _snapshot_profiles(settings)
     register_profiles(database)
     chosen = choose_profile_to_load(
@@ -587,6 +635,62 @@ def _load_profile(
     if everywhere:
         settings.load_profile(chosen)
     return database, chosen, everywhere, unchosen
+
+
+@contextlib.contextmanager
+def _keyed_by_target(item: pytest.Item) -> Iterator[None]:
+    """Key the test's stored examples by the target it uses (see the module): its
+    ``kvcheck_target`` argument, else the targets of its ``@given`` strategies, else those
+    it noted so far (a strategy or a machine built for a target in its body)."""
+    from kvcheck.runner.db import keyed_by_test_target
+    from kvcheck.strategies.limits import noting_targets
+
+    explicit = _targets_shown(item)
+    with noting_targets() as noted:
+
+        def identity() -> str | None:
+            return _joint_identity(explicit or noted)
+
+        with keyed_by_test_target(identity):
+            yield
+
+
+def _targets_shown(item: pytest.Item) -> list[Any]:
+    """The targets a test shows before it runs: its ``kvcheck_target`` argument (the plugin's
+    fixture, the project's own or a parameter), else its ``@given`` strategies' targets."""
+    funcargs = getattr(item, "funcargs", None) or {}
+    if _TARGET_FIXTURE in funcargs:
+        return [funcargs[_TARGET_FIXTURE]]
+    from kvcheck.strategies.limits import targets_of
+
+    test = getattr(item, "obj", None)
+    handle = getattr(getattr(test, "__func__", test), "hypothesis", None)
+    given = getattr(handle, "_given_kwargs", None)  # Hypothesis's record of @given
+    return targets_of(given) if isinstance(given, dict) else []
+
+
+def _joint_identity(targets: list[Any]) -> str | None:
+    """One key for a test's targets: the identity of each, joined when there are several."""
+    from kvcheck.targets import target_identity
+
+    keys = sorted({target_identity(target) for target in targets})
+    return " + ".join(keys) or None
+
+
+def _collected_target(item: pytest.Item, session: KVCheckSession) -> str:
+    """The target a collected test uses, as far as collection can tell."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and _TARGET_FIXTURE in callspec.params:
+        return _joint_identity([callspec.params[_TARGET_FIXTURE]]) or session.target_key
+    if _TARGET_FIXTURE in getattr(item, "fixturenames", ()):
+        fixture_info = getattr(item, "_fixtureinfo", None)
+        definitions = getattr(fixture_info, "name2fixturedefs", {}).get(_TARGET_FIXTURE, ())
+        own = getattr(kvcheck_target, "__wrapped__", kvcheck_target)
+        if definitions and getattr(definitions[-1], "func", own) is not own:
+            return f"the project's {_TARGET_FIXTURE} fixture (per test)"
+        return session.target_key
+    shown = _targets_shown(item)
+    return _joint_identity(shown) or session.target_key
 
 
 def _is_kvcheck_checkout(config: pytest.Config) -> bool:

@@ -8,6 +8,8 @@ Workers (or the single pytest process) attach what only they can see to each rep
   and its ``@reproduce_failure`` blob,
 - ``kvcheck_stored_examples``: stored examples the test fetched from the database,
 - ``kvcheck_stored_damaged``: of those, the ones that were empty or could not be decoded,
+- ``kvcheck_unattributed_examples``: stored examples the test replayed that its target
+  cannot claim (stored without a target): never archived, never evidence of a fix,
 - ``kvcheck_device``: the device the worker ran on,
 - ``kvcheck_save_errors``: why saving a failing example to the database failed, if it did;
 - ``kvcheck_pins``: the id of the target's declared finding the test pins, if it pins one.
@@ -41,7 +43,12 @@ from typing import Any
 import pytest
 
 from kvcheck.failures import leaf_exceptions, reproduction_to_json
-from kvcheck.runner.db import save_errors, stored_examples_damaged, stored_examples_fetched
+from kvcheck.runner.db import (
+    save_errors,
+    stored_examples_damaged,
+    stored_examples_fetched,
+    unattributed_examples_fetched,
+)
 from kvcheck.targets.findings import STEERED_EVENT
 
 __all__ = [
@@ -69,6 +76,7 @@ STATISTICS_PROPERTY = "kvcheck_statistics"
 FAILURES_PROPERTY = "kvcheck_failures"
 STORED_PROPERTY = "kvcheck_stored_examples"
 STORED_DAMAGED_PROPERTY = "kvcheck_stored_damaged"
+UNATTRIBUTED_PROPERTY = "kvcheck_unattributed_examples"
 DEVICE_PROPERTY = "kvcheck_device"
 SAVE_ERRORS_PROPERTY = "kvcheck_save_errors"
 PINS_PROPERTY = "kvcheck_pins"
@@ -157,6 +165,8 @@ def call_properties(
     properties.append((STORED_PROPERTY, stored_examples_fetched(nodeid)))
     if damaged := stored_examples_damaged(nodeid):
         properties.append((STORED_DAMAGED_PROPERTY, damaged))
+    if unattributed := unattributed_examples_fetched(nodeid):
+        properties.append((UNATTRIBUTED_PROPERTY, unattributed))
     if lost := save_errors(nodeid):
         properties.append((SAVE_ERRORS_PROPERTY, json.dumps(lost)))
     if device is not None:
@@ -248,6 +258,8 @@ class RecordedTest:
     stored_examples: int | None = None
     #: Of the stored examples fetched, those that were empty or could not be decoded.
     stored_damaged: int = 0
+    #: Stored examples replayed that the test's target cannot claim (stored without one).
+    unattributed: int = 0
     device: str | None = None
     save_errors: list[str] = field(default_factory=list)
     #: The declared finding this test pins (it must fail with exactly that finding).
@@ -454,6 +466,7 @@ _PROPERTY_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     FAILURES_PROPERTY: ("failures", json.loads),
     STORED_PROPERTY: ("stored_examples", int),
     STORED_DAMAGED_PROPERTY: ("stored_damaged", int),
+    UNATTRIBUTED_PROPERTY: ("unattributed", int),
     DEVICE_PROPERTY: ("device", str),
     SAVE_ERRORS_PROPERTY: ("save_errors", lambda value: list(json.loads(value))),
     PINS_PROPERTY: ("pins", str),

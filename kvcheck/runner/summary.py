@@ -230,7 +230,10 @@ def _held(scan: Any, target: str | None) -> str:
         if held.archived:
             parts[-1] += f" ({held.archived} more archived: fixed or undecodable)"
     if scan.legacy:
-        parts.append(f"{scan.legacy} stored by an older kvcheck (read by every target)")
+        parts.append(
+            f"{scan.legacy} stored by an older kvcheck without a target (replayed by every "
+            "target, never archived, no evidence of a fix)"
+        )
     text = "the database held " + (" and ".join(parts) or "no stored examples of this target")
     if scan.scanned:
         text += f"; {scan.entries} in all"
@@ -442,7 +445,10 @@ def _unreplayed(test: Mapping[str, Any]) -> str | None:
     stored = int(test.get("stored_examples") or 0)
     damaged = int(test.get("stored_damaged") or 0)
     reuse = ((test.get("statistics") or {}).get("phases") or {}).get("reuse") or {}
-    passed = int(reuse.get("valid", 0))
+    # The reuse phase also replays examples stored without a target (not the test's own):
+    # every one of both kinds must have run and passed.
+    unattributed = int(test.get("unattributed") or 0)
+    passed = int(reuse.get("valid", 0)) - unattributed
     invalid = int(reuse.get("invalid", 0))
     if not damaged and not invalid and passed == stored:
         return None

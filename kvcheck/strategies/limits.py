@@ -8,6 +8,11 @@ keys). The suite draws its specs with ``pool_specs(..., target=kvcheck_target)``
 with :func:`within_target_limits` instead of rejecting the ones outside it (a filter would
 discard nearly every DSA spec).
 
+A strategy given a ``target`` also says which target it serves, so that the pytest plugin
+keys a test's stored examples by the target the test really uses (not the one the run was
+started with): :func:`targets_of` finds the targets in a test's strategies before it runs,
+and :func:`noting_targets` collects those a test hands a strategy or a machine while it runs.
+
 Example:
     >>> from types import SimpleNamespace
     >>> from hypothesis import find
@@ -21,9 +26,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -34,11 +41,23 @@ from kvcheck.validation import check_type
 
 __all__ = [
     "PoolSpecLimits",
+    "carrying_target",
     "fit_spec",
+    "note_target",
+    "noting_targets",
     "pool_spec_limits_of",
     "spec_limit_violations",
+    "targets_of",
     "within_target_limits",
 ]
+
+_S = TypeVar("_S", bound=st.SearchStrategy[Any])
+#: The attribute a strategy built for a target carries it in (see :func:`carrying_target`).
+_TARGET_ATTRIBUTE = "_kvcheck_target"
+#: The targets noted while a test runs (None outside :func:`noting_targets`).
+_noted: contextvars.ContextVar[list[object] | None] = contextvars.ContextVar(
+    "kvcheck_noted_targets", default=None
+)
 
 #: family -> PoolSpec field -> accepted values.
 PoolSpecLimits = Mapping[str, Mapping[str, tuple[Any, ...]]]
@@ -177,7 +196,122 @@ def within_target_limits(
         4
     """
     check_type(st.SearchStrategy, specs, "specs", what="a Hypothesis strategy of PoolSpec")
+    note_target(target)
     limits = pool_spec_limits_of(target)
     if not limits:
         return specs
     return _fitted(specs, limits)
+
+
+# --- which target a test uses -----------------------------------------------------------------
+
+
+def carrying_target(target: object, strategy: _S) -> _S:
+    """Mark ``strategy`` (built by this call, never a shared one) as drawing for ``target``,
+    and note ``target`` for the running test (:func:`note_target`); returns ``strategy``.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> target = SimpleNamespace(name="t")
+        >>> fresh = st.integers().map(str)  # Hypothesis caches st.integers() itself
+        >>> targets_of(carrying_target(target, fresh)) == [target]
+        True
+    """
+    note_target(target)
+    setattr(strategy, _TARGET_ATTRIBUTE, target)
+    return strategy
+
+
+def note_target(target: object) -> None:
+    """Record that the running test uses ``target`` (nothing outside :func:`noting_targets`).
+
+    Example:
+        >>> with noting_targets() as noted:
+        ...     note_target("a target")
+        >>> noted
+        ['a target']
+    """
+    noted = _noted.get()
+    if noted is not None and not any(target is seen for seen in noted):
+        noted.append(target)
+
+
+@contextlib.contextmanager
+def noting_targets() -> Iterator[list[object]]:
+    """Collect, in the yielded list, the targets noted inside the block (strategies and
+    machines built for a target while a test runs), in the order first noted.
+
+    Example:
+        >>> with noting_targets() as noted:
+        ...     _ = within_target_limits(object(), st.nothing())
+        >>> len(noted)
+        1
+    """
+    noted: list[object] = []
+    token = _noted.set(noted)
+    try:
+        yield noted
+    finally:
+        _noted.reset(token)
+
+
+def targets_of(*strategies: object) -> list[object]:
+    """The targets that ``strategies`` (a test's ``@given`` arguments, say) draw for: those
+    built with ``target=`` anywhere inside them, and target objects they draw as values
+    (``st.just(target)``), in the order found, each once.
+
+    The walk goes through Hypothesis's wrappers (lazy, mapped, filtered, tuples, one-of,
+    ``st.just``); what a composite strategy builds inside its function is out of its reach
+    (:func:`noting_targets` sees that when it runs).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> target = SimpleNamespace(name="t", make_pool=print, unsupported={})
+        >>> found = targets_of(st.tuples(st.integers(), st.just(target)))
+        >>> found == [target]
+        True
+    """
+    found: list[object] = []
+    seen: set[int] = set()
+    pending: list[object] = list(strategies)
+    while pending:
+        obj = pending.pop(0)
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (tuple, list, frozenset, set)):
+            pending.extend(obj)
+        elif isinstance(obj, dict):
+            pending.extend(obj.values())
+        elif isinstance(obj, st.SearchStrategy):
+            carried = getattr(obj, _TARGET_ATTRIBUTE, None)
+            if carried is not None:
+                _add_once(found, carried)
+            pending.extend(_parts(obj))
+        elif _looks_like_target(obj):
+            _add_once(found, obj)
+    return found
+
+
+def _parts(strategy: st.SearchStrategy[Any]) -> list[object]:
+    """What a strategy is built from: its attributes, and a lazy one's strategy."""
+    parts: list[object] = list(vars(strategy).values())
+    if hasattr(type(strategy), "wrapped_strategy"):  # lazy and deferred strategies
+        # A strategy with bad arguments raises here: Hypothesis reports it when the test runs.
+        with contextlib.suppress(Exception):
+            parts.append(strategy.wrapped_strategy)  # type: ignore[attr-defined]
+    return parts
+
+
+def _looks_like_target(obj: object) -> bool:
+    return (
+        not isinstance(obj, type)
+        and isinstance(getattr(obj, "name", None), str)
+        and callable(getattr(obj, "make_pool", None))
+        and isinstance(getattr(obj, "unsupported", None), Mapping)
+    )
+
+
+def _add_once(found: list[object], target: object) -> None:
+    if not any(target is seen for seen in found):
+        found.append(target)

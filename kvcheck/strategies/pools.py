@@ -33,7 +33,7 @@ from kvcheck.specs import (
     SCALED_LATENT_DTYPE,
     PoolSpec,
 )
-from kvcheck.strategies.limits import within_target_limits
+from kvcheck.strategies.limits import carrying_target, within_target_limits
 from kvcheck.validation import (
     check_bool,
     check_choices,
@@ -487,7 +487,10 @@ def pool_specs(
         tuple(widths),
         tuple(quants),
     )
-    return specs if target is None else within_target_limits(target, specs)
+    if target is None:
+        return specs
+    # Both are built by this call (composites), so they may carry the target.
+    return carrying_target(target, within_target_limits(target, specs))
 
 
 def token_locations(

@@ -17,7 +17,7 @@ from hypothesis.errors import InvalidArgument
 
 from kvcheck.geometry import row_bytes
 from kvcheck.specs import PoolSpec
-from kvcheck.strategies.limits import within_target_limits
+from kvcheck.strategies.limits import carrying_target, within_target_limits
 from kvcheck.strategies.pools import pool_specs
 from kvcheck.surface import surface_of
 from kvcheck.tiers import (
@@ -62,7 +62,8 @@ def allocator_specs(
                 f"target={getattr(target, 'name', target)!r} declares none of "
                 f"kinds={tuple(kinds)!r}"
             )
-    return _allocator_specs(tuple(chosen), max_pages, max_page_size)
+    specs = _allocator_specs(tuple(chosen), max_pages, max_page_size)
+    return specs if target is None else carrying_target(target, specs)
 
 
 @st.composite
@@ -146,9 +147,10 @@ def host_pool_specs(
         declared = getattr(target, "host_variants", None) or {}
         variant_layouts = {variant: tuple(row[0]) for variant, row in declared.items()}
         devices = devices.filter(lambda spec: variant_layouts.get(spec.variant, (None,)) != ())
-    return _host_pool_specs(
+    specs = _host_pool_specs(
         devices, layouts, max_host_pages, alignment, frozenset(steer), variant_layouts
     )
+    return specs if target is None else carrying_target(target, specs)
 
 
 @st.composite

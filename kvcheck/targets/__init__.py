@@ -48,6 +48,7 @@ __all__ = [
     "prepare_target",
     "resolve_target",
     "supports",
+    "target_identity",
     "target_spec",
 ]
 
@@ -139,6 +140,53 @@ def resolve_target(name: str | None = None, *, available: bool = True) -> Target
     if available and reason:
         raise TargetError(f"target {spec!r}: {reason}")
     return target
+
+
+def target_identity(target: object) -> str:
+    """What a target is, whatever spelled it: the key of its stored examples.
+
+    Its class's module and qualified name (``my_pkg.kv:MyTarget``), plus the parameters that
+    change what it builds (``my_pkg.kv:MyTarget(bug='move')``): its ``identity_parameters``
+    mapping when it declares one, else its ``name`` when an instance set one of its own (a
+    class serving several broken pools), else none. So ``my_pkg.kv:buggy`` (an instance),
+    ``my_pkg.kv:MyTarget`` (the class) and a factory returning the same target are one
+    target. The built-in classes keep their short names, ``kvcheck`` and ``sglang``.
+
+    Example:
+        >>> target_identity(resolve_target("kvcheck"))
+        'kvcheck'
+        >>> from kvcheck.targets.builtin import KVCheckTarget
+        >>> class Mine(KVCheckTarget):
+        ...     identity_parameters = {"family": "mha"}
+        >>> target_identity(Mine())
+        "kvcheck.targets:Mine(family='mha')"
+    """
+    cls = type(target)
+    location = f"{cls.__module__}:{cls.__qualname__}"
+    parameters = getattr(target, "identity_parameters", None)
+    if parameters is None:
+        name = getattr(target, "name", None)
+        parameters = {} if name == getattr(cls, "name", None) else {"name": name}
+    if not isinstance(parameters, Mapping):
+        raise TargetError(
+            f"target {location}: identity_parameters={parameters!r} must be a mapping "
+            "parameter name -> value"
+        )
+    if not parameters:
+        builtin = {where: name for name, where in BUILTIN_TARGETS.items()}
+        return builtin.get(location, location)
+    shown = ", ".join(f"{key}={_identity_value(parameters[key])}" for key in sorted(parameters))
+    return f"{location}({shown})"
+
+
+def _identity_value(value: object) -> str:
+    """A parameter as it keys examples: classes and functions by where they live."""
+    if isinstance(value, type) or callable(value):
+        module = getattr(value, "__module__", None)
+        qualname = getattr(value, "__qualname__", None)
+        if module and qualname:
+            return f"{module}:{qualname}"
+    return repr(value).replace("\x00", "\\x00")
 
 
 def check_target(target: object) -> list[str]:
@@ -314,6 +362,13 @@ def _optional_member_problems(target: object) -> list[str]:
         value = getattr(target, member, None)
         if value is not None and not callable(value):
             problems.append(f"{member}: {value!r} is not callable")
+    parameters = getattr(target, "identity_parameters", None)
+    if parameters is not None and not (
+        isinstance(parameters, Mapping) and all(isinstance(key, str) for key in parameters)
+    ):
+        problems.append(
+            f"identity_parameters: {parameters!r} (expected a mapping parameter name -> value)"
+        )
     expected = getattr(target, "expected_failures", None)
     if expected is not None:
         if not isinstance(expected, Mapping):

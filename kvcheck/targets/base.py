@@ -114,6 +114,13 @@ FAMILY_SEPARATOR = ":"
 #:     Why the target cannot run on this machine (a package it drives is not installed);
 #:     the resolver refuses it for a run, quoting this, but still hands it out for what
 #:     needs only its declarations (reproduction scripts, the reach table).
+#: ``identity_parameters: Mapping[str, object]``
+#:     The parameters that change what the target builds (a target class that serves
+#:     several pools, one per instance: ``{"family": "mha", "pool": MoveIgnoresV}``). With
+#:     its class's module and qualified name they make the target's identity
+#:     (:func:`kvcheck.targets.target_identity`), which keys its stored examples, however
+#:     ``--target`` spelled it. Default: none (the class alone), or the instance's ``name``
+#:     when it set one that differs from its class's.
 #: ``script_recipe(spec, ops) -> ScriptRecipe | None``
 #:     How a standalone reproduction script builds the target's pool without kvcheck
 #:     (:class:`ScriptRecipe`); ``None`` (or no member): the script calls ``make_pool``.
@@ -140,6 +147,7 @@ OPTIONAL_MEMBERS: tuple[str, ...] = (
     "prepare",
     "describe",
     "unavailable",
+    "identity_parameters",
     "surface",
     "script_recipe",
     "reach_table",
