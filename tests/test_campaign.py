@@ -272,6 +272,8 @@ class _Executor:
         self.submitted: list[Shard] = []
         self.stopped: list[list[str]] = []
         self.stopped_all = 0
+        #: What the running shards report having run so far.
+        self.running_examples = 0
 
     def submit(self, shard: Shard) -> Shard:
         self.submitted.append(shard)
@@ -284,6 +286,9 @@ class _Executor:
 
     def result(self, shard: Shard) -> dict[str, Any]:
         return self.results_for(self, shard)
+
+    def examples_running(self, shards: Sequence[Shard]) -> int:
+        return self.running_examples
 
     def stop(self, nodeids: Sequence[str]) -> None:
         self.stopped.append(list(nodeids))
@@ -360,13 +365,102 @@ def test_an_interrupt_stops_every_shard_and_keeps_what_they_ran(
     assert "interrupted: stopping 1 running shard(s)" in capsys.readouterr().out
 
 
+def test_the_progress_line_counts_examples_while_the_shards_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before any shard finishes, the progress line counts the examples the running shards
+    report, not 0; a shard stopped mid-test still counts what it was seen running."""
+    ticks = []
+
+    class Running(_Executor):
+        def wait(self, handles: Sequence[Shard], timeout: float) -> list[Shard]:
+            ticks.append(timeout)
+            self.running_examples = 40 * len(ticks)
+            return [] if len(ticks) < 3 else list(handles)
+
+    def results_for(executor: _Executor, shard: Shard) -> dict[str, Any]:
+        stopped = {"nodeid": shard.nodeids[0], "outcome": "interrupted"}
+        return _outcome(shard.number, shard.seed, stopped, examples_seen={shard.nodeids[0]: 60})
+
+    # Stopped shards count what they were seen running, against the budget too: 60 + 60.
+    planner = Planner([Property("t", "m", "t")], seed=0, examples_per_test=100, max_examples=100)
+    run = drive(
+        planner,
+        Running(results_for, capacity=1),
+        time_budget_s=None,
+        progress=Progress(budget_s=None, tty=False),
+    )
+    first = capsys.readouterr().out.splitlines()[0]
+    assert " 40 examples " in first and "0 done, 1 running" in first
+    assert run.examples() == 120 and run.searched() == set()
+
+
+@pytest.mark.parametrize("searched", [1, 3], ids=["budget-ended-early", "every-test"])
+def test_the_summary_says_first_how_much_was_searched_and_exit_3_if_not_all(
+    searched: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary's first line gives the planned tests searched, the examples per test and
+    how long one round of the plan takes at the measured rate; a budget that ended before
+    every planned test had a shard run to its end exits 3 (incomplete), not 0."""
+    from kvcheck.runner.campaign.driver import CampaignRun
+
+    properties = [Property(n, "m", n) for n in "abc"] + [Property("d", "m", "d", skip="GPU")]
+    planner = Planner(properties, seed=0, examples_per_test=50)
+    finished = [_test(nodeid, "passed", 50) for nodeid in "abc"[:searched]]
+    stopped = [{"nodeid": nodeid, "outcome": "interrupted"} for nodeid in "abc"[searched:]]
+    run = CampaignRun(
+        outcomes=[_outcome(1, 0, *finished, *stopped)], out_of_time=True, duration_s=10.0
+    )
+    status, lines = _report(tmp_path, run, planner, capsys)
+    results = json.loads((tmp_path / "results.json").read_text())
+    # 50 examples per searched test in 10 s; a round is 3 tests x 50 examples.
+    rate = 5.0 * searched
+    if searched == 3:
+        assert status == 0
+        assert lines[0] == (
+            "kvcheck campaign: searched all 3 planned tests, 50 examples per searched test "
+            f"(up to 50 per shard); one round of the plan (150 examples) takes about "
+            f"{150 / rate:.0f}s at the measured {rate} examples/s"
+        )
+    else:
+        assert status == command.EXIT_INCOMPLETE == 3 and results["exit_status"] == 3
+        assert lines[0].startswith(
+            "kvcheck campaign: INCOMPLETE: searched 1 of 3 planned tests (2 never ran to the "
+            "end of a shard: 'unsearched' in results.json), 50 examples per searched test"
+        )
+        assert lines[0].endswith("would take about 30s at the measured 5.0 examples/s")
+        assert results["campaign"]["unsearched"] == ["b", "c"]
+
+
+def _report(
+    tmp_path: Path, run: Any, planner: Planner, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, list[str]]:
+    """The command's report of ``run``: its exit status and the summary's lines."""
+    options = argparse.Namespace(verbosity=0, json_path=None, junit_xml=None)
+    status = command._report(
+        options,
+        planner=planner,
+        run=run,
+        workers=2,
+        context=ShardContext(suite="kvcheck.suite", target="kvcheck"),
+        seed=0,
+        results_dir=tmp_path,
+        repro_dir=tmp_path / "repros",
+        import_root=None,
+    )
+    return status, [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
 # --- one shard's pytest run (no Ray) -----------------------------------------------------------
 
 _SHARD_SUITE = """
     import os
     import signal
 
-    from hypothesis import given, strategies as st
+    import time
+
+    from hypothesis import given, settings, strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, rule, run_state_machine_as_test
 
     @given(st.integers())
     def test_counts(x):
@@ -378,6 +472,19 @@ _SHARD_SUITE = """
 
     def test_plain():
         pass
+
+    class Steps(RuleBasedStateMachine):
+        @rule(x=st.integers())
+        def step(self, x):
+            pass
+
+    def test_machine():
+        run_state_machine_as_test(Steps)
+
+    @settings(deadline=None)
+    @given(st.integers())
+    def test_slow(x):
+        time.sleep(0.02)
 
     def test_waits_for_the_stop():
         started = os.environ.get("SHARD_BLOCKS")
@@ -413,6 +520,21 @@ def test_a_shard_runs_only_its_tests_with_its_seed_and_examples(shard_suite: Sha
     assert records[nodeids[1]]["outcome"] == "failed"
     assert (outcome["exit_status"], outcome["stopped"], outcome["seed"]) == (1, False, 3)
     assert outcome["results"]["profile"] == "kvcheck-campaign"
+
+
+def test_a_shard_reports_its_test_cases_while_they_run(shard_suite: ShardContext) -> None:
+    """While pytest runs, on_examples gets the test cases run so far per test (a @given
+    test's calls and a state machine's runs), and the outcome keeps the last count."""
+    nodeids = tuple(f"suite/test_shard.py::{name}" for name in ("test_machine", "test_slow"))
+    reports: list[dict[str, int]] = []
+    outcome = run_shard(
+        Shard(5, nodeids, seed=0, examples=60), shard_suite, on_examples=reports.append, poll_s=0.2
+    )
+    assert outcome["exit_status"] == 0, outcome["log_tail"]
+    seen = outcome["examples_seen"]
+    assert seen[nodeids[0]] >= 60 and seen[nodeids[1]] >= 60, seen
+    partial = [sum(report.values()) for report in reports]
+    assert any(0 < count < sum(seen.values()) for count in partial), partial
 
 
 def test_a_seeded_shard_stores_its_failure_for_the_next_one(shard_suite: ShardContext) -> None:

@@ -3,38 +3,57 @@ it refuses only expressions that pytest would also select nothing with."""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from kvcheck.runner.selection import (
-    collect_suite_keywords,
-    keyword_verdict,
-    selection_problem,
-    suite_tests,
-)
+import kvcheck
+from kvcheck.runner.selection import keyword_verdict, selection_problem, suite_tests
+
+#: Where the kvcheck under test is imported from: first on the subprocesses' path.
+_KVCHECK_ROOT = str(Path(kvcheck.__file__).resolve().parents[1])
 
 
-class _Selected:
-    def __init__(self) -> None:
-        self.ids: set[str] = set()
-
-    def pytest_collection_finish(self, session: Any) -> None:
-        self.ids = {item.nodeid.rpartition("/")[2] for item in session.items}
+def _python(*arguments: str) -> subprocess.CompletedProcess[str]:
+    """``python ARGUMENTS`` in a fresh interpreter (this kvcheck first on its path), so that
+    nothing imported or configured by earlier tests in this process changes what it sees."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([_KVCHECK_ROOT, os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("PYTEST_ADDOPTS", None)
+    return subprocess.run(
+        [sys.executable, *arguments],
+        capture_output=True,
+        text=True,
+        cwd=_KVCHECK_ROOT,
+        env=env,
+        check=False,
+        timeout=600,
+    )
 
 
 def _pytest_selects(expression: str) -> set[str]:
-    """The test ids (module.py::name[params]) that pytest's own -k selects from the suite."""
-    selected = _Selected()
+    """The test ids (module.py::name[params]) that pytest's own -k selects from the suite,
+    collected by a pytest of its own (in-process, it would depend on what earlier tests
+    imported: pytest cannot rewrite an imported kvcheck, and warns, an error here)."""
     arguments = ["--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"]
-    pytest.main([*arguments, "-k", expression, "--pyargs", "kvcheck.suite"], plugins=[selected])
-    return selected.ids
+    arguments += ["-p", "no:randomly"]
+    done = _python("-m", "pytest", *arguments, "-k", expression, "--pyargs", "kvcheck.suite")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {line.strip().rpartition("/")[2] for line in done.stdout.splitlines() if "::" in line}
 
 
 def test_the_table_of_the_suite_is_current() -> None:
     """kvcheck/runner/_suite_keywords.py lists every test of the suite with its marks; when
-    the suite changes, regenerate it: python -m kvcheck.runner.selection && ruff format."""
-    assert suite_tests() == collect_suite_keywords()
+    the suite changes, regenerate it: python -m kvcheck.runner.selection && ruff format.
+    (Checked in a fresh interpreter, as _pytest_selects collects.)"""
+    done = _python("-m", "kvcheck.runner.selection", "--check")
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    assert (done.returncode, last) == (0, "up to date"), done.stdout[-3000:] + done.stderr
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,18 @@ their results (:mod:`~kvcheck.runner.campaign.merge`), write a standalone script
 failure, print the summary ``verify`` prints and write ``results.json`` and ``junit.xml``
 to the results directory.
 
-Exit status as ``verify``'s: 0 all passed; 1 a property failed; 2 usage, target or setup
-error (Ray missing, the suite not collected, a shard that could not run its tests or was
-lost), or a failing example that could not be saved; 130 interrupted (SIGINT, SIGTERM),
-after the summary of what the shards ran.
+The summary's first line says how much the campaign searched: the planned tests (those not
+skipped at collection) that some shard ran to their end, out of all of them, the examples
+per searched test, and how long one round of the plan (every planned test its shards)
+takes at the examples per second the campaign measured, so a budget can be sized.
+
+Exit status as ``verify``'s, plus one: 0 every planned test searched and all passed;
+1 a property failed; 2 usage, target or setup error (Ray missing, the suite not collected,
+a shard that could not run its tests or was lost), or a failing example that could not be
+saved; 3 incomplete: nothing failed, but the budget (``--minutes`` or ``--examples``) ended
+before every planned test had a shard run to its end, so a pass says nothing of the rest
+(``unsearched`` in ``results.json`` lists them); 130 interrupted (SIGINT, SIGTERM), after
+the summary of what the shards ran. 130 wins over 2, 2 over 1, 1 over 3.
 
 Example:
     >>> import argparse
@@ -49,15 +57,26 @@ from kvcheck.runner.checks import (
 from kvcheck.runner.repro_scripts import write_repro_scripts
 from kvcheck.specs import POOL_FAMILIES
 
-__all__ = ["DEFAULT_MINUTES", "DEFAULT_RESULTS_DIR", "add_campaign_parser", "run_campaign"]
+__all__ = [
+    "DEFAULT_MINUTES",
+    "DEFAULT_RESULTS_DIR",
+    "EXIT_INCOMPLETE",
+    "add_campaign_parser",
+    "run_campaign",
+]
 
 #: The time budget when neither --minutes nor --examples is given.
 DEFAULT_MINUTES = 10.0
 DEFAULT_RESULTS_DIR = str(Path(".kvcheck") / "campaign")
+#: The budget ended before every planned test had a shard run to its end (nothing failed).
+EXIT_INCOMPLETE = 3
 _EXIT_STATUS_TEXT = (
-    "Exit status as verify's: 0 all passed; 1 a property failed; 2 usage, target or setup "
-    "error (Ray missing, a shard that could not run), or a failing example that could not "
-    "be saved; 130 interrupted (Ctrl-C, SIGTERM), after the summary of what ran."
+    "Exit status: 0 every planned test searched and all passed; 1 a property failed; 2 usage, "
+    "target or setup error (Ray missing, a shard that could not run), or a failing example "
+    "that could not be saved; 3 incomplete: nothing failed, but the budget ended before "
+    "every planned test had a shard run to its end (the summary's first line and "
+    "'unsearched' in results.json say which); 130 interrupted (Ctrl-C, SIGTERM), after the "
+    "summary of what ran."
 )
 
 
@@ -282,6 +301,9 @@ def _report(
 
     _keep_shard_log(results_dir / "shards.jsonl", run)
     examples = run.examples()
+    planned = [p.nodeid for p in planner.properties if p.skip is None]
+    searched = run.searched()
+    per_second = examples / run.duration_s if run.duration_s else 0.0
     results = merge_results(
         run.outcomes,
         properties=planner.properties,
@@ -295,11 +317,15 @@ def _report(
             ],
             "shard_errors": _shard_errors(run.outcomes),
             "examples": examples,
-            "examples_per_second": round(examples / run.duration_s, 2) if run.duration_s else 0,
+            "examples_per_second": round(per_second, 2),
             "examples_per_test": planner.examples_per_test,
             "out_of_time": run.out_of_time,
             "interrupted": run.interrupted,
-            "unsearched": planner.searching() if not run.interrupted else [],
+            "planned": len(planned),
+            "searched": len([nodeid for nodeid in planned if nodeid in searched]),
+            "unsearched": [nodeid for nodeid in planned if nodeid not in searched],
+            "round_examples": planner.round_examples(),
+            "round_s": round(planner.round_examples() / per_second, 1) if per_second else None,
         },
     )
     exit_code = _exit_code(results, interrupted=run.interrupted)
@@ -403,7 +429,8 @@ def _warn_unshared_database(database: Any, *, address: str | None) -> None:
 
 def _exit_code(results: dict[str, Any], *, interrupted: bool) -> int:
     """verify's rules: 130 interrupted; 2 a lost save, a shard that could not run, a
-    collection error; 1 a failing test; else 0."""
+    collection error; 1 a failing test; then 3 a planned test no shard ran to its end;
+    else 0."""
     from kvcheck.runner.summary import EXIT_FAILED, EXIT_OK, EXIT_USAGE, FAILING_OUTCOMES
 
     if interrupted:
@@ -419,6 +446,8 @@ def _exit_code(results: dict[str, Any], *, interrupted: bool) -> int:
         return EXIT_USAGE
     if any(test.get("outcome") in FAILING_OUTCOMES for test in tests):
         return EXIT_FAILED
+    if campaign.get("unsearched"):
+        return EXIT_INCOMPLETE
     return EXIT_OK
 
 
@@ -442,10 +471,11 @@ def _campaign_lines(results: dict[str, Any], *, target: str) -> str:
     replay what it found."""
     campaign = results["campaign"]
     lines = [
+        _searched_line(results),
         f"kvcheck campaign: {campaign['shards']} shards on {campaign['workers']} workers, "
         f"{campaign['examples']:,} examples in {results['duration_s']:.0f}s "
         f"({campaign['examples_per_second']}/s), seeds from {campaign['seed']}"
-        + ("; stopped at the time budget" if campaign["out_of_time"] else "")
+        + ("; stopped at the time budget" if campaign["out_of_time"] else ""),
     ]
     for error in campaign["shard_errors"]:
         lines.append(
@@ -461,6 +491,68 @@ def _campaign_lines(results: dict[str, Any], *, target: str) -> str:
             f"kvcheck replay --target {shlex.quote(target)}"
         )
     return "\n".join(lines) + "\n\n"
+
+
+def _searched_line(results: dict[str, Any]) -> str:
+    """The summary's first line: how much of the plan was searched, how deep, and how long
+    one round of the plan takes at the measured rate.
+
+    Example:
+        >>> campaign = {"planned": 174, "searched": 3, "unsearched": ["t"] * 171,
+        ...             "examples_per_test": 1000, "examples_per_second": 26.04,
+        ...             "round_examples": 177000, "round_s": 6797.2}
+        >>> tests = [{"nodeid": n, "outcome": "passed", "statistics": {"examples": 1000}}
+        ...          for n in "abc"]
+        >>> head, pace = _searched_line({"campaign": campaign, "tests": tests}).split("; ")
+        >>> head.partition(" (")[0]
+        'kvcheck campaign: INCOMPLETE: searched 3 of 174 planned tests'
+        >>> head.rpartition("), ")[2]
+        '1,000 examples per searched test (up to 1,000 per shard)'
+        >>> pace.partition("would take about ")[2]
+        '1h 53m at the measured 26.04 examples/s'
+    """
+    campaign = results["campaign"]
+    planned, searched = int(campaign["planned"]), int(campaign["searched"])
+    examples = sum(
+        int((test.get("statistics") or {}).get("examples") or 0)
+        for test in results.get("tests") or ()
+        if test.get("outcome") not in ("interrupted", "skipped")
+    )
+    depth = (
+        f"{examples // searched:,} examples per searched test" if searched else "no examples"
+    ) + f" (up to {campaign['examples_per_test']:,} per shard)"
+    if campaign.get("round_s") is None:
+        pace = "no example ran, so the time one round of the plan takes is not known"
+    else:
+        pace = (
+            f"one round of the plan ({campaign['round_examples']:,} examples) "
+            f"{'would take' if campaign['unsearched'] else 'takes'} about "
+            f"{_duration(float(campaign['round_s']))} at the measured "
+            f"{campaign['examples_per_second']} examples/s"
+        )
+    if campaign["unsearched"]:
+        head = (
+            f"INCOMPLETE: searched {searched} of {planned} planned tests "
+            f"({len(campaign['unsearched'])} never ran to the end of a shard: 'unsearched' "
+            "in results.json)"
+        )
+    else:
+        head = f"searched all {planned} planned tests"
+    return f"kvcheck campaign: {head}, {depth}; {pace}"
+
+
+def _duration(seconds: float) -> str:
+    """``45s``, ``12m``, ``1h 53m``.
+
+    Example:
+        >>> _duration(44.6), _duration(720), _duration(6797.2)
+        ('45s', '12m', '1h 53m')
+    """
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    minutes = round(seconds / 60)
+    return f"{minutes}m" if minutes < 60 else f"{minutes // 60}h {minutes % 60:02d}m"
 
 
 def _keep_shard_log(path: Path, run: Any) -> None:

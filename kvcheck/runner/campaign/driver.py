@@ -25,6 +25,7 @@ Example (a stand-in executor that runs each shard at once):
     ...                  for n in shard.nodeids]
     ...         return {"shard": shard.number, "seed": shard.seed, "nodeids": shard.nodeids,
     ...                 "exit_status": 1, "stopped": False, "results": {"tests": tests}}
+    ...     def examples_running(self, shards): return 0
     ...     def stop(self, nodeids): pass
     ...     def stop_all(self): pass
     ...     def cancel(self, handles): pass
@@ -47,7 +48,7 @@ from typing import Any, Protocol
 from kvcheck.runner.campaign.plan import Planner, Shard
 from kvcheck.runner.campaign.progress import Progress, Status
 
-__all__ = ["CampaignRun", "Executor", "ShardLost", "drive"]
+__all__ = ["CampaignRun", "Executor", "ShardLost", "drive", "outcome_examples"]
 
 _FAILING = ("failed", "error", "xpassed")
 #: How often the loop wakes up (progress line, time budget, interrupts) while shards run.
@@ -75,6 +76,9 @@ class Executor(Protocol):
         """A finished shard's outcome (:func:`kvcheck.runner.campaign.shard.run_shard`);
         :class:`ShardLost` if its task died."""
 
+    def examples_running(self, shards: Sequence[Shard]) -> int:
+        """Test cases the running ``shards`` have run so far, as they last reported."""
+
     def stop(self, nodeids: Sequence[str]) -> None:
         """Stop the running shards all of whose tests are among ``nodeids``."""
 
@@ -99,12 +103,42 @@ class CampaignRun:
     duration_s: float = 0.0
 
     def examples(self) -> int:
-        """Examples run by the finished shards, all tests together."""
-        return sum(
-            _examples(test)
+        """Examples run by the finished shards, all tests together: for each test a shard
+        finished, its results' count; for one it was stopped in, the test cases it was
+        counted running (a stopped test's results count none).
+
+        Example:
+            >>> run = CampaignRun(outcomes=[{"results": {"tests": [
+            ...     {"nodeid": "a", "outcome": "passed", "statistics": {"examples": 10}},
+            ...     {"nodeid": "b", "outcome": "interrupted"}]},
+            ...     "examples_seen": {"a": 11, "b": 4}}])
+            >>> run.examples()
+            14
+        """
+        return sum(outcome_examples(outcome) for outcome in self.outcomes)
+
+    def searched(self) -> set[str]:
+        """The tests some shard ran to their end (passed, failed, ... but not stopped)."""
+        return {
+            str(test["nodeid"])
             for outcome in self.outcomes
             for test in (outcome.get("results") or {}).get("tests") or ()
-        )
+            if test.get("outcome") != "interrupted"
+        }
+
+
+def outcome_examples(outcome: Mapping[str, Any]) -> int:
+    """The examples one finished shard ran (see :meth:`CampaignRun.examples`)."""
+    records = {
+        str(test["nodeid"]): test for test in (outcome.get("results") or {}).get("tests") or ()
+    }
+    seen: Mapping[str, int] = outcome.get("examples_seen") or {}
+    total = sum(_examples(r) for r in records.values() if r.get("outcome") != "interrupted")
+    return total + sum(
+        count
+        for nodeid, count in seen.items()
+        if nodeid not in records or records[nodeid].get("outcome") == "interrupted"
+    )
 
 
 def drive(
@@ -148,10 +182,10 @@ def drive(
             for handle in executor.wait(list(running), timeout):
                 _finished(run, planner, executor, running.pop(handle), handle, progress)
             if progress is not None:
-                progress.update(_status(run, started, len(running)))
+                progress.update(_status(run, started, executor, list(running.values())))
     run.duration_s = time.monotonic() - started
     if progress is not None:
-        progress.update(_status(run, started, 0))
+        progress.update(_status(run, started, executor, []))
         progress.close()
     return run
 
@@ -175,7 +209,7 @@ def _finished(
         return
     run.outcomes.append(outcome)
     records = {t["nodeid"]: t for t in (outcome.get("results") or {}).get("tests") or ()}
-    planner.shard_done(shard, examples=sum(_examples(record) for record in records.values()))
+    planner.shard_done(shard, examples=outcome_examples(outcome))
     broken = outcome.get("exit_status") not in (0, 1) and not outcome.get("stopped")
     newly_failed = []
     for nodeid in shard.nodeids:
@@ -211,12 +245,14 @@ def _examples(record: Mapping[str, Any]) -> int:
     return int((record.get("statistics") or {}).get("examples") or 0)
 
 
-def _status(run: CampaignRun, started: float, running: int) -> Status:
+def _status(
+    run: CampaignRun, started: float, executor: Executor, running: Sequence[Shard]
+) -> Status:
     return Status(
         elapsed_s=time.monotonic() - started,
-        examples=run.examples(),
+        examples=run.examples() + (executor.examples_running(running) if running else 0),
         shards_done=len(run.outcomes),
-        running=running,
+        running=len(running),
         failures=len(run.failed),
     )
 

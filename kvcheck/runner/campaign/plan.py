@@ -191,6 +191,23 @@ class Planner:
         """
         return [p.nodeid for p in self.properties if p.nodeid not in self.finished]
 
+    def round_examples(self) -> int:
+        """The examples one round of the plan hands out: for every test to be searched (not
+        skipped, and not found to be a plain test), its module's weight in shards of
+        ``examples_per_test``.
+
+        Example:
+            >>> props = [Property("a", "test_pool_machines", "a"), Property("b", "m", "b"),
+            ...          Property("c", "m", "c", skip="no GPU")]
+            >>> Planner(props, seed=0, examples_per_test=10).round_examples()
+            50
+        """
+        return sum(
+            self.weights.get(p.module, 1) * self.examples_per_test
+            for p in self.properties
+            if p.skip is None and self.finished.get(p.nodeid) != "not a Hypothesis test"
+        )
+
     def _groups(self) -> list[tuple[int, list[Property]]]:
         """(weight, tests run together): a property's parameters together, or each on its
         own where its module weighs more than 1; heaviest first, then in suite order."""

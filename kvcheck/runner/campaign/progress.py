@@ -31,8 +31,9 @@ _NO_BUDGET_INTERVAL_S = 30.0
 
 @dataclass(frozen=True)
 class Status:
-    """Where the campaign stands: seconds since it started, examples run by the shards that
-    finished, shards finished and running, tests failed so far."""
+    """Where the campaign stands: seconds since it started, examples run (by the finished
+    shards, and by the running ones as they last reported: counted as they run), shards
+    finished and running, tests failed so far."""
 
     elapsed_s: float
     examples: int

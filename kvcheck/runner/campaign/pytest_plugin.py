@@ -16,6 +16,13 @@
     ``--hypothesis-seed N``, but as ``@seed(N)`` does it: per test. Hypothesis turns the
     example database off under ``--hypothesis-seed``, and a campaign's failures must be
     stored, shrunk once and replayed; with ``@seed`` the database stays on.
+``--kvcheck-campaign-progress FILE``
+    Count test cases as they run and keep the counts in FILE, as JSON
+    (``{"tests": {nodeid: test cases}}``), rewritten whole (never half written) at most
+    every half second and when a test ends. A test case is one call of a ``@given`` test's
+    body or one run of a state machine (one machine built), shrinking included: the shard
+    reads the file while pytest runs, so the campaign's progress line counts examples as
+    they run, not only when a shard finishes.
 
 Example:
     >>> _function("test_x[mha]")
@@ -24,18 +31,26 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-__all__ = ["EXAMPLES_OPTION", "PLAN_OPTION", "SEED_OPTION", "TEST_OPTION"]
+__all__ = ["EXAMPLES_OPTION", "PLAN_OPTION", "PROGRESS_OPTION", "SEED_OPTION", "TEST_OPTION"]
 
 PLAN_OPTION = "--kvcheck-campaign-plan"
 TEST_OPTION = "--kvcheck-campaign-test"
 EXAMPLES_OPTION = "--kvcheck-campaign-examples"
 SEED_OPTION = "--kvcheck-campaign-seed"
+PROGRESS_OPTION = "--kvcheck-campaign-progress"
+#: The progress file is rewritten at most this often while a test runs.
+_PROGRESS_INTERVAL_S = 0.5
 #: What ``@seed(N)`` sets on a test; a state machine class passes it to its test.
 _SEED_ATTRIBUTE = "_hypothesis_internal_use_seed"
 
@@ -70,10 +85,79 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="seed every Hypothesis test (state machines too) as @seed(N) does; unlike "
         "--hypothesis-seed, the example database stays on",
     )
+    group.addoption(
+        PROGRESS_OPTION,
+        default=None,
+        metavar="FILE",
+        help="count each test's test cases as they run and keep the counts in FILE (JSON)",
+    )
+
+
+class _Counter:
+    """Test cases run per test, written to ``path`` (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.counts: dict[str, int] = {}
+        self.nodeid: str | None = None
+        self._written_at = 0.0
+
+    def add(self) -> None:
+        if self.nodeid is None:
+            return
+        self.counts[self.nodeid] = self.counts.get(self.nodeid, 0) + 1
+        if time.monotonic() - self._written_at >= _PROGRESS_INTERVAL_S:
+            self.write()
+
+    def write(self) -> None:
+        self._written_at = time.monotonic()
+        scratch = self.path.with_name(self.path.name + ".tmp")
+        try:
+            scratch.write_text(json.dumps({"tests": self.counts}), encoding="utf-8")
+            os.replace(scratch, self.path)
+        except OSError:  # progress is a courtesy: never fail a test over it
+            pass
+
+
+_counter: _Counter | None = None
+_machine_init: Any = None
+
+
+def _count_machines(counter: _Counter) -> None:
+    """Count every state machine built (one per test case of a state-machine test)."""
+    global _machine_init
+    from hypothesis.stateful import RuleBasedStateMachine
+
+    original = RuleBasedStateMachine.__init__
+    _machine_init = original
+
+    @functools.wraps(original)
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        counter.add()
+        original(self, *args, **kwargs)
+
+    RuleBasedStateMachine.__init__ = counted  # type: ignore[method-assign]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _counter, _machine_init
+    if _counter is not None:
+        _counter.write()
+        _counter = None
+    if _machine_init is not None:
+        from hypothesis.stateful import RuleBasedStateMachine
+
+        RuleBasedStateMachine.__init__ = _machine_init  # type: ignore[method-assign]
+        _machine_init = None
 
 
 @pytest.hookimpl(trylast=True)  # after kvcheck's plugin loaded its profile
 def pytest_configure(config: pytest.Config) -> None:
+    global _counter
+    progress = config.getoption("kvcheck_campaign_progress")
+    if progress is not None:
+        _counter = _Counter(Path(progress))
+        _count_machines(_counter)
     seed = config.getoption("kvcheck_campaign_seed")
     if seed is not None:
         from hypothesis.stateful import RuleBasedStateMachine
@@ -94,19 +178,49 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
-    """Seed a ``@given`` test as ``@seed`` would, for the duration of its call."""
+    """Seed a ``@given`` test as ``@seed`` would, and count its test cases, for the duration
+    of its call."""
     seed = item.config.getoption("kvcheck_campaign_seed")
     test = getattr(item, "obj", None)
     test = getattr(test, "__func__", test)
-    if seed is None or getattr(test, "is_hypothesis_test", False) is not True:
+    given = getattr(test, "is_hypothesis_test", False) is True
+    if _counter is not None:
+        _counter.nodeid = item.nodeid
+    before = getattr(test, _SEED_ATTRIBUTE, None)
+    if given and seed is not None:
+        setattr(test, _SEED_ATTRIBUTE, seed)
+    try:
+        with _counting(test if given and _counter is not None else None):
+            yield
+    finally:
+        if given and seed is not None:
+            setattr(test, _SEED_ATTRIBUTE, before)
+        if _counter is not None:
+            _counter.nodeid = None
+            _counter.write()
+
+
+@contextlib.contextmanager
+def _counting(test: Any) -> Iterator[None]:
+    """While it runs, count each call of the ``@given`` test's body (Hypothesis calls
+    ``test.hypothesis.inner_test`` once per test case, and lets it be replaced)."""
+    hypothesis: Any = getattr(test, "hypothesis", None)
+    inner = getattr(hypothesis, "inner_test", None)
+    if test is None or inner is None or _counter is None:
         yield
         return
-    before = getattr(test, _SEED_ATTRIBUTE, None)
-    setattr(test, _SEED_ATTRIBUTE, seed)
+    counter = _counter
+
+    @functools.wraps(inner)
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counter.add()
+        return inner(*args, **kwargs)
+
+    hypothesis.inner_test = counted
     try:
         yield
     finally:
-        setattr(test, _SEED_ATTRIBUTE, before)
+        hypothesis.inner_test = inner
 
 
 @pytest.hookimpl(trylast=True)  # after kvcheck's plugin added the target's skips

@@ -10,7 +10,8 @@ cluster has GPUs (else CPUs), or ``workers``.
 
 Shards learn that they must stop from a small actor the driver writes to: every running
 task asks it about once a second whether the campaign is stopping, or whether all of its
-tests have failed in another shard.
+tests have failed in another shard, and tells it the test cases it has run so far, which
+the driver reads for its progress line.
 """
 
 from __future__ import annotations
@@ -43,11 +44,18 @@ def ray_available() -> bool:
 
 class _Control:
     """The campaign's switches, held by one actor: stop everything, or stop the shards
-    whose tests have all failed elsewhere."""
+    whose tests have all failed elsewhere; and the running shards' test cases so far."""
 
     def __init__(self) -> None:
         self.stopping = False
         self.failed: set[str] = set()
+        self.examples: dict[int, int] = {}
+
+    def report(self, number: int, examples: int) -> None:
+        self.examples[number] = examples
+
+    def examples_of(self, numbers: list[int]) -> int:
+        return sum(self.examples.get(number, 0) for number in numbers)
 
     def stop_all(self) -> None:
         self.stopping = True
@@ -69,7 +77,10 @@ def _task(shard: Shard, context: ShardContext, control: Any) -> dict[str, Any]:
         except ray.exceptions.RayError:  # the driver is gone: stop
             return True
 
-    return run_shard(shard, context, should_stop=should_stop)
+    def on_examples(counts: dict[str, int]) -> None:
+        control.report.remote(shard.number, sum(counts.values()))  # no need to wait
+
+    return run_shard(shard, context, should_stop=should_stop, on_examples=on_examples)
 
 
 class RayExecutor:
@@ -136,6 +147,10 @@ class RayExecutor:
             return dict(self._ray.get(handle))
         except self._ray.exceptions.RayError as exc:
             raise ShardLost(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+
+    def examples_running(self, shards: Sequence[Shard]) -> int:
+        numbers = [shard.number for shard in shards]
+        return int(self._ray.get(self._control.examples_of.remote(numbers)))
 
     def stop(self, nodeids: Sequence[str]) -> None:
         self._ray.get(self._control.fail.remote(list(nodeids)))

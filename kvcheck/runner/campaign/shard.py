@@ -6,7 +6,10 @@ so node ids and database keys are the same and ``kvcheck replay`` finds what it 
 under the ``kvcheck-campaign`` profile with the shard's seed (as ``@seed``: the database
 stays on, which ``--hypothesis-seed`` would turn off) and example count, and
 returns the results the pytest plugin wrote (:mod:`kvcheck.runner.results`) as a plain
-dict, which travels back to the driver.
+dict, which travels back to the driver. While pytest runs, the shard reads the test cases
+it has run so far (the campaign plugin's progress file) every ``poll_s`` and passes them to
+``on_examples``, which the Ray task forwards to the driver: the progress line counts
+examples as they run.
 
 pytest runs in a session of its own, so a Ctrl-C in the worker's terminal does not reach
 it; the shard stops it when ``should_stop()`` says so (the campaign is interrupted or out
@@ -39,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcheck.runner.campaign.plan import Shard
-from kvcheck.runner.campaign.pytest_plugin import SEED_OPTION, TEST_OPTION
+from kvcheck.runner.campaign.pytest_plugin import PROGRESS_OPTION, SEED_OPTION, TEST_OPTION
 
 __all__ = [
     "ShardContext",
@@ -70,8 +73,15 @@ class ShardContext:
     pytest_args: tuple[str, ...] = ()
 
 
-def shard_command(shard: Shard, context: ShardContext, *, results_path: Path) -> list[str]:
-    """The pytest command line of ``shard``: its tests, seed and example count."""
+def shard_command(
+    shard: Shard,
+    context: ShardContext,
+    *,
+    results_path: Path,
+    progress_path: Path | None = None,
+) -> list[str]:
+    """The pytest command line of ``shard``: its tests, seed and example count (and where
+    to keep its running counts, if ``progress_path``)."""
     from kvcheck.runner.launch import pytest_command
     from kvcheck.runner.profiles import CAMPAIGN
 
@@ -91,6 +101,7 @@ def shard_command(shard: Shard, context: ShardContext, *, results_path: Path) ->
             *(f"{TEST_OPTION}={nodeid}" for nodeid in shard.nodeids),
             f"{SEED_OPTION}={shard.seed}",
             f"--kvcheck-campaign-examples={shard.examples}",
+            *([] if progress_path is None else [f"{PROGRESS_OPTION}={progress_path}"]),
             *context.pytest_args,
         ],
     )
@@ -101,21 +112,27 @@ def run_shard(
     context: ShardContext,
     *,
     should_stop: Callable[[], bool] = lambda: False,
+    on_examples: Callable[[dict[str, int]], None] = lambda counts: None,
     poll_s: float = 1.0,
 ) -> dict[str, Any]:
     """Run ``shard`` and return what came of it, as plain data.
 
     Keys: ``shard`` (its number), ``seed``, ``nodeids``, ``exit_status`` (pytest's),
     ``stopped`` (``should_stop()`` ended it), ``results`` (the results file, ``None`` if
-    pytest wrote none), ``log_tail`` (the end of pytest's output, when it did not exit 0
-    or 1), ``host``, ``gpus`` (``CUDA_VISIBLE_DEVICES``) and ``wall_s``. ``should_stop`` is
-    asked every ``poll_s`` seconds while pytest runs.
+    pytest wrote none), ``examples_seen`` (test cases run per test, as counted while they
+    ran: they count a test the shard was stopped in), ``log_tail`` (the end of pytest's
+    output, when it did not exit 0 or 1), ``host``, ``gpus`` (``CUDA_VISIBLE_DEVICES``)
+    and ``wall_s``. Every ``poll_s`` seconds while pytest runs, ``should_stop`` is asked
+    and ``on_examples`` told the test cases run so far per test.
     """
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"kvcheck-shard-{shard.number}-") as scratch:
         results_path = Path(scratch) / "results.json"
         log_path = Path(scratch) / "pytest.log"
-        command = shard_command(shard, context, results_path=results_path)
+        progress_path = Path(scratch) / "progress.json"
+        command = shard_command(
+            shard, context, results_path=results_path, progress_path=progress_path
+        )
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 command,
@@ -127,7 +144,10 @@ def run_shard(
                 start_new_session=True,
                 preexec_fn=_child_setup(),
             )
-            status, stopped = _wait(process, should_stop, poll_s)
+            status, stopped = _wait(
+                process, should_stop, lambda: on_examples(_seen(progress_path)), poll_s
+            )
+        seen = _seen(progress_path)
         results = _load(results_path)
         tail = None if status in (0, 1) and results is not None else _tail(log_path)
     return {
@@ -137,6 +157,7 @@ def run_shard(
         "exit_status": status,
         "stopped": stopped,
         "results": results,
+        "examples_seen": seen,
         "log_tail": tail,
         "host": socket.gethostname(),
         "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
@@ -145,16 +166,21 @@ def run_shard(
 
 
 def _wait(
-    process: subprocess.Popen[bytes], should_stop: Callable[[], bool], poll_s: float
+    process: subprocess.Popen[bytes],
+    should_stop: Callable[[], bool],
+    on_poll: Callable[[], None],
+    poll_s: float,
 ) -> tuple[int, bool]:
     """pytest's exit status, and whether it was stopped; a KeyboardInterrupt in the worker
-    stops it too (and is not raised: what ran is still returned)."""
+    stops it too (and is not raised: what ran is still returned). ``on_poll`` is called
+    every ``poll_s`` while it runs."""
     stopped = False
     try:
         while True:
             try:
                 return process.wait(timeout=poll_s), stopped
             except subprocess.TimeoutExpired:
+                on_poll()
                 if not stopped and should_stop():
                     stopped = True
                     process.send_signal(signal.SIGINT)
@@ -210,6 +236,15 @@ def _child_setup() -> Callable[[], None] | None:
         prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
     return in_child
+
+
+def _seen(path: Path) -> dict[str, int]:
+    """The test cases per test in the progress file (none yet: empty)."""
+    try:
+        tests = json.loads(path.read_text(encoding="utf-8")).get("tests") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {str(nodeid): int(count) for nodeid, count in tests.items()}
 
 
 def _load(path: Path) -> dict[str, Any] | None:
