@@ -15,11 +15,8 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 pool = MHATokenToKVPool(size=3, page_size=2, dtype=torch.bfloat16, head_dim=4, **cpu.MHA)
 k_reported, v_reported = (int(n) for n in pool.get_kv_size_bytes())
-storages = {
-    t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-    for t in (*pool.k_buffer, *pool.v_buffer)
-}
-allocated, reported = sum(storages.values()), k_reported + v_reported
+allocated = cpu.storage_bytes([*pool.k_buffer, *pool.v_buffer])
+reported = k_reported + v_reported
 cpu.verdict(
     reported < allocated
     and (

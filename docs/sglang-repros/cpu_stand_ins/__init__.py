@@ -20,6 +20,7 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -102,6 +103,13 @@ def cannot_check(why):
 def ids(*values):
     """An int64 index tensor."""
     return torch.tensor(list(values), dtype=torch.int64)
+
+
+def storage_bytes(tensors):
+    """The bytes allocated behind ``tensors``, each storage counted once (K and V of a layer
+    may be the two halves of one allocation)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
 
 
 def layer(layer_id=0):
@@ -213,18 +221,24 @@ def on_cpu(call):
 
 
 def child(script, *args, flags=(), **environ):
-    """Run ``script`` again in a child interpreter with ``args`` (and interpreter
-    ``flags``, extra ``environ``); returns the finished process and its marks: each stdout
-    line ``HEAD rest`` as ``{HEAD: rest}``."""
-    run = subprocess.run(
+    """Run ``script`` again in a child interpreter with ``args`` (and interpreter ``flags``,
+    extra ``environ``): the finished process."""
+    return subprocess.run(
         [sys.executable, *flags, script, *map(str, args)],
         capture_output=True,
         text=True,
         env={**os.environ, **environ},
         check=False,
     )
-    marks = dict(line.partition(" ")[::2] for line in run.stdout.splitlines())
-    return run, marks
+
+
+def ended(run):
+    """How a child from :func:`child` ended, in a few words."""
+    if run.returncode < 0:
+        return f"it was killed by {signal.Signals(-run.returncode).name}"
+    lines = (run.stderr.strip() or run.stdout.strip() or "no output").splitlines()
+    where = " inside a Triton kernel" if "/triton/" in run.stderr else ""
+    return f"it exited {run.returncode}{where}: {lines[-1][:200]}"
 
 
 #: A two-layer Qwen3 (plain MHA) ``config.json``: building KV pools needs no weights.
