@@ -4,9 +4,9 @@ Under ``--dcp-size N`` callers name tokens by widened id (``(size + page_size) *
 the DSA indexer writes index keys (not split by rank) at those ids; without an explicit
 ``index_buf_size`` the index-K buffer holds ``size`` tokens, and the Triton kernel has no
 bounds check. sglang 0.5.22 sizes it ``(size + page_size) * dcp_size - page_size``. Rank 0
-of ``--dcp-size 2`` with one 64-token page writes the key of widened id 254; sglang's
-kernel is replaced by one that records its launch (nothing is written). Exit 1 and "BUG
-PRESENT: ..." while the launch addresses a page past the buffer; 0 once it holds it.
+of ``--dcp-size 2`` with one 64-token page writes the key of widened id 254. Path: sglang's
+default up to the launch, the kernel's body replaced by a recorder (nothing is written).
+Exit 1 and "BUG PRESENT: ..." while it addresses a page past the buffer; 0 once it fits.
 """
 
 from collections import defaultdict
