@@ -34,7 +34,7 @@ for label, args in (
         refusals.append(f"{label}: {type(error).__name__}: {error}")
 cpu.verdict(
     len(refusals) == 2
-    and f"MHATokenToKVPoolMXFP8 at page_size=4 built flat scale buffers "
+    and f"MXFP8 pool at page_size=4 (CUDA guard passed as on a GPU) built flat scales "
     f"{tuple(pool.k_scale_buffer[0].shape)}, then refused every write: {'; '.join(refusals)}",
     f"fixed: a flat-scale MXFP8 pool stores a write (refused only: {refusals})",
 )
