@@ -2,12 +2,13 @@
 the releases that have them.
 
 There is one script per bug and undocumented precondition in ``docs/sglang-findings.md``
-(``test_sglang_findings_doc.py`` checks the pairing without sglang). Each imports sglang
-and torch alone (no kvcheck, no Hypothesis) and exits 1 printing ``BUG PRESENT: ...``
-while the finding is there, 0 printing ``fixed`` once it is gone (or ``not applicable``
-on a release that cannot have it), and 3 printing ``cannot check here`` where this
-machine cannot run the check for the installed release (a GPU-only path). This test
-requires what the finding's release range (``RELEASES`` in
+(``test_sglang_findings_doc.py`` checks the pairing without sglang). Each imports sglang,
+torch and the folder's shared CPU helper (``cpu_stand_ins/``; no kvcheck, no Hypothesis;
+``test_sglang_repro_scripts.py`` checks that and their length without sglang) and exits 1
+printing ``BUG PRESENT: ...`` while the finding is there, 0 printing ``fixed`` once it is
+gone (or ``not applicable`` on a release that cannot have it), and 3 printing ``cannot
+check here`` where this machine cannot run the check for the installed release (a GPU-only
+path). This test requires what the finding's release range (``RELEASES`` in
 ``kvcheck/targets/sglang/findings.py``) says of the installed release: when a release
 fixes a finding, the test fails until the range ends. A script that cannot run (an import
 error, a crash, a control step that fails: exit 2) fails the test too: it must reach its

@@ -28,8 +28,9 @@ import os
 import sys
 import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -40,6 +41,28 @@ TORCHVISION = "torchvision"
 #: indexing instead of its Triton copy kernel (read once, in the pool constructor).
 NATIVE_MOVE_ENV = "SGLANG_NATIVE_MOVE_KV_CACHE"
 HND_LAYOUT_ENV = "SGLANG_USE_HND_KVCACHE"
+
+#: The stand-ins that change which path sglang takes, not only a kernel's body: name -> the
+#: switch, the path sglang takes without it, and the path that runs instead. Every other
+#: stand-in of the target replaces kernel callables (and, where sglang guards a GPU-only
+#: kernel, answers the guard as a GPU server would) and sets no sglang environment switch;
+#: tests/targets/test_sglang_stand_in_dispatch.py checks both. A path change is reported with
+#: the target's CPU notes ("move") and in the findings document's stand-in table.
+PATH_CHANGES: Mapping[str, str] = MappingProxyType(
+    {
+        "native_kv_move": (
+            f"{NATIVE_MOVE_ENV}=1 while CPU MHA pools are built: move_kv_cache runs sglang's "
+            "torch move (move_kv_cache_native). Without it a pool built as with speculative "
+            "decoding (enable_kv_cache_copy=True) moves K/V with the Triton kernel "
+            "copy_all_layer_kv_cache_tiled, and one built without asserts 'KV copy not "
+            "initialized'. On the flat-scale MXFP8 pool the two paths fail differently: "
+            "AttributeError (native_k_scale_buffer) after the Triton copy, NotImplementedError "
+            "(index_put on float8_e8m0fnu) on the torch move (docs/sglang-repros/q15.py)"
+        ),
+    }
+)
+#: Switches a spec selects (a layout sglang offers on every device), not a CPU workaround.
+SPEC_SWITCHES: Mapping[str, str] = MappingProxyType({"hnd_kv_layout": HND_LAYOUT_ENV})
 
 
 #: Parallel widths for one process serving every attention head: what sglang's
@@ -211,11 +234,12 @@ def scoped_environ(**values: str) -> Iterator[None]:
 
 @contextmanager
 def native_kv_move() -> Iterator[None]:
-    """Build MHA pools that move K/V with tensor indexing (sglang's CPU path).
+    """Build MHA pools that move K/V with tensor indexing (sglang's torch move).
 
-    sglang's default move is a Triton kernel that needs a GPU and
-    ``enable_kv_cache_copy=True``; the pool reads ``SGLANG_NATIVE_MOVE_KV_CACHE`` once,
-    in its constructor, so the variable is set only while pools are constructed.
+    A path change, not a kernel body (see :data:`PATH_CHANGES`): sglang's default move is a
+    Triton kernel that needs a GPU and ``enable_kv_cache_copy=True``; the pool reads
+    ``SGLANG_NATIVE_MOVE_KV_CACHE`` once, in its constructor, so the variable is set only
+    while pools are constructed.
     """
     with scoped_environ(**{NATIVE_MOVE_ENV: "1"}):
         yield

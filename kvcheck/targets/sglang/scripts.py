@@ -31,8 +31,8 @@ __all__ = ["script_recipe"]
 
 _SGLANG_SETUP = '''
 # --- what a launched sglang server would have provided (kvcheck's CPU workarounds) ---
-# sglang's MHA pool moves K/V with a Triton kernel unless this variable asks for its
-# tensor-indexing move; the pool reads it in its constructor.
+# A path change, not a kernel body (kvcheck's env.PATH_CHANGES): sglang's MHA pool moves K/V
+# with a Triton kernel unless this variable asks for its torch move, read in its constructor.
 os.environ["SGLANG_NATIVE_MOVE_KV_CACHE"] = "1"
 
 
