@@ -94,6 +94,15 @@ def verdict(bug, fixed):
     sys.exit(0)
 
 
+def differs(difference, same):
+    """For a contract difference (not a defect): print ``CONTRACT DIFFERENCE PRESENT:
+    difference`` and exit 1 when ``difference``, else ``same`` and exit 0."""
+    if difference:
+        print(f"CONTRACT DIFFERENCE PRESENT: {difference}")
+        sys.exit(1)
+    verdict(None, same)
+
+
 def cannot_check(why):
     """Exit 3: this machine cannot run the check for the installed release."""
     print(f"cannot check here: {why}")

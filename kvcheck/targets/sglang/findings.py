@@ -117,7 +117,10 @@ FINDINGS: Mapping[str, str] = MappingProxyType(
         "Q15": "flat-scale MXFP8 moves and reloads store the scales by index_put on "
         "float8_e8m0fnu, which a CPU torch lacks: NotImplementedError after the fp8 payload "
         "has moved (moves on sglang's torch move path; its default Triton move asserts "
-        "without a speculative algorithm)",
+        "without a speculative algorithm, and raises Q16's AttributeError with one)",
+        "Q16": "flat-scale MXFP8 moves raise AttributeError (native_k_scale_buffer, which "
+        "the MXFP8 pool never sets) after the fp8 payload has moved: the base move's "
+        "_move_native_fp4_scales reads it on every path (shown on the default Triton copy)",
     }
 )
 
@@ -184,9 +187,10 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
         "Q5": _ALL,
         # q6.py shows Q6 on each release (MHATokenToKVPool's host copies are the same).
         "Q6": _ALL,
-        # MHATokenToKVPoolMXFP8: q13-q15.py and the pins show them on each release (the
+        # MHATokenToKVPoolMXFP8: q13-q16.py and the pins show them on each release (the
         # pool's code is the same; 0.5.21 and 0.5.22 keep its kernels in another module).
-        **{finding: _ALL for finding in ("Q13", "Q14", "Q15")},
+        # Q16 has no pin: the target moves on the torch path, where Q15 raises first.
+        **{finding: _ALL for finding in ("Q13", "Q14", "Q15", "Q16")},
     }
 )
 
@@ -220,7 +224,8 @@ CLASSES: Mapping[str, str] = MappingProxyType(
         },
         # S1: the scheduler's check_decode_capacity asks available_size(), the smaller side,
         # first; a refusal that still happens is "Decode out of memory".
-        **{finding: "latent bug" for finding in ("P1", "N4", "A1", "T3", "S1", "B2")},
+        # Q16: a flat-scale MXFP8 pool cannot be written (Q14), so its moves carry nothing.
+        **{finding: "latent bug" for finding in ("P1", "N4", "A1", "T3", "S1", "B2", "Q16")},
         **{finding: "precondition" for finding in ("H1", "L1", "G1", "G2", "Q15", "S2")},
         # M1, Q13: slot 0 is sglang's padding slot, whose contents nothing reads. I (I1-I10):
         # caller errors, I10 (an index-K write to a skip layer) included.
