@@ -1,12 +1,12 @@
 """kvcheck's own tests, in a shuffled order on request.
 
-``TESTS_SHUFFLE_SEED=N pytest tests -n auto`` runs the collected tests in the order
+``TESTS_SHUFFLE_SEED=N pytest -n auto`` runs the collected tests in the order
 ``random.Random(N)`` shuffles them into (after every other reordering, the suite's report
 order included), so a test that passes only after, or only before, another shows up; the
 header names the seed, and the same ``N`` gives the same order again. Under xdist every
 worker shuffles with the same seed, so they collect the same list, and which worker runs
-what changes with the seed too. CI runs it once with a seed it prints (``.ci/run``,
-"shuffled").
+what changes with the seed too. CI's lowest-versions stage runs the whole command this way,
+with a seed it prints (``.ci/run``, "lowest: pytest -n auto, shuffled").
 
 A variable rather than pytest-randomly: that plugin, once installed, shuffles every run
 and reseeds ``random`` before each test; this shuffles only when asked, and changes
