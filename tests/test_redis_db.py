@@ -179,7 +179,9 @@ def test_plugin_header_shows_redis(
         settings._profiles.update(saved)
         settings.load_profile(current)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([f"kvcheck database: redis {flushed} (examples keyed by the target each test uses*)"])
+    result.stdout.fnmatch_lines(
+        [f"kvcheck database: redis {flushed} (examples keyed by the target each test uses*)"]
+    )
 
 
 def test_server_dir_is_the_temp_dir(
