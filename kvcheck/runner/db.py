@@ -529,8 +529,7 @@ class RecordingDatabase(ExampleDatabase):
 
     def __init__(self, inner: ExampleDatabase) -> None:
         super().__init__()
-        if not isinstance(inner, ExampleDatabase):
-            raise ValueError(f"inner={inner!r} is not a Hypothesis ExampleDatabase")
+        _check_inner(inner)
         self.inner = inner
 
     def __repr__(self) -> str:
@@ -653,8 +652,7 @@ class TargetDatabase(ExampleDatabase):
         also_read: Iterable[str] = (),
     ) -> None:
         super().__init__()
-        if not isinstance(inner, ExampleDatabase):
-            raise ValueError(f"inner={inner!r} is not a Hypothesis ExampleDatabase")
+        _check_inner(inner)
         _check_target_name(target, "target")
         self.inner = inner
         self.target = target
@@ -808,13 +806,15 @@ class PerTestTargetDatabase(ExampleDatabase):
         self, inner: ExampleDatabase, default: str, *, aliases: Iterable[str] = ()
     ) -> None:
         super().__init__()
-        if not isinstance(inner, ExampleDatabase):
-            raise ValueError(f"inner={inner!r} is not a Hypothesis ExampleDatabase")
+        _check_inner(inner)
         _check_target_name(default, "default")
         self.inner = inner
         self.default = default
         self.aliases = tuple(aliases)
         self._parts: dict[str, TargetDatabase] = {}
+        #: key -> the target holding it, for tests that show none: looked up once per key,
+        #: since it reads every target's key index and Hypothesis saves often while shrinking.
+        self._holder: dict[bytes, str] = {}
 
     def __repr__(self) -> str:
         return f"PerTestTargetDatabase({self.inner!r}, {self.default!r})"
@@ -834,12 +834,14 @@ class PerTestTargetDatabase(ExampleDatabase):
         known = resolve() if resolve is not None else None
         if known:
             return known
-        holders = [
-            name
-            for name in stored_targets(self.inner)
-            if name != self.default and key in set(self.inner.fetch(_keys_key(name)))
-        ]
-        return holders[0] if len(holders) == 1 else self.default
+        if key not in self._holder:
+            holders = [
+                name
+                for name in stored_targets(self.inner)
+                if name != self.default and key in set(self.inner.fetch(_keys_key(name)))
+            ]
+            self._holder[key] = holders[0] if len(holders) == 1 else self.default
+        return self._holder[key]
 
     def _part(self, key: bytes) -> TargetDatabase:
         target = self.target_for(key)
@@ -866,6 +868,11 @@ class PerTestTargetDatabase(ExampleDatabase):
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _check_inner(inner: object) -> None:
+    if not isinstance(inner, ExampleDatabase):
+        raise ValueError(f"inner={inner!r} is not a Hypothesis ExampleDatabase")
 
 
 def _check_target_name(name: object, argument: str) -> None:

@@ -77,7 +77,6 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 _KVCHECK_FIXTURES = frozenset({"kvcheck_target", "kvcheck_device"})
 _TARGET_MARKER = "kvcheck_target"
 _TARGET_FIXTURE = "kvcheck_target"
-#: User property: stored examples a test read that its target cannot claim (legacy ones).
 _KVCHECK_MARKERS = ("kvcheck_needs", "gpu", _TARGET_MARKER)
 #: Hypothesis settings a test's own ``@settings(...)`` may have changed from its parent.
 _SETTING_NAMES = (
