@@ -351,7 +351,9 @@ def _replay(options: argparse.Namespace, extra: Sequence[str]) -> int:
     A database may hold several targets' examples (kvcheck keys them by target); each is
     replayed against its own target, never another's, and named before its run. Every
     target's share is checked for damage before the first one runs, so that no verdict is
-    printed while another target's examples are unreadable.
+    printed while another target's examples are unreadable. Examples of a target with
+    parameters (``pkg:Cls(name='x')``), which no ``--target`` spelling names, are kept, said
+    and not replayed, and the exit status is then at least 2.
     """
     from kvcheck.runner.db import describe_database, scan_database
     from kvcheck.runner.profiles import REPLAY
