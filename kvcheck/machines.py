@@ -62,7 +62,6 @@ from kvcheck.specs import (
     DCP_SIZES,
     INDEX_KPOOLS,
     POOL_FAMILIES,
-    POOL_VARIANTS,
     HostCopy,
     HostReload,
     Move,
@@ -77,6 +76,7 @@ from kvcheck.strategies import pool_specs
 from kvcheck.strategies.limits import within_target_limits
 from kvcheck.targets import supports
 from kvcheck.targets.findings import steered_tags
+from kvcheck.variants import Variant, variant_names, variants_of
 
 __all__ = [
     "MACHINE_CAPABILITIES",
@@ -86,6 +86,7 @@ __all__ = [
     "default_machine_specs",
     "pool_machine",
     "supported_op_kinds",
+    "variant_machine_specs",
 ]
 
 MACHINE_FAMILIES = POOL_FAMILIES
@@ -145,7 +146,7 @@ def _favoured_kinds(spec: PoolSpec) -> tuple[str, ...]:
 #:
 #: ``VARIANT:KIND``
 #:     never draw step ``KIND`` for pools of ``VARIANT`` (a family, or a family with its
-#:     layout: ``noop:host_copy``, ``mha:hnd:host_copy``; :data:`kvcheck.specs.POOL_VARIANTS`);
+#:     layout: ``noop:host_copy``, ``mha:hnd:host_copy``; :data:`kvcheck.variants.VARIANTS`);
 #: ``VARIANT:contiguous_buf_infos``
 #:     the invariant does not ask ``VARIANT``'s pools for transfer descriptors;
 #: ``cast_write:scales``
@@ -172,11 +173,11 @@ def _favoured_kinds(spec: PoolSpec) -> tuple[str, ...]:
 #: ``FAMILY:host_copy:request``
 #:     host copies and reloads of ``FAMILY`` never name a request slot (DSA compress tails).
 STEER_TAGS: tuple[str, ...] = (
-    *(f"{variant}:{kind}" for variant in POOL_VARIANTS for kind, _ in _STEP_KINDS[1:]),
-    *(f"{variant}:contiguous_buf_infos" for variant in POOL_VARIANTS),
+    *(f"{variant}:{kind}" for variant in variant_names() for kind, _ in _STEP_KINDS[1:]),
+    *(f"{variant}:contiguous_buf_infos" for variant in variant_names()),
     *(
         f"{variant}:{what}"
-        for variant in POOL_VARIANTS
+        for variant in variant_names()
         for what in (
             "accounting:scales",
             "scale_buf_infos",
@@ -229,15 +230,17 @@ def default_machine_specs(
     index_kpools: tuple[int, ...] = INDEX_KPOOLS,
     dcp_sizes: tuple[int, ...] = DCP_SIZES,
     kv_quants: tuple[str, ...] = ("none",),
+    dtype_names: tuple[str, ...] | None = None,
 ) -> st.SearchStrategy[PoolSpec]:
     """The small pool specs a machine for ``family`` draws when none are given.
 
-    Any dtype; up to 3 layers starting at a global layer up to 3; at most 32 tokens in
-    pages of up to 4; MHA/NoOp sometimes with a V head dim of its own; DSA with every kind
-    of skip mask and an index kpool of ``index_kpools`` (``(2, 4)``: pooled ones only);
-    MLA/DSA one rank of a decode-context-parallel width of ``dcp_sizes`` (``(2, 4)``:
-    always DCP); MHA/MLA a quantized variant of ``kv_quants`` (``("mxfp8",)``: MXFP8 only).
-    Shrinks towards one bfloat16 layer at layer 0, page_size=1, one page.
+    Any dtype (or ``dtype_names``); up to 3 layers starting at a global layer up to 3; at
+    most 32 tokens in pages of up to 4; MHA/NoOp sometimes with a V head dim of its own; DSA
+    with every kind of skip mask and an index kpool of ``index_kpools`` (``(2, 4)``: pooled
+    ones only); MLA/DSA one rank of a decode-context-parallel width of ``dcp_sizes``
+    (``(2, 4)``: always DCP); MHA/MLA a quantized variant of ``kv_quants``
+    (``("mxfp8",)``: MXFP8 only). Shrinks towards one bfloat16 layer at layer 0,
+    page_size=1, one page.
 
     Example:
         >>> from hypothesis import find, settings
@@ -249,6 +252,7 @@ def default_machine_specs(
         raise ValueError(f"family={family!r} not in {MACHINE_FAMILIES}")
     return pool_specs(
         families=(family,),
+        dtype_names=dtype_names,
         max_layers=_MAX_LAYERS,
         max_size=_MAX_SIZE,
         max_page_size=_MAX_PAGE_SIZE,
@@ -256,6 +260,32 @@ def default_machine_specs(
         dcp_sizes=dcp_sizes,
         kv_quants=kv_quants,
     )
+
+
+def variant_machine_specs(variant: Variant) -> st.SearchStrategy[PoolSpec]:
+    """The small pool specs a machine draws for ``variant`` alone: :func:`default_machine_specs`
+    narrowed to the variant's axis values (and, for an unquantized variant that takes fewer
+    dtypes than its family, such as DSA's fp8 scaled latent rows, to those dtypes), keeping
+    the specs that bear its name.
+
+    Example:
+        >>> from hypothesis import find, settings
+        >>> from kvcheck.variants import variant_named
+        >>> find(variant_machine_specs(variant_named("dsa:kpool")), lambda spec: True,
+        ...      settings=settings(database=None)).variant
+        'dsa:kpool'
+    """
+    family, values = variant.family, variant.axis_values
+    family_dtypes = variants_of(family)[0].dtypes
+    narrower = variant.kv_quant == "none" and set(variant.dtypes) < set(family_dtypes)
+    specs = default_machine_specs(
+        family,
+        index_kpools=values.get("index_kpool", INDEX_KPOOLS),
+        dcp_sizes=values.get("dcp_size", DCP_SIZES),
+        kv_quants=(variant.kv_quant,),
+        dtype_names=variant.dtypes if narrower else None,
+    )
+    return specs.filter(lambda spec: spec.variant == variant.name)
 
 
 class PoolMachine(RuleBasedStateMachine):

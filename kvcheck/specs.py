@@ -76,31 +76,6 @@ NVFP4_LAYOUTS: tuple[str, ...] = ("linear+dq", "both+dq", "linear", "native")
 QUANT_BLOCKS: dict[str, int] = {"mxfp8": 32, "fp4_mx_block16": 16, "nvfp4": 16, "fp4": 16}
 #: MXFP8 keeps its scales interleaved (FA4's layout) for this page size, flat otherwise.
 MXFP8_INTERLEAVED_PAGE = 128
-#: What :attr:`PoolSpec.variant` can be: a family, or a family with a layout of its own.
-POOL_VARIANTS: tuple[str, ...] = (
-    "mha",
-    "mha:hnd",
-    "mha:fp8_scaled",
-    "mha:fp8_scaled:hnd",
-    "mha:cpu_fp8",
-    "mha:mxfp8",
-    "mha:mxfp8:flat",
-    "mha:fp4_mx_block16",
-    "mha:nvfp4",
-    "mha:nvfp4:native",
-    "mla:fp4",
-    "noop",
-    "mla",
-    "dsa",
-    "dsa:scaled",
-    "dsa:kpool",
-    "dsa:scaled:kpool",
-    "mla:dcp",
-    "dsa:dcp",
-    "dsa:scaled:dcp",
-    "dsa:kpool:dcp",
-    "dsa:scaled:kpool:dcp",
-)
 #: DSA index kpools the strategies draw (SGLang 0.5.23 takes any divisor of the page
 #: size; its CUDA kernels need 64-token index pages, so a target like sglang pairs kpool
 #: k with ``page_size = 64 * k`` through its surface).

@@ -38,6 +38,7 @@ from hypothesis.errors import InvalidArgument
 from kvcheck.specs import FP4_DTYPE, NVFP4_LAYOUTS, PoolSpec
 from kvcheck.surface import LIMIT_NAMES, surface_of
 from kvcheck.validation import check_type
+from kvcheck.variants import Variant
 
 __all__ = [
     "PoolSpecLimits",
@@ -48,6 +49,7 @@ __all__ = [
     "pool_spec_limits_of",
     "spec_limit_violations",
     "targets_of",
+    "unbuilt_variant_reason",
     "within_target_limits",
 ]
 
@@ -77,6 +79,33 @@ def pool_spec_limits_of(target: object) -> PoolSpecLimits:
         return surface_of(target).limits()
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from exc
+
+
+def unbuilt_variant_reason(target: object, variant: Variant) -> str | None:
+    """Why ``target`` builds no pool of ``variant`` (its surface leaves out the family or
+    every value of one of the variant's axes, quoting the surface's note where it has one),
+    or None when it builds it.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from kvcheck.variants import variant_named
+        >>> target = SimpleNamespace(name="t")
+        >>> unbuilt_variant_reason(target, variant_named("mha:hnd"))
+        "target 't' builds no mha:hnd pool (its surface lists no such kv_layout)"
+        >>> unbuilt_variant_reason(target, variant_named("mha")) is None
+        True
+    """
+    surface = surface_of(target)
+    name = getattr(target, "name", target)
+    family = variant.family
+    if not surface.builds(family):
+        why = surface.note(family) or "its surface lists no such family"
+        return f"target {name!r} builds no {variant.name} pool ({why})"
+    field = variant.takes({field: surface.values(family, field) for field in variant.axis_values})
+    if field is None:
+        return None
+    why = surface.note(family, field) or f"its surface lists no such {field}"
+    return f"target {name!r} builds no {variant.name} pool ({why})"
 
 
 def spec_limit_violations(target: object, spec: PoolSpec) -> list[str]:

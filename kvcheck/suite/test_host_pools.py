@@ -37,12 +37,13 @@ from kvcheck.properties.host_pools import (
     check_host_round_trip,
     check_host_storage_and_teardown,
 )
+from kvcheck.strategies.limits import unbuilt_variant_reason
 from kvcheck.strategies.tiers import host_pool_specs
-from kvcheck.suite.test_pool_machines import QUANTIZED, _unbuilt_variant
 from kvcheck.targets import supports
 from kvcheck.targets.findings import steered_tags
 from kvcheck.targets.tiers import host_pool_skip_reason, host_variant_skip_reason
 from kvcheck.tiers import HOST_FAMILIES
+from kvcheck.variants import VARIANTS, Variant
 
 
 def _host_spec_or_skip(target: Any, family: str, data: st.DataObject) -> Any:
@@ -79,8 +80,8 @@ def test_host_round_trip_is_byte_exact(
 #: Every quantized device variant with a host tier (token-major: ``hnd`` pools have none):
 #: a run of its own each, so that each one's scales get their share of round trips (the
 #: family runs above draw unquantized pools only).
-QUANTIZED_HOSTS = tuple(
-    (family, quant, variant) for family, quant, variant in QUANTIZED if not variant.endswith(":hnd")
+QUANTIZED_HOSTS: tuple[Variant, ...] = tuple(
+    v for v in VARIANTS if v.kv_quant != "none" and v.token_major and v.family in HOST_FAMILIES
 )
 
 
@@ -97,39 +98,32 @@ def _host_settings() -> settings:
 
 
 @pytest.mark.parametrize(
-    ("family", "quant", "variant"),
+    "variant",
     [
-        pytest.param(
-            family,
-            quant,
-            variant,
-            marks=pytest.mark.kvcheck_needs(f"{family}_pool"),
-            id=variant.split(":", 1)[1].replace(":", "-"),
-        )
-        for family, quant, variant in QUANTIZED_HOSTS
+        pytest.param(v, marks=pytest.mark.kvcheck_needs(f"{v.family}_pool"), id=v.test_id)
+        for v in QUANTIZED_HOSTS
     ],
 )
 def test_quantized_host_round_trip_is_byte_exact(
-    kvcheck_target: Any,
-    kvcheck_device: str,
-    family: str,
-    quant: str,
-    variant: str,
+    kvcheck_target: Any, kvcheck_device: str, variant: Variant
 ) -> None:
     """A quantized pool's host tier round-trips its payload and every scale buffer byte for
     byte (scales at their layout's place, in the data pages and page meta beside the
     payload). Skipped for a target that builds no such pool or no host tier for it."""
     for reason in (
-        host_pool_skip_reason(kvcheck_target, family),
-        _unbuilt_variant(kvcheck_target, family, variant),
-        host_variant_skip_reason(kvcheck_target, variant),
+        host_pool_skip_reason(kvcheck_target, variant.family),
+        unbuilt_variant_reason(kvcheck_target, variant),
+        host_variant_skip_reason(kvcheck_target, variant.name),
     ):
         if reason is not None:
             pytest.skip(reason)
     steer = steered_tags(kvcheck_target)
     specs = host_pool_specs(
-        families=(family,), kv_quants=(quant,), target=kvcheck_target, steer=steer
-    ).filter(lambda spec: spec.device.variant == variant)
+        families=(variant.family,),
+        kv_quants=(variant.kv_quant,),
+        target=kvcheck_target,
+        steer=steer,
+    ).filter(lambda spec: spec.device.variant == variant.name)
 
     @_host_settings()
     @given(data=st.data())
@@ -139,7 +133,7 @@ def test_quantized_host_round_trip_is_byte_exact(
             data.draw(specs, label="host pool"),
             data,
             device=kvcheck_device,
-            write_kinds=supported_op_kinds(kvcheck_target, family),
+            write_kinds=supported_op_kinds(kvcheck_target, variant.family),
             validates=supports(kvcheck_target, "input_validation"),
             steer=steer,
         )

@@ -18,7 +18,7 @@ from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck.lifecycle import lifecycle_machine, lifecycle_specs
-from kvcheck.specs import MHA_KV_QUANTS, MLA_KV_QUANTS, POOL_VARIANTS
+from kvcheck.specs import MHA_KV_QUANTS, MLA_KV_QUANTS
 from kvcheck.strategies.limits import pool_spec_limits_of
 from kvcheck.targets.tiers import (
     allocator_skip_reason,
@@ -26,6 +26,7 @@ from kvcheck.targets.tiers import (
     host_variant_skip_reason,
 )
 from kvcheck.tiers import HOST_FAMILIES
+from kvcheck.variants import variants_of
 
 
 def lifecycle_settings() -> settings:
@@ -89,9 +90,7 @@ def test_quantized_request_lifecycle_matches_reference(
     quants = tuple(
         quant for quant in QUANTIZED_FAMILIES[family] if declared is None or quant in declared
     )
-    variants = [
-        v for v in POOL_VARIANTS if v.startswith(f"{family}:") and v.split(":")[1] in quants
-    ]
+    variants = [v.name for v in variants_of(family) if v.kv_quant in quants]
     if not quants or all(host_variant_skip_reason(kvcheck_target, v) for v in variants):
         pytest.skip(
             f"target {kvcheck_target.name!r} builds no host tier for a quantized {family} pool"

@@ -33,9 +33,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from kvcheck.specs import POOL_VARIANTS
 from kvcheck.targets.findings import Finding
 from kvcheck.targets.sglang.release import Releases
+from kvcheck.variants import variant_names
 
 FINDINGS_DOC = "docs/sglang-findings.md"
 #: Where the issue file of a bug or precondition lives (``<id>`` lower-case).
@@ -428,7 +428,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="move_kv_cache",
         kind="*instead of ValueError",
         family="*kpool*",
-        steer=frozenset(f"{variant}:move" for variant in POOL_VARIANTS if "kpool" in variant),
+        steer=frozenset(f"{variant}:move" for variant in variant_names() if "kpool" in variant),
     ),
     _finding(
         "T2",
@@ -454,7 +454,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         # set_kv_buffer is drawn on raw latent rows only (a scaled row refuses it anyway).
         steer=frozenset(
             f"{variant}:{kind}"
-            for variant in POOL_VARIANTS
+            for variant in variant_names()
             if variant.endswith(":dcp") and "scaled" not in variant
             for kind in ("write_kv", "cast_write_kv")
         ),
@@ -468,7 +468,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         # DCP pools with a kpool refuse moves (T1 steers those).
         steer=frozenset(
             f"{variant}:move"
-            for variant in POOL_VARIANTS
+            for variant in variant_names()
             if variant.endswith(":dcp") and "kpool" not in variant
         ),
     ),
@@ -478,7 +478,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="move_kv_cache",
         family="dsa*",
         steer=frozenset(
-            f"{variant}:move" for variant in POOL_VARIANTS if variant.startswith("dsa")
+            f"{variant}:move" for variant in variant_names() if variant.startswith("dsa")
         ),
     ),
     _finding(
