@@ -3,12 +3,10 @@ asked for, inside what a target declares of each variant's host tier."""
 
 from __future__ import annotations
 
-from types import MappingProxyType
-from typing import Any
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvcheck.declaration import Builds, Declaration, Key, Refuses, Row, declaration_of
 from kvcheck.strategies.tiers import host_pool_specs
 from kvcheck.targets import resolve_target
 from kvcheck.targets.builtin import KVCheckTarget
@@ -21,12 +19,12 @@ class _NarrowHostTarget(KVCheckTarget):
     none for flat MXFP8 (what the sglang target declares)."""
 
     name = "narrow-host"
-    host_variants: Any = MappingProxyType(
-        {
-            "mha:mxfp8": (("page_first",), "page_first only"),
-            "mha:mxfp8:asymmetric": ((), "no asymmetric MXFP8 host tier"),
-            "mha:mxfp8:flat": ((), "no flat MXFP8 host tier"),
-        }
+    declaration = Declaration(
+        rows=(
+            Row(Key.tier("host", "mha:mxfp8"), Builds("page_first only", only=("page_first",))),
+            Row(Key.tier("host", "mha:mxfp8:asymmetric"), Refuses("no asymmetric MXFP8 tier")),
+            Row(Key.tier("host", "mha:mxfp8:flat"), Refuses("no flat MXFP8 host tier")),
+        )
     )
 
 
@@ -52,4 +50,4 @@ def test_a_target_narrows_a_variants_host_layouts(data: st.DataObject) -> None:
 
 def test_the_builtin_target_narrows_nothing() -> None:
     """kvcheck's own target keeps every quantized variant's host tier in every layout."""
-    assert getattr(resolve_target("kvcheck"), "host_variants", None) is None
+    assert not declaration_of(resolve_target("kvcheck")).host_variant_layouts()

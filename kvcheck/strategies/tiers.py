@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from kvcheck.declaration import declaration_of
 from kvcheck.geometry import row_bytes
 from kvcheck.specs import PoolSpec
 from kvcheck.strategies.limits import carrying_target, within_target_limits
@@ -144,8 +145,8 @@ def host_pool_specs(
     variant_layouts: dict[str, tuple[str, ...]] = {}
     if target is not None:
         devices = within_target_limits(target, devices)
-        declared = getattr(target, "host_variants", None) or {}
-        variant_layouts = {variant: tuple(row[0]) for variant, row in declared.items()}
+        narrowed = declaration_of(target).host_variant_layouts()
+        variant_layouts = {variant: layouts for variant, (layouts, _) in narrowed.items()}
         devices = devices.filter(lambda spec: variant_layouts.get(spec.variant, (None,)) != ())
     specs = _host_pool_specs(
         devices, layouts, max_host_pages, alignment, frozenset(steer), variant_layouts

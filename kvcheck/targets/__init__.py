@@ -29,9 +29,10 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from kvcheck.declaration import CAPABILITIES
 from kvcheck.specs import POOL_FAMILIES
 from kvcheck.surface import surface_of
-from kvcheck.targets.base import CAPABILITIES, FAMILY_SEPARATOR, OPTIONAL_MEMBERS, Target
+from kvcheck.targets.base import FAMILY_SEPARATOR, OPTIONAL_MEMBERS, Target
 
 __all__ = [
     "BUILTIN_TARGETS",

@@ -49,34 +49,8 @@ from kvcheck.specs import PoolSpec
 # A known discrepancy is declared as a ``Finding`` (``findings``), never as a missing
 # capability: the suite steers around its own failure and keeps checking the rest.
 
-#: Capability names a target may declare in ``unsupported`` (what declaring each skips is
-#: said beside it). The suite marks each test with the capabilities it needs
-#: (``@pytest.mark.kvcheck_needs("host_copy")``).
-CAPABILITIES: tuple[str, ...] = (
-    "mha_pool",
-    "noop_pool",
-    "mla_pool",
-    "dsa_pool",
-    "meta_device",  # pools build on torch's meta device
-    "move",  # move_kv_cache: no move steps
-    "host_copy",  # get_cpu_copy / load_cpu_copy: no host copy or reload steps
-    "index_k_write",  # DSA set_index_k_scale_buffer: no index-K write steps
-    "compress_tail",  # DSA kpool compress tails: no tail writes, reads or tail infos
-    "state_buf_infos",  # DSA get_state_buf_infos: not compared with the buffers
-    "read_api",  # get_key_buffer / get_value_buffer / get_kv_buffer (and DSA index-K reads)
-    "cast_write",  # set_kv_buffer with the caller's payload in another dtype (+ k/v scales)
-    "mla_write",  # MLA/DSA set_mla_kv_buffer and get_mla_kv_buffer
-    "prefix_valid_write",  # MHA set_kv_buffer_prefix_valid
-    "contiguous_buf_infos",  # get_contiguous_buf_infos (transfer descriptors of KV buffers)
-    "input_validation",  # bad locations/shapes/dtypes raise and leave the pool unchanged
-    "server_args",  # validate_server_args
-    "pool_selection",  # select_pool_family
-    "configurator",  # cell_size_bytes / max_total_num_tokens
-    # the configurator sizes quantized --kv-cache-dtype choices (mxfp8, nvfp4,
-    # fp4_mx_block16) passed as ``dtype``, scale buffers included
-    "quantized_configurator",
-    "skip_rule",  # dsa_layer_skips_topk
-)
+# CAPABILITIES (the capability names) live in kvcheck.declaration, below the strategies,
+# which read a target's declaration too.
 
 #: Separates a capability from a pool family in a per-family ``unsupported`` key:
 #: ``"meta_device:mha"`` means "pools of family mha cannot be built on meta", while MLA

@@ -25,12 +25,11 @@ and has two optional members:
     ``MHATokenToKVPoolHost`` or ``MLATokenToKVPoolHost``, and for a DSA pool the MLA host of
     the latent rows plus the ``DSAIndexerPoolHost`` of its index-K pages.
 
-and one optional datum:
+and, in its declaration (:class:`kvcheck.declaration.Declaration`), a host-tier row
+(``Key.tier("host", variant)``) for each device pool variant whose host tier it builds in
+fewer layouts than its family's (``Builds(how, only=layouts)``) or not at all
+(``Refuses(why)``), and one optional datum:
 
-``host_variants: Mapping[str, tuple[tuple[str, ...], str]]``
-    device pool variants (:attr:`kvcheck.specs.PoolSpec.variant`) whose host tier the
-    target builds in fewer layouts than its family's: variant -> (the layouts it builds,
-    possibly none; why);
 ``host_storage_steer: Collection[str]``
     tags (``host:<variant>:storage_pages``) for variants whose host pools have no flat
     storage pages (``get_data_page``, ``get_page_buffer_meta``): those checks are left out.
@@ -59,6 +58,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcheck.declaration import declaration_of
 from kvcheck.surface import surface_of
 from kvcheck.tiers import AllocatorSpec, HostPoolSpec
 
@@ -110,16 +110,18 @@ def host_pool_skip_reason(target: Any, family: str, layout: str | None = None) -
 
 
 def host_variant_layouts(target: Any, variant: str) -> tuple[str, ...] | None:
-    """The host layouts ``target`` builds for device pools of ``variant`` when it declares
-    fewer than its family's (``host_variants``); None: the family's.
+    """The host layouts ``target`` builds for device pools of ``variant`` when its
+    declaration says fewer than its family's; None: the family's.
 
     Example:
         >>> from types import SimpleNamespace
-        >>> target = SimpleNamespace(host_variants={"mha:mxfp8": (("page_first",), "why")})
+        >>> from kvcheck.declaration import Builds, Declaration, Key, Row
+        >>> row = Row(Key.tier("host", "mha:mxfp8"), Builds("why", only=("page_first",)))
+        >>> target = SimpleNamespace(declaration=Declaration(rows=(row,)))
         >>> host_variant_layouts(target, "mha:mxfp8"), host_variant_layouts(target, "mha")
         (('page_first',), None)
     """
-    declared = getattr(target, "host_variants", None) or {}
+    declared = declaration_of(target).host_variant_layouts()
     if variant not in declared:
         return None
     return tuple(declared[variant][0])
@@ -128,7 +130,7 @@ def host_variant_layouts(target: Any, variant: str) -> tuple[str, ...] | None:
 def host_variant_skip_reason(target: Any, variant: str) -> str | None:
     """Why ``target`` builds no host tier for device pools of ``variant`` (None: it does,
     in some layout)."""
-    declared = getattr(target, "host_variants", None) or {}
+    declared = declaration_of(target).host_variant_layouts()
     if variant in declared and not declared[variant][0]:
         return (
             f"target {_name(target)!r} builds no host pool for {variant} device pools "

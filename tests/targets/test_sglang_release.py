@@ -455,7 +455,7 @@ def test_a_release_without_device_pool_infos_builds_no_host_pools(fake_sglang: P
 
 def test_a_release_without_the_mxfp8_host_pool_misses_only_it(fake_sglang: Path) -> None:
     """Without pool_host/mha_mxfp8.py the release misses that piece alone (the target then
-    builds no host tier for MXFP8 pools, SGLangTarget.host_variants) and turns no
+    builds no host tier for MXFP8 pools, the sglang declaration) and turns no
     capability off."""
     modules = _package()
     del modules["srt/mem_cache/pool_host/mha_mxfp8.py"]

@@ -524,7 +524,7 @@ HOST_OTHER_CLASSES = (
 )
 HOST_MXFP8_REFUSALS = (
     "refusals of MXFP8 host tiers the target never asks for: other layouts, flat or "
-    "asymmetric scales and drafts (SGLangTarget.host_variants leaves them out: sglang refuses "
+    "asymmetric scales and drafts (the sglang declaration leaves them out: sglang refuses "
     "them at construction), a host page size of its own (the target's is the device's), "
     "another io backend (page_first transfers with 'kernel'), a device without the staged JIT "
     "kernel (their CPU bodies stand in), and loads of a layer the pool does not serve"

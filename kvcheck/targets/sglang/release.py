@@ -503,7 +503,7 @@ NEEDS: tuple[Need, ...] = (
     ),
     # The MXFP8 host pool and the JIT HiCache kernels it transfers with (CPU bodies on CPU:
     # hicache_jit.py); without them the target builds no host tier for MXFP8 pools
-    # (SGLangTarget.host_variants says why).
+    # (SGLangTarget.declaration says why).
     Need(
         "host_mxfp8",
         "MXFP8 MHA host pool module",

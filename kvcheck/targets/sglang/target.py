@@ -44,227 +44,31 @@ from typing import Any
 
 import torch
 
+from kvcheck.declaration import Declaration, Key, Refuses, Row
 from kvcheck.geometry import latent_row_bytes, latent_width
-from kvcheck.specs import NVFP4_LAYOUTS, POOL_FAMILIES, PoolSpec
+from kvcheck.specs import POOL_FAMILIES, PoolSpec
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.targets.sglang import adapt, env, mxfp8_kernels, release
+from kvcheck.targets.sglang.declaration import BOUND, DECLARATION
 from kvcheck.targets.sglang.findings import expected_failures_for, findings_for
 from kvcheck.targets.sglang.quant_methods import built_kwargs, quant_method_call
 from kvcheck.targets.sglang.release import INSTALL_HINT, ReleaseFacts
-from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS, AllocatorSpec, HostPoolSpec
+from kvcheck.tiers import AllocatorSpec, HostPoolSpec
 
 _MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 
-_MHA_ON_META = (
-    "sglang {release}'s {cls} calls torch.get_device_module(device) in its constructor, "
-    "which raises for 'meta' (MLATokenToKVPool and DSATokenToKVPool do build on meta; "
-    "docs/sglang-findings-appendix.md#d3)"
-)
+#: What the newest checked release builds: the bound surface without the variants the
+#: declaration refuses (:data:`.declaration.DECLARATION`), each narrowing noted with why.
+#: Once prepared, the target narrows it to what the installed release builds
+#: (:meth:`.release.ReleaseFacts.surface`: its asserts, parameters and layouts).
+SURFACE = DECLARATION.surface(BOUND)
 
-
-#: Why the target does not size the FP4 ``--kv-cache-dtype`` choices with sglang's
-#: configurator on CPU.
-_FP4_UNSIZED = (
-    "sglang's configurator counts FP4 payload halves, scales and dequant workspace only "
-    "where is_float4_e2m1fn_x2(dtype) holds, which is `is_cuda() and ...`: without CUDA it "
-    "sizes an FP4 cache at a byte per value with no scales; standing in for it would also "
-    "have to choose the attention backends whose scale layouts and workspace the NVFP4 cell "
-    "counts, so kvcheck would be checking its own choice rather than sglang's"
-)
-
-#: Quantized ``--kv-cache-dtype`` choices the target does not size -> why
-#: (``SGLangTarget.unsized_kv_cache_dtypes``).
-UNSIZED_KV_CACHE_DTYPES: Mapping[str, str] = MappingProxyType(
-    {"nvfp4": _FP4_UNSIZED, "fp4_mx_block16": _FP4_UNSIZED}
-)
-
-
-def unsupported_for(release_name: str) -> Mapping[str, str]:
-    """Why each capability (or capability for one pool family) cannot be served on
-    ``release_name``, whatever the device and whatever pieces it has.
-
-    Example:
-        >>> sorted(unsupported_for("0.5.22"))  # doctest: +NORMALIZE_WHITESPACE
-        ['input_validation', 'meta_device:mha', 'meta_device:noop',
-         'quantized_configurator:dsa', 'quantized_configurator:mla']
-    """
-    return MappingProxyType(
-        {
-            "meta_device:mha": _MHA_ON_META.format(release=release_name, cls="MHATokenToKVPool"),
-            "meta_device:noop": _MHA_ON_META.format(
-                release=release_name, cls="NoOpMHATokenToKVPool"
-            ),
-            # Declared rather than expected to fail, so that the differential machines still
-            # compare sglang's pools byte for byte on valid operations; each missing check is
-            # pinned as a strict expected failure in tests/targets/test_sglang_findings.py.
-            # Contract differences that are not filed: nothing in sglang says a quantized
-            # dtype must be refused there; kvcheck simply has no such pool to compare with.
-            "quantized_configurator:mla": (
-                f"sglang {release_name} serves --kv-cache-dtype mxfp8 on an MLA model with its "
-                "plain fp8 MLATokenToKVPool (no block scales), where kvcheck has no MXFP8 MLA "
-                f"pool and its reference refuses; and FP4 is not sized ({_FP4_UNSIZED})"
-            ),
-            "quantized_configurator:dsa": (
-                f"sglang {release_name} sizes --kv-cache-dtype mxfp8 on a DSA model as its "
-                "scaled fp8 DSA row (no block scales), where kvcheck has no quantized DSA pool "
-                f"and its reference refuses; and FP4 is not sized ({_FP4_UNSIZED})"
-            ),
-            "input_validation": (
-                f"sglang {release_name} pools do not validate their arguments (negative or "
-                "out-of-range locations, duplicate targets, wrong shapes or dtypes, skip-layer "
-                "index writes: findings I1-I9 and I10 in docs/sglang-findings-appendix.md#i)"
-            ),
-        }
-    )
-
-
-#: The quantized variants (:data:`kvcheck.specs.KV_QUANTS`) the target builds, and why it
-#: leaves the others out.
-QUANTIZED_SURFACE: Mapping[str, str] = MappingProxyType(
-    {
-        "mha:fp8_scaled": "MHATokenToKVPool with an fp8 dtype; writes carry k_scale/v_scale",
-        "mla:fp4": (
-            "MLATokenToKVPoolFP4; on CPU set_mla_kv_buffer's scale-row Triton kernel runs "
-            "as a CPU body (env.cpu_mla_scale_kernel)"
-        ),
-        "mha:cpu_fp8": (
-            "MHATokenToKVPool with quant_method get_kv_cache_quant_method('cpu_fp8_e4m3'), "
-            "as sglang's configurator builds it on a CPU platform; all torch code"
-        ),
-        "mha:fp4_mx_block16": (
-            "MHATokenToKVPool with quant_method get_kv_cache_quant_method('fp4_mx_block16', "
-            "num_layers=, device=, page_size=); its quantizer is torch code (torch.compile)"
-        ),
-        "mha:nvfp4": (
-            "not built: its writes quantize with flashinfer's nvfp4_kv_quantize (GPU only), "
-            "whose bytes a CPU stand-in could only assume"
-        ),
-        "mha:mxfp8": (
-            "MHATokenToKVPoolMXFP8 (interleaved scales at page size 128, flat otherwise); on "
-            "CPU its CUDA store_cache and Triton store_sf_interleaved and MXFP8 quant-store "
-            "kernels run as CPU bodies (mxfp8_kernels), around the pool's own methods only"
-        ),
-    }
-)
-
-#: Device pool variants whose host tier sglang 0.5.23 builds in fewer layouts than its
-#: family's (:func:`kvcheck.targets.tiers.host_variant_layouts`): variant -> (layouts, why).
-#: Where it builds none, the refusal is a clear error at construction, which a server with
-#: ``--enable-hierarchical-cache`` meets at startup (the cache controller builds the host
-#: pool with the KV pool: hybrid_pool_assembler._mha_host_inputs, get_mha_host_pool_cls),
-#: not a defect; kvcheck's own host pools keep every one of them, scales beside the payload.
-HOST_VARIANTS: Mapping[str, tuple[tuple[str, ...], str]] = MappingProxyType(
-    {
-        "mha:mxfp8": (
-            ("page_first",),
-            "MHATokenToKVPoolMXFP8Host takes the page_first layout only (NotImplementedError "
-            "otherwise), its scales moved as whole-page rows by the staged JIT kernels",
-        ),
-        "mha:mxfp8:asymmetric": (
-            (),
-            "get_mha_host_pool_cls: 'MXFP8 HiCache does not support asymmetric K/V head "
-            "dimensions yet' (NotImplementedError)",
-        ),
-        "mha:mxfp8:flat": (
-            (),
-            "MHATokenToKVPoolHost refuses any KV scale layout but MXFP8_INTERLEAVED "
-            "(ValueError: 'MHA host transfers do not support KV scale layout'); the MXFP8 host "
-            "pool requires the interleaved (page_size=128) layout",
-        ),
-        "mha:fp4_mx_block16": (
-            (),
-            "MHATokenToKVPoolHost refuses the pool's token-major FP4 scales (ValueError: 'MHA "
-            "host transfers do not support KV scale layout 'token''), at construction",
-        ),
-        "mla:fp4": (
-            (),
-            "MLATokenToKVPoolHost refuses FP4 (ValueError: 'MLA host cache does not support "
-            "target FP4 KV: packed payload and separate block scales cannot be restored')",
-        ),
-    }
-)
 #: Host tiers without flat storage (L3) pages: ``MHATokenToKVPoolMXFP8Host`` raises
 #: NotImplementedError from get_data_page, set_from_flat_data_page,
 #: get_dummy_flat_data_page and get_page_buffer_meta ("does not expose flat storage (L3)
 #: pages yet: a page's UE8M0 scales live outside kv_buffer"); those checks are left out.
 HOST_STORAGE_STEER: tuple[str, ...] = ("host:mha:mxfp8:storage_pages",)
-
-#: What the newest checked release (sglang 0.5.23) builds: every family and variant kvcheck
-#: models, inside the layouts its DSA pool asserts: 64-token index pages ("DSA requires
-#: 64-token physical pages": ``page_size // index_kpool == 64``) and 128-byte index keys. DSA
-#: index kpools 1 and 2 only: 2 already takes 128-token pages; 4 (256) only makes every
-#: example slower without reaching other code. The bound of what the target draws: once
-#: prepared, the target narrows it to what the installed release builds
-#: (:meth:`.release.ReleaseFacts.surface`: its asserts, parameters and layouts). Quantized
-#: pools (:data:`QUANTIZED_SURFACE`): MHA fp8 with per-tensor scales, the MHA quant methods
-#: ``cpu_fp8`` and ``fp4_mx_block16``, MHA MXFP8, and MLA FP4; the MHA variant left out is noted
-#: with why (a skip quotes it).
-SURFACE = (
-    Surface.everything(
-        dsa={"index_page_size": (64,), "index_head_dim": (128,), "index_kpool": (1, 2)},
-        mha={
-            "kv_quant": ("none", "fp8_scaled", "cpu_fp8", "fp4_mx_block16", "mxfp8"),
-            "nvfp4_layout": (NVFP4_LAYOUTS[0],),
-        },
-        mla={"kv_quant": ("none", "fp4")},
-    )
-    .with_tiers(
-        allocators=ALLOCATOR_KINDS,
-        host_layouts=HOST_LAYOUTS,
-        # sgl-kernel's kvcacheio ops check item_size % 8 == 0 (a row the kernel io cannot move).
-        host_kernel_alignment=8,
-    )
-    .with_notes(
-        {
-            f"{family}.kv_quant": "; ".join(
-                f"{variant.partition(':')[2]} {why}"
-                for variant, why in QUANTIZED_SURFACE.items()
-                if variant.startswith(f"{family}:") and why.startswith("not built")
-            )
-            for family in ("mha",)
-        }
-    )
-)
-
-#: Capability -> how the target serves it on CPU, where that differs from a GPU server.
-CPU_NOTES: Mapping[str, str] = MappingProxyType(
-    {
-        "index_k_write": (
-            "set_index_k_scale_buffer runs sglang's Python checks, but its Triton kernel is "
-            "replaced by a CPU body that writes the documented byte layout (key bytes at "
-            "offset*128 of the page row, fp32 scale after the page's keys)"
-        ),
-        "mla_write": (
-            "set_mla_kv_buffer runs sglang's own torch body (set_mla_kv_buffer_naive, its path "
-            "for platforms without Triton); get_mla_kv_buffer runs sglang's Python path with "
-            "the two Triton gather kernels replaced by a CPU body that gathers the same rows"
-        ),
-        "scaled_latent_write": (
-            "set_mla_kv_buffer on a scaled fp8 DSA pool runs sglang's Python path with its "
-            "quantizing Triton kernel (_quantize_k_cache_fast_kernel) replaced by a CPU body "
-            "that transcribes it in IEEE float32; the GPU's own rounding is not checked"
-        ),
-        "move": (
-            "MHA pools are built with SGLANG_NATIVE_MOVE_KV_CACHE=1, sglang's tensor-indexing "
-            "move; on CUDA the Triton copy (enable_kv_cache_copy=True) is used"
-        ),
-        "host_copy": (
-            "DSA host copies call torch.cuda.synchronize(), which is a no-op during the call "
-            "on a CPU-only torch"
-        ),
-        "quantized_configurator": (
-            "--kv-cache-dtype mxfp8 is sized as on an SM100+ server: sglang's server-args hook "
-            "(handle_mxfp8_kv_cache_compatibility) refuses it on any other machine, but the "
-            "configurator and the MXFP8 pool's constructor do not read the GPU; FP4 dtypes "
-            "are not sized (UNSIZED_KV_CACHE_DTYPES)"
-        ),
-        "pool_selection": (
-            "sglang's FP4 check (is_float4_e2m1fn_x2) is False without CUDA, so on CPU an "
-            "FP4 KV dtype does not make the pool-family check reject the no-op pool"
-        ),
-    }
-)
 
 #: Every stand-in, environment setting, guard and translation the target puts in place of
 #: what a launched sglang server on a GPU provides, by the name under which the "CPU
@@ -376,13 +180,14 @@ class SGLangTarget:
     """The installed sglang release's pools and serving rules, adapted to the kvcheck target
     protocol.
 
-    ``unsupported`` lists what sglang cannot serve with reasons; ``cpu_notes`` says how
-    the capabilities that need a GPU in sglang are served on CPU. ``version`` is the
-    installed release (read without importing it); ``findings`` and ``expected_failures``
-    are those that hold for it. ``surface`` and ``unsupported`` are read from the release
-    once it is loaded (:meth:`prepare`); before that (the pytest controller of an xdist run,
-    which runs no test), they are the declared bound :data:`SURFACE` and the capabilities
-    every release lacks.
+    ``declaration`` says what it builds (and how, where a GPU is stood in for), refuses and
+    cannot reach (:mod:`kvcheck.targets.sglang.declaration`), with the findings that hold
+    for the installed release; ``unsupported`` and ``unsized_kv_cache_dtypes`` are read
+    from it. ``version`` is the installed release (read without importing it); ``findings``
+    and ``expected_failures`` are those that hold for it. ``surface`` and ``unsupported``
+    are read from the release once it is loaded (:meth:`prepare`); before that (the pytest
+    controller of an xdist run, which runs no test), they are the declared :data:`SURFACE`
+    and the capabilities every release lacks.
     """
 
     name: str = "sglang"
@@ -402,8 +207,6 @@ class SGLangTarget:
         self._declared_release: str = installed or release.KNOWN_RELEASES[-1]
         self.findings = findings_for(self._declared_release)
         self.expected_failures: Mapping[str, str] = expected_failures_for(self._declared_release)
-        self.cpu_notes: Mapping[str, str] = CPU_NOTES
-        self.unsized_kv_cache_dtypes: Mapping[str, str] = UNSIZED_KV_CACHE_DTYPES
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, version={self.version!r})"
@@ -419,27 +222,34 @@ class SGLangTarget:
     host_storage_steer: tuple[str, ...] = HOST_STORAGE_STEER
 
     @property
-    def host_variants(self) -> Mapping[str, tuple[tuple[str, ...], str]]:
-        """Device variants whose host tier the installed release builds in fewer layouts
-        (:data:`HOST_VARIANTS`); none for MXFP8 where it lacks the MXFP8 host pool or the
-        JIT kernels it transfers with."""
-        declared = dict(HOST_VARIANTS)
+    def declaration(self) -> Declaration:
+        """:data:`.declaration.DECLARATION` with the findings of the installed release and,
+        once prepared, what the release lacks laid over it: no MXFP8 host tier without the
+        MXFP8 host pool or the JIT kernels it transfers with."""
+        declared = Declaration(rows=DECLARATION.rows, findings=self.findings)
         facts = _prepared()
-        if facts is not None:
-            missing = [facts.loaded.missing.get(n) for n in ("host_mxfp8", "hicache_jit")]
-            why = next((reason for reason in missing if reason), None)
-            if why is not None:
-                declared["mha:mxfp8"] = ((), why)
-        return MappingProxyType(declared)
+        if facts is None:
+            return declared
+        missing = [facts.loaded.missing.get(n) for n in ("host_mxfp8", "hicache_jit")]
+        why = next((reason for reason in missing if reason), None)
+        if why is None:
+            return declared
+        return declared.overlaid(Row(Key.tier("host", "mha:mxfp8"), Refuses(why)))
 
     @property
     def unsupported(self) -> Mapping[str, str]:
-        """Capability -> why the installed release cannot serve it."""
-        reasons = dict(unsupported_for(self._declared_release))
+        """Capability -> why the installed release cannot serve it: the declaration's
+        refusals, and what the release lacks."""
+        reasons = dict(DECLARATION.unsupported(self._declared_release))
         facts = _prepared()
         if facts is not None:
             reasons.update(facts.unsupported())
         return MappingProxyType(reasons)
+
+    @property
+    def unsized_kv_cache_dtypes(self) -> Mapping[str, str]:
+        """The ``--kv-cache-dtype`` choices the target does not size -> why."""
+        return DECLARATION.refused_choices("quantized_configurator", self._declared_release)
 
     def describe(self) -> str:
         """One line for the run's header: the installed release, and whether kvcheck is
@@ -535,9 +345,10 @@ class SGLangTarget:
 
         sglang takes fp8 keys and fp32 scales ([n, 1]); uint8 keys [n, D] and uint8
         scales [n, 4] carry the same bytes and are viewed as those dtypes. On CPU the
-        write runs sglang's checks with a CPU kernel body (see ``cpu_notes``). A write to
-        a skip layer, which sglang would launch against a zero-row buffer (finding I10:
-        out of bounds on a GPU), raises ``IndexError`` here on every device instead.
+        write runs sglang's checks with a CPU kernel body (the declaration's
+        ``index_k_write`` row). A write to a skip layer, which sglang would launch against
+        a zero-row buffer (finding I10: out of bounds on a GPU), raises ``IndexError``
+        here on every device instead.
         """
         _refuse_zero_row_index_write(pool, layer_id)
         if isinstance(index_k, torch.Tensor) and index_k.dtype == torch.uint8:
@@ -632,7 +443,7 @@ class SGLangTarget:
         dtype). An MXFP8 MHA model is then built as sglang's own MXFP8 pool for one token
         of one layer, as a launch builds it right after sizing: a model whose head dims
         are not whole 32-value blocks is refused there (``ValueError``), not by the
-        sizing. FP4 dtypes raise ``NotImplementedError`` (:data:`UNSIZED_KV_CACHE_DTYPES`).
+        sizing. FP4 dtypes raise ``NotImplementedError`` (``unsized_kv_cache_dtypes``).
         """
         configurator = self._pool_configurator(
             model, dtype=dtype, is_draft=is_draft, enable_hisparse=enable_hisparse
@@ -685,10 +496,10 @@ class SGLangTarget:
         (:meth:`_build_mxfp8_pool`): a launch builds the pool right after sizing it, and
         the pool, not the sizing, refuses head dims that are not whole 32-value blocks.
         """
-        if dtype in UNSIZED_KV_CACHE_DTYPES:
+        unsized = self.unsized_kv_cache_dtypes
+        if dtype in unsized:
             raise NotImplementedError(
-                f"the sglang target does not size --kv-cache-dtype {dtype}: "
-                f"{UNSIZED_KV_CACHE_DTYPES[dtype]}"
+                f"the sglang target does not size --kv-cache-dtype {dtype}: {unsized[dtype]}"
             )
         sg = _sglang()
         server_args = _serving_args(enable_hisparse=enable_hisparse)
