@@ -33,7 +33,14 @@ from kvcheck.specs import (
     PoolSpec,
 )
 
-__all__ = ["VARIANTS", "Variant", "variant_named", "variant_names", "variants_of"]
+__all__ = [
+    "VARIANTS",
+    "Variant",
+    "variant_for",
+    "variant_named",
+    "variant_names",
+    "variants_of",
+]
 
 
 @dataclass(frozen=True)
@@ -165,6 +172,20 @@ def variants_of(family: str) -> tuple[Variant, ...]:
     if family not in POOL_FAMILIES:
         raise ValueError(f"family={family!r} not in {POOL_FAMILIES}")
     return tuple(variant for variant in VARIANTS if variant.family == family)
+
+
+def variant_for(family: str, **axis_values: Any) -> Variant:
+    """The first variant of ``family`` whose pools take every one of ``axis_values``
+    (field -> value); ``ValueError`` when none does.
+
+    Example:
+        >>> variant_for("mla", kv_quant="fp4").name
+        'mla:fp4'
+    """
+    for variant in variants_of(family):
+        if all(value in variant.axis_values.get(f, ()) for f, value in axis_values.items()):
+            return variant
+    raise ValueError(f"no {family} variant takes {axis_values!r}")
 
 
 def variant_named(name: str) -> Variant:

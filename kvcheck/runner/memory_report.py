@@ -245,12 +245,14 @@ def _quantized_row(name: str, *, budget_bytes: int, dtype: str, page_size: int) 
 
 def _pool_variant(pool: Any) -> str:
     """kvcheck's variant name for a quantized pool built by serving (``mha:nvfp4``)."""
+    from kvcheck.variants import variant_for
+
     quant = getattr(pool, "quant_method", None)
     if type(pool).__name__ == "MLATokenToKVPoolFP4":
-        return "mla:fp4"
+        return variant_for("mla", kv_quant="fp4").name
     if type(pool).__name__ == "MHATokenToKVPoolMXFP8":
-        return "mha:mxfp8"
-    return f"mha:{quant}"
+        return variant_for("mha", kv_quant="mxfp8").name
+    return variant_for("mha", kv_quant=quant).name
 
 
 def _noop_refusal(dtype: str) -> str:

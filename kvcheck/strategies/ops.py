@@ -267,7 +267,7 @@ def family_op_kinds(spec: PoolSpec) -> tuple[str, ...]:
         # MXFP8 quantizes a write itself (no caller scales) on 128-token pages only.
         "cast_write_kv": spec.latent_layout == "raw"
         and spec.dcp_size == 1
-        and spec.variant != "mha:mxfp8:flat",
+        and not (spec.kv_quant == "mxfp8" and spec.page_size != MXFP8_INTERLEAVED_PAGE),
     }
     return tuple(kind for kind in OP_KINDS if applies.get(kind, True))
 

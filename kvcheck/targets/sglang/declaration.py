@@ -9,12 +9,14 @@ the bound surface (:data:`BOUND`) allows: the plain pool class of their family.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from kvcheck.declaration import Builds, Declaration, Key, Refuses, Row
 from kvcheck.specs import NVFP4_LAYOUTS
 from kvcheck.surface import Surface
 from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS
 
-__all__ = ["BOUND", "DECLARATION", "FP4_UNSIZED", "MHA_ON_META"]
+__all__ = ["BOUND", "DECLARATION", "FP4_UNSIZED", "MHA_ON_META", "declaration_for"]
 
 MHA_ON_META = (
     "sglang {release}'s {cls} calls torch.get_device_module(device) in its constructor, "
@@ -256,3 +258,27 @@ _ROWS: tuple[Row, ...] = (
 
 #: The sglang target's declaration (its findings are added by the target, per release).
 DECLARATION = Declaration(rows=_ROWS)
+
+#: Pieces of the release (:data:`.release.NEEDS` names) each row needs: without the first
+#: one missing, the row becomes a refusal quoting why it is missing.
+_ROW_NEEDS: tuple[tuple[Key, tuple[str, ...]], ...] = (
+    (Key.tier("host", "mha:mxfp8"), ("host_mxfp8", "hicache_jit")),
+)
+
+
+def declaration_for(findings: tuple[object, ...], missing: Mapping[str, str]) -> Declaration:
+    """:data:`DECLARATION` with ``findings``, and a refusal for each row whose pieces the
+    installed release lacks (``missing``: need name -> why, as the release probe reads it).
+
+    Example:
+        >>> declared = declaration_for((), {"hicache_jit": "no JIT kernels"})
+        >>> declared.why_not(Key.tier("host", "mha:mxfp8"))
+        'no JIT kernels'
+    """
+    declared = Declaration(rows=DECLARATION.rows, findings=findings)
+    refusals = [
+        Row(key, Refuses(why))
+        for key, needs in _ROW_NEEDS
+        if (why := next((missing[need] for need in needs if need in missing), None))
+    ]
+    return declared.overlaid(*refusals)

@@ -44,13 +44,13 @@ from typing import Any
 
 import torch
 
-from kvcheck.declaration import Declaration, Key, Refuses, Row
+from kvcheck.declaration import Declaration
 from kvcheck.geometry import latent_row_bytes, latent_width
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.targets.sglang import adapt, env, mxfp8_kernels, release
-from kvcheck.targets.sglang.declaration import BOUND, DECLARATION
+from kvcheck.targets.sglang.declaration import BOUND, DECLARATION, declaration_for
 from kvcheck.targets.sglang.findings import expected_failures_for, findings_for
 from kvcheck.targets.sglang.quant_methods import built_kwargs, quant_method_call
 from kvcheck.targets.sglang.release import INSTALL_HINT, ReleaseFacts
@@ -226,15 +226,8 @@ class SGLangTarget:
         """:data:`.declaration.DECLARATION` with the findings of the installed release and,
         once prepared, what the release lacks laid over it: no MXFP8 host tier without the
         MXFP8 host pool or the JIT kernels it transfers with."""
-        declared = Declaration(rows=DECLARATION.rows, findings=self.findings)
         facts = _prepared()
-        if facts is None:
-            return declared
-        missing = [facts.loaded.missing.get(n) for n in ("host_mxfp8", "hicache_jit")]
-        why = next((reason for reason in missing if reason), None)
-        if why is None:
-            return declared
-        return declared.overlaid(Row(Key.tier("host", "mha:mxfp8"), Refuses(why)))
+        return declaration_for(self.findings, {} if facts is None else facts.loaded.missing)
 
     @property
     def unsupported(self) -> Mapping[str, str]:
