@@ -56,6 +56,7 @@ from kvcheck.specs import (
     COMPRESS_TAIL_ITEMSIZE,
     DSA_QUANT_BLOCK,
     DTYPE_ITEMSIZE,
+    MXFP8_INTERLEAVED_PAGE,
     HostCopy,
     HostReload,
     Move,
