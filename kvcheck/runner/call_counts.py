@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvcheck.variants import variants_of
+
 __all__ = [
     "CALL",
     "NOT_CALLED",
@@ -97,7 +99,11 @@ SURFACE_ARGUMENTS: Mapping[str, tuple[str, ...]] = {
 }
 
 #: The DSA variants without an index kpool, hence without compress tails.
-_TAILLESS_DSA = ("dsa", "dsa:dcp", "dsa:scaled", "dsa:scaled:dcp")
+_TAILLESS_DSA = tuple(v.name for v in variants_of("dsa") if v.axis_values["index_kpool"] == (1,))
+#: The DSA variants with scaled latent rows (each a pattern of itself).
+_SCALED_DSA = tuple(
+    v.name for v in variants_of("dsa") if "scaled" in v.axis_values["latent_layout"]
+)
 
 #: (variant pattern, method, argument) -> why the suite does not call that cell; the
 #: pattern is an ``fnmatch`` pattern over :attr:`kvcheck.specs.PoolSpec.variant`. Such a
@@ -122,16 +128,18 @@ NOT_CALLED: Mapping[tuple[str, str, str], str] = {
         for method in ("get_cpu_copy", "load_cpu_copy")
     },
     **{
-        ("dsa:scaled*", "set_kv_buffer", argument): "a scaled latent row is written only "
+        (pattern, "set_kv_buffer", argument): "a scaled latent row is written only "
         "from its bf16 parts, through set_mla_kv_buffer (sglang 0.5.23 "
         "MLATokenToKVPool.set_kv_buffer asserts not dsa_kv_cache_store_fp8); the suite "
         "calls set_kv_buffer on it only as a bad call"
+        for pattern in _SCALED_DSA
         for argument in (CALL, *SURFACE_ARGUMENTS["set_kv_buffer"])
     },
     **{
-        ("dsa:scaled*", "get_mla_kv_buffer", argument): "a scaled latent row (fp8 nope blocks "
+        (pattern, "get_mla_kv_buffer", argument): "a scaled latent row (fp8 nope blocks "
         "with their fp32 scales, bf16 rope) is not values of one dtype, so get_mla_kv_buffer's "
         "output has no bytes to compare; the raw-layout variants read it"
+        for pattern in _SCALED_DSA
         for argument in (CALL, *SURFACE_ARGUMENTS["get_mla_kv_buffer"])
     },
 }
