@@ -80,16 +80,20 @@ PROFILE_NAMES: tuple[str, ...] = (DEV, CI, THOROUGH, REPLAY, CAMPAIGN)
 PROFILE_ENV_VAR = "KVCHECK_PROFILE"
 #: Set to 1/true/yes/on to run Hypothesis's explain phase in the searching profiles.
 EXPLAIN_ENV_VAR = "KVCHECK_EXPLAIN"
-#: Every ``KVCHECK_*`` variable kvcheck reads; any other one is most likely a typo.
+#: Every ``KVCHECK_*`` variable kvcheck, its scripts or its CI read; any other one is most
+#: likely a typo (``tests/test_profiles_db.py`` finds the ones they read and checks this list).
 KNOWN_ENV_VARS: tuple[str, ...] = (
     "KVCHECK_TARGET",
     "KVCHECK_DEVICE",
     PROFILE_ENV_VAR,
     DATABASE_ENV_VAR,
     EXPLAIN_ENV_VAR,
+    "KVCHECK_SGLANG_VERSION",  # scripts/install_sglang.sh (the README sets it)
     "KVCHECK_TORCH_PIN",  # scripts/install_sglang.sh
     "KVCHECK_CI_SCRATCH",  # .ci/run
     "KVCHECK_GPU_CHECK_PROBE",  # scripts/gpu_check.py, to its own pytest runs
+    "KVCHECK_BENCH_T0",  # scripts/bench_time_to_report.py, to its own pytest runs
+    "KVCHECK_BENCH_CLOCK",  # scripts/bench_time_to_report.py, to its own pytest runs
 )
 
 #: Hypothesis's built-in profiles: loaded without anyone choosing them.
