@@ -15,12 +15,11 @@ example database named by ``KVCHECK_DB``.
 
 Searching profiles leave out Hypothesis's explain phase, which re-runs the shrunk example
 hundreds of times only to add an "always run by failing" note: on a state machine it took
-three quarters of the time to a report (221 of 305 s for a move bug on two shared CPU
-cores). ``KVCHECK_EXPLAIN=1`` (or ``explain=True``) puts it back. ``kvcheck-dev``,
-``kvcheck-ci`` and ``kvcheck-campaign`` also report one bug per property
-(``report_multiple_bugs=False``): the first failure is shrunk, allowed to slip to any
-smaller failure, and reported, instead of each distinct failure being shrunk in turn;
-``kvcheck-thorough`` still reports them all.
+most of the time to a report (README, "Time to report"). ``KVCHECK_EXPLAIN=1`` (or
+``explain=True``) puts it back. ``kvcheck-dev``, ``kvcheck-ci`` and ``kvcheck-campaign``
+also report one bug per property (``report_multiple_bugs=False``): the first failure is
+shrunk, allowed to slip to any smaller failure, and reported, instead of each distinct
+failure being shrunk in turn; ``kvcheck-thorough`` still reports them all.
 
 Hypothesis turns the database *off* in its own ``ci`` profile, which it loads whenever
 ``CI`` is set; ``kvcheck-ci`` keeps it on so that a failure found by a runner can be
