@@ -9,7 +9,9 @@
 #
 # Usage:  bash scripts/install_sglang.sh            (idempotent; prints how long it took)
 #         KVCHECK_SGLANG_VERSION=0.5.22 bash scripts/install_sglang.sh
-# Env:    KVCHECK_SGLANG_VERSION  the release (default: the newest known, below)
+#         bash scripts/install_sglang.sh --releases   (prints the known releases, oldest
+#                                                      first, one a line; installs nothing)
+# Env:    KVCHECK_SGLANG_VERSION  the release (default: the newest known)
 #         KVCHECK_TORCH_PIN       torch release sglang must sit beside (default 2.13.0)
 #         PYTHON                  interpreter whose environment receives the packages
 # One environment holds one release: installing another replaces sglang (the pins below
@@ -17,30 +19,48 @@
 # "sglang releases").
 set -euo pipefail
 
+die() { echo "install_sglang: $*" >&2; exit 1; }
+
+# The releases kvcheck's target is checked against, oldest first; the last is the default.
+# The one list is kvcheck/targets/sglang/releases.txt (KNOWN_RELEASES in release.py reads
+# it too, with the same rules): one release a line, `#` starts a comment, blank lines skip.
+RELEASES_FILE="$(dirname "${BASH_SOURCE[0]}")/../kvcheck/targets/sglang/releases.txt"
+[ -r "$RELEASES_FILE" ] || die "cannot read the list of known releases, $RELEASES_FILE"
+KNOWN_RELEASES=()
+while IFS= read -r line || [ -n "$line" ]; do
+  line="${line%%#*}"
+  read -r line extra <<<"$line" || true  # trims blanks
+  [ -z "$extra" ] || die "$RELEASES_FILE: one release a line, not '$line $extra'"
+  [ -z "$line" ] || KNOWN_RELEASES+=("$line")
+done <"$RELEASES_FILE"
+[ "${#KNOWN_RELEASES[@]}" -gt 0 ] || die "$RELEASES_FILE lists no release"
+
+if [ "${1:-}" = "--releases" ]; then
+  printf '%s\n' "${KNOWN_RELEASES[@]}"
+  exit 0
+fi
+[ "$#" -eq 0 ] || die "unknown argument $1 (the only one is --releases; the release is KVCHECK_SGLANG_VERSION)"
+
 PYTHON="${PYTHON:-python3}"
 TORCH_PIN="${KVCHECK_TORCH_PIN:-2.13.0}"
-# The releases kvcheck's target is checked against, oldest first (KNOWN_RELEASES in
-# kvcheck/targets/sglang/release.py); the last is the default.
-KNOWN_RELEASES=(0.5.21 0.5.22 0.5.23)
 SGLANG_VERSION="${KVCHECK_SGLANG_VERSION:-${KNOWN_RELEASES[-1]}}"
 start=$(date +%s)
 
-die() { echo "install_sglang: $*" >&2; exit 1; }
+case " ${KNOWN_RELEASES[*]} " in
+  *" $SGLANG_VERSION "*) ;;
+  *) die "sglang $SGLANG_VERSION is not a release this recipe knows; known: ${KNOWN_RELEASES[*]} (set KVCHECK_SGLANG_VERSION to one of them; the list is $RELEASES_FILE)" ;;
+esac
 
-# Pins that differ per release, beside the common set below. None do for 0.5.21-0.5.23:
-# the common set imports all three. Each release's own Requires-Dist differs (0.5.21:
+# Pins that differ per release, beside the common set below. None do for the known
+# releases: the common set imports them all. Each release's own Requires-Dist differs (0.5.21:
 # transformers==5.12.1, tokenizers==0.22.2, openai==2.6.1; 0.5.22: openai==2.6.1), but
 # 0.5.21's transformers does not import sglang's config package without a real
 # torchvision (AutoImageProcessor is a torchvision dummy before transformers 5.19), so the
 # common transformers==5.19.0 stays; pip reports the others as conflicts, harmlessly.
 # (0.5.20 would need xgrammar==0.2.1 here and is not checked; 0.5.18 imports with no single
-# transformers release under this CPU recipe.)
-case "$SGLANG_VERSION" in
-  0.5.23) RELEASE_PINS=() ;;
-  0.5.22) RELEASE_PINS=() ;;
-  0.5.21) RELEASE_PINS=() ;;
-  *) die "sglang $SGLANG_VERSION is not a release this recipe knows; known: ${KNOWN_RELEASES[*]} (set KVCHECK_SGLANG_VERSION to one of them)" ;;
-esac
+# transformers release under this CPU recipe.) A release that needs pins of its own gets a
+# row:  case "$SGLANG_VERSION" in 0.5.NN) RELEASE_PINS=(name==version) ;; esac
+RELEASE_PINS=()
 
 torch_version() { "$PYTHON" -c 'from importlib.metadata import version; print(version("torch"))'; }
 
@@ -51,7 +71,7 @@ case "$installed_torch" in
   *) die "found torch $installed_torch but sglang is checked beside torch==$TORCH_PIN (set KVCHECK_TORCH_PIN to override)" ;;
 esac
 
-# Direct imports of sglang's pool code (verified with sglang 0.5.21, 0.5.22, 0.5.23 on CPU).
+# Direct imports of sglang's pool code (verified with every known release on CPU).
 REQUIREMENTS=(
   "sglang==$SGLANG_VERSION"
   ${RELEASE_PINS[@]+"${RELEASE_PINS[@]}"}

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -297,6 +299,52 @@ def test_choose_profile_to_load(
         environ=environ,
     )
     assert chosen == expected
+
+
+def test_the_install_recipe_variable_is_known() -> None:
+    """KVCHECK_SGLANG_VERSION (the README sets it for scripts/install_sglang.sh) draws no
+    "unknown variable" warning; a typo of it still does, with the right name."""
+    assert profiles.unknown_env_warnings({"KVCHECK_SGLANG_VERSION": "0.5.22"}) == []
+    assert profiles.unknown_env_warnings({"KVCHECK_SGLANG_VERSON": "0.5.22"}) == [
+        "unknown variable KVCHECK_SGLANG_VERSON='0.5.22' is ignored "
+        "(did you mean KVCHECK_SGLANG_VERSION?)"
+    ]
+
+
+_ROOT = Path(__file__).resolve().parents[1]
+_ENV_NAME = re.compile(r"KVCHECK_[A-Z0-9_]+")
+
+
+def _variables_read_or_passed_on() -> dict[str, str]:
+    """Each KVCHECK_* variable the package, its scripts and CI read or set for a child
+    process, with one file that does: names as whole string constants in Python (not in
+    docstrings or examples), ``$NAME``/``${NAME`` and ``NAME=`` in shell."""
+    found: dict[str, str] = {}
+    for root in ("kvcheck", "scripts"):
+        for path in sorted((_ROOT / root).rglob("*.py")):
+            if path.name == "profiles.py" and path.parent.name == "runner":
+                continue  # the list itself
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                value = node.value if isinstance(node, ast.Constant) else None
+                if isinstance(value, str) and _ENV_NAME.fullmatch(value):
+                    found.setdefault(value, str(path.relative_to(_ROOT)))
+    shell = [*sorted((_ROOT / "scripts").glob("*.sh")), _ROOT / ".ci" / "run"]
+    for path in shell:
+        if not path.exists():
+            continue
+        text = path.read_text(encoding="utf-8")
+        for match in re.finditer(r"\$\{?(KVCHECK_[A-Z0-9_]+)|\b(KVCHECK_[A-Z0-9_]+)=", text):
+            found.setdefault(match.group(1) or match.group(2), str(path.relative_to(_ROOT)))
+    return found
+
+
+def test_every_variable_kvcheck_reads_is_known() -> None:
+    """No KVCHECK_* variable that kvcheck, its scripts or CI read is called unknown: each is
+    in KNOWN_ENV_VARS."""
+    found = _variables_read_or_passed_on()
+    assert {"KVCHECK_TARGET", "KVCHECK_SGLANG_VERSION", "KVCHECK_CI_SCRATCH"} <= set(found)
+    missing = {name: where for name, where in found.items() if name not in profiles.KNOWN_ENV_VARS}
+    assert not missing, f"add to KNOWN_ENV_VARS (kvcheck/runner/profiles.py): {missing}"
 
 
 # --- the database never fails silently ------------------------------------------------------

@@ -15,12 +15,11 @@ example database named by ``KVCHECK_DB``.
 
 Searching profiles leave out Hypothesis's explain phase, which re-runs the shrunk example
 hundreds of times only to add an "always run by failing" note: on a state machine it took
-three quarters of the time to a report (221 of 305 s for a move bug on two shared CPU
-cores). ``KVCHECK_EXPLAIN=1`` (or ``explain=True``) puts it back. ``kvcheck-dev``,
-``kvcheck-ci`` and ``kvcheck-campaign`` also report one bug per property
-(``report_multiple_bugs=False``): the first failure is shrunk, allowed to slip to any
-smaller failure, and reported, instead of each distinct failure being shrunk in turn;
-``kvcheck-thorough`` still reports them all.
+most of the time to a report (README, "Time to report"). ``KVCHECK_EXPLAIN=1`` (or
+``explain=True``) puts it back. ``kvcheck-dev``, ``kvcheck-ci`` and ``kvcheck-campaign``
+also report one bug per property (``report_multiple_bugs=False``): the first failure is
+shrunk, allowed to slip to any smaller failure, and reported, instead of each distinct
+failure being shrunk in turn; ``kvcheck-thorough`` still reports them all.
 
 Hypothesis turns the database *off* in its own ``ci`` profile, which it loads whenever
 ``CI`` is set; ``kvcheck-ci`` keeps it on so that a failure found by a runner can be
@@ -80,16 +79,20 @@ PROFILE_NAMES: tuple[str, ...] = (DEV, CI, THOROUGH, REPLAY, CAMPAIGN)
 PROFILE_ENV_VAR = "KVCHECK_PROFILE"
 #: Set to 1/true/yes/on to run Hypothesis's explain phase in the searching profiles.
 EXPLAIN_ENV_VAR = "KVCHECK_EXPLAIN"
-#: Every ``KVCHECK_*`` variable kvcheck reads; any other one is most likely a typo.
+#: Every ``KVCHECK_*`` variable kvcheck, its scripts or its CI read; any other one is most
+#: likely a typo (``tests/test_profiles_db.py`` finds the ones they read and checks this list).
 KNOWN_ENV_VARS: tuple[str, ...] = (
     "KVCHECK_TARGET",
     "KVCHECK_DEVICE",
     PROFILE_ENV_VAR,
     DATABASE_ENV_VAR,
     EXPLAIN_ENV_VAR,
+    "KVCHECK_SGLANG_VERSION",  # scripts/install_sglang.sh (the README sets it)
     "KVCHECK_TORCH_PIN",  # scripts/install_sglang.sh
     "KVCHECK_CI_SCRATCH",  # .ci/run
     "KVCHECK_GPU_CHECK_PROBE",  # scripts/gpu_check.py, to its own pytest runs
+    "KVCHECK_BENCH_T0",  # scripts/bench_time_to_report.py, to its own pytest runs
+    "KVCHECK_BENCH_CLOCK",  # scripts/bench_time_to_report.py, to its own pytest runs
 )
 
 #: Hypothesis's built-in profiles: loaded without anyone choosing them.

@@ -24,7 +24,7 @@ Markdown block is what ``docs/sglang-reach.md`` publishes).
 Example, where sglang is installed::
 
     report = measure("sglang")
-    print(format_report(report))  # headline: 626/1039 lines = 60.3% (...)
+    print(format_report(report))  # the headline, per class and method, unreached ranges
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@
 ``scripts``        what a standalone reproduction script needs to build sglang's pools
 =================  =========================================================================
 
-Importing the package does not import sglang (7-25 s); the target's first method that needs
-it does, once per process.
+Importing the package does not import sglang (which takes seconds); the target's first
+method that needs it does, once per process.
 
 Example:
     >>> SGLangTarget().name

@@ -1,4 +1,5 @@
-"""CPU bodies of ``sgl_kernel.kvcacheio``'s twelve host-transfer ops, for sglang's host pools.
+"""CPU bodies of ``sgl_kernel.kvcacheio``'s host-transfer ops (:data:`OP_NAMES`), for sglang's
+host pools.
 
 On CPU, sglang 0.5.23's ``pool_host.{mha,mla,dsa}`` never import the transfer ops (they come
 from ``sgl_kernel.kvcacheio`` on CUDA/HIP only), so every ``backup_from_device_all_layer`` and

@@ -27,11 +27,14 @@ lacks, add them to :data:`OPTIONAL_PARAMETERS` with the surface they narrow.
 
 Nothing here imports sglang at module import time.
 
+The releases kvcheck is checked against are listed once, in ``releases.txt`` beside this
+module (:data:`KNOWN_RELEASES` reads it; so does ``scripts/install_sglang.sh``).
+
 Example:
     >>> Releases(last="0.5.22").describe(), "0.5.21" in Releases(last="0.5.22")
     ('0.5.21-0.5.22', True)
     >>> describe_release("0.5.22")
-    'a release kvcheck is checked against (0.5.21, 0.5.22, 0.5.23)'
+    'a release kvcheck is checked against (0.5.21, 0.5.22, ...)'
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
+from importlib.resources import files
+from itertools import pairwise
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
@@ -65,16 +70,6 @@ __all__ = [
     "probe",
 ]
 
-#: The sglang releases kvcheck's target is checked against, oldest first (CI installs each
-#: with ``KVCHECK_SGLANG_VERSION=<release> bash scripts/install_sglang.sh``).
-KNOWN_RELEASES: tuple[str, ...] = ("0.5.21", "0.5.22", "0.5.23")
-
-INSTALL_HINT = (
-    "install it with `bash scripts/install_sglang.sh` (sglang "
-    f"{KNOWN_RELEASES[-1]} by default; KVCHECK_SGLANG_VERSION picks another of "
-    f"{', '.join(KNOWN_RELEASES)})"
-)
-
 
 def release_key(release: str) -> Version:
     """``release`` as a comparable version (``ValueError`` if it is not one).
@@ -87,6 +82,45 @@ def release_key(release: str) -> Version:
         return Version(release)
     except InvalidVersion:
         raise ValueError(f"release={release!r} is not a version number") from None
+
+
+#: The file that lists the releases kvcheck is checked against (package data).
+RELEASES_FILE = "releases.txt"
+
+
+def read_releases(text: str) -> tuple[str, ...]:
+    """The releases a ``releases.txt`` text lists: one a line, ``#`` starting a comment,
+    blank lines skipped; ``ValueError`` unless each is a version and they run oldest first.
+
+    ``scripts/install_sglang.sh`` reads the same file with the same rules.
+
+    Example:
+        >>> read_releases("# oldest first\\n0.5.21\\n\\n0.5.22  # the newest\\n")
+        ('0.5.21', '0.5.22')
+    """
+    releases = tuple(
+        stripped for line in text.splitlines() if (stripped := line.split("#", 1)[0].strip())
+    )
+    if not releases:
+        raise ValueError(f"{RELEASES_FILE} lists no release")
+    keys = [release_key(release) for release in releases]
+    if any(older >= newer for older, newer in pairwise(keys)):
+        raise ValueError(f"{RELEASES_FILE} must list releases oldest first, once each: {releases}")
+    return releases
+
+
+#: The sglang releases kvcheck's target is checked against, oldest first, as
+#: ``releases.txt`` lists them (CI installs each with
+#: ``KVCHECK_SGLANG_VERSION=<release> bash scripts/install_sglang.sh``).
+KNOWN_RELEASES: tuple[str, ...] = read_releases(
+    files("kvcheck.targets.sglang").joinpath(RELEASES_FILE).read_text(encoding="utf-8")
+)
+
+INSTALL_HINT = (
+    "install it with `bash scripts/install_sglang.sh` (sglang "
+    f"{KNOWN_RELEASES[-1]} by default; KVCHECK_SGLANG_VERSION picks another of "
+    f"{', '.join(KNOWN_RELEASES)})"
+)
 
 
 @dataclass(frozen=True)
@@ -144,9 +178,9 @@ def describe_release(release: str) -> str:
     the target does with it (printed after the target's name and version).
 
     Example:
-        >>> describe_release("0.5.24")  # doctest: +NORMALIZE_WHITESPACE
-        'newer than every release kvcheck is checked against (0.5.21, 0.5.22, 0.5.23): the
-        target follows what it reads from it and expects the findings of 0.5.23'
+        >>> describe_release("0.5.99")  # doctest: +NORMALIZE_WHITESPACE
+        'newer than every release kvcheck is checked against (0.5.21, ...): the target
+        follows what it reads from it and expects the findings of ...'
     """
     known = ", ".join(KNOWN_RELEASES)
     if release in KNOWN_RELEASES:

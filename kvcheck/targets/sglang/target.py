@@ -14,9 +14,9 @@ capabilities that need it; what the release builds (its surface) is read from it
 target is prepared; its findings and expected failures are those whose release range holds
 the installed release (:mod:`kvcheck.targets.sglang.findings`).
 
-Importing this module does not import sglang (7-25 s); :meth:`SGLangTarget.prepare` (or
-the first method that needs it) does, once per process. Install sglang with
-``scripts/install_sglang.sh``.
+Importing this module does not import sglang (which takes seconds):
+:meth:`SGLangTarget.prepare` (or the first method that needs it) does, once per process.
+Install sglang with ``scripts/install_sglang.sh``.
 
 Example, where sglang is installed::
 
@@ -252,7 +252,7 @@ class SGLangTarget:
         return release.describe_release(self._declared_release)
 
     def prepare(self) -> None:
-        """Import sglang and read what the installed release offers, now (7-25 s, once per
+        """Import sglang and read what the installed release offers, now (seconds, once per
         process) rather than inside the first test.
 
         The kvcheck pytest plugin calls this before any test runs: a test must not pay for
