@@ -9,7 +9,7 @@ DSA machine draws every kind of skip mask and index kpool, and a second DSA run 
 pooled index keys (kpool 2 or 4, most with compress tails) only, and a third MLA and DSA
 run one decode-context-parallel rank only. Each quantized variant, MHA's head-major layout
 and each scaled DSA latent variant get a run of their own, so that each variant gets its
-share of the calls (``kvcheck verify --call-counts`` counts them). Rules for capabilities
+share of the calls (``python tools/call_counts.py`` counts them). Rules for capabilities
 the target declares unsupported (host copies, index-K writes, input validation, ...) are
 left out.
 """
@@ -98,7 +98,7 @@ def test_dcp_pool_matches_reference_after_every_step(
 def _dcp_run_settings(machine: Any, family: str) -> settings:
     """The profile's settings; a fifth more examples for DSA, whose run shares them between
     two variants (``dsa:dcp`` and ``dsa:kpool:dcp``, with compress tails): at seed 0 each of
-    their cells is then called 20 times or more (``kvcheck verify --call-counts``)."""
+    their cells is then called 20 times or more (``python tools/call_counts.py``)."""
     return _run_settings(machine, fifths=6 if family == "dsa" else 5)
 
 
@@ -119,7 +119,7 @@ def _run_settings(machine: Any, *, fifths: int, filtered: bool = False) -> setti
 #: Every quantized variant (``kvcheck.specs.KV_QUANTS``, and within one the layouts that
 #: make a variant of their own: :attr:`kvcheck.specs.PoolSpec.variant`) gets a machine run
 #: of its own: the family machines above draw unquantized pools only, and two variants
-#: sharing a run split its calls (``kvcheck verify --call-counts`` shows each one's share).
+#: sharing a run split its calls (``python tools/call_counts.py`` shows each one's share).
 QUANTIZED = (
     ("mha", "fp8_scaled", "mha:fp8_scaled"),
     ("mha", "fp8_scaled", "mha:fp8_scaled:hnd"),
@@ -183,7 +183,7 @@ def test_quantized_pool_matches_reference_after_every_step(
 def _variant_run_settings(machine: Any) -> settings:
     """Three fifths of the profile's examples (60 in the default profile) for each variant
     run: at seed 0 each cell of each variant is called 20 times or more, and the default
-    run stays under a minute (``kvcheck verify --call-counts`` shows both; a pause step is
+    run stays under a minute (``python tools/call_counts.py`` shows both; a pause step is
     not checked again, which paid for the examples). The spec filter may reject most draws
     on a target whose limits narrow the spec (one in four or five takes the layout):
     expected, not a health problem."""

@@ -130,7 +130,7 @@ _ALL = Releases()
 #: Finding id -> the sglang releases it holds for (the one per-release table: whether a
 #: release has a bug is read from running it, recorded here), for every finding of the
 #: document's summary. Checked on 0.5.21, 0.5.22 and
-#: 0.5.23 with ``python -m kvcheck.runner.across`` (README, "sglang releases").
+#: 0.5.23 with ``python tools/across.py`` (README, "sglang releases").
 RELEASES: Mapping[str, Releases] = MappingProxyType(
     {
         "V2": _ALL,
