@@ -1,4 +1,4 @@
-"""``python -m kvcheck.runner.across``: one release x finding table from several runs."""
+"""``python tools/across.py``: one release x finding table from several runs."""
 
 from __future__ import annotations
 
@@ -6,7 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kvcheck.runner.across import Run, read_results, render_table, tabulate
+from tools.across import Run, read_results, render_table, tabulate
+
+#: The command runs as printed in its docstring: by its path, not as a module.
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 
 def _run(release: str, declared: list[str], tests: list[dict[str, object]]) -> Run:
@@ -55,8 +58,7 @@ def test_the_command_runs_each_environment_and_prints_the_table(tmp_path: Path) 
     completed = subprocess.run(
         [
             sys.executable,
-            "-m",
-            "kvcheck.runner.across",
+            str(TOOLS / "across.py"),
             "--python",
             sys.executable,
             "--python",

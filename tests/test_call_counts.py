@@ -1,4 +1,4 @@
-"""The per-cell call counts (kvcheck/runner/call_counts.py) and ``kvcheck verify --call-counts``."""
+"""The per-cell call counts and their command, ``python tools/call_counts.py``."""
 
 from __future__ import annotations
 
@@ -11,16 +11,17 @@ from typing import Any
 import pytest
 import torch
 
-from kvcheck.runner.call_counts import (
+from kvcheck.specs import PoolSpec
+from kvcheck.targets.builtin import KVCheckTarget
+from tools.call_counts import (
     CALL,
     NOT_CALLED,
     SURFACE_ARGUMENTS,
     CallCounter,
     CallCounts,
     Cell,
+    main,
 )
-from kvcheck.specs import PoolSpec
-from kvcheck.targets.builtin import KVCheckTarget
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 MHA = PoolSpec(family="mha", size=4, page_size=1, layer_num=2, dtype="bfloat16", start_layer=3)
@@ -129,32 +130,27 @@ def test_the_readme_surface_table_and_the_counted_methods_agree() -> None:
     assert named and named <= set(SURFACE_ARGUMENTS), named - set(SURFACE_ARGUMENTS)
 
 
-def _verify(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> int:
-    from kvcheck.runner.cli import main
-
+def test_the_command_writes_the_table_and_fails_below_the_floor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One run of a few tests of the shipped suite, with a floor no run reaches: the table
+    counts the cells the run called, and the command names the cells below the floor."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KVCHECK_DB", str(tmp_path / "db"))
-    return main(["verify", "--device", "cpu", "--quiet", "-k", "test_accounting and mha", *args])
-
-
-def test_verify_writes_the_table_and_fails_below_the_floor(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
     report = tmp_path / "calls.md"
-    assert _verify(tmp_path, monkeypatch, "--call-counts", str(report)) == 0
+    floor = "1000000000"
+    pytest_args = ["--kvcheck-device=cpu", "-k", "test_accounting and mha"]
+    assert main(["--out", str(report), "--floor", floor, "--", *pytest_args]) == 1
     table = report.read_text()
     assert re.search(r"\| mha \| get_kv_size_bytes \| \(call\) \| [1-9]\d* \|", table), table
-    assert "call counts:" in capsys.readouterr().out
-    # No run calls a cell a billion times: the same run now fails on the floor.
-    floor = "1000000000"
-    assert _verify(tmp_path, monkeypatch, "--call-counts", str(report), "--call-floor", floor) == 1
-    assert f"below {floor}: mha" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"table in {report}" in out and f"below {floor}: mha" in out
 
 
-def test_a_floor_without_a_table_is_refused_before_pytest(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_a_bad_floor_or_out_is_refused_before_the_suite_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert _verify(tmp_path, monkeypatch, "--call-floor", "20") == 2
-    assert "--call-floor needs --call-counts" in capsys.readouterr().err
-    assert _verify(tmp_path, monkeypatch, "--call-counts", "c.md", "--call-floor", "0") == 2
-    assert "--call-floor=0" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path / "c.md"), "--floor", "0"]) == 2
+    assert "--floor=0" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path)]) == 2
+    assert "not a file in an existing directory" in capsys.readouterr().err

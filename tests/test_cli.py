@@ -609,6 +609,31 @@ def test_verify_collection_error_exits_2(
     assert "Collection errors" in out and "no_such_module_for_kvcheck" in out
 
 
+@pytest.mark.parametrize(
+    ("args", "given"),
+    [(["-k", "no_such_test"], "-k 'no_such_test'"), (["--family", "noop"], "--family noop")],
+    ids=["k", "family"],
+)
+def test_verify_selecting_no_test_says_so_in_one_line_and_exits_2(
+    project: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    args: list[str],
+    given: str,
+) -> None:
+    """A -k or --family that selects none of the suite's tests (pytest's exit 5): one error
+    line naming what was given and how to list the tests, exit 2."""
+    _workdir(tmp_path, "run", monkeypatch)
+    assert main(["verify", "--suite", str(project), "--device", "cpu", "--quiet", *args]) == 2
+    errors = [line for line in capfd.readouterr().err.splitlines() if "error" in line]
+    assert errors == [
+        f"kvcheck: error: {given} selected no test of {project}; -k matches parts of test ids "
+        "(pytest -k syntax: and, or, not, parentheses); list them with: pytest --collect-only "
+        f"-q {project}"
+    ]
+
+
 def test_replay_round_trip_across_working_directories(
     project: Path,
     tmp_path: Path,

@@ -163,23 +163,12 @@ def _unavailable_cuda() -> str:
     return f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--device", _unavailable_cuda()], "device="),
-        (["-k", "no_test_is_called_this"], "selects none of the"),
-        (["--family", "noop", "-k", "machines_mla"], "--family noop -k 'machines_mla'"),
-    ],
-    ids=["cuda", "k", "family"],
-)
-def test_argument_errors_come_before_pytest_starts(
-    workdir: Path, args: list[str], message: str
-) -> None:
-    """A device this machine lacks, or a -k/--family that selects no test of the suite, is
-    reported by the command itself (exit 2) before pytest starts."""
-    done = _kvcheck("verify", *args, cwd=workdir)
+def test_a_missing_device_is_refused_before_pytest_starts(workdir: Path) -> None:
+    """A device this machine lacks is reported by the command itself (exit 2) before pytest
+    starts. (A -k that selects no test is pytest's to find: tests/test_cli.py.)"""
+    done = _kvcheck("verify", "--device", _unavailable_cuda(), cwd=workdir)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert message in done.stderr
+    assert "device=" in done.stderr
     assert not (workdir / ".kvcheck" / "pytest.log").exists()  # pytest never started
 
 

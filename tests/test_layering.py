@@ -11,9 +11,11 @@ import kvcheck
 #: from its own layer's package and from any layer listed before it.
 LAYERS: tuple[str, ...] = (
     "specs",
+    "variants",
     "geometry",
     "tiers",
     "surface",
+    "declaration",
     "validation",
     "vocabulary",
     "pools",
@@ -71,3 +73,20 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
             if imported in rank and rank[imported] > rank[unit]:
                 upward.append(f"{path.relative_to(PACKAGE)}:{line} imports kvcheck.{imported}")
     assert upward == []
+
+
+def test_the_package_never_imports_the_developer_tools() -> None:
+    """tools/ (reach, call counts, across) sits outside the installed package: it may import
+    kvcheck, and nothing in kvcheck imports it (an installed kvcheck has no tools)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            if any(name == "tools" or name.startswith("tools.") for name in names):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert found == []

@@ -1,4 +1,4 @@
-"""Tests of ``kvcheck.runner.reach``: span finding, range grouping and reason matching.
+"""Tests of ``tools/reach.py``: span finding, range grouping and reason matching.
 
 All run on a small synthetic source file with hand-made coverage data: no sglang and no
 coverage.py run is needed. One test reads sglang's installed sources (without importing
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.runner import reach
-from kvcheck.runner.reach import (
+from tools import reach
+from tools.reach import (
     UNEXPLAINED,
     Gap,
     MethodReach,

@@ -10,7 +10,6 @@
 - :mod:`~kvcheck.runner.devices`: which device each xdist worker uses;
 - :mod:`~kvcheck.runner.repro`: standalone reproduction scripts;
 - :mod:`~kvcheck.runner.memory_report`: bytes per token and capacity, per model;
-- :mod:`~kvcheck.runner.reach`: line coverage of a target's own pool code.
 
 Nothing in the library (``kvcheck.specs`` up to ``kvcheck.machines``) imports the runner.
 """

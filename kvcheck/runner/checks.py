@@ -21,7 +21,6 @@ __all__ = [
     "UsageProblem",
     "check_database",
     "check_output_path",
-    "check_selection",
     "check_workers",
     "checked_device",
     "checked_target",
@@ -95,25 +94,6 @@ def _cwd_on_sys_path() -> Iterator[None]:
     finally:
         if added and cwd in sys.path:
             sys.path.remove(cwd)
-
-
-def check_selection(expression: str | None, families: Sequence[str] | None, *, suite: str) -> None:
-    """A -k and --family that select none of the shipped suite's tests, refused now."""
-    if suite != DEFAULT_SUITE:
-        return  # another suite's tests are known only to pytest's collection
-    from kvcheck.runner.selection import selection_problem
-
-    problem = selection_problem(keyword(expression, families))
-    if problem is not None:
-        if families:
-            given = " ".join(f"--family {family}" for family in families)
-            given += f" -k {expression!r}" if expression else ""
-            problem = f"{given} ({problem})"
-        raise UsageProblem(
-            f"{problem}; -k matches parts of test ids such as test_pool_machines.py::"
-            "test_pool_matches_reference_after_every_step[mha] (pytest -k syntax: and, or, "
-            "not, parentheses); list them with: pytest --collect-only -q --pyargs kvcheck.suite"
-        )
 
 
 def keyword(expression: str | None, families: Sequence[str] | None) -> str | None:

@@ -24,15 +24,15 @@ pytest's full log, ``results.json`` and the reproduction scripts (``repros/``) a
 ``--results-dir`` (default ``.kvcheck`` under the current directory).
 
 Settings are checked before pytest starts, cheapest first, so a mistake is reported in about
-a second: the options (``-n``, ``-k``/``--family`` against the shipped suite's tests
-(:mod:`kvcheck.runner.selection`), the device, CUDA where asked for, every output path by
+a second: the options (``-n``, the device, CUDA where asked for, every output path by
 writing a probe file there), then the target (``sglang`` and ``module:attr`` are imported)
-and the example database. A database holding a damaged entry that the run would read (the
-target's own or one an older kvcheck stored: empty, unreadable, or not a serialized example)
-stops ``verify`` and ``replay`` there, before any test runs, with one line naming the count
-and the database: Hypothesis would replay an empty entry as a fresh random example and
-silently drop an undecodable one, and either would pass for a fixed bug. The time in the
-summary is the command's wall time.
+and the example database. A ``-k``/``--family`` that selects no test is pytest's to find
+(exit 5): the command then says so in one line and exits 2. A database holding a damaged
+entry that the run would read (the target's own or one an older kvcheck stored: empty,
+unreadable, or not a serialized example) stops ``verify`` and ``replay`` there, before any
+test runs, with one line naming the count and the database: Hypothesis would replay an empty
+entry as a fresh random example and silently drop an undecodable one, and either would pass
+for a fixed bug. The time in the summary is the command's wall time.
 
 Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage, target or
 setup error, or the example database failed (it holds damaged entries the run would read; a
@@ -67,7 +67,6 @@ from kvcheck.runner.checks import (
     UsageProblem,
     check_database,
     check_output_path,
-    check_selection,
     check_workers,
     checked_device,
     checked_target,
@@ -88,14 +87,15 @@ __all__ = ["EXIT_INTERRUPTED", "build_parser", "main", "pytest_command"]
 
 DEFAULT_RESULTS_DIR = ".kvcheck"
 _EXIT_STATUS_TEXT = (
-    "Exit status: 0 all passed; 1 a property failed (replay: still failing; with --call-floor, "
-    "also a cell called fewer times); 2 usage, target "
+    "Exit status: 0 all passed; 1 a property failed (replay: still failing); 2 usage, target "
     "or setup error, or the example database failed (it holds damaged entries the run would "
     "read; a failing example could not be saved; replay: the database is missing or empty, "
     "none of its examples belongs to the selected tests, or a test passed without replaying "
     "every stored example); 130 interrupted (SIGINT or SIGTERM), after the summary of what "
     "ran."
 )
+#: pytest's exit status when it collected (or, after -k, selected) no test.
+_PYTEST_NO_TESTS = 5
 _DEFAULT_BUDGET_GIB = 64.0
 _DEFAULT_PAGE_SIZE = 64
 _DEFAULT_DTYPE = "bfloat16"
@@ -162,24 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Hypothesis profile: kvcheck-dev, kvcheck-ci, kvcheck-thorough (default: "
         "KVCHECK_PROFILE, else kvcheck-ci when CI is set, else kvcheck-dev)",
-    )
-    verify.add_argument(
-        "--call-counts",
-        dest="call_counts",
-        default=None,
-        metavar="FILE",
-        help="count the calls on every pool the target builds, per variant x method x "
-        "argument of the README's surface table, and write them as a markdown table to FILE "
-        "(kvcheck.runner.call_counts)",
-    )
-    verify.add_argument(
-        "--call-floor",
-        dest="call_floor",
-        type=int,
-        default=None,
-        metavar="N",
-        help="with --call-counts: exit 1 when a cell is called fewer than N times (cells the "
-        "suite does not call by design are listed with their reason instead)",
     )
     verify.set_defaults(handler=_verify)
 
@@ -308,41 +290,7 @@ def _verify(options: argparse.Namespace, extra: Sequence[str]) -> int:
             f"--profile={options.profile!r} is not a kvcheck profile for verify; "
             f"choose one of {', '.join(choices)} (kvcheck replay runs {REPLAY})"
         )
-    if options.call_floor is not None and options.call_counts is None:
-        raise UsageProblem("--call-floor needs --call-counts FILE (where the counts go)")
-    if options.call_floor is not None and options.call_floor < 1:
-        raise UsageProblem(f"--call-floor={options.call_floor}: give a number of calls >= 1")
-    if options.call_counts is None:
-        return _run_suite(options, extra, command="verify", profile=options.profile)
-    from kvcheck.runner.call_counts import CallCounts
-
-    report = Path(options.call_counts)
-    check_output_path("--call-counts", report)
-    # Each pytest process writes its own file here; none from an earlier run may count.
-    folder = (Path(options.results_dir) / "call-counts").resolve()
-    for stale in folder.glob("calls-*.json"):
-        stale.unlink()
-    extra = [*extra, f"--kvcheck-call-counts={folder}"]
-    status = _run_suite(options, extra, command="verify", profile=options.profile)
-    if status == EXIT_INTERRUPTED:
-        return status
-    counts = CallCounts.read_folder(folder)
-    report.write_text(counts.report(floor=options.call_floor) + "\n")
-    print(
-        f"kvcheck verify: call counts: {counts.summary(floor=options.call_floor)}; "
-        f"table in {shown_path(report)}"
-    )
-    below = [] if options.call_floor is None else counts.below(options.call_floor)
-    if below:
-        for cell in below[:10]:
-            print(
-                f"  below {options.call_floor}: {cell.variant} {cell.method} "
-                f"{cell.argument}: {counts.cells[cell]}"
-            )
-        if len(below) > 10:
-            print(f"  ... and {len(below) - 10} more (see the table)")
-        return max(status, 1)
-    return status
+    return _run_suite(options, extra, command="verify", profile=options.profile)
 
 
 def _replay(options: argparse.Namespace, extra: Sequence[str]) -> int:
@@ -472,7 +420,6 @@ def _checked_settings(
     for warning in unknown_env_warnings():
         print(f"kvcheck: warning: {warning}", file=sys.stderr)
     check_workers(options.workers)
-    check_selection(options.keyword, options.families, suite=options.suite)
     device = checked_device(options.device)
     for option, value in (("--json", options.json_path), ("--junit-xml", options.junit_xml)):
         if value is not None:
@@ -557,7 +504,30 @@ def _run_suite(
         exit_code = max(exit_code, EXIT_USAGE)  # a pass that replayed less than was stored
     if interrupts.received:
         exit_code = EXIT_INTERRUPTED
-    return _summarize(results, options, settings, command=command, exit_code=exit_code)
+    exit_code = _summarize(results, options, settings, command=command, exit_code=exit_code)
+    if status == _PYTEST_NO_TESTS and settings.keyword is not None and not interrupts.received:
+        print(f"kvcheck: error: {_selects_nothing(options)}", file=sys.stderr)
+    return exit_code
+
+
+def _selects_nothing(options: argparse.Namespace) -> str:
+    """Why pytest ran nothing (its exit 5) when ``-k``/``--family`` was given: one line.
+
+    Example:
+        >>> print(_selects_nothing(argparse.Namespace(
+        ...     keyword="move", families=["noop"], suite="kvcheck.suite")))  # doctest: +ELLIPSIS
+        --family noop -k 'move' selected no test of kvcheck.suite; ... --pyargs kvcheck.suite
+    """
+    given = [f"--family {family}" for family in options.families or ()]
+    given += [f"-k {options.keyword!r}"] if options.keyword else []
+    suite = options.suite
+    listed = shlex.join(["pytest", "--collect-only", "-q", suite])
+    if not Path(suite).exists():
+        listed = shlex.join(["pytest", "--collect-only", "-q", "--pyargs", suite])
+    return (
+        f"{' '.join(given)} selected no test of {suite}; -k matches parts of test ids "
+        f"(pytest -k syntax: and, or, not, parentheses); list them with: {listed}"
+    )
 
 
 def _summarize(

@@ -70,7 +70,6 @@ _PROFILE_OPTION = "--kvcheck-profile"
 _RESULTS_OPTION = "--kvcheck-results"
 _PROGRESS_OPTION = "--kvcheck-progress-fd"
 _IMPORT_DIR_OPTION = "--kvcheck-import-dir"
-_CALL_COUNTS_OPTION = "--kvcheck-call-counts"
 _ENV_PREFIX = "KVCHECK_"
 #: The kvcheck package directory (this module is kvcheck/runner/plugin.py).
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -146,8 +145,6 @@ _BAD_CAPABILITY = pytest.StashKey[str]()
 _PINNED_FINDING = pytest.StashKey[Any]()
 #: Puts back the Hypothesis profiles this session changed (see ``_snapshot_profiles``).
 _RESTORE_PROFILES = pytest.StashKey[Callable[[], None]]()
-#: The call counter of a run with --kvcheck-call-counts.
-_CALL_COUNTER = pytest.StashKey[Any]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -196,14 +193,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="put DIR first on sys.path once kvcheck is imported, as python -m pytest puts "
         "the current directory, so that a folder named kvcheck there cannot shadow the "
         "installed package; used by the kvcheck command (kvcheck.runner.launch).",
-    )
-    group.addoption(
-        _CALL_COUNTS_OPTION,
-        default=None,
-        metavar="DIR",
-        help="count the calls on every pool the target builds, per variant x method x "
-        "argument, and write each process's counts to DIR (kvcheck.runner.call_counts); "
-        "used by kvcheck verify --call-counts.",
     )
 
 
@@ -317,10 +306,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     kvcheck = session.config.stash.get(_SESSION, None)
     if isinstance(workeroutput, dict) and kvcheck is not None:
         workeroutput[_WORKER_TARGET] = {"surface": _describe_surface(kvcheck.target)}
-    counter = session.config.stash.get(_CALL_COUNTER, None)
-    if counter is not None:
-        worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
-        counter.write(Path(session.config.getoption("kvcheck_call_counts")), worker)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -534,12 +519,6 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
             session.device()
         except ValueError as exc:
             raise pytest.UsageError(f"kvcheck: {exc}") from exc
-    if config.getoption("kvcheck_call_counts"):
-        from kvcheck.runner.call_counts import CallCounter
-
-        counter = CallCounter()
-        counter.install(target)
-        config.stash[_CALL_COUNTER] = counter
     if worker_id is None:  # under xdist the controller sees every worker's reports
         from kvcheck.runner.results import ResultsCollector
 

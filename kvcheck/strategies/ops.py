@@ -387,7 +387,7 @@ def _draw_override(draw: st.DrawFn) -> bool:
     """Whether a write names its layer by ``layer_id_override`` (shrinks to
     ``layer.layer_id``): SGLang's SWA pool writes MHA, MLA and DSA layers that way. Two
     chances in three: inside state machines Hypothesis favours the first value, so an even
-    choice came out at one write in nine to one in two (``kvcheck verify --call-counts``)."""
+    choice came out at one write in nine to one in two (``python tools/call_counts.py``)."""
     return bool(draw(choice((False, True)), label="layer_id_override"))
 
 

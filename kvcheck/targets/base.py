@@ -99,8 +99,8 @@ FAMILY_SEPARATOR = ":"
 #:     How a standalone reproduction script builds the target's pool without kvcheck
 #:     (:class:`ScriptRecipe`); ``None`` (or no member): the script calls ``make_pool``.
 #: ``reach_table: str``
-#:     The module (``PACKAGE``, ``SCOPES``, ``REASONS``; see :mod:`kvcheck.runner.reach`) that
-#:     says which of the target's code ``python -m kvcheck.runner.reach`` measures and why
+#:     The module (``PACKAGE``, ``SCOPES``, ``REASONS``; see ``tools/reach.py``) that
+#:     says which of the target's code ``python tools/reach.py`` measures and why
 #:     each unreached range stays unreached.
 #: ``expected_failures: Mapping[str, str]``
 #:     pytest node-id pattern -> reason. Tests of the suite that match (see
@@ -224,7 +224,7 @@ class ScriptRecipe:
     index_k_write: str = "pool.set_index_k_scale_buffer"
 
 
-# --- a target's reach table (see kvcheck.runner.reach) ----------------------------------
+# --- a target's reach table (see tools/reach.py) ----------------------------------------
 
 
 @dataclass(frozen=True)

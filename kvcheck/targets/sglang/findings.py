@@ -130,7 +130,7 @@ _ALL = Releases()
 #: Finding id -> the sglang releases it holds for (the one per-release table: whether a
 #: release has a bug is read from running it, recorded here), for every finding of the
 #: document's summary. Checked on each of :data:`~.release.KNOWN_RELEASES` with
-#: ``python -m kvcheck.runner.across`` (README, "sglang releases").
+#: ``python tools/across.py`` (README, "sglang releases").
 RELEASES: Mapping[str, Releases] = MappingProxyType(
     {
         "V2": _ALL,

@@ -1,4 +1,4 @@
-"""What ``python -m kvcheck.runner.reach --target sglang`` measures, and why each gap stays a gap.
+"""What ``python tools/reach.py --target sglang`` measures, and why each gap stays a gap.
 
 :data:`SCOPES` names the parts of sglang 0.5.23 that the sglang target drives: the four pool
 classes with their ``KVCache`` base and the index-K cache (the headline), the pool

@@ -191,7 +191,7 @@ class SGLangTarget:
     """
 
     name: str = "sglang"
-    #: The scopes of sglang's code ``python -m kvcheck.runner.reach`` measures, and why each
+    #: The scopes of sglang's code ``python tools/reach.py`` measures, and why each
     #: unreached range stays unreached.
     reach_table: str = "kvcheck.targets.sglang.reach"
 

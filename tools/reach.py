@@ -1,6 +1,6 @@
 """Reach: line coverage of a target's pool code under kvcheck's shipped suite.
 
-``python -m kvcheck.runner.reach --target sglang`` runs ``pytest --pyargs kvcheck.suite
+``python tools/reach.py --target sglang`` runs ``pytest --pyargs kvcheck.suite
 --kvcheck-target sglang`` under coverage.py (``coverage run``, one process: see
 :func:`measure`), restricted to the files the target declares, and
 prints per class and per method how many executable lines the suite ran; the headline figure
@@ -693,14 +693,14 @@ def _where(gap: Gap) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m kvcheck.runner.reach`` argument parser.
+    """The ``python tools/reach.py`` argument parser.
 
     Example:
         >>> build_parser().parse_args(["--min-percent", "85"]).min_percent
         85.0
     """
     parser = argparse.ArgumentParser(
-        prog="python -m kvcheck.runner.reach",
+        prog="python tools/reach.py",
         description="Line coverage of a target's pool code under kvcheck's shipped suite.",
     )
     parser.add_argument(
@@ -739,7 +739,7 @@ def _usage_problem(options: argparse.Namespace) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``python -m kvcheck.runner.reach`` with ``argv``; return the exit status.
+    """Run ``python tools/reach.py`` with ``argv``; return the exit status.
 
     Bad arguments are found before the (minutes-long) measurement starts.
 
@@ -758,7 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options.target = target_spec(options.target)
     problem = _usage_problem(options)
     if problem:
-        print(f"kvcheck.runner.reach: error: {problem}", file=sys.stderr)
+        print(f"reach: error: {problem}", file=sys.stderr)
         return 2
     try:
         if options.from_data:
@@ -766,7 +766,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             report = measure(options.target, pytest_args=pytest_args, save_data=options.save_data)
     except ValueError as error:
-        print(f"kvcheck.runner.reach: error: {error}", file=sys.stderr)
+        print(f"reach: error: {error}", file=sys.stderr)
         return 2
     print(format_report(report, methods=not options.no_methods))
     if options.json:
@@ -774,17 +774,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.markdown:
         Path(options.markdown).write_text(format_markdown(report) + "\n")
     if report.pytest_status not in (None, 0, 1) or report.headline_lines == 0:
-        print("kvcheck.runner.reach: the suite did not run; the figure is not a measurement")
+        print("reach: the suite did not run; the figure is not a measurement")
         return 2
     status = 0
     if report.headline_percent < options.min_percent:
         print(
-            f"kvcheck.runner.reach: headline {report.headline_percent:.1f}% is below "
+            f"reach: headline {report.headline_percent:.1f}% is below "
             f"min_percent={options.min_percent}"
         )
         status = 1
     if options.strict and report.unexplained:
-        print(f"kvcheck.runner.reach: {len(report.unexplained)} unreached ranges have no reason")
+        print(f"reach: {len(report.unexplained)} unreached ranges have no reason")
         status = 1
     return status
 

@@ -8,7 +8,7 @@ release it finds (``findings`` in the results), the tests that pin each (they mu
 with it there), and how often the suite steered around each. It prints one table, a
 finding per row and a release per column::
 
-    python -m kvcheck.runner.across --target sglang --seed 0 \\
+    python tools/across.py --target sglang --seed 0 \\
         --python .venv-0.5.21/bin/python --python .venv-0.5.22/bin/python \\
         --python .venv-0.5.23/bin/python -- tests/targets
 
@@ -67,7 +67,7 @@ class Run:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m kvcheck.runner.across",
+        prog="python tools/across.py",
         description="Run the same seeds against several installed releases of a target "
         "(one environment each) and tabulate the findings each release shows.",
         epilog="Arguments after `--` go to pytest in every environment (test paths, -k).",

@@ -11,10 +11,16 @@ counted: only the outermost call on a pool is. A cell is *offered* when a pool b
 run has the method (and, for an argument, a parameter of that name), so a cell the run never
 calls is listed with 0 rather than missing.
 
-``kvcheck verify --call-counts FILE`` turns this on (the plugin's ``--kvcheck-call-counts``:
-each pytest process writes its counts to a folder), merges the processes' counts and writes
-the table; ``--call-floor N`` fails the run when an offered cell is called fewer than N
-times, except the cells :data:`NOT_CALLED` explains.
+A developer tool, run from a clone's root (kvcheck installed, ``pip install -e .``)::
+
+    python tools/call_counts.py --out calls.md [--floor N] [-- PYTEST_ARGS]
+
+runs the shipped suite (``python -m pytest --pyargs kvcheck.suite PYTEST_ARGS``) with this
+module as a pytest plugin (``-p tools.call_counts --call-counts-dir DIR``: each pytest
+process, xdist workers included, writes its counts to DIR), merges the processes' counts and
+writes the table to ``--out``; ``--floor N`` exits 1 when an offered cell is called fewer
+than N times, except the cells :data:`NOT_CALLED` explains. Exit status: pytest's when it
+is not 0 (1: a test failed; the counts are still written), else 1 below the floor, else 0.
 
 Example:
     >>> from kvcheck.specs import PoolSpec
@@ -33,16 +39,23 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import functools
 import inspect
 import json
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from kvcheck.variants import variants_of
 
@@ -53,7 +66,13 @@ __all__ = [
     "CallCounter",
     "CallCounts",
     "Cell",
+    "main",
 ]
+
+#: The clone's root: on the pytest processes' path, so that ``-p tools.call_counts`` imports.
+_ROOT = Path(__file__).resolve().parents[1]
+#: The pytest option (this module as a plugin) naming the folder each process writes to.
+_DIR_OPTION = "--call-counts-dir"
 
 #: The argument column of the cell that counts every call of a method.
 CALL = "(call)"
@@ -245,12 +264,12 @@ class CallCounts:
         )
 
     def report(self, *, floor: int | None = None) -> str:
-        """The markdown report ``kvcheck verify --call-counts`` writes: the summary line,
+        """The markdown report ``python tools/call_counts.py`` writes: the summary line,
         what a cell is, and the table (its last column gives the reason for each cell not
         called by design)."""
         return "\n".join(
             [
-                "# Calls per surface cell (kvcheck verify --call-counts)",
+                "# Calls per surface cell (python tools/call_counts.py)",
                 "",
                 self.summary(floor=floor) + ".",
                 "",
@@ -395,3 +414,116 @@ class CallCounter:
         path = folder / f"calls-{name}.json"
         path.write_text(json.dumps(self.counts().to_json()))
         return path
+
+
+# --- the pytest plugin (-p tools.call_counts) ------------------------------------------------
+
+_COUNTER = pytest.StashKey[CallCounter]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        _DIR_OPTION,
+        default=None,
+        metavar="DIR",
+        help="count the calls on every pool the kvcheck target builds, per variant x method "
+        "x argument, and write each process's counts to DIR (tools/call_counts.py)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("call_counts_dir"):
+        config.stash[_COUNTER] = CallCounter()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _count_calls(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Before the first test of this process, wrap the target's ``make_pool``."""
+    counter = request.config.stash.get(_COUNTER, None)
+    if counter is None:
+        yield
+        return
+    target = request.getfixturevalue("kvcheck_target")
+    counter.install(target)
+    yield
+    counter.uninstall(target)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    counter = session.config.stash.get(_COUNTER, None)
+    if counter is not None:
+        worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
+        counter.write(Path(session.config.getoption("call_counts_dir")), worker)
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python tools/call_counts.py",
+        description="Run kvcheck's shipped suite and count its calls per variant x method x "
+        "argument of the README's surface table.",
+        epilog="Arguments after -- go to pytest (e.g. -n auto --hypothesis-seed=0 "
+        "--kvcheck-target=sglang).",
+    )
+    parser.add_argument("--out", required=True, metavar="FILE", help="the markdown table")
+    parser.add_argument(
+        "--floor",
+        type=int,
+        default=None,
+        metavar="N",
+        help="exit 1 when a cell is called fewer than N times (cells the suite does not call "
+        "by design are listed with their reason instead)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command (see the module docstring); return its exit status.
+
+    Example (the error goes to stderr):
+        >>> main(["--out", "calls.md", "--floor", "0"])
+        2
+    """
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    pytest_args: list[str] = []
+    if "--" in arguments:
+        split = arguments.index("--")
+        arguments, pytest_args = arguments[:split], arguments[split + 1 :]
+    options = _parser().parse_args(arguments)
+    out = Path(options.out)
+    problem = None
+    if options.floor is not None and options.floor < 1:
+        problem = f"--floor={options.floor}: give a number of calls >= 1"
+    elif out.is_dir() or not out.resolve().parent.is_dir():
+        problem = f"--out={options.out}: not a file in an existing directory"
+    if problem:
+        print(f"call_counts: error: {problem}", file=sys.stderr)
+        return 2
+    path = os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory(prefix="kvcheck-call-counts-") as folder:
+        command = [sys.executable, "-m", "pytest", "--pyargs", "kvcheck.suite", "-q"]
+        command += ["-p", "no:cacheprovider", "-p", "tools.call_counts", f"{_DIR_OPTION}={folder}"]
+        status = subprocess.run(
+            [*command, *pytest_args], check=False, env={**os.environ, "PYTHONPATH": path}
+        ).returncode
+        counts = CallCounts.read_folder(Path(folder))
+    if status not in (0, 1):
+        print(f"call_counts: pytest exited {status}: the suite did not run", file=sys.stderr)
+        return status
+    out.write_text(counts.report(floor=options.floor) + "\n")
+    print(f"call_counts: {counts.summary(floor=options.floor)}; table in {out}")
+    below = [] if options.floor is None else counts.below(options.floor)
+    for cell in below[:10]:
+        print(
+            f"  below {options.floor}: {cell.variant} {cell.method} {cell.argument}: "
+            f"{counts.cells[cell]}"
+        )
+    if len(below) > 10:
+        print(f"  ... and {len(below) - 10} more (see the table)")
+    return max(status, 1) if below else status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
