@@ -6,7 +6,7 @@ the same ``name=value`` message wherever it is passed. Strategies raise
 :class:`hypothesis.errors.InvalidArgument` (the default ``error``), as Hypothesis's own
 strategies do; other public functions pass ``error=ValueError``.
 
-(The pools' rejection of bad calls, :mod:`kvcheck.pools._checks`, is not argument
+(The pools' rejection of bad calls, :mod:`kvcheck.pools._refusals`, is not argument
 checking of kvcheck's API: it is behaviour of the system under test, modelled on SGLang
 with SGLang's messages, and stays there.)
 

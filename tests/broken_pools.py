@@ -25,11 +25,11 @@ from kvcheck.pools import (
     QuantizedMHATokenToKVPool,
     _quant,
 )
-from kvcheck.pools._checks import check_payload, require_int
 from kvcheck.pools._dcp import owned_mask
 from kvcheck.pools._dtypes import as_storage, payload_dtypes
 from kvcheck.pools._host_copy import KVHostCopy
 from kvcheck.pools._index_k import IndexKPageLayout
+from kvcheck.pools._refusals import check_payload, require_int
 from kvcheck.pools._rows import move_rows, scatter_rows
 from kvcheck.pools._scaled_latent import quantize_rows
 from kvcheck.specs import PoolSpec

@@ -26,7 +26,7 @@ from kvcheck.failures import (
     Reproduction,
     reproduction_from_json,
 )
-from kvcheck.runner import checks, cli, repro
+from kvcheck.runner import cli, preflight, repro
 from kvcheck.runner.repro_scripts import python_command, write_repro_scripts
 from kvcheck.runner.results import failures_from_exception
 from kvcheck.runner.summary import render_verify
@@ -139,7 +139,7 @@ def test_module_target_resolves_from_the_current_directory() -> None:
         "from kvcheck.targets.builtin import KVCheckTarget\ntarget = KVCheckTarget()\n"
     )
     try:
-        target, root = checks.checked_target("mymod_kvcheck_cwd:target")
+        target, root = preflight.checked_target("mymod_kvcheck_cwd:target")
     finally:
         sys.modules.pop("mymod_kvcheck_cwd", None)
     assert (target, root) == ("mymod_kvcheck_cwd:target", os.getcwd())
@@ -148,8 +148,8 @@ def test_module_target_resolves_from_the_current_directory() -> None:
 
 def test_family_becomes_a_keyword_and_is_validated(capsys: pytest.CaptureFixture[str]) -> None:
     """--family F selects tests whose id contains F; unknown families are usage errors."""
-    assert checks.keyword(None, ["dsa", "mla"]) == "dsa or mla"
-    assert checks.keyword("move", ["dsa"]) == "(dsa) and (move)"
+    assert preflight.keyword(None, ["dsa", "mla"]) == "dsa or mla"
+    assert preflight.keyword("move", ["dsa"]) == "(dsa) and (move)"
     assert cli.main(["verify", "--family", "gqa"]) == 2
     assert "invalid choice: 'gqa'" in capsys.readouterr().err
 

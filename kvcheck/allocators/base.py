@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from kvcheck.allocators import _checks
+from kvcheck.allocators import _refusals
 from kvcheck.allocators.capacity import CapacityHooks
 from kvcheck.allocators.segments import SegmentFrees
 
@@ -54,8 +54,8 @@ class PageAllocator(SegmentFrees, CapacityHooks):
         kvcache: Any,
         need_sort: bool,
     ) -> None:
-        size = _checks.count(type(self).__name__, "size", size)
-        page_size = _checks.count(type(self).__name__, "page_size", page_size)
+        size = _refusals.count(type(self).__name__, "size", size)
+        page_size = _refusals.count(type(self).__name__, "page_size", page_size)
         if page_size < 1 or size < page_size or size % page_size:
             raise ValueError(
                 f"{type(self).__name__}: size={size} must be whole pages of page_size={page_size}"
@@ -135,7 +135,7 @@ class PageAllocator(SegmentFrees, CapacityHooks):
         ``need_size`` must be a multiple of the page size.
         """
         where = f"{type(self).__name__}.alloc"
-        need_size = _checks.count(where, "need_size", need_size)
+        need_size = _refusals.count(where, "need_size", need_size)
         if need_size % self.page_size:
             raise ValueError(
                 f"{where}: need_size={need_size} is not whole pages of page_size={self.page_size}"
@@ -156,8 +156,8 @@ class PageAllocator(SegmentFrees, CapacityHooks):
         Valid: distinct slots that were handed out, in pages still held, not already named
         by a free of the open group.
         """
-        ids = _checks.slot_ids(where, "free_index", free_index)
-        _checks.distinct(where, "free_index", ids)
+        ids = _refusals.slot_ids(where, "free_index", free_index)
+        _refusals.distinct(where, "free_index", ids)
         pending = set(self.free_group or ())
         limit = (self.num_pages + 1) * self.page_size
         for slot in ids:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvcheck.allocators import _checks
+from kvcheck.allocators import _refusals
 
 __all__ = ["CapacityHooks"]
 
@@ -50,7 +50,7 @@ class CapacityHooks:
     def evict_to_free_tokens(self, tree_cache: Any, num_tokens: int) -> None:
         """Nothing to evict without a prefix-sharing cache (kvcheck models none)."""
         where = f"{type(self).__name__}.evict_to_free_tokens"
-        _checks.count(where, "num_tokens", num_tokens)
+        _refusals.count(where, "num_tokens", num_tokens)
         sharing = getattr(tree_cache, "supports_prefix_sharing", None)
         if tree_cache is not None and (not callable(sharing) or sharing()):
             raise ValueError(
@@ -78,7 +78,7 @@ class CapacityHooks:
 
     def request_slot_reserve(self, *, has_req_pool_slot: bool, prefill_tokens: int = 0) -> int:
         """Slots a request needs beyond its prefill: none (no per-request workspace)."""
-        _checks.count(
+        _refusals.count(
             f"{type(self).__name__}.request_slot_reserve", "prefill_tokens", prefill_tokens
         )
         return 0
@@ -104,5 +104,5 @@ class CapacityHooks:
 
     def translate_kv_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
         """The slot ids themselves (a static pool's ids index its buffers directly)."""
-        _checks.slot_ids("translate_kv_indices_for_transfer", "kv_indices", kv_indices)
+        _refusals.slot_ids("translate_kv_indices_for_transfer", "kv_indices", kv_indices)
         return kv_indices

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from kvcheck.allocators import _checks
+from kvcheck.allocators import _refusals
 from kvcheck.allocators.base import PageAllocator
 
 
@@ -90,11 +90,11 @@ class PagedTokenToKVPoolAllocator(PageAllocator):
         offset its length gives, in a held page whose next slots are not handed out yet (two
         requests cannot continue one page).
         """
-        prefixes = _checks.slot_ids(where, "prefix_lens", prefix_lens)
-        _checks.same_values(where, "prefix_lens_cpu", prefixes, prefix_lens_cpu)
-        seqs = _checks.slot_ids(where, "seq_lens", seq_lens)
-        _checks.same_values(where, "seq_lens_cpu", seqs, seq_lens_cpu)
-        lasts = _checks.slot_ids(where, "last_loc", last_loc)
+        prefixes = _refusals.slot_ids(where, "prefix_lens", prefix_lens)
+        _refusals.same_values(where, "prefix_lens_cpu", prefixes, prefix_lens_cpu)
+        seqs = _refusals.slot_ids(where, "seq_lens", seq_lens)
+        _refusals.same_values(where, "seq_lens_cpu", seqs, seq_lens_cpu)
+        lasts = _refusals.slot_ids(where, "last_loc", last_loc)
         if not len(prefixes) == len(seqs) == len(lasts):
             raise ValueError(
                 f"{where}: prefix_lens, seq_lens and last_loc have lengths "
@@ -169,7 +169,7 @@ class PagedTokenToKVPoolAllocator(PageAllocator):
         growths = self.check_growth(
             where, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc
         )
-        extend_num_tokens = _checks.count(where, "extend_num_tokens", extend_num_tokens)
+        extend_num_tokens = _refusals.count(where, "extend_num_tokens", extend_num_tokens)
         total = sum(g.seq - g.prefix for g in growths)
         if extend_num_tokens != total:
             raise ValueError(
@@ -187,7 +187,7 @@ class PagedTokenToKVPoolAllocator(PageAllocator):
         ``seq_len - 2``); a fresh page where the new token starts one. None, changing nothing,
         when fewer fresh pages are free than that."""
         where = f"{type(self).__name__}.alloc_decode"
-        seqs = _checks.slot_ids(where, "seq_lens", seq_lens)
+        seqs = _refusals.slot_ids(where, "seq_lens", seq_lens)
         if any(seq < 1 for seq in seqs):
             raise ValueError(f"{where}: seq_lens={seqs} must be >= 1 (they count the new token)")
         prefixes = torch.tensor([seq - 1 for seq in seqs], dtype=torch.int64)

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kvcheck.allocators import _checks
+from kvcheck.allocators import _refusals
 from kvcheck.allocators.capacity import CapacityHooks
 from kvcheck.allocators.paged import TokenToKVPoolAllocator
 from kvcheck.allocators.segments import SegmentFrees
@@ -80,7 +80,7 @@ class PureSWATokenToKVPoolAllocator(SegmentFrees, CapacityHooks):
         """The slots themselves (one pool: each slot is its own window peer)."""
         where = "translate_loc_from_full_to_swa"
         limit = self.size + 1
-        for slot in _checks.slot_ids(where, "kv_indices", kv_indices):
+        for slot in _refusals.slot_ids(where, "kv_indices", kv_indices):
             if not -1 <= slot < limit:
                 raise ValueError(f"{where}: slot {slot} not in [-1, {limit})")
         return kv_indices
@@ -111,8 +111,8 @@ class PureSWATokenToKVPoolAllocator(SegmentFrees, CapacityHooks):
 
     def _released_ids(self, where: str, free_index: Any) -> list[int]:
         """``free_full``'s slots: ids in range (they were released by ``free_swa``)."""
-        ids = _checks.slot_ids(where, "free_index", free_index)
-        _checks.distinct(where, "free_index", ids)
+        ids = _refusals.slot_ids(where, "free_index", free_index)
+        _refusals.distinct(where, "free_index", ids)
         for slot in ids:
             if not 0 < slot <= self.size:
                 raise ValueError(f"{where}: slot {slot} not in [1, {self.size + 1})")

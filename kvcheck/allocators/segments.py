@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvcheck.allocators import _checks
+from kvcheck.allocators import _refusals
 
 __all__ = ["SegmentFrees"]
 
@@ -56,11 +56,11 @@ class SegmentFrees:
 
     def _segment_ids(self, where: str, free_index: Any, start_pos: object) -> list[int]:
         """The ids of a segment whose start is valid (the free itself is checked later)."""
-        start = _checks.count(where, "start_pos", start_pos)
+        start = _refusals.count(where, "start_pos", start_pos)
         ps = self.page_size
         if start % ps:
             raise ValueError(f"{where}: start_pos={start} is not page-aligned (page_size={ps})")
-        ids = _checks.slot_ids(where, "free_index", free_index)
+        ids = _refusals.slot_ids(where, "free_index", free_index)
         if ids and ids[0] % ps:
             raise ValueError(
                 f"{where}: free_index starts at slot {ids[0]}, offset {ids[0] % ps} of its page, "

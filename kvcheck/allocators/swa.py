@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from kvcheck.allocators import _checks
+from kvcheck.allocators import _refusals
 from kvcheck.allocators.capacity import CapacityHooks
 from kvcheck.allocators.paged import Growth, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvcheck.allocators.segments import SegmentFrees
@@ -49,7 +49,7 @@ class SWATokenToKVPoolAllocator(SegmentFrees, CapacityHooks):
         kvcache: Any,
         need_sort: bool,
     ) -> None:
-        page_size = _checks.count(type(self).__name__, "page_size", page_size)
+        page_size = _refusals.count(type(self).__name__, "page_size", page_size)
         self.page_size = page_size
         self.dtype = dtype
         self.device = device
@@ -112,7 +112,7 @@ class SWATokenToKVPoolAllocator(SegmentFrees, CapacityHooks):
 
     def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
         """The sliding-window peers of full-side slots (0: none; -1 stays -1)."""
-        ids = _checks.slot_ids("translate_loc_from_full_to_swa", "kv_indices", kv_indices)
+        ids = _refusals.slot_ids("translate_loc_from_full_to_swa", "kv_indices", kv_indices)
         limit = len(self.full_to_swa_index_mapping) - 1
         for slot in ids:
             if not -1 <= slot < limit:
@@ -140,7 +140,7 @@ class SWATokenToKVPoolAllocator(SegmentFrees, CapacityHooks):
         has fewer free (nothing changes)."""
         if self.page_size != 1:
             raise NotImplementedError("SWA alloc is for page size 1; use alloc_extend")
-        need_size = _checks.count("SWATokenToKVPoolAllocator.alloc", "need_size", need_size)
+        need_size = _refusals.count("SWATokenToKVPoolAllocator.alloc", "need_size", need_size)
         if need_size > self.full_available_size() or need_size > self.swa_available_size():
             return None
         full = self.full_attn_allocator.alloc(need_size)
@@ -200,7 +200,7 @@ class SWATokenToKVPoolAllocator(SegmentFrees, CapacityHooks):
         growths = self.full_attn_allocator.check_growth(
             where, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc
         )
-        extend_num_tokens = _checks.count(where, "extend_num_tokens", extend_num_tokens)
+        extend_num_tokens = _refusals.count(where, "extend_num_tokens", extend_num_tokens)
         total = sum(g.seq - g.prefix for g in growths)
         if extend_num_tokens != total:
             raise ValueError(
@@ -234,13 +234,13 @@ class SWATokenToKVPoolAllocator(SegmentFrees, CapacityHooks):
         if len(growths) != 1:
             raise ValueError(f"{where}: a batch of {len(growths)} requests (it takes one)")
         (growth,) = growths
-        extend_num_tokens = _checks.count(where, "extend_num_tokens", extend_num_tokens)
+        extend_num_tokens = _refusals.count(where, "extend_num_tokens", extend_num_tokens)
         if extend_num_tokens != growth.seq - growth.prefix:
             raise ValueError(
                 f"{where}: extend_num_tokens={extend_num_tokens} but the request grows by "
                 f"{growth.seq - growth.prefix}"
             )
-        tail = _checks.count(where, "swa_tail_len", swa_tail_len)
+        tail = _refusals.count(where, "swa_tail_len", swa_tail_len)
         start = growth.seq - tail
         if tail > extend_num_tokens or start % self.page_size:
             raise ValueError(
@@ -268,7 +268,7 @@ class SWATokenToKVPoolAllocator(SegmentFrees, CapacityHooks):
         where = "SWATokenToKVPoolAllocator.alloc_decode"
         if self.page_size == 1:
             raise NotImplementedError("SWA alloc_decode is for page size > 1; use alloc")
-        seqs = _checks.slot_ids(where, "seq_lens", seq_lens)
+        seqs = _refusals.slot_ids(where, "seq_lens", seq_lens)
         if any(seq < 1 for seq in seqs):
             raise ValueError(f"{where}: seq_lens={seqs} must be >= 1 (they count the new token)")
         prefixes = torch.tensor([seq - 1 for seq in seqs], dtype=torch.int64)

@@ -27,7 +27,7 @@ Example:
     torch.Size([4, 2, 8])
 """
 
-from kvcheck.attention._checks import AttentionOptions, VarlenOptions
+from kvcheck.attention._arguments import AttentionOptions, VarlenOptions
 from kvcheck.attention.batch import PagedLayout, VarlenBatch, scrambled_layout
 from kvcheck.attention.flash import (
     flash_attn_available,

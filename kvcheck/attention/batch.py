@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcheck.attention._checks import AttentionOptions, check_softcap, check_window
+from kvcheck.attention._arguments import AttentionOptions, check_softcap, check_window
 from kvcheck.validation import check_bool, check_valid_integer
 
 

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvcheck.attention._checks import VarlenCall, check_varlen_call
+from kvcheck.attention._arguments import VarlenCall, check_varlen_call
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; never evaluated at run time
     from typing import Unpack
 
-    from kvcheck.attention._checks import VarlenOptions
+    from kvcheck.attention._arguments import VarlenOptions
 
 #: dtypes flash-attn's kernels accept.
 FLASH_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kvcheck.attention._checks import segment_bounds
+from kvcheck.attention._arguments import segment_bounds
 from kvcheck.validation import check_valid_integer
 
 

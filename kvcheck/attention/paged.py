@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from kvcheck.attention._checks import AttentionOptions, check_option_names, segment_bounds
+from kvcheck.attention._arguments import AttentionOptions, check_option_names, segment_bounds
 from kvcheck.attention.varlen import Backend, varlen_attention
 from kvcheck.validation import check_valid_integer
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kvcheck.attention._checks import AttentionOptions, check_option_names
+from kvcheck.attention._arguments import AttentionOptions, check_option_names
 from kvcheck.attention.paged import paged_attention, write_kv_by_page
 from kvcheck.attention.varlen import Backend, varlen_attention
 from kvcheck.validation import check_bool

@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvcheck.attention._checks import VarlenCall, check_varlen_call
+from kvcheck.attention._arguments import VarlenCall, check_varlen_call
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; never evaluated at run time
     from typing import Unpack
 
-    from kvcheck.attention._checks import VarlenOptions
+    from kvcheck.attention._arguments import VarlenOptions
 
 
 def attention_mask(

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from kvcheck.attention._checks import check_varlen_call
+from kvcheck.attention._arguments import check_varlen_call
 from kvcheck.attention.flash import attend_flash, flash_unsupported_reason
 from kvcheck.attention.reference import attend_varlen
 
 if TYPE_CHECKING:  # typing.Unpack is Python 3.11+; never evaluated at run time
     from typing import Unpack
 
-    from kvcheck.attention._checks import VarlenOptions
+    from kvcheck.attention._arguments import VarlenOptions
 
 Backend = Literal["auto", "torch", "flash"]
 BACKENDS: tuple[Backend, ...] = ("auto", "torch", "flash")

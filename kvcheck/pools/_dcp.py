@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from kvcheck.pools._checks import require_int
+from kvcheck.pools._refusals import require_int
 
 
 def check_dcp_args(

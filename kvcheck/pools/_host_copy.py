@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 import torch
 
-from kvcheck.pools._checks import describe
+from kvcheck.pools._refusals import describe
 
 
 @dataclass(frozen=True, eq=False)

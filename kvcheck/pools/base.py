@@ -31,14 +31,6 @@ from typing import Any
 
 import torch
 
-from kvcheck.pools._checks import (
-    check_locations,
-    check_payload,
-    check_same_length,
-    require_bool,
-    require_int,
-    resolve_device,
-)
 from kvcheck.pools._dtypes import (
     SUPPORTED_DTYPES,
     accepted_payload_dtypes,
@@ -48,6 +40,14 @@ from kvcheck.pools._dtypes import (
     is_native,
     payload_dtypes,
     storage_dtype,
+)
+from kvcheck.pools._refusals import (
+    check_locations,
+    check_payload,
+    check_same_length,
+    require_bool,
+    require_int,
+    resolve_device,
 )
 
 #: Bytes per GiB, the unit of ``mem_usage`` (SGLang's ``GB``).

@@ -7,15 +7,15 @@ from typing import NamedTuple
 
 import torch
 
-from kvcheck.pools._checks import (
+from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
+from kvcheck.pools._index_k import QUANT_BLOCK, IndexKPageLayout
+from kvcheck.pools._refusals import (
     check_page_table,
     check_payload,
     describe,
     require_bool,
     require_int,
 )
-from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
-from kvcheck.pools._index_k import QUANT_BLOCK, IndexKPageLayout
 from kvcheck.pools._rows import move_rows
 from kvcheck.pools._scaled_latent import SCALED_DTYPE, SOURCE_DTYPE, quantize_rows, scaled_row_width
 from kvcheck.pools.mla import MLATokenToKVPool

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from kvcheck.pools._checks import check_prefix_grid, check_scale, require_int
 from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
+from kvcheck.pools._refusals import check_prefix_grid, check_scale, require_int
 from kvcheck.pools._rows import gather_rows, move_rows, scatter_rows
 from kvcheck.pools.base import KVCache
 

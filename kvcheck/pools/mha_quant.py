@@ -37,9 +37,9 @@ from typing import Any
 import torch
 
 from kvcheck.pools import _quant
-from kvcheck.pools._checks import check_payload, check_prefix_grid, check_scale
 from kvcheck.pools._dtypes import FLOAT_PAYLOAD_DTYPES, FP4_DTYPE
 from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
+from kvcheck.pools._refusals import check_payload, check_prefix_grid, check_scale
 from kvcheck.pools.mha import MHATokenToKVPool
 
 #: SGLang's quant-method names, and the cache dtype each takes.

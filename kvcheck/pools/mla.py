@@ -7,9 +7,9 @@ import math
 import torch
 
 from kvcheck.pools import _dcp
-from kvcheck.pools._checks import require_int
 from kvcheck.pools._dtypes import SUPPORTED_DTYPES
 from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
+from kvcheck.pools._refusals import require_int
 from kvcheck.pools._rows import gather_rows, move_rows, scatter_rows
 from kvcheck.pools.base import KVCache
 

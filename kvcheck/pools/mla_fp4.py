@@ -30,9 +30,9 @@ import math
 import torch
 
 from kvcheck.pools import _quant
-from kvcheck.pools._checks import check_payload
 from kvcheck.pools._dtypes import FLOAT_PAYLOAD_DTYPES, FP4_DTYPE, SUPPORTED_DTYPES
 from kvcheck.pools._host_copy import KVHostCopy, check_host_copy
+from kvcheck.pools._refusals import check_payload
 from kvcheck.pools.mla import MLATokenToKVPool
 
 _BLOCK = 16

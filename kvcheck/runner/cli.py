@@ -62,7 +62,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import kvcheck
-from kvcheck.runner.checks import (
+from kvcheck.runner.launch import (
+    EXIT_INTERRUPTED,
+    Interrupts,
+    SuiteRun,
+    pytest_command,
+    shown_path,
+)
+from kvcheck.runner.preflight import (
     DEFAULT_SUITE,
     UsageProblem,
     check_database,
@@ -72,13 +79,6 @@ from kvcheck.runner.checks import (
     checked_target,
     keyword,
     usable_directory,
-)
-from kvcheck.runner.launch import (
-    EXIT_INTERRUPTED,
-    Interrupts,
-    SuiteRun,
-    pytest_command,
-    shown_path,
 )
 from kvcheck.runner.repro_scripts import write_repro_scripts
 from kvcheck.specs import POOL_FAMILIES
@@ -684,7 +684,7 @@ def _stored_names(spelling: str) -> tuple[str, ...]:
         >>> _stored_names("kvcheck")
         ('kvcheck',)
     """
-    from kvcheck.runner.checks import resolved_quietly
+    from kvcheck.runner.preflight import resolved_quietly
     from kvcheck.targets import target_identity
 
     target = resolved_quietly(spelling)
@@ -714,7 +714,7 @@ def _refuse_damage(scan: Any, *, target: str, where: str, command: str) -> None:
         ...                where="directory /db", command="replay")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        kvcheck.runner.checks.UsageProblem: the example database (directory /db) holds 3 ...
+        kvcheck.runner.preflight.UsageProblem: the example database (directory /db) holds 3 ...
     """
     damaged = scan.damaged(target)
     if not damaged:

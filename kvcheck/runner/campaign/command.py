@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcheck.runner.campaign.plan import DEFAULT_EXAMPLES_PER_TEST
-from kvcheck.runner.checks import (
+from kvcheck.runner.preflight import (
     UsageProblem,
     check_database,
     check_output_path,
@@ -370,7 +370,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 def _budgets(options: argparse.Namespace) -> tuple[float | None, int | None]:
     """(seconds, examples); a usage error names the bad one."""
-    from kvcheck.runner.checks import UsageProblem
+    from kvcheck.runner.preflight import UsageProblem
 
     if options.minutes is not None and not options.minutes > 0:
         raise UsageProblem(f"--minutes={options.minutes} must be positive")
