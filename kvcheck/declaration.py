@@ -51,6 +51,7 @@ __all__ = [
     "Builds",
     "Declaration",
     "Key",
+    "Reason",
     "Refuses",
     "Row",
     "Status",
@@ -145,8 +146,10 @@ class Key:
         return cls("capability", capability, of)
 
     @classmethod
-    def upstream(cls, qualified_name: str) -> Key:
-        """An upstream class or function, as ``module:qualified.name``.
+    def upstream(cls, qualified_name: str, *, lines: str = "") -> Key:
+        """An upstream class or function, as ``module:qualified.name`` (a file path and a
+        glob of qualified names for code ranges), and, for some of its lines only, the
+        regular expression that finds them.
 
         Example:
             >>> Key.upstream("sglang.srt.mem_cache.memory_pool:SWAKVPool").name
@@ -154,7 +157,7 @@ class Key:
         """
         if qualified_name.count(":") != 1:
             raise ValueError(f"upstream name {qualified_name!r} is not 'module:qualified.name'")
-        return cls("upstream", qualified_name)
+        return cls("upstream", qualified_name, lines)
 
     @property
     def label(self) -> str:
@@ -289,10 +292,10 @@ class Declaration:
 
         Example:
             >>> declaration = Declaration(rows=(
-            ...     Row(Key.variant("mha:hnd"), Refuses("no head-major buffers")),))
+            ...     Row(Key.variant("mla:dcp"), Refuses("no parallel widths here")),))
             >>> surface = declaration.surface(Surface.everything())
-            >>> surface.values("mha", "kv_layout"), surface.note("mha", "kv_layout")
-            (('nhd',), 'hnd: no head-major buffers')
+            >>> surface.values("mla", "dcp_size"), surface.note("mla", "dcp_size")
+            ((1,), 'dcp: no parallel widths here')
         """
         families = {family: dict(fields) for family, fields in bound.families.items()}
         notes = dict(bound.notes)
@@ -327,6 +330,16 @@ class Declaration:
             host_kernel_alignment=bound.host_kernel_alignment,
         )
 
+    def unreached_code(self) -> tuple[Reason, ...]:
+        """Each upstream code range the declaration says the suite cannot reach, with why
+        (what ``tools/reach.py`` explains unreached lines with), in declaration order."""
+        reasons = []
+        for row in self.of_kind("upstream"):
+            if isinstance(row.status, Unreached):
+                file, _, qualname = row.key.name.partition(":")
+                reasons.append(Reason(file, qualname, row.status.why, row.key.of or None))
+        return tuple(reasons)
+
     def host_variant_layouts(self) -> Mapping[str, tuple[tuple[str, ...], str]]:
         """Device variant -> (the host layouts built for it, why not the family's), for each
         variant whose host tier the declaration narrows or refuses."""
@@ -354,6 +367,34 @@ class Declaration:
         replaced = {row.key for row in rows}
         kept = tuple(row for row in self.rows if row.key not in replaced)
         return Declaration(rows=(*kept, *rows), findings=self.findings)
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why unreached lines stay unreached.
+
+    Explains a range in ``file`` (relative to the upstream package, as in a reach ``Scope``)
+    inside a method whose qualified name matches the glob ``qualname``
+    (``"MHATokenToKVPool.get_raw_kv_buffer"``, ``"MHATokenToKVPool._*"``, ``"*"``) when
+    ``pattern`` is ``None`` or the regular expression ``pattern`` is found (``re.search``,
+    multiline) in the range's first source line joined with the header of the innermost
+    block (``if``, ``for``, ``with``, ``try``) that holds it (``if self.use_hnd:``). Only
+    the first line counts, so a pattern for a GPU-only tail of a method does not also
+    explain a range that starts in its CPU part.
+    """
+
+    file: str
+    qualname: str
+    reason: str
+    pattern: str | None = None
+
+    @property
+    def row(self) -> Row:
+        """The declaration row that says this: the upstream code, :class:`Unreached`."""
+        return Row(
+            Key.upstream(f"{self.file}:{self.qualname}", lines=self.pattern or ""),
+            Unreached(self.reason),
+        )
 
 
 def declaration_of(target: object) -> Declaration:

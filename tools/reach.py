@@ -47,7 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvcheck.targets.base import Reason, Scope
+from kvcheck.declaration import Reason, declaration_of
+from kvcheck.targets.base import Scope
 
 __all__ = [
     "FileReach",
@@ -443,9 +444,21 @@ def analyze(
 # --- measuring ------------------------------------------------------------------------------
 
 
+def _unreached_code(target: str) -> tuple[Reason, ...]:
+    """Why each unreached range of ``target``'s code stays unreached: its declaration's
+    :class:`~kvcheck.declaration.Unreached` rows of upstream code."""
+    from kvcheck.targets import TargetError, resolve_target
+
+    try:
+        resolved = resolve_target(target, available=False)
+    except TargetError as exc:
+        raise ValueError(str(exc)) from exc
+    return declaration_of(resolved).unreached_code()
+
+
 def _reach_table(target: str) -> Any:
-    """The module of ``target``'s reach table (``PACKAGE``, ``SCOPES``, ``REASONS``), which
-    the target names in its ``reach_table`` (resolving a target does not import its code)."""
+    """The module of ``target``'s reach table (``PACKAGE``, ``SCOPES``), which the target
+    names in its ``reach_table`` (resolving a target does not import its code)."""
     from kvcheck.targets import TargetError, resolve_target
 
     try:
@@ -553,7 +566,7 @@ def analyze_data(target: str, data_file: str | os.PathLike[str]) -> ReachReport:
         if os.path.realpath(path) not in measured_files:
             notes.append(f"{name}: no line ran (never imported?)")
         measured[name] = (list(statements), list(missing))
-    report = analyze(measured, sources, table.SCOPES, table.REASONS, target=target)
+    report = analyze(measured, sources, table.SCOPES, _unreached_code(target), target=target)
     off_cpu = frozenset(getattr(table, "OFF_CPU_REASONS", ()))
     return dataclasses.replace(report, notes=tuple(notes), off_cpu_reasons=off_cpu)
 

@@ -99,9 +99,10 @@ FAMILY_SEPARATOR = ":"
 #:     How a standalone reproduction script builds the target's pool without kvcheck
 #:     (:class:`ScriptRecipe`); ``None`` (or no member): the script calls ``make_pool``.
 #: ``reach_table: str``
-#:     The module (``PACKAGE``, ``SCOPES``, ``REASONS``; see ``tools/reach.py``) that
-#:     says which of the target's code ``python tools/reach.py`` measures and why
-#:     each unreached range stays unreached.
+#:     The module (``PACKAGE``, ``SCOPES``; see ``tools/reach.py``) that says which of
+#:     the target's code ``python tools/reach.py`` measures; why each unreached range
+#:     stays unreached is in the target's declaration (``Unreached`` rows of upstream
+#:     code, :meth:`kvcheck.declaration.Declaration.unreached_code`).
 #: ``expected_failures: Mapping[str, str]``
 #:     pytest node-id pattern -> reason. Tests of the suite that match (see
 #:     :func:`kvcheck.targets.expected_failure_reason`) run as strict expected failures:
@@ -240,25 +241,6 @@ class Scope:
     file: str
     names: tuple[str, ...] | None = None
     headline: bool = False
-
-
-@dataclass(frozen=True)
-class Reason:
-    """Why unreached lines stay unreached.
-
-    Explains a range in ``file`` (relative, as in :class:`Scope`) inside a method whose
-    qualified name matches the glob ``qualname`` (``"MHATokenToKVPool.get_raw_kv_buffer"``,
-    ``"MHATokenToKVPool._*"``, ``"*"``) when ``pattern`` is ``None`` or the regular
-    expression ``pattern`` is found (``re.search``, multiline) in the range's first source
-    line joined with the header of the innermost block (``if``, ``for``, ``with``, ``try``)
-    that holds it (``if self.use_hnd:``). Only the first line counts, so a pattern for a
-    GPU-only tail of a method does not also explain a range that starts in its CPU part.
-    """
-
-    file: str
-    qualname: str
-    reason: str
-    pattern: str | None = None
 
 
 @runtime_checkable

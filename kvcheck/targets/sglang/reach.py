@@ -3,11 +3,12 @@
 :data:`SCOPES` names the parts of sglang 0.5.23 that the sglang target drives: the four pool
 classes with their ``KVCache`` base and the index-K cache (the headline), the pool
 configurator, the pool-family check and the ``--prefill-only-disable-kv-cache`` validation.
-:data:`REASONS` explains the lines the shipped suite leaves unreached, keyed by file,
-qualified method name (a glob) and, where only part of a method is explained, a regular
-expression over the unreached lines and the header of the block that holds them (see
-:class:`kvcheck.targets.base.Reason`). No entry names a line number, so the table survives sglang
-reformatting its code; a range no entry explains is reported as ``UNEXPLAINED``.
+:data:`UNREACHED_CODE` and :data:`TIER_REASONS` explain the lines the shipped suite leaves
+unreached, keyed by file, qualified method name (a glob) and, where only part of a method
+is explained, a regular expression over the unreached lines and the header of the block
+that holds them (see :class:`kvcheck.declaration.Reason`); they are rows of the target's
+declaration (:data:`UNREACHED_ROWS`). No entry names a line number, so the table survives
+sglang reformatting its code; a range no entry explains is reported as ``UNEXPLAINED``.
 
 Example:
     >>> sorted({scope.file for scope in SCOPES if scope.headline})
@@ -16,7 +17,8 @@ Example:
 
 from __future__ import annotations
 
-from kvcheck.targets.base import Reason, Scope
+from kvcheck.declaration import Reason
+from kvcheck.targets.base import Scope
 
 #: The package whose files the scopes name (paths below are relative to its directory).
 PACKAGE = "sglang"
@@ -173,7 +175,7 @@ def _guarded_by(regex: str) -> str:
 
 _MP, _IKC, _PC, _KVC = MEMORY_POOL, INDEX_KEY_CACHE, POOL_CONFIGURATOR, KV_CACHE_CONFIGURATOR
 
-REASONS: tuple[Reason, ...] = (
+UNREACHED_CODE: tuple[Reason, ...] = (
     # --- KVCache base ------------------------------------------------------------------------
     Reason(_MP, "KVCache.*", ABSTRACT, pattern=r"raise NotImplementedError"),
     Reason(_MP, "KVCache.host_pool_decls", SERVING_ONLY),
@@ -867,7 +869,9 @@ TIER_REASONS: tuple[Reason, ...] = (
     *(Reason(path, "*", HOST_TO_DO) for path in HOST_POOL_FILES),
 )
 
-REASONS = REASONS + TIER_REASONS
+#: Every unreached range and why, as rows of the target's declaration
+#: (:data:`.declaration.DECLARATION`), which ``tools/reach.py`` reads.
+UNREACHED_ROWS = tuple(reason.row for reason in (*UNREACHED_CODE, *TIER_REASONS))
 
 #: Reasons that name hardware a CPU host lacks: the report's per-file "on CPU" figure leaves
 #: their lines out (a CPU run cannot reach them, however thorough the suite).
