@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kvcheck.declaration import CAPABILITIES
+from kvcheck.declaration import CAPABILITIES, declaration_of
 from kvcheck.specs import POOL_FAMILIES
 from kvcheck.surface import surface_of
 from kvcheck.targets.base import FAMILY_SEPARATOR, OPTIONAL_MEMBERS, Target
@@ -403,6 +403,7 @@ def _optional_member_problems(target: object) -> list[str]:
         problems.extend(finding_problems(findings))
     try:
         surface_of(target)
+        declaration_of(target)
     except ValueError as exc:
         problems.append(str(exc))
     return problems

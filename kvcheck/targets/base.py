@@ -79,6 +79,12 @@ FAMILY_SEPARATOR = ":"
 #:     parent's. (Targets written before surfaces may still declare ``pool_spec_limits``,
 #:     ``kv_layouts``, ``latent_layouts``, ``index_kpools`` and ``dcp_sizes``; they are
 #:     read into a surface by :func:`kvcheck.surface.surface_of`.)
+#: ``declaration: kvcheck.declaration.Declaration``
+#:     What the target builds (and how), refuses (and on which releases) or cannot reach, one
+#:     typed row per variant, tier, capability or upstream code range, with its findings
+#:     (:mod:`kvcheck.declaration`). Its refused variants narrow the surface, its host-tier
+#:     rows the host layouts of a variant, its unreached rows explain reach's gaps. Default:
+#:     the rows the target's surface implies (:func:`kvcheck.declaration.declaration_of`).
 #: ``describe() -> str``
 #:     A short note on the installed version, printed after the target's name and version in
 #:     the run's header and summary (sglang: whether kvcheck is checked against the installed
@@ -124,6 +130,7 @@ OPTIONAL_MEMBERS: tuple[str, ...] = (
     "unavailable",
     "identity_parameters",
     "surface",
+    "declaration",
     "script_recipe",
     "reach_table",
     "expected_failures",
