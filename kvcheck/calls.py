@@ -1,12 +1,18 @@
 """Pool calls: :mod:`kvcheck.specs` operations as the method calls a pool receives.
 
-The specs describe payloads as raw bytes so that the reference model needs no dtype
-semantics; here those bytes become tensors of the pool's dtype (fp8 payloads as fp8 views
-of the bytes) on the pool's device, and each operation becomes the call SGLang makes:
+The one encoder of an operation: :func:`plan_call` says, for an op on a pool built from a
+spec, which method SGLang's caller calls and with which arguments, each as data (a
+:class:`CallPlan` of :class:`Arg`\\ s: tensors by their bytes, rows and dtype
+(:class:`Rows`) or values (:class:`Ints`), a :class:`Layer`, an earlier host copy
+(:class:`HostCopyRef`), a plain value). From it :func:`build_call` makes the tensors on a
+device (:func:`encode_op`, run by :func:`run_call`: what the machines and the properties
+call) and :mod:`kvcheck.runner.repro` writes the source of a reproduction script's call,
+so the two cannot drift. The specs describe payloads as raw bytes so that the reference
+model needs no dtype semantics; here those bytes become tensors of the pool's dtype (fp8
+payloads as fp8 views of the bytes), and each operation the call SGLang makes:
 ``set_kv_buffer``, ``set_mla_kv_buffer``, ``set_kv_buffer_prefix_valid``,
 ``target.write_index_k``, ``set_compress_tail_for_request``, ``move_kv_cache``,
-``get_cpu_copy`` and ``load_cpu_copy``
-(:func:`encode_op`, run by :func:`run_call`). Strategies draw calls from here and the
+``get_cpu_copy`` and ``load_cpu_copy``. Strategies draw calls from here and the
 properties (:mod:`kvcheck.properties.ops`) apply them.
 
 Example:
@@ -14,13 +20,14 @@ Example:
     >>> from kvcheck.targets import resolve_target
     >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="bfloat16")
     >>> pool = resolve_target("kvcheck").make_pool(spec, device="cpu")
-    >>> call = encode_op(pool, Move(tgt=(1,), src=(2,)), device="cpu", copies={})
+    >>> call = encode_op(spec, Move(tgt=(1,), src=(2,)), device="cpu", copies={})
     >>> call.method, describe_op(Move(tgt=(1,), src=(2,)))
     ('move_kv_cache', 'pool.move_kv_cache(tgt_loc=[1], src_loc=[2])')
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -28,12 +35,15 @@ from typing import Any
 
 import torch
 
+from kvcheck.geometry import latent_width
 from kvcheck.specs import (
     DSA_QUANT_BLOCK,
+    QUANT_BLOCKS,
     HostCopy,
     HostReload,
     Move,
     Op,
+    PoolSpec,
     WriteCompressTail,
     WriteIndexK,
     WriteKV,
@@ -43,13 +53,23 @@ from kvcheck.specs import (
 
 __all__ = [
     "NOOP_WRITE_METHODS",
+    "Arg",
+    "ArgValue",
+    "CallPlan",
+    "HostCopyRef",
+    "Ints",
+    "Layer",
     "NoOpCall",
     "OpEncodingError",
     "PoolCall",
+    "Rows",
+    "build_call",
+    "build_value",
     "describe_op",
     "encode_op",
     "loc_tensor",
     "op_method",
+    "plan_call",
     "request_kwargs",
     "rows_tensor",
     "run_call",
@@ -157,97 +177,269 @@ def rows_tensor(
         ) from None
 
 
-def _is_latent(pool: Any) -> bool:
-    """MLA and DSA pools keep one latent buffer per layer instead of K and V."""
-    return hasattr(pool, "kv_buffer")
+# --- the call an operation stands for, as data ------------------------------------------
 
 
-def encode_op(pool: Any, op: Op, *, device: str | torch.device, copies: dict[str, Any]) -> PoolCall:
-    """The call ``op`` stands for, with its tensors built on ``device``.
+@dataclass(frozen=True)
+class Rows:
+    """A tensor made of raw row bytes: ``[len(rows), *inner]`` values of ``dtype`` (a torch
+    dtype name), row ``i`` holding ``rows[i]``.
+
+    ``inner`` is the shape the pool expects. Rows of another size are part of the call (the
+    pool must refuse them), so :attr:`shape` then derives the last size from their length.
+    """
+
+    dtype: str
+    inner: tuple[int, ...]
+    rows: tuple[bytes, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``inner``, or ``inner`` with its last size ``-1`` when a row is not of that size.
+
+        Example:
+            >>> [Rows("float16", (1, 2), (bytes(size),)).shape for size in (4, 6)]
+            [(1, 2), (1, -1)]
+        """
+        size = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        if any(len(row) != size * math.prod(self.inner) for row in self.rows):
+            return (*self.inner[:-1], -1)
+        return self.inner
+
+
+@dataclass(frozen=True)
+class Ints:
+    """An integer tensor of ``dtype`` holding ``values``: token locations (``int64``), a grid
+    of them (a tuple of rows), or lengths (``int32``)."""
+
+    values: tuple[int, ...] | tuple[tuple[int, ...], ...]
+    dtype: str = "int64"
+
+    @property
+    def locations(self) -> bool:
+        """Whether these are plain token locations: one ``int64`` row."""
+        return self.dtype == "int64" and not any(isinstance(v, tuple) for v in self.values)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """The attention layer a write names: SGLang's pools read its global ``layer_id`` only."""
+
+    layer_id: int
+
+
+@dataclass(frozen=True)
+class HostCopyRef:
+    """What ``get_cpu_copy`` returned for the host copy taken under ``name``."""
+
+    name: str
+
+
+#: An argument's value: a tensor (:class:`Rows`, :class:`Ints`), a :class:`Layer`, an
+#: earlier host copy, or a plain ``int``, ``float`` or ``None``.
+ArgValue = Rows | Ints | Layer | HostCopyRef | int | float | None
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of a call: SGLang's parameter ``name`` and its ``value``; ``keyword``
+    passes it by name. ``note`` is a remark for a person reading the call (a reproduction
+    script writes it as a comment); it is no part of the value."""
+
+    name: str
+    value: ArgValue
+    keyword: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """The call an operation stands for: ``method`` of the pool (of the target, which takes
+    the pool first, when ``via_target``) with ``args`` in order, keyword ones last.
+
+    ``pool_method`` is the SGLang pool method it stands for (:func:`op_method`; ``method``
+    but for a target's ``write_index_k``); ``keeps`` names the host copy the caller keeps
+    the call's result as.
+    """
+
+    method: str
+    args: tuple[Arg, ...]
+    pool_method: str
+    via_target: bool = False
+    keeps: str | None = None
+
+
+def plan_call(spec: PoolSpec, op: Op) -> CallPlan:
+    """The call ``op`` stands for on a pool built from ``spec``, its arguments as data.
+
+    Raises :class:`OpEncodingError` for anything but an operation of :mod:`kvcheck.specs`.
+
+    Example:
+        >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="float16")
+        >>> plan = plan_call(spec, HostCopy("a", (1, 2), req_pool_index=3))
+        >>> plan.method, plan.keeps, [(arg.name, arg.value, arg.keyword) for arg in plan.args]
+        ('get_cpu_copy', 'a', [('indices', Ints(values=(1, 2), dtype='int64'), False), \
+('req_pool_index', 3, True)])
+    """
+    method = op_method(op)
+    if isinstance(op, WriteKV):
+        return CallPlan(method, _write_kv_args(spec, op), method)
+    if isinstance(op, WriteMLA):
+        dtype = spec.dtype if op.dtype is None else op.dtype  # bf16 parts of a scaled row
+        layer, override = _layer_args(op)
+        nope = Rows(dtype, (1, spec.kv_lora_rank), op.nope_rows)
+        rope = Rows(dtype, (1, spec.qk_rope_head_dim), op.rope_rows)
+        loc = Arg("loc", Ints(op.locs))
+        args = (layer, loc, Arg("cache_k_nope", nope), Arg("cache_k_rope", rope), *override)
+        return CallPlan(method, args, method)
+    if isinstance(op, WritePrefixValid):
+        # A quantized pool takes the caller's float rows (op.dtype) and encodes them.
+        dtype, heads = spec.dtype if op.dtype is None else op.dtype, spec.head_num
+        args = (
+            Arg("layer", Layer(op.layer_id)),
+            Arg("loc_2d", Ints(op.loc_grid)),
+            Arg("commit_lens", Ints(op.commit_lens, "int32")),
+            Arg("cache_k", Rows(dtype, (heads, spec.head_dim), op.k_rows)),
+            Arg("cache_v", Rows(dtype, (heads, spec.effective_v_head_dim), op.v_rows)),
+        )
+        return CallPlan(method, args, method)
+    if isinstance(op, WriteIndexK):
+        dim = spec.index_head_dim
+        args = (
+            Arg("layer_id", op.layer_id),
+            Arg("loc", Ints(op.locs)),
+            Arg("index_k", Rows("float8_e4m3fn", (dim,), op.key_rows)),
+            Arg("index_k_scale", Rows("float32", (dim // DSA_QUANT_BLOCK,), op.scale_rows)),
+        )
+        return CallPlan("write_index_k", args, method, via_target=True)
+    if isinstance(op, WriteCompressTail):
+        dim = spec.index_head_dim
+        args = (
+            Arg("layer_id", op.layer_id),
+            Arg("req_pool_idx", op.req_pool_idx),
+            Arg("key_tail", Rows("bfloat16", (dim,), op.key_rows)),
+            Arg("score_tail", Rows("bfloat16", (dim,), op.score_rows)),
+            Arg("n_remain", len(op.key_rows)),
+            Arg("dst_logical_start", op.start),
+        )
+        return CallPlan(method, args, method)
+    if isinstance(op, Move):
+        return CallPlan(
+            method, (Arg("tgt_loc", Ints(op.tgt)), Arg("src_loc", Ints(op.src))), method
+        )
+    # HostCopy or HostReload (op_method refused anything else)
+    request = tuple(Arg(name, value, keyword=True) for name, value in request_kwargs(op))
+    if isinstance(op, HostCopy):
+        return CallPlan(method, (Arg("indices", Ints(op.indices)), *request), method, keeps=op.name)
+    copy = Arg("kv_cache_cpu", HostCopyRef(op.name))
+    return CallPlan(method, (copy, Arg("indices", Ints(op.indices)), *request), method)
+
+
+def _layer_args(op: WriteKV | WriteMLA) -> tuple[Arg, tuple[Arg, ...]]:
+    """The layer argument, and with ``op.override`` the keyword that names the layer instead
+    (``layer=None, layer_id_override=layer_id``, as SGLang's SWA pool calls)."""
+    if op.override:
+        layer = Arg("layer", None, note="the layer goes as layer_id_override, as SWA pools pass it")
+        return layer, (Arg("layer_id_override", op.layer_id, keyword=True),)
+    return Arg("layer", Layer(op.layer_id)), ()
+
+
+def _write_kv_args(spec: PoolSpec, op: WriteKV) -> tuple[Arg, ...]:
+    """``set_kv_buffer``'s arguments: rows in the pool's dtype, or the caller's payload and
+    its scales (per tensor, or MXFP8's e8m0 block scales as tensors); a latent row is the
+    whole cache entry (no V, no scales)."""
+    payload = op.payload
+    dtype = spec.dtype if payload is None else payload.dtype
+    k_rows = op.k_rows if payload is None else payload.k_rows
+    v_rows = op.v_rows if payload is None else payload.v_rows
+    layer, override = _layer_args(op)
+    loc = Arg("loc", Ints(op.locs))
+    if spec.family in ("mla", "dsa"):
+        k = Rows(dtype, (1, latent_width(spec)), k_rows)
+        cache_v = Arg("cache_v", None, note="the latent row holds both")
+        return (layer, loc, Arg("cache_k", k), cache_v, *override)
+    heads, k_dim, v_dim = spec.head_num, spec.head_dim, spec.effective_v_head_dim
+    k, v = Rows(dtype, (heads, k_dim), k_rows), Rows(dtype, (heads, v_dim), v_rows)
+    args = [layer, loc, Arg("cache_k", k), Arg("cache_v", v)]
+    if payload is not None and (payload.k_scale_rows or payload.v_scale_rows):
+        block = QUANT_BLOCKS["mxfp8"]
+        note = f"MXFP8's scaled write: the caller's e8m0 scales, one per {block} fp8 values"
+        k_scale = Rows("float8_e8m0fnu", (heads, k_dim // block), payload.k_scale_rows)
+        v_scale = Rows("float8_e8m0fnu", (heads, v_dim // block), payload.v_scale_rows)
+        args += [Arg("k_scale", k_scale, note=note), Arg("v_scale", v_scale)]
+    elif payload is not None and (payload.k_scale is not None or payload.v_scale is not None):
+        args += [Arg("k_scale", payload.k_scale), Arg("v_scale", payload.v_scale)]
+    return (*args, *override)
+
+
+# --- the call as tensors ----------------------------------------------------------------
+
+
+def build_value(value: ArgValue, *, device: str | torch.device, copies: Mapping[str, Any]) -> Any:
+    """What the caller passes for ``value``: its tensor on ``device``, a layer object, the
+    host copy ``copies`` holds under its name, or the plain value itself.
+
+    Raises ``ValueError`` for a host copy never taken (the harness has no copy to pass:
+    what the reference model expects), :class:`OpEncodingError` for rows that cannot form
+    the tensor.
+
+    Example:
+        >>> build_value(Ints(((1, 2),), "int32"), device="cpu", copies={})
+        tensor([[1, 2]], dtype=torch.int32)
+    """
+    if isinstance(value, Rows):
+        dtype = getattr(torch, value.dtype)
+        return rows_tensor(value.rows, dtype=dtype, inner=value.shape, device=device)
+    if isinstance(value, Ints):
+        values = [list(v) if isinstance(v, tuple) else v for v in value.values]
+        return torch.tensor(values, dtype=getattr(torch, value.dtype), device=device)
+    if isinstance(value, Layer):
+        return SimpleNamespace(layer_id=value.layer_id)
+    if isinstance(value, HostCopyRef):
+        if value.name not in copies:
+            raise ValueError(f"name={value.name!r} was never copied: there is no copy to reload")
+        return copies[value.name]
+    return value
+
+
+def build_call(
+    plan: CallPlan, *, device: str | torch.device, copies: Mapping[str, Any]
+) -> PoolCall:
+    """``plan`` as a call ready to run, its tensors on ``device`` (see :func:`build_value`).
+
+    Example:
+        >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
+        >>> build_call(plan_call(spec, Move(tgt=(1,), src=(2,))), device="cpu", copies={}).args
+        (tensor([1]), tensor([2]))
+    """
+    built = [(arg, build_value(arg.value, device=device, copies=copies)) for arg in plan.args]
+    return PoolCall(
+        plan.method,
+        tuple(value for arg, value in built if not arg.keyword),
+        via_target=plan.via_target,
+        kwargs=tuple((arg.name, value) for arg, value in built if arg.keyword),
+    )
+
+
+def encode_op(
+    spec: PoolSpec, op: Op, *, device: str | torch.device, copies: Mapping[str, Any]
+) -> PoolCall:
+    """The call ``op`` stands for on a pool built from ``spec``, with its tensors built on
+    ``device``: :func:`build_call` of :func:`plan_call`.
 
     ``copies`` maps host-copy names to what ``get_cpu_copy`` returned; a ``HostReload`` of
     a name never copied is turned into a ``ValueError`` here, which is what the reference
     model expects (the harness has no copy to pass).
 
     Example:
-        >>> from kvcheck.pools import MHATokenToKVPool
-        >>> pool = MHATokenToKVPool(size=4, page_size=2, dtype=torch.float16, head_num=1,
-        ...                         head_dim=1, layer_num=1, device="cpu")
-        >>> encode_op(pool, Move(tgt=(1,), src=(2,)), device="cpu", copies={}).method
+        >>> spec = PoolSpec(family="mha", size=4, page_size=2, layer_num=1, dtype="float16",
+        ...                 head_num=1, head_dim=1)
+        >>> encode_op(spec, Move(tgt=(1,), src=(2,)), device="cpu", copies={}).method
         'move_kv_cache'
     """
-    if isinstance(op, WriteKV):
-        return _encode_write_kv(pool, op, device=device)
-    if isinstance(op, WriteMLA):
-        layer = SimpleNamespace(layer_id=op.layer_id)
-        # The op names its dtype when it is not the pool's (bf16 parts of a scaled row).
-        parts_dtype = pool.dtype if op.dtype is None else getattr(torch, op.dtype)
-        nope = rows_tensor(
-            op.nope_rows,
-            dtype=parts_dtype,
-            inner=(1, -1 if op.nope_rows else pool.kv_lora_rank),
-            device=device,
-        )
-        rope = rows_tensor(
-            op.rope_rows,
-            dtype=parts_dtype,
-            inner=(1, -1 if op.rope_rows and op.rope_rows[0] else pool.qk_rope_head_dim),
-            device=device,
-        )
-        loc = loc_tensor(op.locs, device=device)
-        if op.override:
-            return PoolCall(
-                "set_mla_kv_buffer",
-                (None, loc, nope, rope),
-                kwargs=(("layer_id_override", op.layer_id),),
-            )
-        return PoolCall("set_mla_kv_buffer", (layer, loc, nope, rope))
-    if isinstance(op, WritePrefixValid):
-        layer = SimpleNamespace(layer_id=op.layer_id)
-        grid = torch.tensor([list(row) for row in op.loc_grid], dtype=torch.int64, device=device)
-        commits = torch.tensor(list(op.commit_lens), dtype=torch.int32, device=device)
-        heads = pool.head_num
-        # A quantized pool takes the caller's float rows (op.dtype) and encodes them.
-        dtype = pool.dtype if op.dtype is None else getattr(torch, op.dtype)
-        k = rows_tensor(op.k_rows, dtype=dtype, inner=(heads, pool.head_dim), device=device)
-        v = rows_tensor(op.v_rows, dtype=dtype, inner=(heads, pool.v_head_dim), device=device)
-        return PoolCall("set_kv_buffer_prefix_valid", (layer, grid, commits, k, v))
-    if isinstance(op, WriteIndexK):
-        dim = getattr(pool, "index_head_dim", DSA_QUANT_BLOCK)
-        key = rows_tensor(
-            op.key_rows,
-            dtype=torch.float8_e4m3fn,
-            inner=(-1 if op.key_rows else dim,),
-            device=device,
-        )
-        scale = rows_tensor(
-            op.scale_rows,
-            dtype=torch.float32,
-            inner=(-1 if op.scale_rows else dim // DSA_QUANT_BLOCK,),
-            device=device,
-        )
-        loc = loc_tensor(op.locs, device=device)
-        return PoolCall("write_index_k", (op.layer_id, loc, key, scale), via_target=True)
-    if isinstance(op, WriteCompressTail):
-        dim = getattr(pool, "index_head_dim", DSA_QUANT_BLOCK)
-        key, score = (
-            rows_tensor(rows, dtype=torch.bfloat16, inner=(-1 if rows else dim,), device=device)
-            for rows in (op.key_rows, op.score_rows)
-        )
-        args = (op.layer_id, op.req_pool_idx, key, score, len(op.key_rows), op.start)
-        return PoolCall("set_compress_tail_for_request", args)
-    if isinstance(op, Move):
-        tgt, src = loc_tensor(op.tgt, device=device), loc_tensor(op.src, device=device)
-        return PoolCall("move_kv_cache", (tgt, src))
-    if isinstance(op, HostCopy):
-        indices = loc_tensor(op.indices, device=device)
-        return PoolCall("get_cpu_copy", (indices,), kwargs=request_kwargs(op))
-    if isinstance(op, HostReload):
-        if op.name not in copies:
-            raise ValueError(f"name={op.name!r} was never copied: there is no copy to reload")
-        indices = loc_tensor(op.indices, device=device)
-        return PoolCall("load_cpu_copy", (copies[op.name], indices), kwargs=request_kwargs(op))
-    raise OpEncodingError(f"op={op!r} is not an operation from kvcheck.specs")
+    if not isinstance(spec, PoolSpec):
+        raise TypeError(f"spec={spec!r} is not a PoolSpec (encode_op takes the pool's spec)")
+    return build_call(plan_call(spec, op), device=device, copies=copies)
 
 
 def request_kwargs(op: HostCopy | HostReload) -> tuple[tuple[str, int], ...]:
@@ -259,48 +451,6 @@ def request_kwargs(op: HostCopy | HostReload) -> tuple[tuple[str, int], ...]:
         ((), (('req_pool_index', 2),))
     """
     return () if op.req_pool_index is None else (("req_pool_index", op.req_pool_index),)
-
-
-def _encode_write_kv(pool: Any, op: WriteKV, *, device: str | torch.device) -> PoolCall:
-    """``set_kv_buffer``: rows in the pool's dtype, or the caller's payload and its scales
-    (MXFP8's e8m0 block scales as tensors); with ``op.override`` the layer goes as
-    ``layer_id_override`` and ``layer`` is None."""
-    call = _encode_write_kv_rows(pool, op, device=device)
-    if not op.override:
-        return call
-    return PoolCall(
-        call.method,
-        (None, *call.args[1:]),
-        kwargs=(*call.kwargs, ("layer_id_override", op.layer_id)),
-    )
-
-
-def _encode_write_kv_rows(pool: Any, op: WriteKV, *, device: str | torch.device) -> PoolCall:
-    layer = SimpleNamespace(layer_id=op.layer_id)
-    loc = loc_tensor(op.locs, device=device)
-    payload = op.payload
-    dtype = pool.dtype if payload is None else getattr(torch, payload.dtype)
-    k_rows = op.k_rows if payload is None else payload.k_rows
-    v_rows = op.v_rows if payload is None else payload.v_rows
-    if _is_latent(pool):
-        width = pool.kv_lora_rank + pool.qk_rope_head_dim
-        k = rows_tensor(k_rows, dtype=dtype, inner=(1, -1 if k_rows else width), device=device)
-        return PoolCall("set_kv_buffer", (layer, loc, k, None))
-    heads = pool.head_num
-    k = rows_tensor(
-        k_rows, dtype=dtype, inner=(heads, -1 if k_rows else pool.head_dim), device=device
-    )
-    v_dim = -1 if v_rows else pool.v_head_dim
-    v = rows_tensor(v_rows, dtype=dtype, inner=(heads, v_dim), device=device)
-    if payload is not None and (payload.k_scale_rows or payload.v_scale_rows):
-        k_scale, v_scale = (
-            rows_tensor(rows, dtype=torch.float8_e8m0fnu, inner=(heads, -1), device=device)
-            for rows in (payload.k_scale_rows, payload.v_scale_rows)
-        )
-        return PoolCall("set_kv_buffer", (layer, loc, k, v, k_scale, v_scale))
-    if payload is None or (payload.k_scale is None and payload.v_scale is None):
-        return PoolCall("set_kv_buffer", (layer, loc, k, v))
-    return PoolCall("set_kv_buffer", (layer, loc, k, v, payload.k_scale, payload.v_scale))
 
 
 def run_call(target: Any, pool: Any, call: PoolCall) -> Any:

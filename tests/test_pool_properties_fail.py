@@ -750,7 +750,7 @@ def test_rejection_property_catches_a_write_that_half_applies() -> None:
         pool = target.make_pool(spec, device=CPU)
         copies: dict[str, Any] = {}
         for op in setup.ops:
-            apply_op(target, pool, op, device=CPU, copies=copies)
+            apply_op(target, pool, op, spec=spec, device=CPU, copies=copies)
         assert_rejected_call_changes_nothing(target, pool, bad)
 
     _, setup, bad = shrunk(cases(), check)
@@ -933,7 +933,7 @@ def test_matching_pool_passes_after_the_same_writes() -> None:
         key_rows=(bytes(range(128)),),
         scale_rows=(np.float32(0.5).tobytes(),),
     )
-    apply_op(target, pool, op, device=CPU, copies={})
+    apply_op(target, pool, op, spec=spec, device=CPU, copies={})
     reference.apply(op)
     assert_pool_matches_reference(pool, reference, call="write")
     assert int(pool.index_k_with_scale_buffer[0][1, 128 + 5]) == 5

@@ -469,14 +469,13 @@ def test_new_write_ops_render_as_pool_calls() -> None:
     rendered = {}
     for spec, op in ((MHA, mha_ops[0]), (MHA, mha_ops[1]), (MLA, mla_op)):
         rep = Reproduction(spec, (op,))
-        writer = _ScriptWriter(rep, _recipe("kvcheck", rep))
-        prep, label, method, args = writer._call_parts(op)
-        source = "\n".join([*prep, f"call({label!r}, {method}, {', '.join(args)})"])
+        source = "\n".join(_ScriptWriter(rep, _recipe("kvcheck", rep))._call_lines(op, None))
         ast.parse(source)
         rendered[type(op).__name__] = source
     assert 'cache_k = rows(torch.float32, (1, 2), "0000000000000000")' in rendered["WriteKV"]
     assert (
-        "pool.set_kv_buffer, layer(0), loc, cache_k, cache_v, k_scale=0.5)" in (rendered["WriteKV"])
+        "k_scale=0.5)', pool.set_kv_buffer, layer(0), loc, cache_k, cache_v, 0.5, None)"
+        in (rendered["WriteKV"])
     )
     assert 'cache_k_rope = rows(torch.float8_e4m3fn, (1, 1), "07")' in rendered["WriteMLA"]
     assert (
@@ -746,7 +745,7 @@ def test_mxfp8_scaled_write_script_passes_the_callers_scales() -> None:
     """A script of an MXFP8 scaled write hands the pool the caller's e8m0 scales (without
     them the pool would take the fp8 rows for a fused write and refuse them)."""
     script, output = _replay_on_kvcheck(Reproduction(MXFP8, MXFP8_OPS))
-    assert "k_scale = rows(torch.float8_e8m0fnu, (1, -1)" in script
+    assert "k_scale = rows(torch.float8_e8m0fnu, (1, 4)" in script
     assert output == "OK: no discrepancy\n"
 
 

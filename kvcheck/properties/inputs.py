@@ -139,7 +139,7 @@ def check_sequence_inputs(target: Any, sequence: OpSequence, *, device: str) -> 
     for op in sequence.ops:
         expected = reference.expected_error(op)
         try:
-            call = encode_op(pool, op, device=device, copies=copies)
+            call = encode_op(sequence.spec, op, device=device, copies=copies)
         except ValueError:
             if expected is None:
                 raise

@@ -13,7 +13,7 @@ Example:
     >>> target = resolve_target("kvcheck")
     >>> pool = target.make_pool(spec, device="cpu")
     >>> apply_op(target, pool, WriteKV(layer_id=0, locs=(3,), k_rows=(b"\\x00<",),
-    ...                                v_rows=(b"\\x00@",)), device="cpu", copies={})
+    ...                                v_rows=(b"\\x00@",)), spec=spec, device="cpu", copies={})
     >>> pool.k_buffer[0][3].item(), pool.v_buffer[0][3].item()
     (1.0, 2.0)
 """
@@ -36,7 +36,7 @@ from kvcheck.properties.caller_tensors import (
     snapshot_tensors,
 )
 from kvcheck.reference import ReferencePool
-from kvcheck.specs import HostCopy, Op
+from kvcheck.specs import HostCopy, Op, PoolSpec
 
 __all__ = ["apply_op", "apply_op_like_reference", "assert_host_copy_is_a_copy"]
 
@@ -46,10 +46,12 @@ def apply_op(
     pool: Any,
     op: Op,
     *,
+    spec: PoolSpec,
     device: str | torch.device,
     copies: MutableMapping[str, Any],
 ) -> None:
-    """Apply one :mod:`kvcheck.specs` operation to ``pool``; the pool's exceptions propagate.
+    """Apply one :mod:`kvcheck.specs` operation to ``pool`` (built from ``spec``); the pool's
+    exceptions propagate.
 
     ``copies`` holds host copies by name: ``HostCopy`` stores the result of
     ``get_cpu_copy`` there and ``HostReload`` passes it back to ``load_cpu_copy``.
@@ -58,15 +60,15 @@ def apply_op(
         >>> from kvcheck.targets import resolve_target
         >>> from kvcheck.specs import PoolSpec
         >>> target = resolve_target("kvcheck")
-        >>> pool = target.make_pool(PoolSpec(family="mla", size=4, page_size=2, layer_num=1,
-        ...                                  dtype="bfloat16"), device="cpu")
+        >>> spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="bfloat16")
+        >>> pool = target.make_pool(spec, device="cpu")
         >>> copies = {}
-        >>> apply_op(target, pool, HostCopy(name="a", indices=(1, 2)), device="cpu",
+        >>> apply_op(target, pool, HostCopy(name="a", indices=(1, 2)), spec=spec, device="cpu",
         ...          copies=copies)
         >>> sorted(copies)
         ['a']
     """
-    call = encode_op(pool, op, device=device, copies=dict(copies))
+    call = encode_op(spec, op, device=device, copies=copies)
     result = run_call(target, pool, call)
     if isinstance(op, HostCopy):
         copies[op.name] = result
@@ -106,7 +108,7 @@ def apply_op_like_reference(
     tensors: dict[str, torch.Tensor] = {}
     before: dict[str, TensorSnapshot] = {}
     try:
-        pool_call = encode_op(pool, op, device=device, copies=dict(copies))
+        pool_call = encode_op(reference.spec, op, device=device, copies=copies)
         tensors = collect_tensors(pool_call.args)
         before = snapshot_tensors(tensors)
         result = run_call(target, pool, pool_call)

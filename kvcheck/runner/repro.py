@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -45,25 +46,11 @@ from typing import Any
 
 import numpy as np
 
-from kvcheck.calls import request_kwargs
+from kvcheck.calls import ArgValue, CallPlan, HostCopyRef, Ints, Layer, Rows, plan_call
 from kvcheck.failures import Reproduction, reproduction_from_json
-from kvcheck.geometry import COMPRESS_TAIL_BUFFERS, latent_width
+from kvcheck.geometry import COMPRESS_TAIL_BUFFERS
 from kvcheck.reference import ReferencePool
-from kvcheck.specs import (
-    DSA_QUANT_BLOCK,
-    DTYPE_ITEMSIZE,
-    HostCopy,
-    HostReload,
-    Move,
-    Op,
-    Payload,
-    PoolSpec,
-    WriteCompressTail,
-    WriteIndexK,
-    WriteKV,
-    WriteMLA,
-    WritePrefixValid,
-)
+from kvcheck.specs import Op, PoolSpec
 from kvcheck.targets import BUILTIN_TARGETS, TargetError, resolve_target
 from kvcheck.targets.base import ScriptRecipe
 
@@ -147,18 +134,17 @@ def _wrapped(text: str, indent: str) -> str:
     return f"({inner}\n{indent})"
 
 
-def _rows_expr(dtype: str, inner: Sequence[int], rows: Sequence[bytes], indent: str) -> str:
-    itemsize = DTYPE_ITEMSIZE.get(dtype, 1)
-    if rows and any(len(row) != itemsize * int(np.prod(inner)) for row in rows):
-        # Rows of the wrong size are part of the call (the pool must refuse them).
-        inner = (*inner[:-1], -1)
-    shape = "(" + ", ".join(str(n) for n in inner) + ("," if len(inner) == 1 else "") + ")"
+def _rows_expr(value: Rows) -> str:
+    """A :class:`~kvcheck.calls.Rows` tensor as a call of the script's ``rows`` helper (the
+    shape the encoder gives: rows of the wrong size are part of the call)."""
+    shape = repr(tuple(value.shape))  # (4,) and (1, -1), as the source writes them
+    rows = value.rows
     if not rows:
-        return f"rows(torch.{dtype}, {shape})"
+        return f"rows(torch.{value.dtype}, {shape})"
     if len(rows) == 1 and len(rows[0]) <= 24:
-        return f"rows(torch.{dtype}, {shape}, {_wrapped(rows[0].hex(), indent)})"
-    items = "".join(f"\n{indent}    {_wrapped(row.hex(), indent + '    ')}," for row in rows)
-    return f"rows(torch.{dtype}, {shape},{items}\n{indent})"
+        return f"rows(torch.{value.dtype}, {shape}, {_wrapped(rows[0].hex(), '')})"
+    items = "".join(f"\n    {_wrapped(row.hex(), '    ')}," for row in rows)
+    return f"rows(torch.{value.dtype}, {shape},{items}\n)"
 
 
 def _is_run(values: Sequence[int]) -> bool:
@@ -179,6 +165,73 @@ def _list(values: Sequence[int]) -> str:
     return (
         f"range({values[0]}, {values[0] + len(values)})" if _is_run(values) else str(list(values))
     )
+
+
+def _nested(values: tuple[Any, ...]) -> list[Any]:
+    return [list(v) if isinstance(v, tuple) else v for v in values]
+
+
+def _value_source(value: ArgValue) -> str:
+    """An argument's value (as the encoder describes it) as source."""
+    if isinstance(value, Rows):
+        return _rows_expr(value)
+    if isinstance(value, Ints):
+        if value.locations:
+            return _locs(_nested(value.values))
+        return f"torch.tensor({_nested(value.values)!r}, dtype=torch.{value.dtype})"
+    if isinstance(value, Layer):
+        return f"layer({value.layer_id})"
+    if isinstance(value, HostCopyRef):
+        return f"copies[{value.name!r}]"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float({str(value)!r})"
+    return repr(value)
+
+
+def _label(plan: CallPlan) -> str:
+    """The call as the script's messages name it: SGLang's method with the layer, the
+    locations and the plain values (tensors of row bytes and ``None`` left out)."""
+    shown = []
+    for arg in plan.args:
+        value = arg.value
+        if isinstance(value, Layer):
+            shown.append(f"layer_id={value.layer_id}")
+        elif isinstance(value, HostCopyRef):
+            shown.append(_value_source(value))
+        elif isinstance(value, Ints):
+            values = _nested(value.values)
+            shown.append(f"{arg.name}={_list(values) if value.locations else values}")
+        elif value is not None and not isinstance(value, Rows):
+            shown.append(f"{arg.name}={value!r}")
+    return f"{plan.pool_method}({', '.join(shown)})"
+
+
+def _bound_arguments(plan: CallPlan) -> tuple[list[str], list[str]]:
+    """Lines binding the call's arguments to their parameter names, and the arguments as
+    source. A call with a tensor of row bytes, a grid or lengths binds each of its tensors
+    (its locations too) and each argument the encoder remarks on; everything else is
+    written in the call itself, and its remark as a comment before it. A name the script
+    uses for itself (``pool``, ``layer``, ...) is bound with ``_arg`` added."""
+    bind = any(
+        isinstance(arg.value, Rows) or (isinstance(arg.value, Ints) and not arg.value.locations)
+        for arg in plan.args
+    )
+    lines, notes, args = [], [], []
+    for arg in plan.args:
+        source = _value_source(arg.value)
+        if bind and (isinstance(arg.value, Rows | Ints) or arg.note):
+            name = f"{arg.name}_arg" if arg.name in _SCRIPT_NAMES else arg.name
+            if not arg.note:
+                lines.append(f"{name} = {source}")
+            elif "\n" in source:
+                lines += [f"# {arg.note}", f"{name} = {source}"]
+            else:
+                lines.append(f"{name} = {source}  # {arg.note}")
+            source = name
+        elif arg.note:
+            notes.append(f"# {arg.name}: {arg.note}")
+        args.append(f"{arg.name}={source}" if arg.keyword else source)
+    return [*lines, *notes], args
 
 
 def _runs(row: np.ndarray) -> str:
@@ -327,6 +380,12 @@ def check_pool(pool):
 '''
 
 
+#: Names a script defines for itself, which a call's bound arguments must not take.
+_SCRIPT_NAMES = frozenset(
+    {"pool", "target", "copies", "torch", *re.findall(r"^def (\w+)", _PRELUDE + _HELPERS, re.M)}
+)
+
+
 class _ScriptWriter:
     """Builds one script from a reproduction, the reference's verdicts and a target's recipe."""
 
@@ -338,6 +397,8 @@ class _ScriptWriter:
         self.recipe = recipe
         self.import_root = import_root
         self.reference = ReferencePool(rep.spec)
+        #: The host copies the script has taken so far (by name).
+        self.copies: set[str] = set()
 
     # -- header and setup -------------------------------------------------------------------
 
@@ -430,125 +491,36 @@ class _ScriptWriter:
         return lines
 
     def _call_lines(self, op: Op, error: type[Exception] | None) -> list[str]:
+        """The call ``op`` stands for (:func:`kvcheck.calls.plan_call`, the encoder the
+        machines use), as the lines preparing its tensors and the checked call."""
+        plan = plan_call(self.spec, op)
+        missing = [
+            arg.value.name
+            for arg in plan.args
+            if isinstance(arg.value, HostCopyRef) and arg.value.name not in self.copies
+        ]
+        if missing:
+            return [
+                f"# {plan.pool_method} of copy {missing[0]!r}, which was never taken: "
+                "nothing to call"
+            ]
+        lines, args = _bound_arguments(plan)
+        method = f"pool.{plan.method}"
+        if plan.via_target:
+            # How the script reaches a target's method: the recipe's (a pool method, or the
+            # target's own, which takes the pool first).
+            if plan.method == "write_index_k":
+                method = self.recipe.index_k_write
+            else:
+                method = f"target.{plan.method}"
+            if not method.startswith("pool."):
+                args = ["pool", *args]
         raises = "" if error is None else f", raises={_exception_name(error)}"
-        if isinstance(op, HostReload) and op.name not in self.reference._host_copies:
-            return [f"# load_cpu_copy of copy {op.name!r}, which was never taken: nothing to call"]
-        prep, label, method, args = self._call_parts(op)
-        text = f"call({label!r}, {method}, {', '.join(args)}{raises})"
-        if isinstance(op, HostCopy):
-            text = f"copies[{op.name!r}] = {text}"
-        return [*prep, text]
-
-    def _call_parts(self, op: Op) -> tuple[list[str], str, str, list[str]]:
-        """Lines preparing tensors, the label, the bound method and its arguments."""
-        if isinstance(op, WriteKV):
-            return self._write_kv(op)
-        if isinstance(op, WriteMLA):
-            spec = self.spec
-            dtype = spec.dtype if op.dtype is None else op.dtype  # bf16 for scaled rows
-            prep = [
-                f"loc = {_locs(op.locs)}",
-                f"cache_k_nope = {_rows_expr(dtype, (1, spec.kv_lora_rank), op.nope_rows, '')}",
-                f"cache_k_rope = {_rows_expr(dtype, (1, spec.qk_rope_head_dim), op.rope_rows, '')}",
-            ]
-            label = f"set_mla_kv_buffer(layer_id={op.layer_id}, loc={_list(op.locs)})"
-            args = [f"layer({op.layer_id})", "loc", "cache_k_nope", "cache_k_rope"]
-            return prep, label, "pool.set_mla_kv_buffer", args
-        if isinstance(op, WritePrefixValid):
-            heads, spec = self.spec.head_num, self.spec
-            grid = [list(row) for row in op.loc_grid]
-            prep = [
-                f"loc_2d = torch.tensor({grid!r}, dtype=torch.int64)",
-                f"commit_lens = torch.tensor({list(op.commit_lens)!r}, dtype=torch.int32)",
-                f"cache_k = {_rows_expr(spec.dtype, (heads, spec.head_dim), op.k_rows, '')}",
-                "cache_v = "
-                f"{_rows_expr(spec.dtype, (heads, spec.effective_v_head_dim), op.v_rows, '')}",
-            ]
-            label = (
-                f"set_kv_buffer_prefix_valid(layer_id={op.layer_id}, loc_2d={grid}, "
-                f"commit_lens={list(op.commit_lens)})"
-            )
-            args = [f"layer({op.layer_id})", "loc_2d", "commit_lens", "cache_k", "cache_v"]
-            return prep, label, "pool.set_kv_buffer_prefix_valid", args
-        if isinstance(op, WriteIndexK):
-            dim = self.spec.index_head_dim
-            prep = [
-                f"loc = {_locs(op.locs)}",
-                f"index_k = {_rows_expr('float8_e4m3fn', (dim,), op.key_rows, '')}",
-                "index_k_scale = "
-                f"{_rows_expr('float32', (dim // DSA_QUANT_BLOCK,), op.scale_rows, '')}",
-            ]
-            label = f"set_index_k_scale_buffer(layer_id={op.layer_id}, loc={_list(op.locs)})"
-            args = [str(op.layer_id), "loc", "index_k", "index_k_scale"]
-            write = self.recipe.index_k_write
-            if not write.startswith("pool."):
-                args = ["pool", *args]  # a target's write_index_k takes the pool first
-            return prep, label, write, args
-        if isinstance(op, WriteCompressTail):
-            dim = self.spec.index_head_dim
-            prep = [
-                f"key_tail = {_rows_expr('bfloat16', (dim,), op.key_rows, '')}",
-                f"score_tail = {_rows_expr('bfloat16', (dim,), op.score_rows, '')}",
-            ]
-            label = (
-                f"set_compress_tail_for_request(layer_id={op.layer_id}, "
-                f"req_pool_idx={op.req_pool_idx}, n_remain={len(op.key_rows)}, "
-                f"dst_logical_start={op.start})"
-            )
-            args = [
-                str(op.layer_id),
-                str(op.req_pool_idx),
-                "key_tail",
-                "score_tail",
-                str(len(op.key_rows)),
-                str(op.start),
-            ]
-            return prep, label, "pool.set_compress_tail_for_request", args
-        if isinstance(op, Move):
-            label = f"move_kv_cache(tgt_loc={_list(op.tgt)}, src_loc={_list(op.src)})"
-            return [], label, "pool.move_kv_cache", [_locs(op.tgt), _locs(op.src)]
-        if isinstance(op, HostCopy | HostReload):
-            request = [f"{name}={value}" for name, value in request_kwargs(op)]
-            shown = "".join(f", {argument}" for argument in request)
-            if isinstance(op, HostCopy):
-                label = f"get_cpu_copy(indices={_list(op.indices)}{shown})"
-                return [], label, "pool.get_cpu_copy", [_locs(op.indices), *request]
-            label = f"load_cpu_copy(copies[{op.name!r}], indices={_list(op.indices)}{shown})"
-            args = [f"copies[{op.name!r}]", _locs(op.indices), *request]
-            return [], label, "pool.load_cpu_copy", args
-        raise ValueError(f"op={op!r} is not an operation from kvcheck.specs")
-
-    def _write_kv(self, op: WriteKV) -> tuple[list[str], str, str, list[str]]:
-        spec = self.spec
-        latent = spec.family in ("mla", "dsa")
-        payload: Payload | None = op.payload
-        dtype = spec.dtype if payload is None else payload.dtype
-        k_rows = op.k_rows if payload is None else payload.k_rows
-        v_rows = op.v_rows if payload is None else payload.v_rows
-        k_inner = (1, latent_width(spec)) if latent else (spec.head_num, spec.head_dim)
-        prep = [f"loc = {_locs(op.locs)}", f"cache_k = {_rows_expr(dtype, k_inner, k_rows, '')}"]
-        if latent:
-            prep.append("cache_v = None  # the latent row holds both")
-        else:
-            v_inner = (spec.head_num, spec.effective_v_head_dim)
-            prep.append(f"cache_v = {_rows_expr(dtype, v_inner, v_rows, '')}")
-        args = [f"layer({op.layer_id})", "loc", "cache_k", "cache_v"]
-        scales = ""
-        if payload is not None and (payload.k_scale_rows or payload.v_scale_rows):
-            # MXFP8's scaled write: the caller's e8m0 block scales, one row per token.
-            for name, scale_rows in (("k", payload.k_scale_rows), ("v", payload.v_scale_rows)):
-                rows_expr = _rows_expr("float8_e8m0fnu", (spec.head_num, -1), scale_rows, "")
-                prep.append(f"{name}_scale = {rows_expr}")
-            args += ["k_scale", "v_scale"]
-            scales = ", e8m0 k_scale, v_scale"
-        elif payload is not None and not latent:  # latent writes take no scales
-            for name in ("k_scale", "v_scale"):
-                value = getattr(payload, name)
-                if value is not None:
-                    args.append(f"{name}={value!r}")
-                    scales += f", {name}={value!r}"
-        label = f"set_kv_buffer(layer_id={op.layer_id}, loc={_list(op.locs)}{scales})"
-        return prep, label, "pool.set_kv_buffer", args
+        text = f"call({_label(plan)!r}, {method}, {', '.join(args)}{raises})"
+        if plan.keeps is not None and error is None:
+            self.copies.add(plan.keeps)
+            text = f"copies[{plan.keeps!r}] = {text}"
+        return [*lines, text]
 
     # -- the expected end state -------------------------------------------------------------
 

@@ -67,6 +67,6 @@ def test_rejected_calls_leave_pool_unchanged(
     pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
     copies: dict[str, Any] = {}
     for op in setup.ops:
-        apply_op(kvcheck_target, pool, op, device=kvcheck_device, copies=copies)
+        apply_op(kvcheck_target, pool, op, spec=spec, device=kvcheck_device, copies=copies)
     bad = data.draw(bad_calls(spec, device=kvcheck_device), label="bad call")
     assert_rejected_call_changes_nothing(kvcheck_target, pool, bad)
