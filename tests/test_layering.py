@@ -11,9 +11,12 @@ import kvcheck
 #: from its own layer's package and from any layer listed before it.
 LAYERS: tuple[str, ...] = (
     "specs",
+    "variants",
     "geometry",
     "tiers",
+    "steering",
     "surface",
+    "declaration",
     "validation",
     "vocabulary",
     "pools",
