@@ -50,29 +50,14 @@ from kvcheck.properties.allocators import (
 )
 from kvcheck.properties.assertions import failure
 from kvcheck.reference.allocators import ReferenceAllocator, Request
+from kvcheck.steering import Steering
 from kvcheck.strategies.tiers import allocator_specs
 from kvcheck.targets import supports
 from kvcheck.targets.findings import steered_tags
 from kvcheck.targets.tiers import allocator_skip_reason, build_allocator
 from kvcheck.tiers import ALLOCATOR_KINDS, AllocatorSpec
 
-__all__ = ["ALLOCATOR_STEER_TAGS", "AllocatorMachine", "allocator_machine"]
-
-#: Generation tags a declared finding may ask the allocator machine to steer around:
-#:
-#: ``allocator:swa:one_side_refused``
-#:     no extend or decode that one side of a sliding-window allocator can serve and the
-#:     other cannot;
-#: ``allocator:swa:free_dead_window``
-#:     a request whose window was freed is freed as SGLang's callers free it: ``free_full``
-#:     (or ``free_full_segment(s)``) of the pages that left the window, ``free`` (or
-#:     ``free_segment(s)``) of the rest, never ``free`` of the row. A pure sliding-window
-#:     allocator's such requests are always freed so: there ``free`` of the row is a double
-#:     free (bad input).
-ALLOCATOR_STEER_TAGS: tuple[str, ...] = (
-    "allocator:swa:one_side_refused",
-    "allocator:swa:free_dead_window",
-)
+__all__ = ["AllocatorMachine", "allocator_machine"]
 
 _KINDS = (
     "pause",
@@ -104,7 +89,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     device: str = "cpu"
     kind: str = "token"
     validates: bool = True
-    steer: frozenset[str] = frozenset()
+    steer: Steering = Steering()
 
     def __init__(self) -> None:
         super().__init__()
@@ -263,7 +248,8 @@ class AllocatorMachine(RuleBasedStateMachine):
     ) -> None:
         spec, ref = self._spec, self._ref
         requests = [request for _, request in batch]
-        if "allocator:swa:one_side_refused" in self.steer and self._one_side_refuses(requests):
+        steered = self.steer.avoids("allocator:one_side_refused", where=spec.kind)
+        if steered and self._one_side_refuses(requests):
             return
         prefix = [r.prefix for r in requests]
         seq = [r.seq for r in requests]
@@ -326,7 +312,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         kind = self._spec.kind
         if dead and (
             kind == "pure_swa"
-            or "allocator:swa:free_dead_window" in self.steer
+            or self.steer.avoids("allocator:free_dead_window", where=kind)
             or data.draw(st.booleans(), label="free_full the dead window")
         ):
             # free_kv_row_segments: the window-freed part full-side only, the rest whole.

@@ -79,6 +79,7 @@ from kvcheck.reference import ReferencePool
 from kvcheck.reference.allocators import ReferenceAllocator, Request
 from kvcheck.reference.host_pools import ReferenceHostPool
 from kvcheck.specs import HostCopy, HostReload, Move, Op, PoolSpec
+from kvcheck.steering import Steering
 from kvcheck.strategies import ops as draws
 from kvcheck.strategies.tiers import host_pool_specs
 from kvcheck.targets import supports
@@ -166,7 +167,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     device: str = "cpu"
     family: str = "mha"
     kinds: tuple[str, ...] = ()
-    steer: frozenset[str] = frozenset()
+    steer: Steering = Steering()
     read_api: bool = True
     moves: bool = True
 
@@ -314,7 +315,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         if kind == "write_mla":
             return draws.write_mla_ops(spec, padding_slot=False)
         if kind == "cast_write_kv":
-            return draws.cast_write_kv_ops(spec, scales="cast_write:scales" not in self.steer)
+            return draws.cast_write_kv_ops(spec, scales=not self.steer.avoids("cast_write:scales"))
         return draws.write_kv_ops(spec)
 
     def _apply(self, op: Op) -> None:
@@ -638,7 +639,5 @@ def _served(target: Any, kind: str, family: str) -> bool:
         "cast_write_kv": "cast_write",
     }
     capability = needs.get(kind)
-    steer = steered_tags(target)
-    return (capability is None or supports(target, capability, family=family)) and (
-        f"{family}:{kind}" not in steer
-    )
+    served = capability is None or supports(target, capability, family=family)
+    return served and not steered_tags(target).avoids(kind, family=family)

@@ -71,17 +71,17 @@ from kvcheck.specs import (
     WriteMLA,
     WritePrefixValid,
 )
+from kvcheck.steering import Steering
 from kvcheck.strategies import ops as draws
 from kvcheck.strategies import pool_specs
 from kvcheck.strategies.limits import within_target_limits
 from kvcheck.targets import supports
 from kvcheck.targets.findings import steered_tags
-from kvcheck.variants import Variant, variant_names, variants_of
+from kvcheck.variants import Variant, variants_of
 
 __all__ = [
     "MACHINE_CAPABILITIES",
     "MACHINE_FAMILIES",
-    "STEER_TAGS",
     "PoolMachine",
     "default_machine_specs",
     "pool_machine",
@@ -141,59 +141,6 @@ def _favoured_kinds(spec: PoolSpec) -> tuple[str, ...]:
     return tuple(favoured)
 
 
-#: Generation tags a declared finding may ask the machines to steer around
-#: (:attr:`kvcheck.targets.findings.Finding.steer`):
-#:
-#: ``VARIANT:KIND``
-#:     never draw step ``KIND`` for pools of ``VARIANT`` (a family, or a family with its
-#:     layout: ``noop:host_copy``, ``mha:hnd:host_copy``; :data:`kvcheck.variants.VARIANTS`);
-#: ``VARIANT:contiguous_buf_infos``
-#:     the invariant does not ask ``VARIANT``'s pools for transfer descriptors;
-#: ``cast_write:scales``
-#:     writes of another dtype carry no ``k_scale``/``v_scale``;
-#: ``write_mla:slot0``
-#:     ``set_mla_kv_buffer`` never targets slot 0 (the padding slot);
-#: ``FAMILY:host_copy:partial_pages``
-#:     host copies and reloads of ``FAMILY`` take whole pages only;
-#: ``dsa:accounting:compress_tails``
-#:     ``get_kv_size_bytes`` and ``mem_usage`` are expected to leave out the DSA compress
-#:     tails (every other byte is still checked);
-#: ``VARIANT:accounting:scales``
-#:     the same for a quantized pool's scale buffers;
-#: ``VARIANT:scale_buf_infos``
-#:     the invariant does not ask ``VARIANT``'s pools for scale descriptors;
-#: ``VARIANT:read:METHOD``
-#:     the invariant does not read ``VARIANT``'s pools through read-API ``METHOD``;
-#: ``VARIANT:v_head_dim``
-#:     ``VARIANT``'s pools keep ``v_head_dim == head_dim``;
-#: ``VARIANT:slot0``
-#:     no operation writes slot 0 of ``VARIANT``'s pools (writes, move and reload targets);
-#: ``VARIANT:layer_id_override``
-#:     writes to ``VARIANT``'s pools name their layer by ``layer.layer_id`` only;
-#: ``FAMILY:host_copy:request``
-#:     host copies and reloads of ``FAMILY`` never name a request slot (DSA compress tails).
-STEER_TAGS: tuple[str, ...] = (
-    *(f"{variant}:{kind}" for variant in variant_names() for kind, _ in _STEP_KINDS[1:]),
-    *(f"{variant}:contiguous_buf_infos" for variant in variant_names()),
-    *(
-        f"{variant}:{what}"
-        for variant in variant_names()
-        for what in (
-            "accounting:scales",
-            "scale_buf_infos",
-            "read:get_value_buffer",
-            "v_head_dim",
-            "slot0",
-            "layer_id_override",
-        )
-    ),
-    "cast_write:scales",
-    "write_mla:slot0",
-    *(f"{family}:host_copy:partial_pages" for family in POOL_FAMILIES),
-    *(f"{family}:host_copy:request" for family in POOL_FAMILIES),
-    "dsa:accounting:compress_tails",
-)
-
 #: Pool methods that can change a DSA pool's index keys.
 _INDEX_CHANGING = frozenset({"set_index_k_scale_buffer", "move_kv_cache", "load_cpu_copy"})
 
@@ -220,7 +167,7 @@ def supported_op_kinds(target: Any, family: str) -> tuple[str, ...]:
         return capability is None or supports(target, capability, family=family)
 
     return tuple(
-        kind for kind in draws.OP_KINDS if served(kind) and f"{family}:{kind}" not in steer
+        kind for kind in draws.OP_KINDS if served(kind) and not steer.avoids(kind, family=family)
     )
 
 
@@ -292,9 +239,9 @@ class PoolMachine(RuleBasedStateMachine):
     """Drives ``target``'s pool and the reference with the same operations.
 
     Subclasses made by :func:`pool_machine` set ``target``, ``device``, ``family``,
-    ``skipped`` (capabilities whose operations and checks do not run) and ``steer`` (tags
-    of :data:`STEER_TAGS` the target's findings ask to avoid) and add the ``build_pool``
-    initialize rule. Each step draws one operation kind (``pause``, a step that does
+    ``skipped`` (capabilities whose operations and checks do not run) and ``steer`` (what
+    the target's findings ask to avoid: :class:`kvcheck.steering.Steering`) and add the
+    ``build_pool`` initialize rule. Each step draws one operation kind (``pause``, a step that does
     nothing, first) and then the operation; every call's tensors must be unchanged after
     it. A failure carries the operations so far (``PropertyFailure.reproduction``).
     """
@@ -303,7 +250,7 @@ class PoolMachine(RuleBasedStateMachine):
     device: str = "cpu"
     family: str = "mha"
     skipped: frozenset[str] = frozenset()
-    steer: frozenset[str] = frozenset()
+    steer: Steering = Steering()
 
     def __init__(self) -> None:
         super().__init__()
@@ -386,8 +333,7 @@ class PoolMachine(RuleBasedStateMachine):
             for kind, needs in _STEP_KINDS
             if needs not in self.skipped
             and kind in applies
-            and f"{self.family}:{kind}" not in self.steer
-            and f"{self.spec.variant}:{kind}" not in self.steer
+            and (kind == "pause" or not self.steer.avoids(kind, variant=self.spec.variant))
         )
 
     # -- the one rule --------------------------------------------------------------------
@@ -422,10 +368,11 @@ class PoolMachine(RuleBasedStateMachine):
         copied; None: a write the target's finding steers off slot 0)."""
         spec = self.spec
         assert spec is not None
-        requests = f"{self.family}:host_copy:request" not in self.steer
+        steer, variant = self.steer, spec.variant
+        requests = not steer.avoids("host_copy:request", variant=variant)
         # A reload with nothing to reload yet takes the copy it needs instead of a wasted step.
         if kind == "host_copy" or (kind == "host_reload" and not self.copied):
-            whole = f"{self.family}:host_copy:partial_pages" in self.steer
+            whole = steer.avoids("host_copy:partial_pages", variant=variant)
             strategy: st.SearchStrategy[Any] = draws.host_copy_ops(
                 spec, self._next_copy_name(), whole_pages=whole, requests=requests
             )
@@ -438,15 +385,17 @@ class PoolMachine(RuleBasedStateMachine):
             layers = draws.indexed_layers(spec, skip=False)
             strategy = draws.write_index_k_ops(spec, layer_ids=layers)
         elif kind == "cast_write_kv":
-            strategy = draws.cast_write_kv_ops(spec, scales="cast_write:scales" not in self.steer)
+            scales = not steer.avoids("cast_write:scales")
+            strategy = draws.cast_write_kv_ops(spec, scales=scales)
         elif kind == "write_mla":
-            strategy = draws.write_mla_ops(spec, padding_slot="write_mla:slot0" not in self.steer)
+            padding_slot = not steer.avoids("write_mla:slot0")
+            strategy = draws.write_mla_ops(spec, padding_slot=padding_slot)
         else:
             strategy = getattr(draws, f"{kind}_ops")(spec)
         op: Op = data.draw(strategy, label="op")
-        if f"{spec.variant}:slot0" in self.steer and 0 in written_slots(op):
+        if steer.avoids("slot0", variant=variant) and 0 in written_slots(op):
             return None  # the target's finding: slot 0 is its padding sink
-        if getattr(op, "override", False) and f"{spec.variant}:layer_id_override" in self.steer:
+        if getattr(op, "override", False) and steer.avoids("layer_id_override", variant=variant):
             op = dataclasses.replace(op, override=False)  # type: ignore[type-var,arg-type]
         return op
 
@@ -465,7 +414,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     def _check_state(self) -> None:
         assert self.reference is not None and self.spec is not None
-        call, spec, skipped = self.last_call, self.spec, self.skipped
+        call, spec, skipped, steer = self.last_call, self.spec, self.skipped, self.steer
         # Rendered once per step: both the raw and the read-API checks compare against it.
         expected = self.reference.expected_buffers()
         assert_pool_matches_reference(
@@ -481,11 +430,9 @@ class PoolMachine(RuleBasedStateMachine):
                 and spec.family in ("mla", "dsa")
                 and spec.latent_layout == "raw",
                 expected=expected,
-                skip_methods=frozenset(
-                    tag.rsplit(":", 1)[1]
-                    for tag in self.steer
-                    if tag.startswith(f"{spec.variant}:read:")
-                ),
+                skip_methods=frozenset({"get_value_buffer"})
+                if steer.avoids("read:get_value_buffer", variant=spec.variant)
+                else frozenset(),
                 # The paged gather is the costly read: after the steps that change index keys.
                 paged_index_reads=self.steps == 0 or self.last_method in _INDEX_CHANGING,
             )
@@ -496,20 +443,19 @@ class PoolMachine(RuleBasedStateMachine):
             call=call,
             state_buf_infos="state_buf_infos" not in skipped,
             compress_tails="compress_tail" not in skipped,
-            tails_counted="dsa:accounting:compress_tails" not in self.steer,
-            scales_counted=f"{spec.variant}:accounting:scales" not in self.steer,
+            tails_counted=not steer.avoids("accounting:compress_tails", variant=spec.variant),
+            scales_counted=not steer.avoids("accounting:scales", variant=spec.variant),
         )
         if spec.compress_tails and "compress_tail" not in skipped:
             assert_compress_tails_match_reference(self.pool, self.reference, call=call)
-        if (
-            "contiguous_buf_infos" not in skipped
-            and f"{spec.variant}:contiguous_buf_infos" not in self.steer
+        if "contiguous_buf_infos" not in skipped and not steer.avoids(
+            "contiguous_buf_infos", variant=spec.variant
         ):
             assert_contiguous_buf_infos(self.pool, spec, call=call)
         if (
             spec.quantized
             and "contiguous_buf_infos" not in skipped
-            and f"{spec.variant}:scale_buf_infos" not in self.steer
+            and not steer.avoids("scale_buf_infos", variant=spec.variant)
         ):
             assert_scale_buf_infos(self.pool, spec, call=call)
         check_valid = getattr(self.pool, "check_valid", None)
@@ -528,9 +474,9 @@ class PoolMachine(RuleBasedStateMachine):
                 ) from exc
 
 
-def _steer_v_head_dim(spec: PoolSpec, *, steer: frozenset[str]) -> PoolSpec:
+def _steer_v_head_dim(spec: PoolSpec, *, steer: Steering) -> PoolSpec:
     """``spec`` with V shaped like K where a finding steers its variant off its own V dim."""
-    if f"{spec.variant}:v_head_dim" in steer and spec.v_head_dim is not None:
+    if steer.avoids("v_head_dim", variant=spec.variant) and spec.v_head_dim is not None:
         return dataclasses.replace(spec, v_head_dim=None)
     return spec
 
@@ -629,7 +575,7 @@ def pool_machine(
         raise ValueError(f"specs={specs!r} must be a Hypothesis strategy of PoolSpec")
     chosen_specs = within_target_limits(target, chosen_specs)
     steer = steered_tags(target)
-    if any(tag.endswith(":v_head_dim") for tag in steer):
+    if steer.mentions("v_head_dim"):
         chosen_specs = chosen_specs.map(functools.partial(_steer_v_head_dim, steer=steer))
     if skip is None:
         skip = {

@@ -32,7 +32,6 @@ __all__ = [
     "HOST_FAMILIES",
     "HOST_IO_BACKENDS",
     "HOST_LAYOUTS",
-    "HOST_STEER_TAGS",
     "AllocatorSpec",
     "HostPoolSpec",
     "host_layouts_for",
@@ -64,26 +63,6 @@ HOST_IO_BACKENDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "page_first_direct": ("direct",),
         "page_head": ("kernel",),
     }
-)
-#: Generation tags a declared finding may ask the host-tier checks to steer around:
-#:
-#: ``host:page_major:few_pages``
-#:     no host pool with fewer host pages than layers in a layout whose first dimension is
-#:     the page where the target's per-layer views expect the layer (MLA and DSA
-#:     ``page_first_direct``, MHA ``page_head``);
-#: ``host:latent:contiguous_buf_infos``
-#:     an MLA or DSA host pool's transfer descriptors (``get_contiguous_buf_infos``) are not
-#:     checked outside ``layer_first`` (its bytes, pages and page meta still are);
-#: ``host:dsa:indexer_layer_first_page_meta``
-#:     a DSA index-K host pool's page meta is not checked in ``layer_first``;
-#: ``host:dsa:indexer_bytes_held``
-#:     the bytes a DSA index-K host pool holds are not compared with its declared size
-#:     (its size per token and page meta still are).
-HOST_STEER_TAGS: tuple[str, ...] = (
-    "host:page_major:few_pages",
-    "host:latent:contiguous_buf_infos",
-    "host:dsa:indexer_bytes_held",
-    "host:dsa:indexer_layer_first_page_meta",
 )
 #: An MHA pool whose V head dim differs from K's keeps K and V in two host buffers, in the
 #: page-first layouts only (SGLang's ``AsymmetricMHATokenToKVPoolHost``).

@@ -14,6 +14,7 @@ LAYERS: tuple[str, ...] = (
     "variants",
     "geometry",
     "tiers",
+    "steering",
     "surface",
     "declaration",
     "validation",

@@ -114,6 +114,7 @@ from kvcheck.specs import (
     WriteKV,
     WriteMLA,
 )
+from kvcheck.steering import Steer
 from kvcheck.strategies import (
     bad_calls,
     noop_move_arguments,
@@ -568,9 +569,11 @@ def test_a_declared_finding_does_not_hide_a_second_bug() -> None:
 
 
 @pytest.mark.parametrize(
-    "steer", [frozenset(), frozenset({"noop:host_reload"})], ids=["rejected", "steered"]
+    "steer",
+    [frozenset(), frozenset({Steer.step("host_reload", "noop")})],
+    ids=["rejected", "steered"],
 )
-def test_a_declared_finding_alone_passes(steer: frozenset[str]) -> None:
+def test_a_declared_finding_alone_passes(steer: frozenset[Steer]) -> None:
     """With only the declared bug the machine passes, whether generation steers around
     the finding or rejects the examples that hit it."""
     finding = dataclasses.replace(SILENT_RELOAD, steer=steer)

@@ -35,7 +35,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ import torch
 from kvcheck.failures import FailureSignature
 from kvcheck.properties.assertions import assert_bytes_equal, failure
 from kvcheck.reference.host_pools import ReferenceHostPool, merge_ranges
+from kvcheck.steering import Steer, Steering
 from kvcheck.tiers import HOST_IO_BACKENDS, HostPoolSpec
 
 __all__ = [
@@ -181,12 +182,13 @@ def assert_host_buffer_infos(
     reference: ReferenceHostPool,
     *,
     spec: HostPoolSpec,
-    steer: Collection[str] = (),
+    steer: Iterable[Steer] = (),
 ) -> None:
     """Each host pool's size per token, bytes held, page meta, element size and transfer
-    descriptors describe exactly the bytes it holds (``steer``: tags of
-    :data:`kvcheck.tiers.HOST_STEER_TAGS` a target's findings ask to avoid)."""
+    descriptors describe exactly the bytes it holds (``steer``: what a target's findings ask
+    to avoid, :class:`kvcheck.steering.Steer` values of the ``host:`` kinds)."""
     __tracebackhide__ = True
+    steering = Steering(steer)
     for number, part in enumerate(parts[: len(reference.parts)]):
         names = list(dict.fromkeys(piece.attribute for piece in reference.parts[number]))
         per_token = reference.expected_size_per_token(number)
@@ -198,7 +200,7 @@ def assert_host_buffer_infos(
             )
         held = sum(getattr(part, name).nbytes for name in names)
         index_part = spec.kind == "dsa" and number > 0
-        if index_part and "host:dsa:indexer_bytes_held" in steer:
+        if index_part and steering.avoids("host:indexer_bytes_held", family=spec.kind):
             held = spec.host_size * per_token  # steered: the target's finding
         if held != spec.host_size * per_token:
             raise failure(
@@ -212,32 +214,33 @@ def assert_host_buffer_infos(
         if not (
             index_part
             and spec.layout == "layer_first"
-            and "host:dsa:indexer_layer_first_page_meta" in steer
-        ) and storage_pages_checked(spec, steer):
+            and steering.avoids("host:indexer_layer_first_page_meta", family=spec.kind)
+        ) and storage_pages_checked(spec, steering):
             _assert_page_meta(part, reference, number, names, spec)
         steered = (
-            "host:latent:contiguous_buf_infos" in steer
-            and spec.kind in ("mla", "dsa")
+            spec.kind in ("mla", "dsa")
             and spec.layout != "layer_first"
+            and steering.avoids("host:contiguous_buf_infos", where="latent")
         )
         if callable(getattr(part, "get_contiguous_buf_infos", None)) and not steered:
             _assert_tiling(part, names, spec)
 
 
-def storage_pages_checked(spec: HostPoolSpec, steer: Collection[str]) -> bool:
+def storage_pages_checked(spec: HostPoolSpec, steer: Iterable[Steer]) -> bool:
     """Whether the flat storage pages (``get_data_page``, ``set_from_flat_data_page``,
     ``get_page_buffer_meta``) of ``spec``'s host tier are checked: not where the target
-    declares ``host:<device variant>:storage_pages`` (its host pool has none).
+    steers its device variant off them (``Steer("host:storage_pages", variant)``: its host
+    pool has none).
 
     Example:
         >>> from kvcheck.specs import PoolSpec
         >>> device = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="bfloat16")
         >>> spec = HostPoolSpec(device=device, layout="page_first", io_backend="kernel",
         ...                     host_pages=1)
-        >>> storage_pages_checked(spec, {"host:mla:storage_pages"})
+        >>> storage_pages_checked(spec, {Steer("host:storage_pages", "mla")})
         False
     """
-    return f"host:{spec.device.variant}:storage_pages" not in steer
+    return not Steering(steer).avoids("host:storage_pages", variant=spec.device.variant)
 
 
 def _assert_page_meta(
@@ -326,7 +329,7 @@ def check_host_round_trip(
     device: str,
     write_kinds: Sequence[str],
     validates: bool,
-    steer: Collection[str] = (),
+    steer: Iterable[Steer] = (),
 ) -> None:
     """Fill ``target``'s device pool of ``spec`` with writes of ``write_kinds``, back whole
     pages up to its host tier, load them into other pages, every layer; check every property
@@ -345,19 +348,19 @@ def check_host_round_trip(
     from kvcheck.strategies import op_sequences
     from kvcheck.targets.tiers import build_host_pool
 
-    steer = {*steer, *(getattr(target, "host_storage_steer", None) or ())}
+    steering = Steering(steer) | (getattr(target, "host_storage_steer", None) or ())
     pool = target.make_pool(spec.device, device=device)
     reference = ReferencePool(spec.device)
     kinds = tuple(kind for kind in write_kinds if kind in ROUND_TRIP_WRITES)
     if kinds:
         writes = data.draw(op_sequences(spec.device, max_ops=3, kinds=kinds), label="writes")
         for op in writes.ops:
-            if "write_mla:slot0" in steer and isinstance(op, WriteMLA) and 0 in op.locs:
+            if isinstance(op, WriteMLA) and 0 in op.locs and steering.avoids("write_mla:slot0"):
                 continue  # steered: the target's finding on MLA writes to the padding slot
             apply_op_like_reference(target, pool, reference, op, device=device, copies={})
     parts = build_host_pool(target, spec, pool, device=device)
     host_reference = ReferenceHostPool(spec)
-    assert_host_buffer_infos(parts, host_reference, spec=spec, steer=steer)
+    assert_host_buffer_infos(parts, host_reference, spec=spec, steer=steering)
     ps = spec.page_size
     device_pages = spec.device.size // ps
     if not device_pages:
@@ -391,7 +394,7 @@ def check_host_round_trip(
     host_reference.backup(reference, host.tolist(), source)
     call = f"backup_from_device_all_layer(host_indices={host.tolist()}, device_indices={source})"
     assert_host_bytes(parts, host_reference, call=call, spec=spec)
-    if storage_pages_checked(spec, steer):
+    if storage_pages_checked(spec, steering):
         assert_data_pages(parts, host_reference, call=call, spec=spec)
     loaded = pages("device pages loaded into")
     for layer in range(spec.device.layer_num):
@@ -409,7 +412,7 @@ def check_host_round_trip(
         bad = _bad_host_calls(parts, pool, spec)
         what = data.draw(st.sampled_from(sorted(bad)), label="bad host call")
         _assert_refused(parts, bad[what], what, spec)
-    if spec.asymmetric or count < 2 or not storage_pages_checked(spec, steer):
+    if spec.asymmetric or count < 2 or not storage_pages_checked(spec, steering):
         return
     first, second = int(host[0]), int(host[ps])
     for number, part in enumerate(parts[: len(host_reference.parts)]):
@@ -698,7 +701,7 @@ def check_host_storage_and_teardown(
     *,
     device: str,
     write_kinds: Sequence[str],
-    steer: Collection[str] = (),
+    steer: Iterable[Steer] = (),
 ) -> None:
     """Build ``target``'s host tier of ``spec`` over a written device pool and check what a
     zero-copy storage backend is told (:func:`assert_key_sizes`,
@@ -717,13 +720,14 @@ def check_host_storage_and_teardown(
     from kvcheck.strategies import op_sequences
     from kvcheck.targets.tiers import build_host_pool
 
+    steering = Steering(steer)
     pool = target.make_pool(spec.device, device=device)
     reference = ReferencePool(spec.device)
     kinds = tuple(kind for kind in write_kinds if kind in ROUND_TRIP_WRITES)
     if kinds:
         writes = data.draw(op_sequences(spec.device, max_ops=2, kinds=kinds), label="writes")
         for op in writes.ops:
-            if "write_mla:slot0" in steer and isinstance(op, WriteMLA) and 0 in op.locs:
+            if isinstance(op, WriteMLA) and 0 in op.locs and steering.avoids("write_mla:slot0"):
                 continue  # steered: the target's finding on MLA writes to the padding slot
             apply_op_like_reference(target, pool, reference, op, device=device, copies={})
     parts = build_host_pool(target, spec, pool, device=device)

@@ -10,7 +10,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Iterable, Sequence
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
@@ -18,6 +18,7 @@ from hypothesis.errors import InvalidArgument
 from kvcheck.declaration import declaration_of
 from kvcheck.geometry import row_bytes
 from kvcheck.specs import PoolSpec
+from kvcheck.steering import Steer, Steering
 from kvcheck.strategies.limits import carrying_target, within_target_limits
 from kvcheck.strategies.pools import pool_specs
 from kvcheck.surface import surface_of
@@ -99,7 +100,7 @@ def host_pool_specs(
     max_page_size: int = 4,
     kv_quants: Sequence[str] = ("none",),
     target: object | None = None,
-    steer: Collection[str] = (),
+    steer: Iterable[Steer] = (),
 ) -> st.SearchStrategy[HostPoolSpec]:
     """Host pools mirroring small token-major device pools of ``families`` (any variant
     :func:`kvcheck.strategies.pool_specs` draws of one decode-context-parallel rank, inside the
@@ -110,8 +111,9 @@ def host_pool_specs(
     each quantized variant has a run of its own), whose scale buffers the host tier keeps
     too; a variant whose host tier the target builds in fewer layouts
     (:func:`kvcheck.targets.tiers.host_variant_layouts`) is drawn in those only, and not at
-    all where it builds none. ``steer``: tags of
-    :data:`kvcheck.tiers.HOST_STEER_TAGS` the target's findings ask to avoid.
+    all where it builds none. ``steer``: what the target's findings ask to avoid
+    (:class:`kvcheck.steering.Steer` values: a device pool's ``v_head_dim``, the host tier's
+    ``host:few_pages``).
     Shrinks towards the first family's smallest pool, the first layout, one host page.
 
     Example:
@@ -149,7 +151,12 @@ def host_pool_specs(
         variant_layouts = {variant: layouts for variant, (layouts, _) in narrowed.items()}
         devices = devices.filter(lambda spec: variant_layouts.get(spec.variant, (None,)) != ())
     specs = _host_pool_specs(
-        devices, layouts, max_host_pages, alignment, frozenset(steer), variant_layouts
+        devices,
+        layouts,
+        max_host_pages,
+        alignment,
+        steer=Steering(steer),
+        variant_layouts=variant_layouts,
     )
     return specs if target is None else carrying_target(target, specs)
 
@@ -161,7 +168,8 @@ def _host_pool_specs(
     layouts: dict[str, tuple[str, ...]],
     max_host_pages: int,
     alignment: int = 1,
-    steer: frozenset[str] = frozenset(),
+    *,
+    steer: Steering,
     variant_layouts: dict[str, tuple[str, ...]] | None = None,
 ) -> HostPoolSpec:
     device = check_type(PoolSpec, draw(devices, label="device pool"), "device")
@@ -169,9 +177,9 @@ def _host_pool_specs(
         # A DSA pool whose every layer skips top-k holds no index keys, and SGLang builds
         # no index-K host pool for it (DSATokenToKVPool.host_pool_decls): one layer keeps them.
         device = dataclasses.replace(device, skip_topk_layers=(False, *device.skip_topk_layers[1:]))
-    if f"{device.variant}:v_head_dim" in steer and device.v_head_dim is not None:
-        # Steered (kvcheck.machines.STEER_TAGS): the target's finding on V head dims of
-        # the variant's own; the symmetric pool.
+    if steer.avoids("v_head_dim", variant=device.variant) and device.v_head_dim is not None:
+        # Steered: the target's finding on V head dims of the variant's own; the symmetric
+        # pool.
         device = dataclasses.replace(device, v_head_dim=None)
     asymmetric = device.family == "mha" and device.effective_v_head_dim != device.head_dim
     if asymmetric and (variant_layouts or {}).get(f"{device.variant}:asymmetric") == ():
@@ -202,11 +210,11 @@ def _host_pool_specs(
     layout = draw(st.sampled_from(tuple(backends)), label="host layout")
     io_backend = draw(st.sampled_from(backends[layout]), label="io backend")
     fewest = 1
-    if "host:page_major:few_pages" in steer and (layout, device.family) in (
+    if (layout, device.family) in (
         ("page_first_direct", "mla"),
         ("page_first_direct", "dsa"),
         ("page_head", "mha"),
-    ):
+    ) and steer.avoids("host:few_pages", where="page_major"):
         fewest = min(device.layer_num, max_host_pages)
     pages = draw(st.integers(fewest, max_host_pages), label="host pages")
     return HostPoolSpec(device=device, layout=layout, io_backend=io_backend, host_pages=pages)

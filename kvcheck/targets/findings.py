@@ -8,8 +8,9 @@ id, and the suite treats it in three ways:
 - **Steering.** While a suite test runs, a :class:`~kvcheck.properties.PropertyFailure`
   that matches a declared finding does not fail the test: the Hypothesis example is
   rejected (:func:`steer_around`) and generation goes on, so the same property keeps
-  checking everything else. Generators also avoid the finding's ``steer`` tags
-  (:func:`steered_tags`) so that little time is spent on examples that would be rejected.
+  checking everything else. Generators also avoid what the finding's ``steer`` names
+  (:class:`kvcheck.steering.Steer` values, together :func:`steered_tags`) so that little
+  time is spent on examples that would be rejected.
   Any other failure in the same test fails the run.
 - **Pinning.** Each finding names the tests that pin its minimal case (``pinned``,
   node-id patterns as in :func:`kvcheck.targets.expected_failure_reason`). Those run as
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvcheck.failures import FailureSignature, PropertyFailure
+from kvcheck.steering import Steer, Steering
 
 __all__ = [
     "SIGNATURE_FIELDS",
@@ -67,9 +69,10 @@ class Finding:
     ``check``, ``call``, ``kind`` and ``family`` must each equal the failure's
     :class:`FailureSignature` field where they are non-empty; a value may end in ``*`` to
     match a prefix, start with ``*`` to match a suffix, or both, to match what it
-    contains (``family="*kpool*"``: every variant with an index kpool). ``steer`` names
-    generation tags the suite avoids for this target (see
-    :data:`kvcheck.machines.STEER_TAGS`); ``pinned`` the tests that pin the minimal case.
+    contains (``family="*kpool*"``: every variant with an index kpool). ``steer`` says what
+    the suite's generators avoid for this target (:class:`kvcheck.steering.Steer` values,
+    their kinds in :data:`kvcheck.steering.STEER_KINDS`); ``pinned`` the tests that pin the
+    minimal case.
     """
 
     id: str
@@ -78,7 +81,7 @@ class Finding:
     call: str = ""
     kind: str = ""
     family: str = ""
-    steer: frozenset[str] = frozenset()
+    steer: frozenset[Steer] = frozenset()
     pinned: tuple[str, ...] = ()
 
     def matches(self, signature: FailureSignature) -> bool:
@@ -126,7 +129,9 @@ def finding_problems(findings: object) -> list[str]:
         []
         >>> finding_problems(["A"])
         ["findings[0]: 'A' is not a kvcheck.targets.findings.Finding"]
-    """
+        >>> finding_problems([Finding("A", "a", call="x", steer=frozenset({"noop:move"}))])
+        ["findings[0] (A): steer: 'noop:move' is not a kvcheck.steering.Steer (the tag 'noop:move' is Steer(what='move', where='noop'))"]
+    """  # noqa: E501
     if isinstance(findings, str | bytes) or not isinstance(findings, Sequence):
         return [f"findings: {findings!r} (expected a sequence of Finding)"]
     problems: list[str] = []
@@ -145,6 +150,11 @@ def finding_problems(findings: object) -> list[str]:
                 f"findings[{index}] ({finding.id}): names no check, call, kind or family, "
                 "so it would match every failure"
             )
+        try:
+            Steering(finding.steer)
+        except ValueError as exc:
+            why = str(exc).removeprefix("steering: ")
+            problems.append(f"findings[{index}] ({finding.id}): steer: {why}")
     return problems
 
 
@@ -161,17 +171,14 @@ def matching_finding(findings: Iterable[Finding], signature: FailureSignature) -
     return None
 
 
-def steered_tags(target: Any) -> frozenset[str]:
-    """Every generation tag the target's findings ask the suite to steer around.
+def steered_tags(target: Any) -> Steering:
+    """Everything the target's findings ask the suite's generators to steer around.
 
     Example:
         >>> steered_tags(object())
-        frozenset()
+        Steering()
     """
-    tags: set[str] = set()
-    for finding in declared_findings(target):
-        tags |= finding.steer
-    return frozenset(tags)
+    return Steering(steer for finding in declared_findings(target) for steer in finding.steer)
 
 
 def pinned_finding(target: Any, nodeid: str) -> Finding | None:

@@ -30,9 +30,10 @@ and, in its declaration (:class:`kvcheck.declaration.Declaration`), a host-tier 
 fewer layouts than its family's (``Builds(how, only=layouts)``) or not at all
 (``Refuses(why)``), and one optional datum:
 
-``host_storage_steer: Collection[str]``
-    tags (``host:<variant>:storage_pages``) for variants whose host pools have no flat
-    storage pages (``get_data_page``, ``get_page_buffer_meta``): those checks are left out.
+``host_storage_steer: Collection[Steer]``
+    ``Steer("host:storage_pages", variant)`` (:class:`kvcheck.steering.Steer`) for variants
+    whose host pools have no flat storage pages (``get_data_page``,
+    ``get_page_buffer_meta``): those checks are left out.
 
 The suite never hands a target an allocator kind or host layout its surface leaves out;
 such tests skip, saying why.

@@ -61,6 +61,7 @@ from kvcheck.specs import (
     WriteMLA,
     WritePrefixValid,
 )
+from kvcheck.steering import Steer
 from kvcheck.strategies.calls import BadCall
 from kvcheck.strategies.limits import fit_spec, pool_spec_limits_of
 from kvcheck.strategies.ops import value_bytes
@@ -794,7 +795,7 @@ def test_b3_dsa_index_host_layer_first_describes_its_pages(
         device=DSA_HOST_DEVICE, layout="layer_first", io_backend="direct", host_pages=1
     )
     parts = _host_parts(kvcheck_target, kvcheck_device, spec)
-    steer = {"host:dsa:indexer_bytes_held"}  # B1 shows first otherwise
+    steer = {Steer("host:indexer_bytes_held", "dsa")}  # B1 shows first otherwise
     assert_host_buffer_infos(parts, ReferenceHostPool(spec), spec=spec, steer=steer)
 
 

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from kvcheck.steering import Steer
 from kvcheck.targets.findings import Finding
 from kvcheck.targets.sglang.release import Releases
 from kvcheck.variants import variant_names
@@ -291,8 +292,8 @@ def _finding(finding_id: str, pinned: tuple[str, ...] = (), **signature: Any) ->
 
 
 #: Every finding the suite makes on some checked sglang release (:data:`RELEASES` says which),
-#: each matched by the failure it causes. The suite steers around them (``steer`` tags,
-#: :data:`kvcheck.machines.STEER_TAGS`, or by rejecting the example) and keeps checking the
+#: each matched by the failure it causes. The suite steers around them (``steer``,
+#: :class:`kvcheck.steering.Steer` values, or by rejecting the example) and keeps checking the
 #: rest; each is pinned by the tests named in ``pinned``, which must fail with exactly it.
 SGLANG_FINDINGS: tuple[Finding, ...] = (
     _finding(
@@ -300,14 +301,14 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         check="raises",
         call="load_cpu_copy",
         family="noop",
-        steer=frozenset({"noop:host_reload"}),
+        steer=frozenset({Steer.step("host_reload", "noop")}),
     ),
     _finding(
         "N3",
         check="raises",
         call="get_cpu_copy",
         family="noop",
-        steer=frozenset({"noop:host_copy"}),
+        steer=frozenset({Steer.step("host_copy", "noop")}),
     ),
     _finding(
         "L1",
@@ -316,7 +317,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         kind="AssertionError*",
         family="*:hnd",  # mha:hnd and mha:fp8_scaled:hnd
         steer=frozenset(
-            f"{variant}:{kind}"
+            Steer.step(kind, variant)
             for variant in ("mha:hnd", "mha:fp8_scaled:hnd")
             for kind in ("host_copy", "host_reload")
         ),
@@ -328,7 +329,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         kind="raises AssertionError",
         family="*:hnd",
         steer=frozenset(
-            {"mha:hnd:contiguous_buf_infos", "mha:fp8_scaled:hnd:contiguous_buf_infos"}
+            Steer("contiguous_buf_infos", variant) for variant in ("mha:hnd", "mha:fp8_scaled:hnd")
         ),
     ),
     _finding(
@@ -337,28 +338,28 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_contiguous_buf_infos",
         kind="raises*",
         family="noop",
-        steer=frozenset({"noop:contiguous_buf_infos"}),
+        steer=frozenset({Steer("contiguous_buf_infos", "noop")}),
     ),
     _finding(
         "N5",
         check="raises",
         call="set_kv_buffer_prefix_valid",
         family="noop",
-        steer=frozenset({"noop:write_prefix_valid"}),
+        steer=frozenset({Steer.step("write_prefix_valid", "noop")}),
     ),
     _finding(
         "W1",
         check="caller_tensors",
         call="set_kv_buffer",
         kind="data changed",
-        steer=frozenset({"cast_write:scales"}),
+        steer=frozenset({Steer("cast_write:scales")}),
     ),
     _finding(
         "M1",
         check="bytes",
         call="set_mla_kv_buffer",
         kind="kv_buffer differs at row 0",
-        steer=frozenset({"write_mla:slot0"}),
+        steer=frozenset({Steer("write_mla:slot0")}),
     ),
     _finding(
         "H1",
@@ -366,7 +367,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="load_cpu_copy",
         kind="index_k_with_scale_buffer differs*",
         family="dsa",
-        steer=frozenset({"dsa:host_copy:partial_pages"}),
+        steer=frozenset({Steer("host_copy:partial_pages", "dsa")}),
     ),
     _finding(
         "V2",
@@ -428,14 +429,16 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="move_kv_cache",
         kind="*instead of ValueError",
         family="*kpool*",
-        steer=frozenset(f"{variant}:move" for variant in variant_names() if "kpool" in variant),
+        steer=frozenset(
+            Steer.step("move", variant) for variant in variant_names() if "kpool" in variant
+        ),
     ),
     _finding(
         "T2",
         check="accounting",
         kind="compress tails unreported",
         family="*kpool*",
-        steer=frozenset({"dsa:accounting:compress_tails"}),
+        steer=frozenset({Steer("accounting:compress_tails", "dsa")}),
     ),
     _finding(
         "T3",
@@ -443,7 +446,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_cpu_copy",
         kind="copy shares memory with _compress_tail_*",
         family="*kpool*",
-        steer=frozenset({"dsa:host_copy:request"}),
+        steer=frozenset({Steer("host_copy:request", "dsa")}),
     ),
     _finding(
         "R1",
@@ -453,7 +456,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         family="*dcp",
         # set_kv_buffer is drawn on raw latent rows only (a scaled row refuses it anyway).
         steer=frozenset(
-            f"{variant}:{kind}"
+            Steer.step(kind, variant)
             for variant in variant_names()
             if variant.endswith(":dcp") and "scaled" not in variant
             for kind in ("write_kv", "cast_write_kv")
@@ -467,7 +470,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         family="*dcp",
         # DCP pools with a kpool refuse moves (T1 steers those).
         steer=frozenset(
-            f"{variant}:move"
+            Steer.step("move", variant)
             for variant in variant_names()
             if variant.endswith(":dcp") and "kpool" not in variant
         ),
@@ -478,7 +481,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="move_kv_cache",
         family="dsa*",
         steer=frozenset(
-            f"{variant}:move" for variant in variant_names() if variant.startswith("dsa")
+            Steer.step("move", variant) for variant in variant_names() if variant.startswith("dsa")
         ),
     ),
     _finding(
@@ -499,7 +502,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
             call="set_kv_buffer_prefix_valid",
             kind="NotImplementedError instead of no exception",
             family=f"mha:{variant}",
-            steer=frozenset({f"mha:{variant}:write_prefix_valid"}),
+            steer=frozenset({Steer.step("write_prefix_valid", f"mha:{variant}")}),
         )
         for variant in ("cpu_fp8", "fp4_mx_block16")
     ),
@@ -515,14 +518,14 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="alloc_decode",
         kind="refusal changed the allocator",
         family="allocator:swa",
-        steer=frozenset({"allocator:swa:one_side_refused"}),
+        steer=frozenset({Steer("allocator:one_side_refused", "swa")}),
     ),
     _finding(
         "S2",
         check="available_size",
         call="free",
         family="allocator:swa",
-        steer=frozenset({"allocator:swa:free_dead_window"}),
+        steer=frozenset({Steer("allocator:free_dead_window", "swa")}),
     ),
     _finding(
         "B1",
@@ -530,7 +533,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_size_per_token",
         kind="bytes held differ",
         family="host:dsa*",
-        steer=frozenset({"host:dsa:indexer_bytes_held"}),
+        steer=frozenset({Steer("host:indexer_bytes_held", "dsa")}),
     ),
     _finding(
         "B2",
@@ -539,7 +542,12 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_contiguous_buf_infos",
         kind="regions differ",
         family="host:mla:page_first*",
-        steer=frozenset({"host:page_major:few_pages", "host:latent:contiguous_buf_infos"}),
+        steer=frozenset(
+            {
+                Steer("host:few_pages", "page_major"),
+                Steer("host:contiguous_buf_infos", "latent"),
+            }
+        ),
     ),
     Finding(
         "B2.dsa",
@@ -549,7 +557,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_contiguous_buf_infos",
         kind="regions differ",
         family="host:dsa*",
-        steer=frozenset({"host:latent:contiguous_buf_infos"}),
+        steer=frozenset({Steer("host:contiguous_buf_infos", "latent")}),
     ),
     _finding(
         "B3",
@@ -557,21 +565,23 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="get_page_buffer_meta",
         kind="raises ValueError",
         family="host:dsa*",
-        steer=frozenset({"host:dsa:indexer_layer_first_page_meta"}),
+        steer=frozenset({Steer("host:indexer_layer_first_page_meta", "dsa")}),
     ),
     _finding(
         "Q2",
         check="bytes",
         kind="kv_scale_buffer differs*",
         family="mla:fp4",
-        steer=frozenset({"mla:fp4:move", "mla:fp4:host_copy", "mla:fp4:host_reload"}),
+        steer=frozenset(
+            Steer.step(kind, "mla:fp4") for kind in ("move", "host_copy", "host_reload")
+        ),
     ),
     _finding(
         "Q3",
         check="accounting",
         kind="scale buffers unreported",
         family="mla:fp4",
-        steer=frozenset({"mla:fp4:accounting:scales"}),
+        steer=frozenset({Steer("accounting:scales", "mla:fp4")}),
     ),
     _finding(
         "Q4",
@@ -579,7 +589,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         check="scale_buf_infos",
         call="get_kv_scale_buf_infos",
         family="mla:fp4",
-        steer=frozenset({"mla:fp4:scale_buf_infos"}),
+        steer=frozenset({Steer("scale_buf_infos", "mla:fp4")}),
     ),
     Finding(
         "Q4.mha",
@@ -588,7 +598,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         check="scale_buf_infos",
         call="get_kv_scale_buf_infos",
         family="mha:fp4_mx_block16",
-        steer=frozenset({"mha:fp4_mx_block16:scale_buf_infos"}),
+        steer=frozenset({Steer("scale_buf_infos", "mha:fp4_mx_block16")}),
     ),
     # One entry per variant: a V shape that differs on another MHA variant is another bug.
     # The exact kind is a shape difference (a byte difference adds " at row N").
@@ -598,7 +608,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         check="bytes",
         kind="v_buffer differs",
         family="mha:cpu_fp8",
-        steer=frozenset({"mha:cpu_fp8:v_head_dim"}),
+        steer=frozenset({Steer("v_head_dim", "mha:cpu_fp8")}),
     ),
     Finding(
         "Q5.fp4",
@@ -607,21 +617,23 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         check="bytes",
         kind="v_buffer differs",
         family="mha:fp4_mx_block16",
-        steer=frozenset({"mha:fp4_mx_block16:v_head_dim"}),
+        steer=frozenset({Steer("v_head_dim", "mha:fp4_mx_block16")}),
     ),
     _finding(
         "Q6",
         check="bytes",
         kind="*_scale_buffer differs*",
         family="mha:fp4_mx_block16",
-        steer=frozenset({"mha:fp4_mx_block16:host_copy", "mha:fp4_mx_block16:host_reload"}),
+        steer=frozenset(
+            Steer.step(kind, "mha:fp4_mx_block16") for kind in ("host_copy", "host_reload")
+        ),
     ),
     _finding(
         "Q11",
         check="read_api",
         call="get_value_buffer",
         family="mla:fp4",
-        steer=frozenset({"mla:fp4:read:get_value_buffer"}),
+        steer=frozenset({Steer("read:get_value_buffer", "mla:fp4")}),
     ),
     # MHATokenToKVPoolMXFP8 (both layouts, built on CPU through mxfp8_kernels).
     _finding(
@@ -630,7 +642,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         # Row 0 of a payload buffer is slot 0; of an interleaved scale buffer, page 0.
         kind="*_buffer differs at row 0",
         family="mha:mxfp8*",
-        steer=frozenset({"mha:mxfp8:slot0", "mha:mxfp8:flat:slot0"}),
+        steer=frozenset({Steer("slot0", "mha:mxfp8"), Steer("slot0", "mha:mxfp8:flat")}),
     ),
     _finding(
         "Q14",
@@ -638,21 +650,21 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="set_kv_buffer",
         kind="AssertionError*",
         family="mha:mxfp8:flat",
-        steer=frozenset({"mha:mxfp8:flat:write_kv"}),
+        steer=frozenset({Steer.step("write_kv", "mha:mxfp8:flat")}),
     ),
     _finding(
         "Q15",
         check="raises",
         kind="NotImplementedError*",
         family="mha:mxfp8:flat",
-        steer=frozenset({"mha:mxfp8:flat:move", "mha:mxfp8:flat:host_reload"}),
+        steer=frozenset(Steer.step(kind, "mha:mxfp8:flat") for kind in ("move", "host_reload")),
     ),
     _finding(
         "Q12",
         check="raises",
         kind="TypeError instead of no exception",
         family="mla:fp4",
-        steer=frozenset({"mla:fp4:layer_id_override"}),
+        steer=frozenset({Steer("layer_id_override", "mla:fp4")}),
     ),
     _finding(
         "I",

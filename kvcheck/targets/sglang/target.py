@@ -47,6 +47,7 @@ import torch
 from kvcheck.declaration import Declaration
 from kvcheck.geometry import latent_row_bytes, latent_width
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.steering import Steer, Steering
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.targets.sglang import adapt, env, mxfp8_kernels, release
@@ -68,7 +69,7 @@ SURFACE = DECLARATION.surface(BOUND)
 #: NotImplementedError from get_data_page, set_from_flat_data_page,
 #: get_dummy_flat_data_page and get_page_buffer_meta ("does not expose flat storage (L3)
 #: pages yet: a page's UE8M0 scales live outside kv_buffer"); those checks are left out.
-HOST_STORAGE_STEER: tuple[str, ...] = ("host:mha:mxfp8:storage_pages",)
+HOST_STORAGE_STEER = Steering({Steer("host:storage_pages", "mha:mxfp8")})
 
 #: Every stand-in, environment setting, guard and translation the target puts in place of
 #: what a launched sglang server on a GPU provides, by the name under which the "CPU
@@ -219,7 +220,7 @@ class SGLangTarget:
         return SURFACE if facts is None else facts.surface(SURFACE)
 
     #: Host tiers without flat storage pages (:data:`HOST_STORAGE_STEER`).
-    host_storage_steer: tuple[str, ...] = HOST_STORAGE_STEER
+    host_storage_steer: Steering = HOST_STORAGE_STEER
 
     @property
     def declaration(self) -> Declaration:
