@@ -13,11 +13,19 @@ from collections.abc import Mapping
 
 from kvcheck.declaration import Builds, Declaration, Key, Refuses, Row
 from kvcheck.specs import NVFP4_LAYOUTS
+from kvcheck.steering import Steer, Steering
 from kvcheck.surface import Surface
 from kvcheck.targets.sglang.reach import UNREACHED_ROWS
 from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS
 
-__all__ = ["BOUND", "DECLARATION", "FP4_UNSIZED", "MHA_ON_META", "declaration_for"]
+__all__ = [
+    "BOUND",
+    "DECLARATION",
+    "FP4_UNSIZED",
+    "HOST_STORAGE_STEER",
+    "MHA_ON_META",
+    "declaration_for",
+]
 
 MHA_ON_META = (
     "sglang {release}'s {cls} calls torch.get_device_module(device) in its constructor, "
@@ -256,6 +264,12 @@ _ROWS: tuple[Row, ...] = (
         ),
     ),
 )
+
+#: Host tiers without flat storage (L3) pages: ``MHATokenToKVPoolMXFP8Host`` raises
+#: NotImplementedError from get_data_page, set_from_flat_data_page,
+#: get_dummy_flat_data_page and get_page_buffer_meta ("does not expose flat storage (L3)
+#: pages yet: a page's UE8M0 scales live outside kv_buffer"); those checks are left out.
+HOST_STORAGE_STEER = Steering({Steer("host:storage_pages", "mha:mxfp8")})
 
 #: The sglang target's declaration (its findings are added by the target, per release):
 #: the rows above, and the upstream code ranges the suite cannot reach

@@ -47,11 +47,16 @@ import torch
 from kvcheck.declaration import Declaration
 from kvcheck.geometry import latent_row_bytes, latent_width
 from kvcheck.specs import POOL_FAMILIES, PoolSpec
-from kvcheck.steering import Steer, Steering
+from kvcheck.steering import Steering
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.targets.sglang import adapt, env, mxfp8_kernels, release
-from kvcheck.targets.sglang.declaration import BOUND, DECLARATION, declaration_for
+from kvcheck.targets.sglang.declaration import (
+    BOUND,
+    DECLARATION,
+    HOST_STORAGE_STEER,
+    declaration_for,
+)
 from kvcheck.targets.sglang.findings import expected_failures_for, findings_for
 from kvcheck.targets.sglang.quant_methods import built_kwargs, quant_method_call
 from kvcheck.targets.sglang.release import INSTALL_HINT, ReleaseFacts
@@ -64,12 +69,6 @@ _MEMORY_POOL = "sglang.srt.mem_cache.memory_pool"
 #: Once prepared, the target narrows it to what the installed release builds
 #: (:meth:`.release.ReleaseFacts.surface`: its asserts, parameters and layouts).
 SURFACE = DECLARATION.surface(BOUND)
-
-#: Host tiers without flat storage (L3) pages: ``MHATokenToKVPoolMXFP8Host`` raises
-#: NotImplementedError from get_data_page, set_from_flat_data_page,
-#: get_dummy_flat_data_page and get_page_buffer_meta ("does not expose flat storage (L3)
-#: pages yet: a page's UE8M0 scales live outside kv_buffer"); those checks are left out.
-HOST_STORAGE_STEER = Steering({Steer("host:storage_pages", "mha:mxfp8")})
 
 #: Every stand-in, environment setting, guard and translation the target puts in place of
 #: what a launched sglang server on a GPU provides, by the name under which the "CPU
