@@ -87,7 +87,7 @@ def test_a_finding_with_string_tags_is_a_declaration_problem() -> None:
 
 
 def test_the_sglang_findings_declare_typed_steers() -> None:
-    assert finding_problems(list(SGLANG_FINDINGS)) == []
+    assert finding_problems([f for f in SGLANG_FINDINGS if f.signed]) == []
     assert all(isinstance(steer, Steer) for f in SGLANG_FINDINGS for steer in f.steer)
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +72,10 @@ class Finding:
     contains (``family="*kpool*"``: every variant with an index kpool). ``steer`` says what
     the suite's generators avoid for this target (:class:`kvcheck.steering.Steer` values,
     their kinds in :data:`kvcheck.steering.STEER_KINDS`); ``pinned`` the tests that pin the
-    minimal case.
+    minimal case. ``severity`` classes it (sglang's: serving bug, latent bug, precondition,
+    contract difference) and ``releases`` says where it holds (anything that answers
+    ``release in releases``; None: every release). A finding with no signature (no check,
+    call, kind or family) is documentation only: it matches no failure.
     """
 
     id: str
@@ -83,6 +86,13 @@ class Finding:
     family: str = ""
     steer: frozenset[Steer] = frozenset()
     pinned: tuple[str, ...] = ()
+    severity: str = ""
+    releases: Container[str] | None = None
+
+    @property
+    def signed(self) -> bool:
+        """Whether the finding names the failure it causes (a check, call, kind or family)."""
+        return any(getattr(self, name) for name in SIGNATURE_FIELDS)
 
     def matches(self, signature: FailureSignature) -> bool:
         """Whether a failure with ``signature`` is this finding's.
@@ -95,6 +105,8 @@ class Finding:
             >>> kpool.matches(FailureSignature(family="dsa:kpool:dcp"))
             True
         """
+        if not self.signed:
+            return False
         for name in SIGNATURE_FIELDS:
             wanted = getattr(self, name)
             got = getattr(signature, name)
@@ -148,7 +160,7 @@ def finding_problems(findings: object) -> list[str]:
         if not any(getattr(finding, name) for name in SIGNATURE_FIELDS):
             problems.append(
                 f"findings[{index}] ({finding.id}): names no check, call, kind or family, "
-                "so it would match every failure"
+                "so it matches no failure"
             )
         try:
             Steering(finding.steer)

@@ -227,7 +227,8 @@ class SGLangTarget:
         once prepared, what the release lacks laid over it: no MXFP8 host tier without the
         MXFP8 host pool or the JIT kernels it transfers with."""
         facts = _prepared()
-        return declaration_for(self.findings, {} if facts is None else facts.loaded.missing)
+        findings = findings_for(self._declared_release, documented=True)
+        return declaration_for(findings, {} if facts is None else facts.loaded.missing)
 
     @property
     def unsupported(self) -> Mapping[str, str]:
