@@ -51,10 +51,10 @@ from kvcheck.properties.allocators import (
 from kvcheck.properties.assertions import failure
 from kvcheck.reference.allocators import ReferenceAllocator, Request
 from kvcheck.steering import Steering
-from kvcheck.strategies.tiers import allocator_specs
+from kvcheck.strategies.tier_specs import allocator_specs
 from kvcheck.targets import supports
 from kvcheck.targets.findings import steered_tags
-from kvcheck.targets.tiers import allocator_skip_reason, build_allocator
+from kvcheck.targets.tier_support import allocator_skip_reason, build_allocator
 from kvcheck.tiers import ALLOCATOR_KINDS, AllocatorSpec
 
 __all__ = ["AllocatorMachine", "allocator_machine"]

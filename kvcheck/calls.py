@@ -13,7 +13,7 @@ payloads as fp8 views of the bytes), and each operation the call SGLang makes:
 ``set_kv_buffer``, ``set_mla_kv_buffer``, ``set_kv_buffer_prefix_valid``,
 ``target.write_index_k``, ``set_compress_tail_for_request``, ``move_kv_cache``,
 ``get_cpu_copy`` and ``load_cpu_copy``. Strategies draw calls from here and the
-properties (:mod:`kvcheck.properties.ops`) apply them.
+properties (:mod:`kvcheck.properties.apply`) apply them.
 
 Example:
     >>> from kvcheck.specs import Move, PoolSpec

@@ -18,7 +18,7 @@ its :class:`~kvcheck.targets.findings.Finding` values, beside the rows.
 Everything that needs to know why something is not built reads the declaration: the
 surface a target draws in (:meth:`Declaration.surface`), the skip reasons
 (:func:`kvcheck.strategies.limits.unbuilt_variant_reason`,
-:mod:`kvcheck.targets.tiers`), the capabilities a target leaves out
+:mod:`kvcheck.targets.tier_support`), the capabilities a target leaves out
 (:meth:`Declaration.unsupported`). A target without a ``declaration`` member gets one
 from its surface (:func:`declaration_of`).
 

@@ -68,9 +68,9 @@ from kvcheck.properties.allocators import (
     assert_answer,
     assert_refusal,
 )
+from kvcheck.properties.apply import apply_op_like_reference
 from kvcheck.properties.assertions import failure
 from kvcheck.properties.host_pools import assert_host_bytes, assert_host_slots, host_family
-from kvcheck.properties.ops import apply_op_like_reference
 from kvcheck.properties.pool_state import (
     assert_pool_matches_reference,
     assert_read_api_matches_reference,
@@ -81,10 +81,10 @@ from kvcheck.reference.host_pools import ReferenceHostPool
 from kvcheck.specs import HostCopy, HostReload, Move, Op, PoolSpec
 from kvcheck.steering import Steering
 from kvcheck.strategies import ops as draws
-from kvcheck.strategies.tiers import host_pool_specs
+from kvcheck.strategies.tier_specs import host_pool_specs
 from kvcheck.targets import supports
 from kvcheck.targets.findings import steered_tags
-from kvcheck.targets.tiers import (
+from kvcheck.targets.tier_support import (
     allocator_skip_reason,
     build_allocator,
     build_host_pool,

@@ -49,8 +49,8 @@ from kvcheck.properties.accounting import (
     assert_contiguous_buf_infos,
     assert_scale_buf_infos,
 )
+from kvcheck.properties.apply import apply_op_like_reference
 from kvcheck.properties.assertions import failure
-from kvcheck.properties.ops import apply_op_like_reference
 from kvcheck.properties.pool_state import (
     assert_compress_tails_match_reference,
     assert_layer_range,

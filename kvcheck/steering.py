@@ -163,7 +163,7 @@ STEER_KINDS: Mapping[str, SteerKind] = MappingProxyType(
             "sliding-window allocator's such requests are always freed so: there ``free`` of "
             "the row is a double free, bad input)",
         ),
-        # -- the host tier (kvcheck.strategies.tiers, kvcheck.properties.host_pools)
+        # -- the host tier (kvcheck.strategies.tier_specs, kvcheck.properties.host_pools)
         "host:few_pages": SteerKind(
             ("page_major",),
             "host layouts whose first dimension is the page",

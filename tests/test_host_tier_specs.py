@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcheck.declaration import Builds, Declaration, Key, Refuses, Row, declaration_of
-from kvcheck.strategies.tiers import host_pool_specs
+from kvcheck.strategies.tier_specs import host_pool_specs
 from kvcheck.targets import resolve_target
 from kvcheck.targets.builtin import KVCheckTarget
 

@@ -85,13 +85,13 @@ from kvcheck.properties.accounting import (
     assert_mem_usage,
     assert_state_buf_infos,
 )
+from kvcheck.properties.apply import apply_op, apply_op_like_reference
 from kvcheck.properties.inputs import assert_rejected_call_changes_nothing, check_sequence_inputs
 from kvcheck.properties.noop import (
     assert_noop_holds_only_placeholders,
     assert_noop_move_changes_nothing,
     assert_noop_write_raises,
 )
-from kvcheck.properties.ops import apply_op, apply_op_like_reference
 from kvcheck.properties.pool_state import (
     assert_compress_tails_match_reference,
     assert_pool_matches_reference,

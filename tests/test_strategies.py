@@ -27,7 +27,7 @@ from kvcheck.specs import (
     WriteIndexK,
     WriteKV,
 )
-from kvcheck.strategies import attention, calls, ops, pools, sequences, serving
+from kvcheck.strategies import attention, malformed_calls, ops, pools, sequences, serving
 
 FAST = settings(max_examples=25, database=None, deadline=None)
 #: find() searches longer, stops at the first hit and skips shrinking (speed); no database so
@@ -54,7 +54,7 @@ WHAT: dict[str, Any] = {
     "query_lengths": (3, 1),
 }
 #: The modules of the package that hold strategies.
-MODULES = (pools, sequences, serving, calls, attention)
+MODULES = (pools, sequences, serving, malformed_calls, attention)
 
 
 def build(name: str, **kwargs: Any) -> st.SearchStrategy[Any]:

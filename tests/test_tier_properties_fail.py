@@ -50,7 +50,7 @@ from kvcheck.properties.host_pools import (
     check_host_round_trip,
     check_host_storage_and_teardown,
 )
-from kvcheck.strategies.tiers import allocator_specs, host_pool_specs
+from kvcheck.strategies.tier_specs import allocator_specs, host_pool_specs
 
 TWIN = settings(
     max_examples=300,

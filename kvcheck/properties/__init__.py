@@ -8,7 +8,7 @@ tests with kvcheck's strategies.
 
 Pool side:
 
-- :mod:`~kvcheck.properties.ops`: operations applied through a target, checked against the
+- :mod:`~kvcheck.properties.apply`: operations applied through a target, checked against the
   reference (the calls themselves are :mod:`kvcheck.calls`);
 - :mod:`~kvcheck.properties.pool_state`: a pool's bytes against the reference model, raw
   and through the read API, and its layer range;
@@ -49,6 +49,7 @@ from kvcheck.properties.accounting import (
     assert_state_buf_infos,
     reported_total_bytes,
 )
+from kvcheck.properties.apply import apply_op, apply_op_like_reference
 from kvcheck.properties.inputs import (
     assert_rejected_call_changes_nothing,
     assert_tensors_unchanged,
@@ -60,7 +61,6 @@ from kvcheck.properties.noop import (
     assert_noop_move_changes_nothing,
     assert_noop_write_raises,
 )
-from kvcheck.properties.ops import apply_op, apply_op_like_reference
 from kvcheck.properties.pool_state import (
     assert_layer_range,
     assert_pool_matches_reference,

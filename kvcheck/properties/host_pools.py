@@ -1,7 +1,7 @@
 """Properties of a host tier, judged against
 :class:`kvcheck.reference.host_pools.ReferenceHostPool`.
 
-``parts`` is what a target's ``make_host_pool`` returns (:mod:`kvcheck.targets.tiers`):
+``parts`` is what a target's ``make_host_pool`` returns (:mod:`kvcheck.targets.tier_support`):
 the host pool of the device pool's main rows, then any host pool of its other buffers.
 
 - every host buffer holds exactly the bytes the reference places there for the layout
@@ -24,7 +24,7 @@ Example:
     >>> from kvcheck.specs import PoolSpec
     >>> from kvcheck.tiers import HostPoolSpec
     >>> from kvcheck.targets import resolve_target
-    >>> from kvcheck.targets.tiers import build_host_pool
+    >>> from kvcheck.targets.tier_support import build_host_pool
     >>> from kvcheck.reference.host_pools import ReferenceHostPool
     >>> device = PoolSpec(family="mha", size=4, page_size=2, layer_num=2, dtype="float16")
     >>> spec = HostPoolSpec(device=device, layout="page_head", io_backend="kernel", host_pages=2)
@@ -341,12 +341,12 @@ def check_host_round_trip(
     """
     from hypothesis import strategies as st
 
-    from kvcheck.properties.ops import apply_op_like_reference
+    from kvcheck.properties.apply import apply_op_like_reference
     from kvcheck.properties.pool_state import assert_pool_matches_reference
     from kvcheck.reference import ReferencePool
     from kvcheck.specs import HostCopy, HostReload, WriteMLA
     from kvcheck.strategies import op_sequences
-    from kvcheck.targets.tiers import build_host_pool
+    from kvcheck.targets.tier_support import build_host_pool
 
     steering = Steering(steer) | (getattr(target, "host_storage_steer", None) or ())
     pool = target.make_pool(spec.device, device=device)
@@ -713,12 +713,12 @@ def check_host_storage_and_teardown(
     (:func:`check_host_slot_reuse`) and teardown (:func:`check_host_destroy`)."""
     from hypothesis import strategies as st
 
-    from kvcheck.properties.ops import apply_op_like_reference
+    from kvcheck.properties.apply import apply_op_like_reference
     from kvcheck.properties.pool_state import assert_pool_matches_reference
     from kvcheck.reference import ReferencePool
     from kvcheck.specs import HostCopy, HostReload, WriteMLA
     from kvcheck.strategies import op_sequences
-    from kvcheck.targets.tiers import build_host_pool
+    from kvcheck.targets.tier_support import build_host_pool
 
     steering = Steering(steer)
     pool = target.make_pool(spec.device, device=device)

@@ -41,7 +41,7 @@ from kvcheck.reference import ReferencePool
 from kvcheck.specs import HostCopy, OpSequence
 
 if TYPE_CHECKING:  # kvcheck.strategies draws the calls and imports this package
-    from kvcheck.strategies.calls import BadCall
+    from kvcheck.strategies.malformed_calls import BadCall
 
 __all__ = [
     "TensorSnapshot",
@@ -159,7 +159,7 @@ def assert_rejected_call_changes_nothing(target: Any, pool: Any, bad: BadCall) -
     Example:
         >>> import torch
         >>> from kvcheck.specs import PoolSpec
-        >>> from kvcheck.strategies.calls import BadCall
+        >>> from kvcheck.strategies.malformed_calls import BadCall
         >>> from kvcheck.targets import resolve_target
         >>> spec = PoolSpec(family="mha", size=2, page_size=1, layer_num=1, dtype="float32")
         >>> target = resolve_target("kvcheck")

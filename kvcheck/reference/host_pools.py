@@ -2,7 +2,7 @@
 layout puts them, by loops and its own offset formulas (no code shared with the host pools).
 
 :class:`ReferenceHostPool` mirrors :class:`kvcheck.tiers.HostPoolSpec`'s host tier as the
-parts a target builds (:func:`kvcheck.targets.tiers.build_host_pool`): part 0 keeps the
+parts a target builds (:func:`kvcheck.targets.tier_support.build_host_pool`): part 0 keeps the
 device pool's main rows (MHA: K and V, in one ``kv_buffer`` or, for a V head dim of its own,
 ``k_buffer`` and ``v_buffer``; MLA and DSA: the latent ``kv_buffer``) and a quantized pool's
 scale buffers (``k_scale_buffer`` as ``k_scale_host``, ...: a row per token slot, its bytes

@@ -15,7 +15,8 @@ One module per idea:
 - :mod:`~kvcheck.strategies.ops`: single pool operations, the one operation generator
   (the state machines draw from it too); :mod:`~kvcheck.strategies.sequences` composes
   them into :func:`op_sequences`;
-- :mod:`~kvcheck.strategies.calls`: pool calls as tensors (malformed calls, no-op pool calls);
+- :mod:`~kvcheck.strategies.malformed_calls`: pool calls as tensors (malformed calls,
+  no-op pool calls);
 - :mod:`~kvcheck.strategies.serving`: model configs and ``ServerArgs`` flag sets;
 - :mod:`~kvcheck.strategies.attention`: varlen attention batches and page layouts.
 
@@ -31,7 +32,7 @@ Example:
 from __future__ import annotations
 
 from kvcheck.strategies.attention import page_layouts, query_lengths, varlen_batches
-from kvcheck.strategies.calls import bad_calls, noop_move_arguments, noop_write_calls
+from kvcheck.strategies.malformed_calls import bad_calls, noop_move_arguments, noop_write_calls
 from kvcheck.strategies.pools import dtypes, layer_masks, page_sizes, pool_specs, token_locations
 from kvcheck.strategies.sequences import op_sequences
 from kvcheck.strategies.serving import model_configs, server_flags

@@ -3,7 +3,7 @@
 Every operation kvcheck draws comes from here: :func:`kvcheck.strategies.op_sequences`
 composes these strategies into whole sequences, the differential state machines
 (:mod:`kvcheck.machines`) draw one per step, and the input properties
-(:mod:`kvcheck.strategies.calls`) start their malformed calls from them. Each builds
+(:mod:`kvcheck.strategies.malformed_calls`) start their malformed calls from them. Each builds
 :mod:`kvcheck.specs` operations whose payload bytes encode finite values of the dtype
 they are written in.
 

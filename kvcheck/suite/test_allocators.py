@@ -17,7 +17,7 @@ import pytest
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck.allocator_machine import allocator_machine
-from kvcheck.targets.tiers import allocator_skip_reason
+from kvcheck.targets.tier_support import allocator_skip_reason
 from kvcheck.tiers import ALLOCATOR_KINDS
 
 

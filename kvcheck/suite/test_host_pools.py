@@ -38,10 +38,10 @@ from kvcheck.properties.host_pools import (
     check_host_storage_and_teardown,
 )
 from kvcheck.strategies.limits import unbuilt_variant_reason
-from kvcheck.strategies.tiers import host_pool_specs
+from kvcheck.strategies.tier_specs import host_pool_specs
 from kvcheck.targets import supports
 from kvcheck.targets.findings import steered_tags
-from kvcheck.targets.tiers import host_pool_skip_reason, host_variant_skip_reason
+from kvcheck.targets.tier_support import host_pool_skip_reason, host_variant_skip_reason
 from kvcheck.tiers import HOST_FAMILIES
 from kvcheck.variants import VARIANTS, Variant
 

@@ -18,8 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvcheck.machines import supported_op_kinds
+from kvcheck.properties.apply import apply_op
 from kvcheck.properties.inputs import assert_rejected_call_changes_nothing, check_sequence_inputs
-from kvcheck.properties.ops import apply_op
 from kvcheck.strategies import bad_calls, op_sequences, pool_specs
 
 _CAPABILITIES = ("move", "host_copy", "input_validation")

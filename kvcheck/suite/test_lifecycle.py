@@ -20,7 +20,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvcheck.lifecycle import lifecycle_machine, lifecycle_specs
 from kvcheck.specs import MHA_KV_QUANTS, MLA_KV_QUANTS
 from kvcheck.strategies.limits import pool_spec_limits_of
-from kvcheck.targets.tiers import (
+from kvcheck.targets.tier_support import (
     allocator_skip_reason,
     host_pool_skip_reason,
     host_variant_skip_reason,

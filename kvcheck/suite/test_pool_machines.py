@@ -24,7 +24,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvcheck.calls import describe_op, op_method
 from kvcheck.geometry import row_bytes
 from kvcheck.machines import pool_machine, variant_machine_specs
-from kvcheck.properties.ops import apply_op_like_reference
+from kvcheck.properties.apply import apply_op_like_reference
 from kvcheck.properties.pool_state import assert_pool_matches_reference
 from kvcheck.reference import ReferencePool
 from kvcheck.specs import Move, Op, PoolSpec, WriteKV

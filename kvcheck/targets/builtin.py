@@ -166,7 +166,7 @@ class KVCheckTarget:
             build=tuple(arguments.call_source("pool").splitlines()),
         )
 
-    # --- allocators and host pools (kvcheck.targets.tiers) -------------------------------
+    # --- allocators and host pools (kvcheck.targets.tier_support) -------------------------------
 
     def make_allocator(self, spec: AllocatorSpec, *, device: str, kvcache: Any = None) -> Any:
         """kvcheck's allocator of ``spec.kind`` (:mod:`kvcheck.allocators`)."""

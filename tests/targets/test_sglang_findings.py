@@ -31,10 +31,10 @@ from kvcheck.properties.accounting import (
     assert_scale_buf_infos,
 )
 from kvcheck.properties.allocators import allocator_sizes, assert_allocator_state, assert_refusal
+from kvcheck.properties.apply import apply_op_like_reference
 from kvcheck.properties.host_pools import assert_host_buffer_infos
 from kvcheck.properties.inputs import assert_rejected_call_changes_nothing
 from kvcheck.properties.noop import assert_noop_write_raises
-from kvcheck.properties.ops import apply_op_like_reference
 from kvcheck.properties.pool_state import (
     assert_compress_tails_match_reference,
     assert_pool_matches_reference,
@@ -62,11 +62,11 @@ from kvcheck.specs import (
     WritePrefixValid,
 )
 from kvcheck.steering import Steer
-from kvcheck.strategies.calls import BadCall
 from kvcheck.strategies.limits import fit_spec, pool_spec_limits_of
+from kvcheck.strategies.malformed_calls import BadCall
 from kvcheck.strategies.ops import value_bytes
 from kvcheck.surface import surface_of
-from kvcheck.targets.tiers import (
+from kvcheck.targets.tier_support import (
     allocator_skip_reason,
     build_allocator,
     build_host_pool,

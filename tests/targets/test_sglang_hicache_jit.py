@@ -75,7 +75,7 @@ def test_the_stand_in_undoes_itself() -> None:
         pytest.skip(target.unavailable)
     target.prepare()  # imports sglang under the target's stand-ins, once per process
     from kvcheck.targets.sglang.target import _facts
-    from kvcheck.targets.tiers import host_pool_skip_reason
+    from kvcheck.targets.tier_support import host_pool_skip_reason
 
     # A release without host pools (or without the MXFP8 host tier) never installs the
     # stand-in, and its modules may lack what it patches.

@@ -351,7 +351,7 @@ class SGLangTarget:
             index_k_scale = index_k_scale.contiguous().view(torch.float32)
         pool.set_index_k_scale_buffer(layer_id, loc, index_k, index_k_scale)
 
-    # --- allocators and host pools (kvcheck.targets.tiers) ---------------------------------
+    # --- allocators and host pools (kvcheck.targets.tier_support) ---------------------------------
 
     def make_allocator(self, spec: AllocatorSpec, *, device: str, kvcache: Any = None) -> Any:
         """sglang's allocator of ``spec.kind`` (:mod:`kvcheck.targets.sglang.allocators`)."""

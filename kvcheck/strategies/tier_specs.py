@@ -110,7 +110,7 @@ def host_pool_specs(
     device pools take (:func:`kvcheck.strategies.pool_specs`'s; default unquantized only:
     each quantized variant has a run of its own), whose scale buffers the host tier keeps
     too; a variant whose host tier the target builds in fewer layouts
-    (:func:`kvcheck.targets.tiers.host_variant_layouts`) is drawn in those only, and not at
+    (:func:`kvcheck.targets.tier_support.host_variant_layouts`) is drawn in those only, and not at
     all where it builds none. ``steer``: what the target's findings ask to avoid
     (:class:`kvcheck.steering.Steer` values: a device pool's ``v_head_dim``, the host tier's
     ``host:few_pages``).
