@@ -85,7 +85,7 @@ def run_once(pool: str, keep: Path | None, index: int, kvcheck: str = "") -> dic
         process = subprocess.Popen(
             command,
             cwd=project,
-            env=_env(tmp),
+            env=_env(tmp, kvcheck),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
