@@ -1,4 +1,5 @@
-"""The benchmark scripts' own logic: twin registry, example sizes, the summary table.
+"""The benchmark scripts' own logic: twin registry, example sizes, the summary table, the
+held-out user pools of scripts/time_to_first_report.
 
 Light by design: nothing here runs the suite or times anything.
 """
@@ -126,3 +127,26 @@ def test_campaign_bench_table_gives_each_worker_count_its_speed_up() -> None:
     lines = bench.table(rows)
     assert lines[0].split()[:3] == ["workers", "exit", "shards"]
     assert [line.split()[5:7] for line in lines[1:]] == [["40.0", "1.00"], ["80.0", "2.00"]]
+
+
+def test_the_held_out_user_pools_each_break_one_thing() -> None:
+    """scripts/time_to_first_report's user pools: one leaves V behind on a move, the other
+    drops a write to the last of several layers; each target builds kvcheck's other pools."""
+    import torch
+
+    from kvcheck.specs import PoolSpec
+
+    pools = load_script("time_to_first_report/user_pools")
+    spec = PoolSpec(family="mha", size=8, page_size=4, layer_num=2, dtype="float32", head_num=1)
+    kv = torch.ones(1, 1, spec.head_dim)
+    moving = pools.k_only_move.make_pool(spec, device="cpu")
+    moving.set_kv_buffer(None, torch.tensor([1]), kv, kv, layer_id_override=0)
+    moving.move_kv_cache(torch.tensor([3]), torch.tensor([1]))
+    assert moving.k_buffer[0][3].sum() == spec.head_dim and moving.v_buffer[0][3].sum() == 0
+    writing = pools.last_layer_write.make_pool(spec, device="cpu")
+    for layer_id in (0, 1):
+        writing.set_kv_buffer(None, torch.tensor([1]), kv, kv, layer_id_override=layer_id)
+    assert writing.k_buffer[0][1].sum() == spec.head_dim and writing.k_buffer[1][1].sum() == 0
+    mla = PoolSpec(family="mla", size=8, page_size=4, layer_num=1, dtype="float32")
+    for target in (pools.k_only_move, pools.last_layer_write):
+        assert type(target.make_pool(mla, device="cpu")).__name__ == "MLATokenToKVPool"

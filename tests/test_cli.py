@@ -474,6 +474,27 @@ def test_several_failures_show_the_smallest_in_full_and_the_others_in_a_line() -
     assert len(text.splitlines()) < len(verbose.splitlines()) - 40
 
 
+def test_a_failure_printed_during_the_run_is_one_line_in_the_summary() -> None:
+    """A failure the command printed in full while the run went on is not printed in full
+    again: the summary gives it one line saying when it was printed, and prints no other
+    in full in its place; failures not printed yet are summarized as before."""
+    results = {"tests": [_failing_test("test_small", 3), _failing_test("test_mid", 12)]}
+    printed = {"s/test_m.py::test_small": 31.4}
+    text = render_verify(results, exit_code=1, printed=printed)
+    assert "the smallest in full (printed above at 31 s), the other 1 in a line each" in text
+    assert "state.step_" not in text  # neither example in full
+    assert "[test_small] (example: 3 lines; full report: printed above at 31 s)" in text
+    assert "[test_mid] (example: 12 lines; full report: results.json)" in text
+    only = render_verify({"tests": results["tests"][:1]}, exit_code=1, printed=printed)
+    assert "state.step_" not in only and "full report: printed above at 31 s" in only
+    verbose = render_verify(results, exit_code=1, verbosity=1, printed=printed)
+    assert verbose.count("state.step_") == 11  # test_mid's only
+    assert "each with its reproduction (a line for each printed above)" in verbose
+    later = render_verify(results, exit_code=1, printed={"s/test_m.py::test_mid": 50.0})
+    assert later.count("state.step_") == 2  # the smallest, which was not printed yet
+    assert "[test_mid] (example: 12 lines; full report: printed above at 50 s)" in later
+
+
 def test_the_summary_time_is_the_command_wall_time() -> None:
     """render_verify shows wall_s (the kvcheck command's time, start-up included) when
     given, pytest's session time otherwise."""
@@ -544,6 +565,37 @@ def test_verify_reports_failure_with_reproduction(
     passing = [t for t in summary["tests"] if t["nodeid"].endswith("test_clamp_never_grows")]
     assert passing[0]["statistics"]["examples"] == 100  # kvcheck-dev's max_examples
     assert "kvcheck_statistics" in Path("junit.xml").read_text()
+
+
+@pytest.mark.parametrize("workers", [None, "2"], ids=["one-process", "xdist"])
+def test_verify_reports_a_failure_while_the_run_goes_on(
+    project: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    workers: str | None,
+) -> None:
+    """The failure is printed in full as soon as its test has finished, before the tests
+    after it (one process) and before the summary, which refers to it in
+    one line; under xdist the controller reports it when the worker's report arrives."""
+    _workdir(tmp_path, "run", monkeypatch)
+    monkeypatch.setenv("KVCHECK_DB", str(tmp_path / "db"))
+    argv = ["verify", "--suite", str(project), "--target", "fake_target:FakeTarget"]
+    argv += ["--device", "cpu", *(["-n", workers] if workers else []), "--", "-p", "no:randomly"]
+    assert main(argv) == 1
+    out = capfd.readouterr().out
+    early = out.index("kvcheck verify: at ")
+    assert ", a property failed; the run goes on (Ctrl-C stops it and keeps the results)" in out
+    block = out.index("FAILED test_clamp.py::test_clamp_at_most_100 (found after")
+    summary = out.index("kvcheck verify: target fake")
+    assert early < block < summary
+    if workers is None:  # the failing test runs first: the other two finish after its report
+        assert block < out.index("[2/3]") < out.index("[3/3]") < summary
+    assert out.count("Minimal example: test_clamp_at_most_100(") == 1
+    assert out.count("reproduce with: @reproduce_failure(") == 1
+    seconds = out[early:].split()[3]  # "kvcheck verify: at N s, ..."
+    reference = out[summary:].split("FAILED test_clamp.py::test_clamp_at_most_100: ")[1]
+    assert reference.splitlines()[0].endswith(f"; full report: printed above at {seconds} s)")
 
 
 def test_verify_all_passing_exits_0(

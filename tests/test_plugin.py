@@ -549,6 +549,30 @@ def test_results_file_records_statistics_and_reproductions(
     _assert_results(pytester.path / "results.json")
 
 
+def test_progress_hands_over_a_failing_test_as_soon_as_it_ends(
+    pytester: pytest.Pytester, fake_target: str
+) -> None:
+    """The progress stream (the kvcheck command's) carries a failing test's whole record in
+    its own event, before the tests after it, so the command can report it at once."""
+    pytester.makepyfile(_RESULTS_SUITE)
+    with (pytester.path / "progress.jsonl").open("w") as progress:
+        pytester.runpytest(
+            f"--kvcheck-target={fake_target}",
+            f"--kvcheck-progress-fd={progress.fileno()}",
+            "--kvcheck-results=results.json",
+            "-p",
+            "no:randomly",
+        )
+    lines = (pytester.path / "progress.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    finished = [(event["nodeid"].split("::")[-1], event) for event in events[1:]]
+    assert [name for name, _ in finished] == ["test_passes", "test_fails", "test_skipped"]
+    assert [("record" in event) for _, event in finished] == [False, True, False]
+    record = finished[1][1]["record"]
+    assert record["outcome"] == "failed" and record["statistics"]["shrinks"] > 0
+    assert record["failures"][0]["reproduction"].startswith("Minimal example: test_fails(")
+
+
 def test_plugin_under_xdist_two_workers(pytester: pytest.Pytester, fake_target: str) -> None:
     """Under -n 2 the workers get the fixtures and their statistics reach the controller."""
     pytester.makepyfile(_RESULTS_SUITE)

@@ -16,10 +16,13 @@
     The suite in shards on a Ray cluster until a time or example budget is spent, sharing one
     example database (:mod:`kvcheck.runner.campaign`; ``pip install 'kvcheck[campaign]'``).
 
-Output: a progress line (rewritten in place on a terminal, a few lines otherwise), then each
-failure once (property, error with the first differing byte, minimal example, reproduction
-script) and a summary with passes collapsed and skips grouped by reason. ``--verbose``
-streams pytest's ``-v`` log and adds a row per test; ``--quiet`` prints only the summary.
+Output: a progress line (rewritten in place on a terminal, a few lines otherwise); verify's
+first failure in full (property, error with the first differing byte, minimal example,
+reproduction script) as soon as its test has finished, shrinking included, while the run
+goes on, and each later one in a line; then a summary with the failures (one in full, not
+one already printed), passes collapsed and skips grouped by reason. ``--verbose`` streams
+pytest's ``-v`` log, prints every failure in full as it comes and adds a row per test;
+``--quiet`` prints only the summary.
 pytest's full log, ``results.json`` and the reproduction scripts (``repros/``) are kept in
 ``--results-dir`` (default ``.kvcheck`` under the current directory).
 
@@ -481,7 +484,13 @@ def _run_suite(
         extra=extra,
     )
     interrupts: Interrupts = options.interrupts
-    run = SuiteRun(command=command, verbosity=options.verbosity, log_path=log_path)
+    early = None
+    if command == "verify" and options.verbosity >= 0:
+        where = f"{shown_path(results_path)}, at the end of the run"
+        early = _EarlyReports(options, settings, where=where)
+    run = SuiteRun(
+        command=command, verbosity=options.verbosity, log_path=log_path, on_failure=early
+    )
     status = run.run(argv, interrupts)
     try:
         results = load_results(results_path)
@@ -504,7 +513,9 @@ def _run_suite(
         exit_code = max(exit_code, EXIT_USAGE)  # a pass that replayed less than was stored
     if interrupts.received:
         exit_code = EXIT_INTERRUPTED
-    exit_code = _summarize(results, options, settings, command=command, exit_code=exit_code)
+    exit_code = _summarize(
+        results, options, settings, command=command, exit_code=exit_code, early=early
+    )
     if status == _PYTEST_NO_TESTS and settings.keyword is not None and not interrupts.received:
         print(f"kvcheck: error: {_selects_nothing(options)}", file=sys.stderr)
     return exit_code
@@ -530,6 +541,48 @@ def _selects_nothing(options: argparse.Namespace) -> str:
     )
 
 
+class _EarlyReports:
+    """``verify`` reports each failing test as soon as pytest has finished it (shrinking
+    included), while the run goes on: the first in full with its standalone script (every
+    one with ``--verbose``), each later one in a line; the summary then refers to those
+    printed in full (:func:`kvcheck.runner.summary.render_verify`'s ``printed``)."""
+
+    def __init__(self, options: argparse.Namespace, settings: _Settings, *, where: str) -> None:
+        self.options, self.settings, self.where = options, settings, where
+        #: node id -> seconds since the command started, of each failure printed in full.
+        self.printed: dict[str, float] = {}
+        self.failures: dict[str, list[dict[str, Any]]] = {}  # theirs, with their scripts
+        self.used: set[str] = set()  # script names taken
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        from kvcheck.runner.summary import render_failure_now
+
+        seconds = time.monotonic() - self.options.started
+        in_full = not self.printed or self.options.verbosity > 0
+        if in_full:
+            write_repro_scripts(
+                {"tests": [record]},
+                repro_dir=self.settings.repro_dir,
+                target=self.settings.target,
+                import_root=self.settings.import_root,
+                used=self.used,
+            )
+            self.printed[record["nodeid"]] = seconds
+            self.failures[record["nodeid"]] = list(record.get("failures") or ())
+        text = render_failure_now(
+            record, seconds=seconds, in_full=in_full, where=self.where, command="kvcheck verify"
+        )
+        # With --verbose, pytest's own line may be unfinished.
+        print(("\n" if self.options.verbosity > 0 else "") + text + "\n" * in_full, flush=True)
+
+    def carry_scripts(self, results: dict[str, Any]) -> None:
+        """Give the final results the scripts written for the failures printed early."""
+        for test in results.get("tests", ()):
+            early = self.failures.get(test["nodeid"], ())
+            for final, before in zip(test.get("failures") or (), early, strict=False):
+                final.update({k: before[k] for k in ("script", "script_command") if k in before})
+
+
 def _summarize(
     results: dict[str, Any],
     options: argparse.Namespace,
@@ -537,15 +590,19 @@ def _summarize(
     *,
     command: str,
     exit_code: int,
+    early: _EarlyReports | None = None,
 ) -> int:
     """Write the scripts, print the summary, write --json; return the exit status."""
     from kvcheck.runner.summary import EXIT_USAGE, render_replay, render_verify
 
+    if early is not None:
+        early.carry_scripts(results)
     scripts_note = write_repro_scripts(
         results,
         repro_dir=settings.repro_dir,
         target=settings.target,
         import_root=settings.import_root,
+        used=None if early is None else early.used,
     )
     verbosity = options.verbosity
     locations = {
@@ -575,6 +632,7 @@ def _summarize(
             locations=locations,
             interrupted=bool(options.interrupts.received),
             wall_s=wall_s,
+            printed=None if early is None else early.printed,
         )
     print("\n" + text, flush=True)
     if options.json_path:

@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -212,17 +212,27 @@ class SuiteRun:
     pytest runs in its own process group and hears signals only from :class:`Interrupts`.
     Off ``--verbose`` its stdout and stderr go to ``log_path``. Each finished test reported
     on the progress pipe is kept (:attr:`finished`), so that what ran can be summarized even
-    when pytest never wrote its results.
+    when pytest never wrote its results; each failing one's record is handed to
+    ``on_failure`` as soon as it arrives (the command reports it while the run goes on).
     """
 
-    def __init__(self, *, command: str, verbosity: int, log_path: Path) -> None:
+    def __init__(
+        self,
+        *,
+        command: str,
+        verbosity: int,
+        log_path: Path,
+        on_failure: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.command = command
         self.verbosity = verbosity
         self.log_path = log_path
+        self.on_failure = on_failure
         self.total: int | None = None
         self.counts: Counter[str] = Counter()
-        #: ``{"nodeid": ..., "outcome": ...}`` of each test pytest reported finished.
-        self.finished: list[dict[str, str]] = []
+        #: ``{"nodeid": ..., "outcome": ...}`` of each test pytest reported finished; a
+        #: failing test's whole record (:class:`kvcheck.runner.results.RecordedTest`).
+        self.finished: list[dict[str, Any]] = []
         self._tty = sys.stdout.isatty()
         self._next_report = 0
 
@@ -281,9 +291,24 @@ class SuiteRun:
         elif event.get("event") == "test":
             outcome = str(event.get("outcome"))
             self.counts[outcome] += 1
-            self.finished.append({"nodeid": str(event.get("nodeid", "")), "outcome": outcome})
+            record = event.get("record")
+            if isinstance(record, dict):  # a failing test, with its failures
+                self.finished.append(record)
+                self._report(record)
+            else:
+                self.finished.append({"nodeid": str(event.get("nodeid", "")), "outcome": outcome})
             if self.verbosity == 0:
                 self._progress(str(event.get("nodeid", "")))
+
+    def _report(self, record: dict[str, Any]) -> None:
+        if self.on_failure is None:
+            return
+        if self._tty and self.verbosity == 0:
+            print("\r\x1b[K", end="")  # the report takes the progress line's place
+        try:
+            self.on_failure(record)
+        except Exception as exc:  # only a display: the summary still reports the failure
+            print(f"kvcheck {self.command}: cannot report {record.get('nodeid')} now: {exc!r}")
 
     def _progress(self, nodeid: str) -> None:
         from kvcheck.runner.summary import short_name

@@ -4,16 +4,20 @@ The time to a report under ``pytest -x`` (and to the first failure ``kvcheck ver
 is the time of every passing test before the failing one. pytest runs the suite's modules
 alphabetically, which put the serving properties, which take a few seconds together and
 catch most serving bugs, behind a minute of state machines and input checks. This plugin
-(loaded by :mod:`kvcheck.runner.plugin`) sorts the suite's tests by module along
-:data:`REPORT_ORDER`, cheapest first: serving properties, skip layers, accounting, the no-op
-pool, the state machines, the input checks, attention. Tests keep their order within a
-module, and tests that are not the suite's keep their places: a project's own tests are
-not moved. It runs early (``tryfirst``), so pytest's own ``--ff`` and ``--nf``, which
-reorder after every other plugin, still have the last word.
+(loaded by :mod:`kvcheck.runner.plugin`) sorts the suite's tests along :data:`REPORT_ORDER`,
+by module or, where an entry names one, by test function: serving properties, skip layers,
+accounting, the no-op pool, the four family state machines, allocators and host pools, the
+other machine runs (variants), the input checks, attention. Tests keep their order within an
+entry, and tests that are not the suite's keep their places: a project's own tests are not
+moved. It runs early (``tryfirst``), so pytest's own ``--ff`` and ``--nf``, which reorder
+after every other plugin, still have the last word.
 
 Example:
     >>> report_rank("kvcheck.suite.test_serving_validation") < report_rank(
     ...     "kvcheck.suite.test_pool_machines")
+    True
+    >>> report_rank("kvcheck.suite.test_pool_machines", "test_pool_matches_reference_after_"
+    ...             "every_step") < report_rank("kvcheck.suite.test_allocators")
     True
     >>> report_rank("my_project.test_pools") is None
     True
@@ -32,8 +36,10 @@ SUITE_PACKAGE = "kvcheck.suite"
 #: machines 26 s, inputs 24 s, attention 8 s; 2026-12-03, on a loaded machine: allocators
 #: 12 s, host pools 14 s, lifecycle 9 s). The machines come before the input checks and
 #: attention because they catch most pool bugs; the lifecycle machine, which runs the
-#: allocator, the pool and the host tier together, right after them. A module not listed
-#: runs last.
+#: allocator, the pool and the host tier together, right after them. The four family
+#: machines (``module::function``), which catch a bug in a user's own MHA, MLA or DSA pool,
+#: come before the tiers (2026-12-07, loaded: allocators and host pools 41-53 s, the four
+#: machines 25-42 s). A module not listed runs last.
 REPORT_ORDER: tuple[str, ...] = (
     "test_serving_validation",
     "test_serving_selection",
@@ -42,6 +48,7 @@ REPORT_ORDER: tuple[str, ...] = (
     "test_skip_layers",
     "test_accounting",
     "test_noop",
+    "test_pool_machines::test_pool_matches_reference_after_every_step",
     "test_allocators",
     "test_host_pools",
     "test_pool_machines",
@@ -51,13 +58,17 @@ REPORT_ORDER: tuple[str, ...] = (
 )
 
 
-def report_rank(module: str) -> int | None:
-    """Where the suite module ``module`` (dotted name) runs, or ``None`` if it is not the
-    suite's: an index into :data:`REPORT_ORDER`, or its length for an unlisted module."""
+def report_rank(module: str, function: str = "") -> int | None:
+    """Where test ``function`` of the suite module ``module`` (dotted name) runs, or
+    ``None`` if it is not the suite's: an index into :data:`REPORT_ORDER` (its function's
+    entry, else its module's), or its length for an unlisted module."""
     package, _, name = module.rpartition(".")
     if package != SUITE_PACKAGE:
         return None
-    return REPORT_ORDER.index(name) if name in REPORT_ORDER else len(REPORT_ORDER)
+    for key in (f"{name}::{function}", name):
+        if key in REPORT_ORDER:
+            return REPORT_ORDER.index(key)
+    return len(REPORT_ORDER)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -72,4 +83,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def _rank(item: pytest.Item) -> int | None:
     module = getattr(item, "module", None)
-    return None if module is None else report_rank(module.__name__)
+    function = getattr(item, "originalname", "")
+    return None if module is None else report_rank(module.__name__, function)

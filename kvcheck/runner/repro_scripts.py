@@ -22,12 +22,19 @@ __all__ = ["python_command", "write_repro_scripts"]
 
 
 def write_repro_scripts(
-    results: dict[str, Any], *, repro_dir: Path, target: str, import_root: str | None = None
+    results: dict[str, Any],
+    *,
+    repro_dir: Path,
+    target: str,
+    import_root: str | None = None,
+    used: set[str] | None = None,
 ) -> str | None:
     """A standalone script per failure that carries reproduction data; its path goes on the
     failure as ``script``, and the command that runs it from here as ``script_command``.
-    Returns a note instead of the folder when none could be written."""
-    from kvcheck.runner.summary import FAILING_OUTCOMES
+    A failure that has a ``script`` already keeps it; ``used`` holds the script names
+    taken so far (several calls in one run: a failure reported during the run, the rest
+    at its end). Returns a note instead of the folder when none could be written."""
+    from kvcheck.runner.results import FAILING_OUTCOMES
 
     failures = [
         (test["nodeid"], failure)
@@ -38,13 +45,14 @@ def write_repro_scripts(
     ]
     if not failures:
         return "none (no failure carried reproduction data)"
+    failures = [(nodeid, failure) for nodeid, failure in failures if not failure.get("script")]
     from kvcheck.runner.repro import render_script, script_name  # imports torch
 
     try:
         repro_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         return f"not written: cannot create {repro_dir} ({exc.strerror or exc})"
-    used: set[str] = set()
+    used = set() if used is None else used
     for nodeid, failure in failures:
         path = repro_dir / script_name(nodeid, used)
         try:

@@ -16,7 +16,9 @@ Workers (or the single pytest process) attach what only they can see to each rep
 
 On the controller, :class:`ResultsCollector` folds the setup/call/teardown reports into one
 :class:`RecordedTest` per test, writes them as JSON (``--kvcheck-results FILE``), streams
-the kvcheck command's progress and warns of every failing example that was not saved.
+the kvcheck command's progress (a failing test's whole record as soon as it has finished,
+so that the command reports it while the run goes on) and warns of every failing example
+that was not saved.
 It also heads each example by what the run did to it: :data:`EXAMPLE_HEADING` ("Minimal
 example:") only when Hypothesis shrank in this run, :data:`UNSHRUNK_HEADING` otherwise (a
 stored example replayed by ``kvcheck replay``, whose profile does not shrink, or one that
@@ -54,6 +56,7 @@ from kvcheck.targets.findings import STEERED_EVENT
 __all__ = [
     "DEVICE_PROPERTY",
     "EXAMPLE_HEADING",
+    "FAILING_OUTCOMES",
     "FAILURES_PROPERTY",
     "PINS_PROPERTY",
     "RESULTS_FORMAT",
@@ -80,6 +83,8 @@ UNATTRIBUTED_PROPERTY = "kvcheck_unattributed_examples"
 DEVICE_PROPERTY = "kvcheck_device"
 SAVE_ERRORS_PROPERTY = "kvcheck_save_errors"
 PINS_PROPERTY = "kvcheck_pins"
+#: The outcomes that fail a run.
+FAILING_OUTCOMES = ("failed", "error", "xpassed")
 
 #: Phases whose test cases are examples of the property (shrinking only re-runs failures).
 _EXAMPLE_PHASES = ("explicit", "reuse", "generate", "target")
@@ -271,7 +276,8 @@ class ResultsCollector:
 
     With a ``path`` it writes them there as JSON at the end, beside the items ``context``
     returns then (target, device, profile, database). With a ``progress_fd`` it writes one
-    JSON line per finished test there (the kvcheck command's progress line). The terminal
+    JSON line per finished test there (the kvcheck command's progress line), with the whole
+    :class:`RecordedTest` of a failing one (the command's early report). The terminal
     summary names every test whose failing example could not be saved.
 
     Example:
@@ -327,7 +333,10 @@ class ResultsCollector:
         elif report.when == "teardown" and record.outcome == "interrupted":
             record.outcome = "passed"  # a test without a call phase that set up and tore down
         if report.when == "teardown":
-            self._send({"event": "test", "nodeid": report.nodeid, "outcome": record.outcome})
+            event = {"event": "test", "nodeid": report.nodeid, "outcome": record.outcome}
+            if record.outcome in FAILING_OUTCOMES:
+                event["record"] = asdict(record)
+            self._send(event)
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
@@ -375,8 +384,10 @@ class ResultsCollector:
     def _send(self, event: dict[str, Any]) -> None:
         if self.progress_fd is None:
             return
+        data = (json.dumps(event, default=str) + "\n").encode()
         try:
-            os.write(self.progress_fd, (json.dumps(event) + "\n").encode())
+            while data:  # a failing test's record may take several writes to a pipe
+                data = data[os.write(self.progress_fd, data) :]
         except OSError:  # the kvcheck command went away: progress is only a display
             self.progress_fd = None
 

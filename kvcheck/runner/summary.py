@@ -10,7 +10,9 @@ printed wherever any failure has one; without scripts, the smallest failure. An 
 headed "Minimal example:" only when Hypothesis shrank it in the run, "Example (not
 shrunk):" otherwise (:func:`kvcheck.runner.results.failures_from_exception`).
 ``verbosity=1`` adds a row per test and prints every failure in full; ``verbosity=-1``
-leaves only the counts and the names of the failures.
+leaves only the counts and the names of the failures. A failure the kvcheck command already
+printed in full while the run went on (:func:`render_failure_now`) is one line in the
+summary, which says when it was printed.
 
 A replay verdict comes from evidence only (:func:`replay_verdicts`): "fixed" needs every
 stored example of the test decoded, replayed and passing.
@@ -30,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any
 
-from kvcheck.runner.results import capped_lines
+from kvcheck.runner.results import FAILING_OUTCOMES, capped_lines
 
 __all__ = [
     "EXIT_FAILED",
@@ -38,6 +40,7 @@ __all__ = [
     "EXIT_USAGE",
     "FAILING_OUTCOMES",
     "exit_code_for",
+    "render_failure_now",
     "render_replay",
     "render_verify",
     "replay_verdicts",
@@ -47,7 +50,6 @@ __all__ = [
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
-FAILING_OUTCOMES = ("failed", "error", "xpassed")
 #: Skip reasons listed one by one before the rest are counted.
 _MAX_SKIP_GROUPS = 8
 #: Lines of one failure's error message shown by default (the first difference is early).
@@ -97,6 +99,7 @@ def render_verify(
     interrupted: bool = False,
     wall_s: float | None = None,
     command: str = "kvcheck verify",
+    printed: Mapping[str, float] | None = None,
 ) -> str:
     """The verify summary: one failure in full (:func:`_failure_blocks` says which), the
     others in a line each, passes collapsed, skips grouped by reason.
@@ -105,7 +108,8 @@ def render_verify(
     in full; -1 keeps only the counts and the failures' names. ``locations`` (label ->
     path) are listed at the end. The time shown is ``wall_s`` (the kvcheck command's wall
     time) when given, else pytest's own session time from ``results``. ``command`` heads it
-    (``kvcheck campaign`` prints the same summary).
+    (``kvcheck campaign`` prints the same summary). ``printed`` (node id -> seconds) names
+    the failures already printed in full during the run: each is one line here.
     """
     tests = list(results.get("tests", ()))
     lines = [_heading(command, results), ""]
@@ -113,16 +117,25 @@ def render_verify(
     if tests and verbosity > 0:
         lines += [*_table(tests), ""]
     failing = [test for test in tests if test["outcome"] in FAILING_OUTCOMES]
+    printed = printed or {}
     if failing and verbosity >= 0:
-        condensed = verbosity == 0 and len(failing) > 1
-        lines += [  # the one in full: see _failure_blocks
-            f"Failures ({len(failing)}): the smallest"
-            f"{' with a script' if any(map(_has_script, failing)) else ''} in full, the other "
-            f"{len(failing) - 1} in a line each (--verbose prints every one in full)"
-            if condensed
-            else f"Failures ({len(failing)}), each with its reproduction",
+        if verbosity == 0 and len(failing) > 1:  # the one in full: see _in_full
+            first = _in_full(failing)["nodeid"]
+            shown = f" (printed above at {printed[first]:.0f} s)" if first in printed else ""
+            script = " with a script" if any(map(_has_script, failing)) else ""
+            heading = (
+                f"Failures ({len(failing)}): the smallest{script} in full{shown}, the other "
+                f"{len(failing) - 1} in a line each (--verbose prints every one in full)"
+            )
+        else:
+            above = any(test["nodeid"] in printed for test in failing)
+            heading = f"Failures ({len(failing)}), each with its reproduction" + (
+                " (a line for each printed above)" if above else ""
+            )
+        lines += [
+            heading,
             "",
-            *_failure_blocks(failing, verbosity=verbosity, locations=locations),
+            *_failure_blocks(failing, verbosity=verbosity, locations=locations, printed=printed),
         ]
     elif failing:
         lines += [f"{_OUTCOME_LABEL[t['outcome']]} {short_name(t['nodeid'])}" for t in failing]
@@ -282,29 +295,74 @@ def _table(tests: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
-def _failure_blocks(
-    failing: Sequence[Mapping[str, Any]], *, verbosity: int, locations: Mapping[str, str] | None
-) -> list[str]:
-    """One failure in full and, unless ``verbosity`` is 1, every other in one line; each block
-    ends with a blank line.
+def render_failure_now(
+    test: Mapping[str, Any], *, seconds: float, in_full: bool, where: str, command: str
+) -> str:
+    """What the kvcheck command prints the moment test ``test`` (a record of
+    :mod:`kvcheck.runner.results`) has failed, ``seconds`` into the run: its whole failure
+    block under a line saying the run goes on, or, for a later failure, one line naming
+    ``where`` its full report will be.
 
-    The one in full is the smallest failure (:func:`_example_size`) among those that carry a
-    standalone script, or the smallest of all when none does: the one-line failures print
-    no script command, so the full block must carry one wherever a script was written (the
-    smallest failure may be an input check, which has no reproduction script).
+    Example:
+        >>> test = {"nodeid": "suite/test_a.py::test_x", "outcome": "failed",
+        ...         "failures": [{"error": "AssertionError: 1 != 2", "reproduction": "t(x=1)"}]}
+        >>> print(render_failure_now(test, seconds=31.2, in_full=True, where="",
+        ...                          command="kvcheck verify"))  # doctest: +NORMALIZE_WHITESPACE
+        kvcheck verify: at 31 s, a property failed; the run goes on (Ctrl-C stops it and
+        keeps the results)
+        FAILED test_a.py::test_x
+            AssertionError: 1 != 2
+            t(x=1)
+        >>> print(render_failure_now(test, seconds=40, in_full=False, where="results.json",
+        ...                          command="kvcheck verify"))  # doctest: +ELLIPSIS
+        kvcheck verify: at 40 s, FAILED test_a.py::test_x: AssertionError: 1 != 2 (example: ...)
     """
-    if verbosity > 0 or len(failing) == 1:
-        return [line for test in failing for line in (*_failure_block(test), "")]
+    if not in_full:
+        return f"{command}: at {seconds:.0f} s, {_failure_line(test, where=where)}"
+    heading = (
+        f"{command}: at {seconds:.0f} s, a property failed; the run goes on (Ctrl-C stops it "
+        "and keeps the results)"
+    )
+    return "\n".join([heading, *_failure_block(test)])
+
+
+def _in_full(failing: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """The failure a condensed summary prints in full: the smallest (:func:`_example_size`)
+    among those that carry a standalone script, or the smallest of all when none does: the
+    one-line failures print no script command, so the full block must carry one wherever a
+    script was written (the smallest failure may be an input check, which has no script)."""
     ordered = sorted(failing, key=_example_size)
-    first = next((test for test in ordered if _has_script(test)), ordered[0])
-    others = [test for test in ordered if test is not first]
+    return next((test for test in ordered if _has_script(test)), ordered[0])
+
+
+def _failure_blocks(
+    failing: Sequence[Mapping[str, Any]],
+    *,
+    verbosity: int,
+    locations: Mapping[str, str] | None,
+    printed: Mapping[str, float] | None = None,
+) -> list[str]:
+    """One failure in full (:func:`_in_full`) and, unless ``verbosity`` is 1, every other in
+    one line; each block ends with a blank line. A failure in ``printed`` (node id ->
+    seconds) was printed in full during the run: it is one line, which says when."""
+    printed = printed or {}
     where = ", ".join(
         path for label, path in (locations or {}).items() if label in ("results", "pytest log")
     )
-    lines = [*_failure_block(first), ""]
-    for test in others:
-        lines.append(_failure_line(test, where=where or "results.json"))
-    return [*lines, ""]
+    where = where or "results.json"
+
+    def block(test: Mapping[str, Any], full: bool) -> list[str]:
+        if test["nodeid"] in printed:
+            return [_failure_line(test, where=f"printed above at {printed[test['nodeid']]:.0f} s")]
+        return [*_failure_block(test), ""] if full else [_failure_line(test, where=where)]
+
+    if verbosity > 0 or len(failing) == 1:
+        lines = [line for test in failing for line in block(test, True)]
+        return lines if lines[-1:] == [""] else [*lines, ""]
+    first = _in_full(failing)
+    ordered = [first, *(test for test in sorted(failing, key=_example_size) if test is not first)]
+    lines = [line for test in ordered for line in block(test, test is first)]
+    return lines if lines[-1:] == [""] else [*lines, ""]
 
 
 def _failure_line(test: Mapping[str, Any], *, where: str) -> str:
