@@ -11,7 +11,7 @@ and the findings' variant patterns follow without another list to edit.
 
 Example:
     >>> [variant.name for variant in variants_of("mla")]
-    ['mla', 'mla:dcp', 'mla:fp4']
+    ['mla', 'mla:fp4', 'mla:dcp']
     >>> variant_named("dsa:kpool").axis_values["index_kpool"]
     (2, 4)
 """
