@@ -6,8 +6,8 @@ Each row is keyed by one of four kinds of :class:`Key`:
   can only name a variant that exists);
 - a **tier**: an allocator kind (``Key.tier("allocator", "swa")``) or the host tier of a
   device variant (``Key.tier("host", "mha:mxfp8")``);
-- a **capability** (:data:`CAPABILITIES`), optionally for one pool
-  family or one ``--kv-cache-dtype`` choice (``Key.capability("meta_device", "mha")``);
+- a **capability** (:data:`CAPABILITIES`), optionally for one pool family or one
+  ``--kv-cache-dtype`` choice (``Key.capability("meta_device", "mha")``);
 - an **upstream** class or function the target drives (``Key.upstream("pkg.mod:Name")``).
 
 and says exactly one thing about it: :class:`Builds` (how, and where it builds fewer values
@@ -16,11 +16,12 @@ than the key's own, which ones), :class:`Refuses` (why, and on which releases) o
 its :class:`~kvcheck.targets.findings.Finding` values, beside the rows.
 
 Everything that needs to know why something is not built reads the declaration: the
-surface a target draws in (:meth:`Declaration.surface`), the skip reasons
-(:func:`kvcheck.strategies.limits.unbuilt_variant_reason`,
-:mod:`kvcheck.targets.tier_support`), the capabilities a target leaves out
-(:meth:`Declaration.unsupported`). A target without a ``declaration`` member gets one
-from its surface (:func:`declaration_of`).
+surface a target draws in (:meth:`Declaration.surface`, whose notes the variant skips of
+:func:`kvcheck.strategies.limits.unbuilt_variant_reason` quote), the host tiers of a
+variant (:mod:`kvcheck.targets.tier_support`), the capabilities a target leaves out
+(:meth:`Declaration.unsupported`), reach's unreached code
+(:meth:`Declaration.unreached_code`). A target without a ``declaration`` member gets the
+rows its surface implies (:func:`declaration_of`).
 
 Example:
     >>> declaration = Declaration(rows=(
