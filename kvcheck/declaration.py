@@ -58,6 +58,7 @@ __all__ = [
     "Status",
     "Unreached",
     "declaration_of",
+    "surface_refusal",
 ]
 
 #: Capability names a target may declare in ``unsupported`` (what declaring each skips is
@@ -419,14 +420,25 @@ def declaration_of(target: object) -> Declaration:
     return Declaration(rows=tuple(_surface_row(surface, variant) for variant in VARIANTS))
 
 
-def _surface_row(surface: Surface, variant: Variant) -> Row:
-    key = Key.variant(variant.name)
+def surface_refusal(surface: Surface, variant: Variant) -> str | None:
+    """Why ``surface`` leaves out ``variant`` (its note, else which field it lacks), or None
+    when it takes the variant.
+
+    Example:
+        >>> from kvcheck.variants import variant_named
+        >>> surface_refusal(Surface.baseline(), variant_named("mha:hnd"))
+        'its surface lists no such kv_layout'
+    """
     family = variant.family
     if not surface.builds(family):
-        return Row(key, Refuses(surface.note(family) or "its surface lists no such family"))
+        return surface.note(family) or "its surface lists no such family"
     missing = variant.takes({name: surface.values(family, name) for name in variant.axis_values})
     if missing is None:
-        return Row(key, Builds("inside its surface"))
-    return Row(
-        key, Refuses(surface.note(family, missing) or f"its surface lists no such {missing}")
-    )
+        return None
+    return surface.note(family, missing) or f"its surface lists no such {missing}"
+
+
+def _surface_row(surface: Surface, variant: Variant) -> Row:
+    why = surface_refusal(surface, variant)
+    status = Builds("inside its surface") if why is None else Refuses(why)
+    return Row(Key.variant(variant.name), status)

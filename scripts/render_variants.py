@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from kvcheck.declaration import Builds, Key, declaration_of
+from kvcheck.declaration import Builds, Key, declaration_of, surface_refusal
 from kvcheck.targets.builtin import KVCheckTarget
 from kvcheck.targets.sglang.declaration import DECLARATION
 from kvcheck.targets.sglang.target import SURFACE
@@ -43,17 +43,9 @@ def _sglang(variant: Variant) -> str:
     why = DECLARATION.why_not(Key.variant(variant.name))
     if why is not None:
         return f"not built: {why}"
-    surface_row = declaration_of(_SurfaceOnly()).status(Key.variant(variant.name))
-    if isinstance(surface_row, Builds):
+    if surface_refusal(SURFACE, variant) is None:
         return "the family's pool class"
     return "not built: outside its surface"
-
-
-class _SurfaceOnly:
-    """The sglang target's declared surface, for variants its declaration has no row for."""
-
-    name = "sglang"
-    surface = SURFACE
 
 
 def table() -> str:

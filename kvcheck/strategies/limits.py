@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from kvcheck.declaration import surface_refusal
 from kvcheck.specs import FP4_DTYPE, NVFP4_LAYOUTS, PoolSpec
 from kvcheck.surface import LIMIT_NAMES, surface_of
 from kvcheck.validation import check_type
@@ -95,17 +96,10 @@ def unbuilt_variant_reason(target: object, variant: Variant) -> str | None:
         >>> unbuilt_variant_reason(target, variant_named("mha")) is None
         True
     """
-    surface = surface_of(target)
-    name = getattr(target, "name", target)
-    family = variant.family
-    if not surface.builds(family):
-        why = surface.note(family) or "its surface lists no such family"
-        return f"target {name!r} builds no {variant.name} pool ({why})"
-    field = variant.takes({field: surface.values(family, field) for field in variant.axis_values})
-    if field is None:
+    why = surface_refusal(surface_of(target), variant)
+    if why is None:
         return None
-    why = surface.note(family, field) or f"its surface lists no such {field}"
-    return f"target {name!r} builds no {variant.name} pool ({why})"
+    return f"target {getattr(target, 'name', target)!r} builds no {variant.name} pool ({why})"
 
 
 def spec_limit_violations(target: object, spec: PoolSpec) -> list[str]:

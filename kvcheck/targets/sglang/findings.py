@@ -700,10 +700,6 @@ RELEASES: Mapping[str, Releases] = MappingProxyType(
 )
 
 
-def _releases_of(finding_id: str) -> Releases:
-    return RELEASES[finding_id]
-
-
 #: Tests the target expects to fail as a whole (node-id pattern -> reason, releases). Only
 #: C3's are left: it shows in every example of the capacity properties (every budget meets
 #: the missing padding page), so no example is left to steer to; the finding is pinned by
@@ -713,14 +709,14 @@ EXPECTED_FAILURES: Mapping[str, tuple[str, Releases]] = MappingProxyType(
         "test_serving_configurator.py::test_capacity_fits_its_budget": (
             "C3: max_total_num_tokens ignores the padding page, so its pools overshoot the "
             f"budget in every example (also C4; see {ISSUE_FILE.format(id='c3')})",
-            _releases_of("C3"),
+            RELEASES["C3"],
         ),
         # The same property for a quantized --kv-cache-dtype (mxfp8: the dtype the target
         # sizes), and the same missing page in every example.
         "test_serving_configurator.py::test_quantized_capacity_fits_its_budget": (
             "C3: max_total_num_tokens ignores the padding page, so the MXFP8 pools overshoot "
             f"the budget in every example too (see {ISSUE_FILE.format(id='c3')})",
-            _releases_of("C3"),
+            RELEASES["C3"],
         ),
     }
 )
