@@ -209,6 +209,7 @@ def test_profile_sizes() -> None:
     assert settings.get_profile(profiles.CI).max_examples >= 100
     assert settings.get_profile(profiles.THOROUGH).max_examples >= 1000
     assert settings.get_profile(profiles.REPLAY).phases == (Phase.explicit, Phase.reuse)
+    assert 0 < settings.get_profile(profiles.SMOKE).max_examples < 100
 
 
 def test_ci_profile_keeps_the_database_hypothesis_ci_drops() -> None:

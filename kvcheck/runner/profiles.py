@@ -4,6 +4,8 @@
 ``kvcheck-dev``        local runs: 100 examples per property, fresh randomness each run.
 ``kvcheck-ci``         CI: like dev; failures go to the shared database for replay.
 ``kvcheck-thorough``   nightly / GPU runners: 2000 examples, longer state-machine runs.
+``kvcheck-smoke``      a quick pass (a quarter of dev's examples): CI's older sglang
+                       releases, whose newest sibling runs the full profile.
 ``kvcheck-campaign``   ``kvcheck campaign``'s shards: 1000 examples, state-machine runs of
                        20 steps, one bug per property (each shard also has its own seed).
 ``kvcheck-replay``     only the explicit and stored examples (``kvcheck replay``).
@@ -61,6 +63,7 @@ __all__ = [
     "PROFILE_ENV_VAR",
     "PROFILE_NAMES",
     "REPLAY",
+    "SMOKE",
     "THOROUGH",
     "choose_profile_to_load",
     "default_profile_name",
@@ -75,7 +78,8 @@ CI = "kvcheck-ci"
 THOROUGH = "kvcheck-thorough"
 REPLAY = "kvcheck-replay"
 CAMPAIGN = "kvcheck-campaign"
-PROFILE_NAMES: tuple[str, ...] = (DEV, CI, THOROUGH, REPLAY, CAMPAIGN)
+SMOKE = "kvcheck-smoke"
+PROFILE_NAMES: tuple[str, ...] = (DEV, CI, THOROUGH, REPLAY, CAMPAIGN, SMOKE)
 PROFILE_ENV_VAR = "KVCHECK_PROFILE"
 #: Set to 1/true/yes/on to run Hypothesis's explain phase in the searching profiles.
 EXPLAIN_ENV_VAR = "KVCHECK_EXPLAIN"
@@ -116,6 +120,9 @@ _OPTIONS: dict[str, dict[str, Any]] = {
     REPLAY: {"phases": (Phase.explicit, Phase.reuse)},
     # Deeper than a default run: ten times the examples, twice the steps per example.
     CAMPAIGN: {"max_examples": 1000, "stateful_step_count": 20, "report_multiple_bugs": False},
+    # Checks that every property still runs and holds on a sibling configuration (an older
+    # release) whose full search runs elsewhere; not a verdict on new code.
+    SMOKE: {"max_examples": 25, "stateful_step_count": 10, "report_multiple_bugs": False},
 }
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
