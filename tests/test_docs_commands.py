@@ -170,3 +170,26 @@ def test_every_unmarked_command_runs(block: list[Command], tmp_path: Path) -> No
     output = done.stdout[-2000:] + done.stderr[-2000:]
     assert done.returncode == 0, f"{_id(block)} exited {done.returncode}:\n{script}\n{output}"
     assert done.stdout.strip(), f"{_id(block)} printed nothing:\n{script}"
+
+
+def test_the_readme_is_one_screen_per_task() -> None:
+    """The README stays short (reference material lives in docs/, linked from it)."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move reference to docs/"
+
+
+def test_the_readme_shows_the_own_pool_example_as_it_is() -> None:
+    """The README's own-pool target, its tests and their pytest configuration are the files
+    of ``examples/own_pool`` (which run), not a copy that drifts from them."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Check your own pool", 1)[1].split("\n## ", 1)[0]
+    python = re.findall(r"^```python\n(.*?)^```", section, re.DOTALL | re.MULTILINE)
+    toml = re.findall(r"^```toml\n(.*?)^```", section, re.DOTALL | re.MULTILINE)
+    example = ROOT / "examples" / "own_pool"
+    assert python == [
+        (example / "my_kv.py").read_text(encoding="utf-8"),
+        (example / "tests" / "test_my_kv.py").read_text(encoding="utf-8"),
+    ]
+    configuration = (example / "pyproject.toml").read_text(encoding="utf-8")
+    assert len(toml) == 1
+    assert all(line in configuration.splitlines() for line in toml[0].splitlines())
