@@ -8,7 +8,7 @@ status and wall time; then the count of failed runs (goal: 0) and the min/median
 time. Exit status: 0 when every run passed, 1 when any failed (pytest's "no tests
 collected" counts as failed), 2 for bad usage.
 
-    python scripts/flake_check.py              # 20 runs (README: "Flakiness")
+    python scripts/flake_check.py              # 20 runs (docs/development.md: "Flakiness")
     python scripts/flake_check.py --runs 3 --seed 100
 
 ``--suite`` replaces the pytest target (default ``--pyargs kvcheck.suite``), for a test

@@ -15,8 +15,8 @@
 #         KVCHECK_TORCH_PIN       torch release sglang must sit beside (default 2.13.0)
 #         PYTHON                  interpreter whose environment receives the packages
 # One environment holds one release: installing another replaces sglang (the pins below
-# are shared). For several releases side by side, make one environment each (README,
-# "sglang releases").
+# are shared). For several releases side by side, make one environment each
+# (docs/sglang-releases.md).
 set -euo pipefail
 
 die() { echo "install_sglang: $*" >&2; exit 1; }

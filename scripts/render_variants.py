@@ -1,6 +1,6 @@
-"""Write the README's table of pool variants from the declarations.
+"""Write the table of pool variants in docs/checks.md from the declarations.
 
-The table sits between ``<!-- variants -->`` and ``<!-- /variants -->`` in README.md: one
+The table sits between ``<!-- variants -->`` and ``<!-- /variants -->`` in docs/checks.md: one
 row per variant of :data:`kvcheck.variants.VARIANTS` (generated from the axes), with the
 axis values that make it, whether kvcheck's own target builds it, and what the sglang
 target's declaration says (how it builds it, or why not). ``--check`` changes nothing and
@@ -22,7 +22,7 @@ from kvcheck.targets.sglang.target import SURFACE
 from kvcheck.variants import VARIANTS, Variant
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+CHECKS_DOC = ROOT / "docs" / "checks.md"
 BLOCK = re.compile(r"<!-- variants -->\n.*?<!-- /variants -->", flags=re.DOTALL)
 
 
@@ -62,19 +62,19 @@ def table() -> str:
 def refreshed(text: str) -> str:
     """``text`` with its variants block rewritten (``ValueError`` when it has none)."""
     if not BLOCK.search(text):
-        raise ValueError("README.md has no <!-- variants --> block")
+        raise ValueError("docs/checks.md has no <!-- variants --> block")
     return BLOCK.sub(lambda _: table(), text)
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text(encoding="utf-8")
+    text = CHECKS_DOC.read_text(encoding="utf-8")
     new = refreshed(text)
     if "--check" in argv:
         if new != text:
-            print("README.md's variant table is stale: run python scripts/render_variants.py")
+            print("docs/checks.md's variant table is stale: run python scripts/render_variants.py")
             return 1
         return 0
-    README.write_text(new, encoding="utf-8")
+    CHECKS_DOC.write_text(new, encoding="utf-8")
     return 0
 
 

@@ -363,13 +363,12 @@ def test_the_readme_downstream_snippet_takes_a_kvcheck_fixture_in_every_test(
     from kvcheck.targets.builtin import KVCheckTarget
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### 2. In your own tests", 1)[1]
+    section = readme.split("**In your own tests**", 1)[1]
     snippet = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert snippet is not None
-    stub = types.ModuleType("my_pkg.kv")
+    stub = types.ModuleType("my_kv")  # the README's target module (examples/own_pool/my_kv.py)
     stub.target = KVCheckTarget()  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "my_pkg", types.ModuleType("my_pkg"))
-    monkeypatch.setitem(sys.modules, "my_pkg.kv", stub)
+    monkeypatch.setitem(sys.modules, "my_kv", stub)
     namespace: dict[str, object] = {}
     exec(compile(snippet.group(1), "README.md", "exec"), namespace)
     tests = {name: value for name, value in namespace.items() if name.startswith("test_")}

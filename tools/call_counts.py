@@ -3,8 +3,8 @@
 As variants multiply, a shared run spreads its examples over more of them, and a variant
 can end up called a handful of times while the run still passes. This module counts what
 the suite really hands each pool: for every pool a target builds, it wraps the pool's
-surface methods (:data:`SURFACE_ARGUMENTS`, the README's table "The surface it calls") so
-that each call the suite makes adds one to the cell (variant, method, ``(call)``) and one to
+surface methods (:data:`SURFACE_ARGUMENTS`, docs/checks.md's table "The surface it calls")
+so that each call the suite makes adds one to the cell (variant, method, ``(call)``) and one to
 (variant, method, argument) for each counted argument it passes other than ``None``. Calls
 a pool makes on itself (sglang's ``get_kv_buffer`` calling ``get_key_buffer``) are not
 counted: only the outermost call on a pool is. A cell is *offered* when a pool built in the
@@ -77,9 +77,9 @@ _DIR_OPTION = "--call-counts-dir"
 #: The argument column of the cell that counts every call of a method.
 CALL = "(call)"
 
-#: Pool method -> the arguments whose passing is counted: what SGLang's callers pass (the
-#: README's surface table). A method a pool lacks, or an argument its signature lacks, is
-#: not a cell of that pool's variant.
+#: Pool method -> the arguments whose passing is counted: what SGLang's callers pass
+#: (docs/checks.md's surface table). A method a pool lacks, or an argument its signature
+#: lacks, is not a cell of that pool's variant.
 SURFACE_ARGUMENTS: Mapping[str, tuple[str, ...]] = {
     "set_kv_buffer": (
         "layer",
@@ -273,7 +273,7 @@ class CallCounts:
                 "",
                 self.summary(floor=floor) + ".",
                 "",
-                "A cell is a pool variant, a method of the README's surface table, and an "
+                "A cell is a pool variant, a method of docs/checks.md's surface table, and an "
                 f"argument passed (not None), or `{CALL}` for every call of the method; only "
                 "the suite's own calls on a pool count, not those a pool makes on itself.",
                 "",
@@ -463,7 +463,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python tools/call_counts.py",
         description="Run kvcheck's shipped suite and count its calls per variant x method x "
-        "argument of the README's surface table.",
+        "argument of docs/checks.md's surface table.",
         epilog="Arguments after -- go to pytest (e.g. -n auto --hypothesis-seed=0 "
         "--kvcheck-target=sglang).",
     )

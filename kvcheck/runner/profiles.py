@@ -17,7 +17,7 @@ example database named by ``KVCHECK_DB``.
 
 Searching profiles leave out Hypothesis's explain phase, which re-runs the shrunk example
 hundreds of times only to add an "always run by failing" note: on a state machine it took
-most of the time to a report (README, "Time to report"). ``KVCHECK_EXPLAIN=1`` (or
+most of the time to a report (docs/development.md). ``KVCHECK_EXPLAIN=1`` (or
 ``explain=True``) puts it back. ``kvcheck-dev``, ``kvcheck-ci`` and ``kvcheck-campaign``
 also report one bug per property (``report_multiple_bugs=False``): the first failure is
 shrunk, allowed to slip to any smaller failure, and reported, instead of each distinct
@@ -91,7 +91,7 @@ KNOWN_ENV_VARS: tuple[str, ...] = (
     PROFILE_ENV_VAR,
     DATABASE_ENV_VAR,
     EXPLAIN_ENV_VAR,
-    "KVCHECK_SGLANG_VERSION",  # scripts/install_sglang.sh (the README sets it)
+    "KVCHECK_SGLANG_VERSION",  # scripts/install_sglang.sh (docs/sglang-releases.md sets it)
     "KVCHECK_TORCH_PIN",  # scripts/install_sglang.sh
     "KVCHECK_CI_SCRATCH",  # .ci/run
     "KVCHECK_GPU_CHECK_PROBE",  # scripts/gpu_check.py, to its own pytest runs

@@ -2,7 +2,7 @@
 
 Held out: neither is one of kvcheck's own twins (``tests/broken_pools.py``), and nothing in
 kvcheck knows them. Each subclasses kvcheck's MHA pool, breaks one thing, and is exposed
-as a target the way the README's "bring your own pool" section and ``examples/downstream``
+as a target the way the README's "Check your own pool" section and ``examples/downstream``
 do::
 
     cd scripts/time_to_first_report
