@@ -384,6 +384,7 @@ class LinearHybridMachine(RuleBasedStateMachine):
     def finish(self, pick: int) -> None:
         self._release(self._pick(pick))
 
+    @precondition(lambda self: self.live)
     @rule()
     def flush(self) -> None:
         """``req_to_token_pool.clear()``: every row and mamba slot free (host copies stay)."""
@@ -493,7 +494,7 @@ def linear_hybrid_machine(
 ) -> type[LinearHybridMachine]:
     """The linear-hybrid machine bound to ``target`` and ``device``.
 
-    ``settings`` defaults to a fifth of the loaded profile's examples (at least 5): each
+    ``settings`` defaults to a tenth of the loaded profile's examples (at least 5): each
     example builds two pools and checks every live slot after every step.
 
     Example:
@@ -509,7 +510,7 @@ def linear_hybrid_machine(
         raise ValueError(f"device={device!r} must be a device name such as 'cpu'")
     if settings is None:
         loaded = Settings()
-        settings = Settings(loaded, max_examples=max(5, loaded.max_examples // 5))
+        settings = Settings(loaded, max_examples=max(5, loaded.max_examples // 10))
     machine: type[LinearHybridMachine] = type(
         "LinearHybridMachineFor" + str(getattr(target, "name", "target")).title(),
         (LinearHybridMachine,),
