@@ -146,6 +146,7 @@ class LinearHybridMachine(RuleBasedStateMachine):
 
     target: Any = None
     device: str = "cpu"
+    specs: st.SearchStrategy[LinearHybridSpec] = _specs()
 
     def __init__(self) -> None:
         super().__init__()
@@ -157,8 +158,9 @@ class LinearHybridMachine(RuleBasedStateMachine):
 
     # --- set up -------------------------------------------------------------------------
 
-    @initialize(spec=_specs())
-    def build(self, spec: LinearHybridSpec) -> None:
+    @initialize(data=st.data())
+    def build(self, data: st.DataObject) -> None:
+        spec = data.draw(self.specs, label="spec")
         self.spec = spec
         self.kv_pool, self.req_pool = self.target.make_linear_hybrid(spec, device=self.device)
         self.ref = ReferenceLinearHybrid(spec)
@@ -490,9 +492,14 @@ class LinearHybridMachine(RuleBasedStateMachine):
 
 
 def linear_hybrid_machine(
-    target: Any, *, device: str, settings: Settings | None = None
+    target: Any,
+    *,
+    device: str,
+    settings: Settings | None = None,
+    specs: st.SearchStrategy[LinearHybridSpec] | None = None,
 ) -> type[LinearHybridMachine]:
-    """The linear-hybrid machine bound to ``target`` and ``device``.
+    """The linear-hybrid machine bound to ``target`` and ``device`` (``specs``: the hybrids
+    it draws; default: two to four layers, with and without draft tokens).
 
     ``settings`` defaults to a tenth of the loaded profile's examples (at least 5): each
     example builds two pools and checks every live slot after every step.
@@ -514,7 +521,7 @@ def linear_hybrid_machine(
     machine: type[LinearHybridMachine] = type(
         "LinearHybridMachineFor" + str(getattr(target, "name", "target")).title(),
         (LinearHybridMachine,),
-        {"target": target, "device": device},
+        {"target": target, "device": device, "specs": specs if specs is not None else _specs()},
     )
     machine.TestCase.settings = settings
     return machine

@@ -89,8 +89,11 @@ class MambaDroppingHostKVPool(HybridLinearKVPool):
 
 
 def _req_pool_with(mamba_pool_cls: type) -> type:
-    return type(f"ReqPoolWith{mamba_pool_cls.__name__}", (HybridReqToTokenPool,),
-                {"mamba_pool_cls": mamba_pool_cls})
+    return type(
+        f"ReqPoolWith{mamba_pool_cls.__name__}",
+        (HybridReqToTokenPool,),
+        {"mamba_pool_cls": mamba_pool_cls},
+    )
 
 
 class BrokenLinearTarget(KVCheckTarget):
