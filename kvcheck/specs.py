@@ -500,6 +500,94 @@ def _check_quant(spec: PoolSpec) -> None:
         raise ValueError(f"kv_quant={quant!r}: {problem}")
 
 
+# --- the linear-attention hybrid (full KV + mamba state per request) --------------------
+
+
+@dataclass(frozen=True)
+class LinearHybridSpec:
+    """A linear-attention hybrid (Qwen3-Next style): full-attention KV for some layers and
+    per-request mamba state (conv windows, temporal SSM state) for the others.
+
+    Layer ids are global model ids: ``full_layer_ids`` index the full KV pool through its
+    layer mapping, ``mamba_layer_ids`` the mamba pool's dense layer axis. ``size`` token
+    slots of full KV (plus one padding page), ``rows`` request rows, ``mamba_size`` mamba
+    slots (slot 0 of each is padding). ``draft_tokens`` (speculative decoding) adds the
+    per-slot scratch of intermediate SSM states and conv windows, one per draft token.
+
+    Example:
+        >>> spec = LinearHybridSpec(full_layer_ids=(1,), mamba_layer_ids=(0, 2))
+        >>> spec.layer_num, spec.conv_shapes, spec.temporal_shape
+        (3, ((10, 2),), (2, 2, 3))
+    """
+
+    full_layer_ids: tuple[int, ...]
+    mamba_layer_ids: tuple[int, ...]
+    size: int = 16
+    page_size: int = 1
+    head_num: int = 1
+    head_dim: int = 4
+    rows: int = 4
+    mamba_size: int = 4
+    max_context_len: int = 8
+    #: Mamba2's state shapes from its model fields (see :attr:`conv_shapes`).
+    mamba_heads: int = 2
+    mamba_head_dim: int = 2
+    state_size: int = 3
+    conv_kernel: int = 3
+    draft_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("full_layer_ids", "mamba_layer_ids"):
+            ids = getattr(self, name)
+            if not ids or any(not isinstance(i, int) or i < 0 for i in ids):
+                raise ValueError(f"{name}={ids!r} must be a non-empty tuple of ints >= 0")
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"{name}={ids!r} has a layer id twice")
+        if set(self.full_layer_ids) & set(self.mamba_layer_ids):
+            raise ValueError(
+                f"full_layer_ids={self.full_layer_ids!r} and "
+                f"mamba_layer_ids={self.mamba_layer_ids!r} share a layer"
+            )
+        for name in (
+            "size",
+            "page_size",
+            "head_num",
+            "head_dim",
+            "rows",
+            "mamba_size",
+            "max_context_len",
+            "mamba_heads",
+            "mamba_head_dim",
+            "state_size",
+        ):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be an int >= 1")
+        if not isinstance(self.conv_kernel, int) or self.conv_kernel < 2:
+            raise ValueError(f"conv_kernel={self.conv_kernel!r} must be an int >= 2")
+        if self.draft_tokens is not None and (
+            not isinstance(self.draft_tokens, int) or self.draft_tokens < 1
+        ):
+            raise ValueError(f"draft_tokens={self.draft_tokens!r} must be None or an int >= 1")
+
+    @property
+    def layer_num(self) -> int:
+        """Layers of the model: every id below the largest one."""
+        return max((*self.full_layer_ids, *self.mamba_layer_ids)) + 1
+
+    @property
+    def conv_shapes(self) -> tuple[tuple[int, int], ...]:
+        """Mamba2's one conv window per layer and slot: ``(conv_dim, conv_kernel - 1)``
+        with ``conv_dim = intermediate + 2 * state_size`` (one group)."""
+        return (
+            (self.mamba_heads * self.mamba_head_dim + 2 * self.state_size, self.conv_kernel - 1),
+        )
+
+    @property
+    def temporal_shape(self) -> tuple[int, int, int]:
+        """The SSM state per layer and slot: ``(heads, head_dim, state_size)``."""
+        return (self.mamba_heads, self.mamba_head_dim, self.state_size)
+
+
 # --- operations -------------------------------------------------------------------------
 # Token payloads are raw bytes (numpy-free, hashable), row-major per token, so the
 # reference can compare them without knowing any dtype semantics.

@@ -33,6 +33,7 @@ LAYERS: tuple[str, ...] = (
     "properties",
     "machines",
     "allocator_machine",
+    "linear_hybrid_machine",
     "lifecycle",
     "suite",
     "runner",

@@ -53,6 +53,7 @@ REPORT_ORDER: tuple[str, ...] = (
     "test_host_pools",
     "test_pool_machines",
     "test_lifecycle",
+    "test_linear_hybrid",
     "test_inputs",
     "test_attention",
 )

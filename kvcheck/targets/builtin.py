@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 import kvcheck
-from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.specs import POOL_FAMILIES, LinearHybridSpec, PoolSpec
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS, AllocatorSpec, HostPoolSpec
@@ -60,6 +60,10 @@ class KVCheckTarget:
     surface: Surface = Surface.everything().with_tiers(
         allocators=ALLOCATOR_KINDS, host_layouts=HOST_LAYOUTS
     )
+
+    #: The linear-attention hybrid's classes (``None``: kvcheck's own); twins swap one.
+    linear_kv_pool_cls: Any = None
+    linear_req_pool_cls: Any = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, version={self.version!r})"
@@ -219,6 +223,47 @@ class KVCheckTarget:
         if not others:
             return (anchor,)
         return (anchor, host_pools.DSAIndexerPoolHost(device_pool, anchor, buffer_names=others))
+
+    def make_linear_hybrid(self, spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
+        """kvcheck's linear-attention hybrid for ``spec``: ``(kv_pool, req_to_token_pool)``,
+        a :class:`~kvcheck.pools.hybrid_linear.HybridLinearKVPool` over the mamba pool of a
+        :class:`~kvcheck.pools.mamba.HybridReqToTokenPool` (a subclass swaps either class
+        through ``linear_kv_pool_cls`` / ``linear_req_pool_cls``).
+
+        Example:
+            >>> kv_pool, req_pool = KVCheckTarget().make_linear_hybrid(
+            ...     LinearHybridSpec(full_layer_ids=(1,), mamba_layer_ids=(0, 2)), device="cpu")
+            >>> kv_pool.mamba_pool is req_pool.mamba_pool, req_pool.mamba_map
+            (True, {0: 0, 2: 1})
+        """
+        import torch
+
+        from kvcheck.pools.hybrid_linear import HybridLinearKVPool
+        from kvcheck.pools.mamba import HybridReqToTokenPool
+
+        req_cls = self.linear_req_pool_cls or HybridReqToTokenPool
+        kv_cls = self.linear_kv_pool_cls or HybridLinearKVPool
+        req_pool = req_cls(
+            size=spec.rows,
+            max_context_len=spec.max_context_len,
+            device=device,
+            mamba_size=spec.mamba_size,
+            conv_shapes=spec.conv_shapes,
+            temporal_shape=spec.temporal_shape,
+            mamba_layer_ids=spec.mamba_layer_ids,
+            speculative_num_draft_tokens=spec.draft_tokens,
+        )
+        kv_pool = kv_cls(
+            size=spec.size,
+            dtype=torch.float32,
+            page_size=spec.page_size,
+            head_num=spec.head_num,
+            head_dim=spec.head_dim,
+            full_attention_layer_ids=spec.full_layer_ids,
+            device=device,
+            mamba_pool=req_pool.mamba_pool,
+        )
+        return kv_pool, req_pool
 
     def write_index_k(
         self, pool: Any, layer_id: int, loc: Any, index_k: Any, index_k_scale: Any

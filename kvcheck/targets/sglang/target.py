@@ -46,7 +46,7 @@ import torch
 
 from kvcheck.declaration import Declaration
 from kvcheck.geometry import latent_row_bytes, latent_width
-from kvcheck.specs import POOL_FAMILIES, PoolSpec
+from kvcheck.specs import POOL_FAMILIES, LinearHybridSpec, PoolSpec
 from kvcheck.steering import Steering
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
@@ -368,6 +368,14 @@ class SGLangTarget:
         from kvcheck.targets.sglang.host_pools import make_host_pool
 
         return make_host_pool(spec, device_pool, device=device)
+
+    def make_linear_hybrid(self, spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
+        """sglang's ``(HybridLinearKVPool, HybridReqToTokenPool)`` for ``spec``
+        (:mod:`kvcheck.targets.sglang.linear_hybrid`)."""
+        _sglang()
+        from kvcheck.targets.sglang.linear_hybrid import build_linear_hybrid
+
+        return build_linear_hybrid(spec, device=device)
 
     # --- serving --------------------------------------------------------------------------
 
