@@ -57,7 +57,8 @@ def pool_dtype(name: str) -> str:
         >>> pool_dtype("fp8_e4m")
         Traceback (most recent call last):
         ...
-        ValueError: dtype='fp8_e4m' is not a KV dtype (did you mean 'fp8_e4m3'?); accepted: ...
+        ValueError: dtype='fp8_e4m' is not a KV dtype (did you mean 'fp8_e4m3' or ...
+
     """
     from kvcheck.serving.quantized import QUANTIZED_KV_CACHE_DTYPES
     from kvcheck.specs import DTYPE_ITEMSIZE
@@ -74,9 +75,31 @@ def pool_dtype(name: str) -> str:
         f"(auto: the models' {_MODELS_DTYPE}), or the torch dtypes {', '.join(DTYPE_ITEMSIZE)}"
     )
     spellings = [*choices, *DTYPE_ITEMSIZE]
-    raise ValueError(
-        f"dtype={name!r} is not a KV dtype{_did_you_mean(text, spellings)}; {accepted}"
-    )
+    raise ValueError(f"dtype={name!r} is not a KV dtype{_dtype_hint(text, spellings)}; {accepted}")
+
+
+def _dtype_hint(text: str, spellings: Sequence[str]) -> str:
+    """The dtypes ``text`` abbreviates (``fp8``: sglang's ``fp8_e4m3`` and ``fp8_e5m2``,
+    with the torch names they mean), else the nearest spelling: a bare ``fp8`` is a
+    family of dtypes, and the nearest string (``mxfp8``) is the wrong one."""
+    from kvcheck.vocabulary import KV_CACHE_POOL_DTYPES
+
+    lowered = text.strip().lower()
+    widened = {
+        spelling: None
+        for spelling in spellings
+        if lowered and spelling.lower().startswith(lowered) and spelling != "auto"
+    }
+    for spelling in list(widened):
+        torch_name = KV_CACHE_POOL_DTYPES.get(spelling)
+        if torch_name:
+            widened[torch_name] = None
+    if not widened:
+        return _did_you_mean(text, spellings)
+    names = [repr(spelling) for spelling in widened]
+    if len(names) == 1:
+        return f" (did you mean {names[0]}?)"
+    return f" (did you mean {', '.join(names[:-1])} or {names[-1]}?)"
 
 
 def model_name(name: str) -> str:
