@@ -204,8 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="NAME",
-        help="a model from kvcheck.vocabulary.MODELS, or its short name such as DeepSeek-V3.2 "
-        "(repeatable; default: all)",
+        help="a model from kvcheck.vocabulary.MODELS, or its short name such as Llama-3.1-8B, "
+        "or a Hugging Face model id in the local Hugging Face cache (repeatable; default: "
+        "all named models)",
+    )
+    memory.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="a Hugging Face config.json (or its folder, or a model id in the local Hugging "
+        "Face cache: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub; never downloaded) "
+        "of a plain-attention, MLA or DSA model (repeatable)",
     )
     memory.add_argument(
         "--budget-gib",
@@ -714,7 +724,12 @@ def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
             "dtype": pool_dtype(options.dtype),
             "page_size": options.page_size,
         }
-        rows = memory_rows(options.model, **sizing)
+        models: list[Any] = list(options.model or [])
+        if options.config:
+            from kvcheck.vocabulary import load_model_config
+
+            models += [load_model_config(source) for source in options.config]
+        rows = memory_rows(models, **sizing)
     except ValueError as exc:
         raise UsageProblem(str(exc)) from exc
     print(render_memory_report(rows, **sizing, spelled=options.dtype.strip()))
