@@ -102,7 +102,35 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.dead: dict[int, int] = {}
         self.freed: list[int] = []  # slots of pages freed last (for double frees)
         self.next_request = 0
+        #: Every call made so far, as it reads in Python (what a failure's note lists).
+        self.calls: list[str] = []
         self.last_call = "allocator construction"
+
+    @property
+    def last_call(self) -> str:
+        """The call just made on the allocator, as it reads in Python."""
+        return self._last_call
+
+    @last_call.setter
+    def last_call(self, call: str) -> None:
+        previous = getattr(self, "_last_call", None)
+        if previous is not None and self.calls and call.endswith(previous) and call != previous:
+            self.calls[-1] = call  # the same call, described more fully ("group: free(...)")
+        else:
+            self.calls.append(call)
+        self._last_call = call
+
+    def _noted(self, error: BaseException) -> None:
+        """Add the calls made so far to ``error``, one a line, as calls on ``allocator``
+        (the steps Hypothesis prints name the draws, not the calls)."""
+        if getattr(error, "_kvcheck_calls_noted", False) or type(error).__module__.startswith(
+            "hypothesis"
+        ):
+            return  # noted once; Hypothesis's own control flow is not a failure
+        spec = f"allocator = target.make_allocator({self.spec!r})"
+        calls = [f"allocator.{call}" for call in self.calls[1:]]
+        error.add_note("\n".join(["calls, in order:", f"  {spec}", *(f"  {c}" for c in calls)]))
+        error._kvcheck_calls_noted = True  # type: ignore[attr-defined]
 
     def _build(self, spec: AllocatorSpec) -> None:
         self.spec = spec
@@ -153,7 +181,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         """One call of a drawn kind on the allocator and the reference."""
         kind = data.draw(st.sampled_from(self._kinds()), label="kind")
         if kind != "pause":
-            getattr(self, f"_{kind}")(data)
+            try:
+                getattr(self, f"_{kind}")(data)
+            except Exception as error:
+                self._noted(error)
+                raise
 
     # -- allocating ------------------------------------------------------------------------
 
@@ -558,7 +590,9 @@ class AllocatorMachine(RuleBasedStateMachine):
             getattr(self.allocator, method)(empty)
 
     def _drain(self, data: st.DataObject) -> None:
-        if data.draw(st.integers(0, 3), label="clear instead") == 0:
+        # One drain in four is a clear() (a cache flush) instead; shrinks towards clear().
+        # The calls themselves are listed as Python on a failure (_noted).
+        if data.draw(st.integers(0, 3), label="0: clear(), else a drain") == 0:
             self._clear(data)
             return
         spec, ref = self._spec, self._ref
@@ -722,9 +756,13 @@ class AllocatorMachine(RuleBasedStateMachine):
         """``available_size()`` (SWA: both sides and the mapping), the free-page census, the
         reported capacities and the scheduler hooks' answers equal the truth."""
         if self.allocator is not None:
-            assert_allocator_state(self.allocator, self._ref, call=self.last_call)
-            assert_reported_capacity(self.allocator, self._spec, call=self.last_call)
-            self._check_hooks()
+            try:
+                assert_allocator_state(self.allocator, self._ref, call=self.last_call)
+                assert_reported_capacity(self.allocator, self._spec, call=self.last_call)
+                self._check_hooks()
+            except Exception as error:
+                self._noted(error)
+                raise
 
 
 def allocator_machine(

@@ -7,7 +7,8 @@
 # nothing here can replace a CPU torch with a CUDA one. torchvision is deliberately
 # absent: kvcheck's adapter supplies a stand-in while sglang is imported.
 #
-# Usage:  bash scripts/install_sglang.sh            (idempotent; prints how long it took)
+# Usage:  bash scripts/install_sglang.sh            (idempotent; its last line says what
+#                                                    was installed and how to run the target)
 #         KVCHECK_SGLANG_VERSION=0.5.22 bash scripts/install_sglang.sh
 #         bash scripts/install_sglang.sh --releases   (prints the known releases, oldest
 #                                                      first, one a line; installs nothing)
@@ -130,13 +131,36 @@ for requirement in sys.argv[1:]:
 PY
 }
 
+# pip, quietly. Its "dependency resolver" block lists every pin of sglang's own (a CUDA
+# torch, GPU kernels) that this recipe leaves out on purpose; it is expected, so it becomes
+# one line saying so. Anything else pip says is shown; a failing pip shows all of it.
+pip_install() {
+  local log status=0 conflicts
+  log=$(mktemp)
+  "$PYTHON" -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1 || status=$?
+  if [ "$status" -ne 0 ]; then
+    cat "$log" >&2
+    rm -f "$log"
+    die "pip install failed (exit $status; its output is above)"
+  fi
+  conflicts=$(grep -cE "$PIP_CONFLICT" "$log" || true)
+  grep -vE "$PIP_CONFLICT|^ERROR: pip's dependency resolver|^\[notice\]|^[[:space:]]*$" "$log" || true
+  rm -f "$log"
+  if [ "$conflicts" -gt 0 ]; then
+    echo "install_sglang: pip lists $conflicts of sglang's own pins as conflicts (a CUDA torch, GPU kernels); expected: the CPU torch is kept on purpose and only what kvcheck imports is installed"
+  fi
+}
+# One line of pip's resolver block: "sglang 0.5.23 requires torch==2.14.1, but you have
+# torch 2.13.0+cpu which is incompatible." or "..., which is not installed."
+PIP_CONFLICT='^[^ ]+ [^ ]+ requires .+(, but you have .+ which is incompatible|, which is not installed)\.$'
+
 if already_installed; then
   echo "install_sglang: sglang==$SGLANG_VERSION and its pinned imports are already installed"
 else
   # sglang alone, without its CUDA-only dependency list.
-  "$PYTHON" -m pip install --no-deps -c "$constraints" "sglang==$SGLANG_VERSION"
+  pip_install --no-deps -c "$constraints" "sglang==$SGLANG_VERSION"
   # What its pool code imports; the constraint keeps torch as it is.
-  "$PYTHON" -m pip install -c "$constraints" "${REQUIREMENTS[@]:1}"
+  pip_install -c "$constraints" "${REQUIREMENTS[@]:1}"
 fi
 
 after_torch=$(torch_version)
@@ -156,4 +180,4 @@ for requirement in sys.argv[1:]:
     total += sum(f.size or 0 for f in files)
 print(f"install_sglang: the pinned set occupies {total / 1e9:.2f} GB on disk")
 PY
-echo "install_sglang: done in $(( $(date +%s) - start )) s (torch $after_torch untouched)"
+echo "install_sglang: installed sglang $SGLANG_VERSION and its $(( ${#REQUIREMENTS[@]} - 1 )) pinned imports beside torch $after_torch (untouched) in $(( $(date +%s) - start )) s; run the target with: kvcheck verify --target sglang"

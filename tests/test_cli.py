@@ -232,8 +232,8 @@ def test_memory_report_takes_sglang_dtypes_and_short_model_names(
     ("argv", "message"),
     [
         (["--dtype", "fp4_e2m1"], "dtype='fp4_e2m1' is not a KV dtype"),
-        (["--dtype", "fp8_e4m"], "(did you mean 'fp8_e4m3'?)"),
-        (["--model", "DeepSeek-V3"], "(did you mean 'DeepSeek-V3.2'?)"),
+        (["--dtype", "fp8_e4m"], "(did you mean 'fp8_e4m3' or 'float8_e4m3fn'?)"),
+        (["--model", "DeepSek-V3.2"], "(did you mean 'DeepSeek-V3.2'?)"),
         (["--model", "qwen3-embeding-8b"], "(did you mean 'Qwen3-Embedding-8B'?)"),
     ],
     ids=["fp4-without-recipe", "dtype-typo", "model-typo", "model-typo-case"],

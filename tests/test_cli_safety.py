@@ -162,7 +162,7 @@ def test_failure_entry_carries_signature_and_reproduction_data() -> None:
     spec = PoolSpec(family="mla", size=4, page_size=2, layer_num=1, dtype="float16")
     reproduction = Reproduction(spec=spec, ops=(Move(tgt=(1,), src=(2,)),))
     error = PropertyFailure(
-        "got 1 but should be 0 [move_kv_cache]\nk_buffer[layer 0] first differs at row=3, byte=5",
+        "k_buffer[layer 0] row 3 byte 5 is 0x01 but should be 0x00 [move_kv_cache]\n1 byte differs",
         signature=FailureSignature(check="bytes", call="move_kv_cache", kind="bytes differ"),
         reproduction=reproduction,
     )

@@ -402,7 +402,7 @@ def test_dsa_machine_catches_scaled_rows_with_swapped_block_scales() -> None:
     )
     assert "set_mla_kv_buffer" in message and "kv_buffer" in message
     # Bytes 256.. of a 256-value row are its scales, where the first difference is.
-    assert "rows of [512] bytes" in message and "byte=256" in message
+    assert "rows of [512] bytes" in message and "byte 256 is 0x" in message
     assert len(steps) <= 2 and layers <= 2, steps
 
 
@@ -920,9 +920,9 @@ def test_mismatch_names_buffer_layer_token_and_part() -> None:
     with pytest.raises(PropertyFailure) as caught:
         assert_pool_matches_reference(pool, ReferencePool(spec), call="poke")
     message = str(caught.value)
-    assert "got 9 but should be 0 [poke]" in message
+    assert "is 0x09 but should be 0x00 [poke]" in message
     assert "index_k_with_scale_buffer[1] (global layer 4)" in message
-    assert "token 5 scale byte 1" in message and "row=2" in message
+    assert "token 5 scale byte 1" in message and "row 2 byte" in message
 
 
 def test_matching_pool_passes_after_the_same_writes() -> None:

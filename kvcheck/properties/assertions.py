@@ -95,11 +95,19 @@ def assert_bytes_equal(
     call: str,
     signature: FailureSignature | None = None,
 ) -> None:
-    """Byte-for-byte equality of two uint8 arrays; names the first differing (row, byte).
+    """Byte-for-byte equality of two uint8 arrays; names the first differing (row, byte)
+    in the words a reproduction script uses: ``row 1 byte 2 is 0x01 but should be 0x00``.
 
     Example:
         >>> a = np.zeros((2, 4), dtype=np.uint8)
         >>> assert_bytes_equal(a, a.copy(), what="k_buffer[layer 0]", call="set_kv_buffer")
+        >>> b = a.copy(); b[1, 2] = 1
+        >>> try:
+        ...     assert_bytes_equal(b, a, what="k_buffer[layer 0]", call="set_kv_buffer")
+        ... except PropertyFailure as error:
+        ...     print(error)
+        k_buffer[layer 0] row 1 byte 2 is 0x01 but should be 0x00 [set_kv_buffer]
+        1 byte differs
     """
     __tracebackhide__ = True
     if got.shape != expected.shape:
@@ -114,14 +122,16 @@ def assert_bytes_equal(
         return
     index = first_difference(got, expected)
     assert index is not None
-    where = ", ".join(f"{name}={i}" for name, i in zip(("row", "byte", "col"), index, strict=False))
+    names = ("row", "byte", "col") if len(index) > 1 else ("byte",)
+    where = " ".join(f"{name} {i}" for name, i in zip(names, index, strict=False))
     if signature is not None and signature.kind.endswith("differs") and len(index) > 1:
         # The first differing row (slot, or page for index-K) tells findings apart.
         signature = dataclasses.replace(signature, kind=f"{signature.kind} at row {index[0]}")
-    raise fail(
-        got=int(got[index]),
-        expected=int(expected[index]),
-        call=call,
-        detail=f"{what} first differs at {where}",
+    count = int(np.count_nonzero(got != expected))
+    # One wording with the reproduction script's (kvcheck.runner.repro.expect_bytes).
+    raise failure(
+        f"{what} {where} is 0x{int(got[index]):02x} but should be "
+        f"0x{int(expected[index]):02x} [{call}]\n"
+        f"{count} {'byte differs' if count == 1 else 'bytes differ'}",
         signature=signature,
     )

@@ -180,11 +180,12 @@ def assert_pool_matches_reference(
         >>> spec = PoolSpec(family="mla", size=2, page_size=1, layer_num=1, dtype="float32")
         >>> pool = resolve_target("kvcheck").make_pool(spec, device="cpu")
         >>> pool.kv_buffer[0][1] = 1.0
-        >>> assert_pool_matches_reference(pool, ReferencePool(spec), call="poke")
-        Traceback (most recent call last):
-        ...
-        kvcheck.failures.PropertyFailure: got 128 but should be 0 [poke]
-        kv_buffer[0] (global layer 0) first differs at row=1, byte=2
+        >>> try:
+        ...     assert_pool_matches_reference(pool, ReferencePool(spec), call="poke")
+        ... except Exception as error:
+        ...     print(error)
+        kv_buffer[0] (global layer 0) row 1 byte 2 is 0x80 but should be 0x00 [poke]
+        48 bytes differ
     """
     __tracebackhide__ = True
     expected = reference.expected_buffers() if expected is None else expected

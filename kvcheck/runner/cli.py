@@ -97,6 +97,10 @@ _EXIT_STATUS_TEXT = (
     "every stored example); 130 interrupted (SIGINT or SIGTERM), after the summary of what "
     "ran."
 )
+#: How a run command passes its own arguments to pytest, in its --help.
+_PYTEST_ARGUMENTS_TEXT = (
+    "Arguments after -- go to pytest as they are, e.g. kvcheck {command} -- -x --tb=long."
+)
 #: pytest's exit status when it collected (or, after -k, selected) no test.
 _PYTEST_NO_TESTS = 5
 _DEFAULT_BUDGET_GIB = 64.0
@@ -140,8 +144,24 @@ def _main(argv: Sequence[str] | None, *, started: float, interrupts: Interrupts)
     try:
         return int(options.handler(options, pytest_extra))
     except UsageProblem as problem:
-        print(f"kvcheck: error: {problem}", file=sys.stderr)
+        print(f"kvcheck: error: {problem}{_code_traceback(problem, options)}", file=sys.stderr)
         return 2
+
+
+def _code_traceback(problem: UsageProblem, options: argparse.Namespace) -> str:
+    """The traceback of the user's own code behind ``problem`` (a target module that raised
+    on import), with ``-v``; without it, a pointer to ``-v``. Nothing for other problems,
+    whose one line says it all."""
+    import traceback
+
+    from kvcheck.targets import TargetCodeError
+
+    error = problem.__cause__
+    if not isinstance(error, TargetCodeError) or error.__cause__ is None:
+        return ""
+    if getattr(options, "verbosity", 0) <= 0:
+        return " (-v shows its traceback)"
+    return "\n" + "".join(traceback.format_exception(error.__cause__)).rstrip()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser(
         "verify",
         help="run the property suite against a target and summarize it",
-        epilog=_EXIT_STATUS_TEXT,
+        epilog=f"{_PYTEST_ARGUMENTS_TEXT.format(command='verify')} {_EXIT_STATUS_TEXT}",
     )
     _add_run_arguments(verify)
     verify.add_argument(
@@ -171,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay = commands.add_parser(
         "replay",
         help="rerun only the stored (previously failing) examples",
-        epilog=_EXIT_STATUS_TEXT,
+        epilog=f"{_PYTEST_ARGUMENTS_TEXT.format(command='replay')} {_EXIT_STATUS_TEXT}",
     )
     _add_run_arguments(replay)
     replay.set_defaults(handler=_replay)
@@ -184,8 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=None,
         metavar="NAME",
-        help="a model from kvcheck.vocabulary.MODELS, or its short name such as DeepSeek-V3.2 "
-        "(repeatable; default: all)",
+        help="a model from kvcheck.vocabulary.MODELS, or its short name such as Llama-3.1-8B, "
+        "or a Hugging Face model id in the local Hugging Face cache (repeatable; default: "
+        "all named models)",
+    )
+    memory.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="a Hugging Face config.json (or its folder, or a model id in the local Hugging "
+        "Face cache: HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub; never downloaded) "
+        "of a plain-attention, MLA or DSA model (repeatable)",
     )
     memory.add_argument(
         "--budget-gib",
@@ -694,7 +724,12 @@ def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:
             "dtype": pool_dtype(options.dtype),
             "page_size": options.page_size,
         }
-        rows = memory_rows(options.model, **sizing)
+        models: list[Any] = list(options.model or [])
+        if options.config:
+            from kvcheck.vocabulary import load_model_config
+
+            models += [load_model_config(source) for source in options.config]
+        rows = memory_rows(models, **sizing)
     except ValueError as exc:
         raise UsageProblem(str(exc)) from exc
     print(render_memory_report(rows, **sizing, spelled=options.dtype.strip()))

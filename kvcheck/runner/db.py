@@ -73,6 +73,7 @@ __all__ = [
     "StrictDirectoryDatabase",
     "TargetDatabase",
     "TargetHoldings",
+    "blocked_directory",
     "check_writable",
     "database_from_env",
     "database_from_spec",
@@ -236,6 +237,12 @@ def check_writable(db: ExampleDatabase) -> None:
         >>> check_writable(database_from_spec(tempfile.mkdtemp()))
     """
     for directory in _written_directories(db):
+        blocked = blocked_directory(directory)
+        if blocked is not None:
+            raise DatabaseSpecError(
+                f"{DATABASE_ENV_VAR}: cannot write failing examples to {str(directory)!r}: "
+                f"{blocked}; point KVCHECK_DB at a directory"
+            )
         try:
             probe_directory(directory)
         except OSError as exc:
@@ -244,6 +251,31 @@ def check_writable(db: ExampleDatabase) -> None:
                 f"({type(exc).__name__}: {exc.strerror or exc}); fix its permissions or "
                 "point KVCHECK_DB at a writable directory"
             ) from exc
+
+
+def blocked_directory(directory: Path) -> str | None:
+    """Why ``directory`` cannot be made, said plainly, where the reason is its path: it or
+    a parent is a file, or a symbolic link to nowhere; None otherwise (permissions are
+    left to the probe, whose error says them).
+
+    Example:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> (root / "gone").symlink_to(root / "missing")
+        >>> blocked_directory(root / "gone" / "db")  # doctest: +ELLIPSIS
+        "'.../gone' is a symbolic link to '.../missing', which does not exist"
+        >>> (root / "file").touch()
+        >>> blocked_directory(root / "file" / "db")  # doctest: +ELLIPSIS
+        "'.../file' is a file, not a directory"
+    """
+    for path in (directory, *directory.parents):
+        if path.is_symlink() and not path.exists():
+            return (
+                f"{str(path)!r} is a symbolic link to {os.readlink(path)!r}, which does not exist"
+            )
+        if path.exists():
+            return None if path.is_dir() else f"{str(path)!r} is a file, not a directory"
+    return None
 
 
 def probe_directory(directory: Path) -> None:

@@ -32,10 +32,20 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["MemoryRow", "memory_rows", "model_name", "pool_dtype", "render_memory_report"]
+if TYPE_CHECKING:
+    from kvcheck.vocabulary import ModelConfig
+
+__all__ = [
+    "MemoryRow",
+    "memory_rows",
+    "model_name",
+    "pool_dtype",
+    "render_memory_report",
+    "resolve_model",
+]
 
 _GIB = 1 << 30
 #: The dtype ``--kv-cache-dtype auto`` means for the models kvcheck names: each one's
@@ -57,7 +67,8 @@ def pool_dtype(name: str) -> str:
         >>> pool_dtype("fp8_e4m")
         Traceback (most recent call last):
         ...
-        ValueError: dtype='fp8_e4m' is not a KV dtype (did you mean 'fp8_e4m3'?); accepted: ...
+        ValueError: dtype='fp8_e4m' is not a KV dtype (did you mean 'fp8_e4m3' or ...
+
     """
     from kvcheck.serving.quantized import QUANTIZED_KV_CACHE_DTYPES
     from kvcheck.specs import DTYPE_ITEMSIZE
@@ -74,9 +85,31 @@ def pool_dtype(name: str) -> str:
         f"(auto: the models' {_MODELS_DTYPE}), or the torch dtypes {', '.join(DTYPE_ITEMSIZE)}"
     )
     spellings = [*choices, *DTYPE_ITEMSIZE]
-    raise ValueError(
-        f"dtype={name!r} is not a KV dtype{_did_you_mean(text, spellings)}; {accepted}"
-    )
+    raise ValueError(f"dtype={name!r} is not a KV dtype{_dtype_hint(text, spellings)}; {accepted}")
+
+
+def _dtype_hint(text: str, spellings: Sequence[str]) -> str:
+    """The dtypes ``text`` abbreviates (``fp8``: sglang's ``fp8_e4m3`` and ``fp8_e5m2``,
+    with the torch names they mean), else the nearest spelling: a bare ``fp8`` is a
+    family of dtypes, and the nearest string (``mxfp8``) is the wrong one."""
+    from kvcheck.vocabulary import KV_CACHE_POOL_DTYPES
+
+    lowered = text.strip().lower()
+    widened = {
+        spelling: None
+        for spelling in spellings
+        if lowered and spelling.lower().startswith(lowered) and spelling != "auto"
+    }
+    for spelling in list(widened):
+        torch_name = KV_CACHE_POOL_DTYPES.get(spelling)
+        if torch_name:
+            widened[torch_name] = None
+    if not widened:
+        return _did_you_mean(text, spellings)
+    names = [repr(spelling) for spelling in widened]
+    if len(names) == 1:
+        return f" (did you mean {names[0]}?)"
+    return f" (did you mean {', '.join(names[:-1])} or {names[-1]}?)"
 
 
 def model_name(name: str) -> str:
@@ -88,24 +121,55 @@ def model_name(name: str) -> str:
         >>> model_name("Qwen3-Embedding-8B")
         'Qwen/Qwen3-Embedding-8B'
         >>> model_name("DeepSeek-V3")
+        'deepseek-ai/DeepSeek-V3'
+        >>> model_name("Lama-3.1-8B")
         Traceback (most recent call last):
         ...
-        ValueError: model='DeepSeek-V3' is not a kvcheck model (did you mean 'DeepSeek-V3.2'?); ...
+        ValueError: model='Lama-3.1-8B' is not a kvcheck model (did you mean 'Llama-3.1-8B'?); ...
     """
-    from kvcheck.vocabulary import MODELS
+    from kvcheck.vocabulary import MODELS, UNSIZED_MODELS
 
-    by_name: dict[str, str] = {}
-    for key in MODELS:
-        by_name.setdefault(key.lower(), key)
-        by_name.setdefault(key.rpartition("/")[2].lower(), key)
-    found = by_name.get(name.strip().lower())
+    found = _by_name(MODELS).get(name.strip().lower())
     if found is not None:
         return found
+    unsized = _by_name(UNSIZED_MODELS).get(name.strip().lower())
+    if unsized is not None:
+        raise ValueError(f"model={name!r} ({unsized}) cannot be sized: {UNSIZED_MODELS[unsized]}")
     spellings = [*MODELS, *(key.rpartition("/")[2] for key in MODELS if "/" in key)]
     raise ValueError(
         f"model={name!r} is not a kvcheck model{_did_you_mean(name, spellings)}; "
-        f"known: {', '.join(MODELS)} (or the part after the '/')"
+        f"known: {', '.join(MODELS)} (or the part after the '/'); for any other model "
+        "pass --config with its Hugging Face config.json"
     )
+
+
+def _by_name(models: Any) -> dict[str, str]:
+    """Each key of ``models`` by its lowered full and short (after ``/``) names."""
+    by_name: dict[str, str] = {}
+    for key in models:
+        by_name.setdefault(key.lower(), key)
+        by_name.setdefault(key.rpartition("/")[2].lower(), key)
+    return by_name
+
+
+def resolve_model(name: str) -> ModelConfig:
+    """The model ``name`` means: a named model (:func:`model_name`), else a Hugging Face
+    model id whose ``config.json`` the local cache holds (no network). Raises
+    ``ValueError`` as :func:`model_name` does when neither is found.
+
+    Example:
+        >>> resolve_model("llama-3.1-8b").num_key_value_heads
+        8
+    """
+    from kvcheck.vocabulary import MODELS
+    from kvcheck.vocabulary.hf_configs import hf_config_path, load_model_config
+
+    try:
+        return MODELS[model_name(name)]
+    except ValueError:
+        if hf_config_path(name) is None:
+            raise
+    return load_model_config(name)
 
 
 def _did_you_mean(name: str, choices: Sequence[str]) -> str:
@@ -128,17 +192,21 @@ class MemoryRow:
     note: str = ""
     #: A quantized dtype's cell split: (payload, scales, workspace) bytes per token.
     quantized_cell: tuple[int, int, int] | None = None
+    #: The model itself (a named one, or one read from a config.json).
+    config: ModelConfig | None = field(default=None, repr=False, compare=False)
 
 
 def memory_rows(
-    model_names: Sequence[str] | None,
+    model_names: Sequence[str | ModelConfig] | None,
     *,
     budget_bytes: int,
     dtype: str,
     page_size: int,
 ) -> list[MemoryRow]:
     """Rows for ``model_names`` (None: every model in :data:`kvcheck.vocabulary.MODELS`; a
-    name may be a model's short name, :func:`model_name`).
+    name may be a model's short name or a cached Hugging Face model id,
+    :func:`resolve_model`; a :class:`~kvcheck.vocabulary.ModelConfig` is used as it is,
+    e.g. one read from a ``config.json`` by :func:`kvcheck.vocabulary.load_model_config`).
 
     Raises ``ValueError`` naming an unknown model or a bad budget, dtype or page size.
     """
@@ -151,17 +219,23 @@ def memory_rows(
         select_kv_pool,
     )
     from kvcheck.serving.quantized import is_quantized_kv_cache_dtype
-    from kvcheck.vocabulary import MODELS
+    from kvcheck.vocabulary import MODELS, ModelConfig
 
     if not isinstance(budget_bytes, int) or budget_bytes <= 0:
         raise ValueError(f"budget_bytes={budget_bytes!r} must be a positive int")
-    names = list(MODELS) if not model_names else [model_name(name) for name in model_names]
+    models = (
+        list(MODELS.values())
+        if not model_names
+        else [
+            name if isinstance(name, ModelConfig) else resolve_model(name) for name in model_names
+        ]
+    )
     rows: list[MemoryRow] = []
-    for name in names:
-        model = MODELS[name]
+    for model in models:
+        name = model.name
         if is_quantized_kv_cache_dtype(dtype):
             rows.append(
-                _quantized_row(name, budget_bytes=budget_bytes, dtype=dtype, page_size=page_size)
+                _quantized_row(model, budget_bytes=budget_bytes, dtype=dtype, page_size=page_size)
             )
             continue
         variants = [("skip layers honoured", False), ("every layer allocated", True)]
@@ -198,12 +272,15 @@ def memory_rows(
                     formula_bytes=pool_bytes(model, num_tokens=tokens, **sizing),
                     built_bytes=built,
                     note=note,
+                    config=model,
                 )
             )
     return rows
 
 
-def _quantized_row(name: str, *, budget_bytes: int, dtype: str, page_size: int) -> MemoryRow:
+def _quantized_row(
+    model: ModelConfig, *, budget_bytes: int, dtype: str, page_size: int
+) -> MemoryRow:
     """The row of ``name`` in the quantized pool ``dtype`` selects, its cell split into
     payload, scales and workspace; a model kvcheck has no such pool for gets a note."""
     from kvcheck.memory import shape_bytes
@@ -215,13 +292,12 @@ def _quantized_row(name: str, *, budget_bytes: int, dtype: str, page_size: int) 
         select_kv_pool,
     )
     from kvcheck.serving.quantized import quantized_cell_bytes
-    from kvcheck.vocabulary import MODELS
 
-    model = MODELS[name]
+    name = model.name
     try:
         cell = quantized_cell_bytes(model, dtype, layer_num=len(layer_window(model)))
     except ValueError as exc:  # no quantized pool for this family in kvcheck
-        return MemoryRow(name, "quantized pool", 0, 0, 0, None, note=str(exc))
+        return MemoryRow(name, "quantized pool", 0, 0, 0, None, note=str(exc), config=model)
     sizing: dict[str, Any] = {"dtype": dtype, "page_size": page_size}
     tokens = max_total_num_tokens(model, budget_bytes=budget_bytes, **sizing)
     pool = select_kv_pool(
@@ -240,6 +316,7 @@ def _quantized_row(name: str, *, budget_bytes: int, dtype: str, page_size: int) 
         formula_bytes=pool_bytes(model, num_tokens=tokens, **sizing),
         built_bytes=shape_bytes(pool),
         quantized_cell=(cell.payload, cell.scales, cell.workspace),
+        config=model,
     )
 
 
@@ -362,11 +439,10 @@ def _dcp_widths(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
     at ``dcp_size`` 2 and 4: ``latent / D + index keys`` (each rank keeps every widened
     id's index key, and ``1 / D`` of the latent rows)."""
     from kvcheck.reference import reference_skip_mask
-    from kvcheck.vocabulary import MODELS
 
     lines = []
     for row in rows:
-        model = MODELS[row.model]
+        model = _model_of(row)
         # MHA models split their heads by tensor parallel, not DCP.
         if not model.uses_latent_cache or row.variant == "every layer allocated":
             continue
@@ -389,11 +465,10 @@ def _index_kpools(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
     and the compress tails one request slot adds (bf16 keys and scores, ``kpool`` ring
     slots per indexer layer, no draft slots). Sizes come from :mod:`kvcheck.geometry`."""
     from kvcheck.reference import reference_skip_mask
-    from kvcheck.vocabulary import MODELS
 
     lines = []
     for row in rows:
-        model = MODELS[row.model]
+        model = _model_of(row)
         if not model.is_dsa or row.variant != "skip layers honoured":
             continue
         index_1, _ = _kpool_bytes(model.index_head_dim, dtype, 1)
@@ -439,13 +514,12 @@ def _fp8_latent_layouts(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
     ``float8_e4m3fn`` (the rows above) beside the raw layout of its trtllm and tilelang DSA
     backends."""
     from kvcheck.serving import latent_kv_cache_dim
-    from kvcheck.vocabulary import MODELS
 
     if dtype != "float8_e4m3fn":
         return []
     lines = []
     for row in rows:
-        model = MODELS[row.model]
+        model = _model_of(row)
         if not model.is_dsa:
             continue
         raw = model.kv_lora_rank + model.qk_rope_head_dim
@@ -457,6 +531,13 @@ def _fp8_latent_layouts(rows: Sequence[MemoryRow], dtype: str) -> list[str]:
             f"({100 * (row.cell_bytes - cell) / cell:+.1f}%)"
         )
     return lines
+
+
+def _model_of(row: MemoryRow) -> ModelConfig:
+    """The model a row was sized for (a row built by hand may carry only the name)."""
+    from kvcheck.vocabulary import MODELS
+
+    return row.config if row.config is not None else MODELS[row.model]
 
 
 def _skip_savings(rows: Sequence[MemoryRow]) -> list[str]:

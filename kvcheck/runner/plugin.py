@@ -909,13 +909,16 @@ def _describe_target(target: Any) -> str:
 
 
 def _describe_surface(target: Any) -> str:
-    """The families and variants the target declares it builds, in one line."""
+    """The families and variants the target declares it builds, and the tiers around its
+    pools (allocators, host pools) it declares, in one line."""
     from kvcheck.surface import surface_of
 
     try:
-        return surface_of(target).describe()
+        surface = surface_of(target)
     except ValueError as exc:
         return f"malformed ({exc})"
+    tiers = surface.describe_tiers()
+    return f"{surface.describe()}; {tiers}" if tiers else surface.describe()
 
 
 def _kvcheck_env() -> dict[str, str]:

@@ -145,8 +145,13 @@ def check_output_path(option: str, path: Path) -> None:
     claims (``/proc`` passes that check and refuses every new file)."""
     if path.is_dir():
         raise UsageProblem(f"{option} {path}: is a directory; give a file name")
+    from kvcheck.runner.db import blocked_directory
+
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
+        blocked = blocked_directory(parent)
+        if blocked is not None:
+            raise UsageProblem(f"{option} {path}: {blocked}")
         raise UsageProblem(f"{option} {path}: directory {str(parent)!r} does not exist")
     existed = path.exists()
     try:
@@ -163,8 +168,11 @@ def usable_directory(option: str, path: Path, *, keep: bool = True) -> Path:
     """Create ``path`` and a probe file in it; a UsageProblem saying why when that fails.
     Without ``keep`` the directories it created are removed again (a check before the
     slower ones, which must leave nothing behind if one of them fails)."""
-    from kvcheck.runner.db import probe_directory
+    from kvcheck.runner.db import blocked_directory, probe_directory
 
+    blocked = blocked_directory(path)
+    if blocked is not None:
+        raise UsageProblem(f"{option} {path}: cannot write there: {blocked}")
     created = [parent for parent in (path, *path.parents) if not parent.exists()]
     try:
         probe_directory(path)

@@ -24,7 +24,16 @@ from kvcheck.properties.serving import (
 from kvcheck.reference import QUANTIZED_KV_DTYPES, reference_pool_bytes, reference_skip_mask
 from kvcheck.strategies import dtypes, model_configs, page_sizes
 from kvcheck.targets import supports
-from kvcheck.vocabulary import DEEPSEEK_V3_2, GLM_5_2_LIKE, QWEN3_EMBEDDING_8B, ModelConfig
+from kvcheck.vocabulary import (
+    DEEPSEEK_V3,
+    DEEPSEEK_V3_2,
+    GLM_5_2_LIKE,
+    LLAMA_3_1_8B,
+    LLAMA_3_1_70B,
+    QWEN3_8B,
+    QWEN3_EMBEDDING_8B,
+    ModelConfig,
+)
 
 pytestmark = pytest.mark.kvcheck_needs("configurator")
 
@@ -247,6 +256,14 @@ NAMED_CELL_SIZES: dict[str, tuple[ModelConfig, str, bool, int]] = {
     # SGLang's scaled fp8 row: 61 layers * 656 bytes + 61 indexers * 132 bytes.
     "deepseek-v3.2-fp8": (DEEPSEEK_V3_2, "float8_e4m3fn", False, 48068),
     "qwen3-embedding-8b-bf16": (QWEN3_EMBEDDING_8B, "bfloat16", False, 147456),
+    # 32 layers * 8 KV heads * (128 + 128) * 2 bytes; 80 * 8 * 256 * 2 for 70B.
+    "llama-3.1-8b-bf16": (LLAMA_3_1_8B, "bfloat16", False, 131072),
+    "llama-3.1-8b-fp8": (LLAMA_3_1_8B, "float8_e4m3fn", False, 65536),
+    "llama-3.1-70b-bf16": (LLAMA_3_1_70B, "bfloat16", False, 327680),
+    # 36 layers * 8 KV heads * (128 + 128) * 2 bytes, as its embedding sibling.
+    "qwen3-8b-bf16": (QWEN3_8B, "bfloat16", False, 147456),
+    # 61 layers * (512 + 64) * 2 bytes: MLA without an indexer.
+    "deepseek-v3-bf16": (DEEPSEEK_V3, "bfloat16", False, 70272),
 }
 
 
@@ -258,7 +275,8 @@ NAMED_CELL_SIZES: dict[str, tuple[ModelConfig, str, bool, int]] = {
 def test_named_cell_sizes(
     kvcheck_target: Any, model: ModelConfig, dtype: str, is_draft: bool, cell_size: int
 ) -> None:
-    """Published configs: GLM-5.2-like pays for 21 indexers (78 as a draft), DeepSeek for 61."""
+    """Published configs: GLM-5.2-like pays for 21 indexers (78 as a draft), DeepSeek-V3.2
+    for 61, DeepSeek-V3 for none; Llama 3.1 and Qwen3-8B pay for their KV heads."""
     assert check_cell_size(kvcheck_target, model, dtype=dtype, is_draft=is_draft) == cell_size
 
 
@@ -267,6 +285,9 @@ NAMED_CAPACITIES: dict[str, tuple[ModelConfig, int, str]] = {
     "deepseek-v3.2-60gib-bf16": (DEEPSEEK_V3_2, 60 * _GIB, "bfloat16"),
     "qwen3-embedding-8b-60gib-bf16": (QWEN3_EMBEDDING_8B, 60 * _GIB, "bfloat16"),
     "glm-5.2-like-1gib-fp8": (GLM_5_2_LIKE, _GIB, "float8_e4m3fn"),
+    "llama-3.1-8b-60gib-bf16": (LLAMA_3_1_8B, 60 * _GIB, "bfloat16"),
+    "qwen3-8b-60gib-bf16": (QWEN3_8B, 60 * _GIB, "bfloat16"),
+    "deepseek-v3-60gib-bf16": (DEEPSEEK_V3, 60 * _GIB, "bfloat16"),
 }
 
 

@@ -23,10 +23,11 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvcheck.declaration import CAPABILITIES, declaration_of
@@ -41,6 +42,7 @@ __all__ = [
     "OPTIONAL_MEMBERS",
     "TARGET_ENV_VAR",
     "Target",
+    "TargetCodeError",
     "TargetError",
     "capability_skip_reason",
     "check_target",
@@ -93,6 +95,12 @@ class TargetError(ValueError):
     """
 
 
+class TargetCodeError(TargetError):
+    """The target's own code raised while it was imported or built: its traceback, not
+    only its message, is what the user needs (``kvcheck -v`` prints it; the exception
+    is this error's ``__cause__``)."""
+
+
 def target_spec(name: str | None = None) -> str:
     """The target name in effect: ``name``, else ``KVCHECK_TARGET``, else ``kvcheck``.
 
@@ -128,7 +136,8 @@ def resolve_target(name: str | None = None, *, available: bool = True) -> Target
     location = BUILTIN_TARGETS.get(spec, spec)
     module_name, sep, attr_path = location.partition(":")
     if not sep or not module_name.strip() or not attr_path.strip():
-        raise TargetError(f"unknown target {spec!r}; {_VALID_NAMES_HINT}")
+        hint = _did_you_mean(spec, list(BUILTIN_TARGETS))
+        raise TargetError(f"unknown target {spec!r}{hint}; {_VALID_NAMES_HINT}")
     obj = _import_attr(spec, module_name.strip(), attr_path.strip())
     target = _instantiate(spec, obj)
     problems = check_target(target)
@@ -412,20 +421,42 @@ def _optional_member_problems(target: object) -> list[str]:
 def _import_attr(spec: str, module_name: str, attr_path: str) -> Any:
     try:
         obj: Any = importlib.import_module(module_name)
-    except Exception as exc:  # any import-time failure is reported with the target name
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not f"{module_name}.".startswith(f"{exc.name}."):
+            # The module exists and imports something missing: its traceback says where.
+            raise TargetCodeError(
+                f"target {spec!r}: importing module {module_name!r} failed with "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         raise TargetError(
             f"target {spec!r}: importing module {module_name!r} failed with "
             f"{type(exc).__name__}: {exc}; {_VALID_NAMES_HINT}"
         ) from exc
+    except Exception as exc:  # any import-time failure is reported with the target name
+        raise TargetCodeError(
+            f"target {spec!r}: importing module {module_name!r} failed with "
+            f"{type(exc).__name__}: {exc}; {_VALID_NAMES_HINT}"
+        ) from exc
+    owner = f"module {module_name!r}"
+    found: list[str] = []
     for part in attr_path.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError as exc:
+            hint = _did_you_mean(part, [name for name in dir(obj) if not name.startswith("_")])
             raise TargetError(
-                f"target {spec!r}: module {module_name!r} has no attribute {attr_path!r} "
-                f"({exc}); {_VALID_NAMES_HINT}"
+                f"target {spec!r}: {owner} has no attribute {part!r}{hint}; {_VALID_NAMES_HINT}"
             ) from exc
+        found.append(part)
+        owner = repr(f"{module_name}:{'.'.join(found)}")
     return obj
+
+
+def _did_you_mean(name: str, choices: Sequence[str]) -> str:
+    """`` (did you mean 'x'?)`` for the choice nearest ``name`` (case-blind), or nothing."""
+    lowered = {choice.lower(): choice for choice in choices}
+    close = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+    return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
 
 
 def _instantiate(spec: str, obj: Any) -> Any:
@@ -437,7 +468,7 @@ def _instantiate(spec: str, obj: Any) -> Any:
     try:
         return obj()
     except Exception as exc:  # construction failures carry the target name
-        raise TargetError(
+        raise TargetCodeError(
             f"target {spec!r}: calling {obj!r} with no arguments failed with "
             f"{type(exc).__name__}: {exc}"
         ) from exc

@@ -17,14 +17,21 @@ from kvcheck.vocabulary.flags import (
     KV_CACHE_POOL_DTYPES,
     MINIMAL_VALID_FLAGS,
 )
+from kvcheck.vocabulary.hf_configs import UnsizedModel, load_model_config, model_from_hf_config
 from kvcheck.vocabulary.models import (
     ATTENTION_ARCHS,
+    DEEPSEEK_R1,
+    DEEPSEEK_V3,
     DEEPSEEK_V3_2,
     GLM_5_2_LIKE,
     INDEX_TOPK_PATTERN_LETTERS,
     INDEXER_TYPES,
+    LLAMA_3_1_8B,
+    LLAMA_3_1_70B,
     MODELS,
+    QWEN3_8B,
     QWEN3_EMBEDDING_8B,
+    UNSIZED_MODELS,
     AttentionArch,
     ModelConfig,
 )
@@ -32,6 +39,8 @@ from kvcheck.vocabulary.models import (
 __all__ = [
     "ATTENTION_ARCHS",
     "ATTENTION_BACKEND_CHOICES",
+    "DEEPSEEK_R1",
+    "DEEPSEEK_V3",
     "DEEPSEEK_V3_2",
     "DEVICE_CHOICES",
     "FA_PREFILL_BACKENDS",
@@ -42,9 +51,16 @@ __all__ = [
     "INDEX_TOPK_PATTERN_LETTERS",
     "KV_CACHE_DTYPE_CHOICES",
     "KV_CACHE_POOL_DTYPES",
+    "LLAMA_3_1_8B",
+    "LLAMA_3_1_70B",
     "MINIMAL_VALID_FLAGS",
     "MODELS",
+    "QWEN3_8B",
     "QWEN3_EMBEDDING_8B",
+    "UNSIZED_MODELS",
     "AttentionArch",
     "ModelConfig",
+    "UnsizedModel",
+    "load_model_config",
+    "model_from_hf_config",
 ]

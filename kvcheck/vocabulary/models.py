@@ -27,12 +27,18 @@ from kvcheck.specs import DSA_QUANT_BLOCK
 
 __all__ = [
     "ATTENTION_ARCHS",
+    "DEEPSEEK_R1",
+    "DEEPSEEK_V3",
     "DEEPSEEK_V3_2",
     "GLM_5_2_LIKE",
     "INDEXER_TYPES",
     "INDEX_TOPK_PATTERN_LETTERS",
+    "LLAMA_3_1_8B",
+    "LLAMA_3_1_70B",
     "MODELS",
+    "QWEN3_8B",
     "QWEN3_EMBEDDING_8B",
+    "UNSIZED_MODELS",
     "AttentionArch",
     "ModelConfig",
     "check_skip_fields",
@@ -276,7 +282,83 @@ QWEN3_EMBEDDING_8B = ModelConfig(
     head_dim=128,
 )
 
+# Llama 3.1 (https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json:
+# "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+# "hidden_size": 4096; .../Llama-3.1-70B: 80, 64, 8, 8192): GQA, head_dim 128.
+# Llama 3.2 and 3.3 share these shapes at their sizes (3.3-70B is 3.1-70B's).
+LLAMA_3_1_8B = ModelConfig(
+    name="meta-llama/Llama-3.1-8B",
+    attention_arch="mha",
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+)
+LLAMA_3_1_70B = ModelConfig(
+    name="meta-llama/Llama-3.1-70B",
+    attention_arch="mha",
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=128,
+)
+
+# Qwen3-8B (https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json:
+# "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+# "head_dim": 128, "use_sliding_window": false): the dense generative sibling of
+# Qwen3-Embedding-8B, with the same cache geometry.
+QWEN3_8B = ModelConfig(
+    name="Qwen/Qwen3-8B",
+    attention_arch="mha",
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+)
+
+# DeepSeek-V3 and R1 (https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json
+# and .../DeepSeek-R1: "num_hidden_layers": 61, "num_attention_heads": 128,
+# "kv_lora_rank": 512, "qk_rope_head_dim": 64): MLA without V3.2's indexer.
+DEEPSEEK_V3 = ModelConfig(
+    name="deepseek-ai/DeepSeek-V3",
+    attention_arch="mla",
+    num_hidden_layers=61,
+    num_attention_heads=128,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+)
+DEEPSEEK_R1 = ModelConfig(
+    name="deepseek-ai/DeepSeek-R1",
+    attention_arch="mla",
+    num_hidden_layers=61,
+    num_attention_heads=128,
+    kv_lora_rank=512,
+    qk_rope_head_dim=64,
+)
+
 #: Every named config by its ``name``.
 MODELS: dict[str, ModelConfig] = {
-    cfg.name: cfg for cfg in (GLM_5_2_LIKE, DEEPSEEK_V3_2, QWEN3_EMBEDDING_8B)
+    cfg.name: cfg
+    for cfg in (
+        GLM_5_2_LIKE,
+        DEEPSEEK_V3_2,
+        QWEN3_EMBEDDING_8B,
+        LLAMA_3_1_8B,
+        LLAMA_3_1_70B,
+        QWEN3_8B,
+        DEEPSEEK_V3,
+        DEEPSEEK_R1,
+    )
+}
+
+#: Models a user may name that kvcheck cannot size yet, and why (the memory report says
+#: so instead of "unknown model"). openai/gpt-oss-20b
+#: (https://huggingface.co/openai/gpt-oss-20b/blob/main/config.json: 24 layers,
+#: "sliding_window": 128, "layer_types" alternating sliding and full attention).
+UNSIZED_MODELS: dict[str, str] = {
+    "openai/gpt-oss-20b": (
+        "an SWA model (sliding_window=128 on 12 of its 24 layers): its sliding-window layers "
+        "keep a separate SWA KV pool (sglang's hybrid SWA pool), which kvcheck's "
+        "configurator does not size yet"
+    ),
 }

@@ -182,6 +182,7 @@ def add_campaign_parser(commands: Any) -> argparse.ArgumentParser:
 
 def run_campaign(options: argparse.Namespace, extra: Sequence[str]) -> int:
     """The ``campaign`` command's handler: run it and return its exit status."""
+    from kvcheck.runner.campaign.address import address_problem
     from kvcheck.runner.campaign.collect import CollectionError
     from kvcheck.runner.campaign.ray_executor import RAY_MISSING, ray_available
     from kvcheck.runner.profiles import unknown_env_warnings
@@ -197,6 +198,9 @@ def run_campaign(options: argparse.Namespace, extra: Sequence[str]) -> int:
             check_output_path(option, Path(value))
     results_dir = usable_directory("--results-dir", Path(options.results_dir))
     repro_dir = Path(options.repro_dir) if options.repro_dir else results_dir / "repros"
+    unreachable = address_problem(options.address)
+    if unreachable is not None:
+        raise UsageProblem(unreachable)
     if not ray_available():
         raise UsageProblem(RAY_MISSING)
     context = _context(options, target=target, device=device, extra=extra)
@@ -212,6 +216,7 @@ def run_campaign(options: argparse.Namespace, extra: Sequence[str]) -> int:
                 examples=examples,
                 time_budget_s=time_budget_s,
                 database=database,
+                ray_log=results_dir / RAY_LOG,
             )
     except CollectionError as exc:
         print(f"kvcheck: error: {exc}", file=sys.stderr)
@@ -240,6 +245,7 @@ def _collect_and_drive(
     examples: int | None,
     time_budget_s: float | None,
     database: Any,
+    ray_log: Path,
 ) -> tuple[Any, Any, int]:
     """Collect the suite while the Ray cluster starts, then run the shards; (the planner,
     the driver's run, the workers)."""
@@ -254,10 +260,13 @@ def _collect_and_drive(
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         collecting = pool.submit(collect_properties, context, keyword=expression)
         try:
-            executor = RayExecutor(context, address=options.address, workers=options.workers)
+            # Ray's own start-up chatter (token authentication, GCS retries) is Ray's,
+            # not the campaign's: it goes to a log beside the results.
+            with _stderr_to(ray_log):
+                executor = RayExecutor(context, address=options.address, workers=options.workers)
         except Exception as exc:  # ray.init: an unreachable address, a broken install
             where = options.address or "a local cluster"
-            raise UsageProblem(f"cannot start Ray ({where}): {exc}") from exc
+            raise UsageProblem(f"cannot start Ray ({where}): {exc} (Ray's log: {ray_log})") from exc
         with executor:
             properties = collecting.result()
             if not properties:
@@ -412,6 +421,28 @@ def _context(
         env=env,
         pytest_args=tuple(extra),
     )
+
+
+#: Where Ray's own start-up messages go, in the results directory.
+RAY_LOG = "ray.log"
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """File descriptor 2 appends to ``path`` inside the block: Ray's C++ core writes there
+    directly, past Python's ``sys.stderr``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with path.open("ab") as log:
+            os.dup2(log.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
 
 
 def _warn_unshared_database(database: Any, *, address: str | None) -> None:
