@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from kvcheck.census.census import Census, TensorEntry, storage_key, take_census
 from kvcheck.census.classify import Classification, IndexSpace, classify
+from kvcheck.census.declared import KNOWN_ROLES, Role, role_of
 from kvcheck.census.geometry import CensusGeometry, geometry_of
 from kvcheck.census.walk import FoundTensor, walk_tensors
 
@@ -30,9 +31,12 @@ __all__ = [
     "Classification",
     "FoundTensor",
     "IndexSpace",
+    "KNOWN_ROLES",
+    "Role",
     "TensorEntry",
     "classify",
     "geometry_of",
+    "role_of",
     "storage_key",
     "take_census",
     "walk_tensors",

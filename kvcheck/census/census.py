@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from kvcheck.census.classify import IndexSpace, classify
+from kvcheck.census.classify import Classification, IndexSpace, classify
+from kvcheck.census.declared import Role, role_of
 from kvcheck.census.geometry import CensusGeometry, geometry_of
 from kvcheck.census.walk import walk_tensors
 
@@ -131,12 +132,19 @@ class Census:
         return "\n".join(lines)
 
 
-def take_census(pool: object, *, geometry: Mapping[str, Any] | None = None) -> Census:
+def take_census(
+    pool: object,
+    *,
+    geometry: Mapping[str, Any] | None = None,
+    declared: Mapping[str, Role] | None = None,
+) -> Census:
     """The census of ``pool``: every tensor it holds (attributes, lists, tuples, dicts,
     nested sub-pools), each classified against the geometry of the object that holds it
     (:func:`kvcheck.census.geometry_of`: the pool's own attributes; a sub-pool's own
     numbers for its tensors). ``geometry`` overrides the pool's (CensusGeometry field ->
-    value: ``{"token_stride": 2}`` for a decode-context-parallel rank, say).
+    value: ``{"token_stride": 2}`` for a decode-context-parallel rank, say); ``declared``
+    maps path globs to the :class:`kvcheck.census.declared.Role` of tensors whose shape
+    does not tell it (a workspace, a mirror of other state), each with its reason.
 
     A tensor no rule classifies is kept, as :class:`IndexSpace.UNCLASSIFIED`, and named by
     :attr:`Census.unclassified`. Tensors reached twice are one entry with aliases; a
@@ -161,6 +169,9 @@ def take_census(pool: object, *, geometry: Mapping[str, Any] | None = None) -> C
     first_path: dict[tuple[str, int], str] = {}
     for found in found_tensors:
         kind = classify(found.tensor, found.context, has_slot_buffers=found.context in with_slots)
+        role = role_of(found.path, declared or {})
+        if role is not None:
+            kind = Classification(role.space, kind.dim, f"declared: {role.reason}")
         key = storage_key(found.tensor)
         entries.append(
             TensorEntry(

@@ -48,6 +48,10 @@ class IndexSpace(enum.Enum):
     ROW = "row"
     LAYER = "layer"
     PLACEHOLDER = "placeholder"
+    #: Declared only (:mod:`kvcheck.census.declared`): scratch no operation carries.
+    WORKSPACE = "workspace"
+    #: Declared only: another layout of state another tensor holds.
+    MIRROR = "mirror"
     UNCLASSIFIED = "unclassified"
 
     @property
