@@ -74,8 +74,10 @@ class CensusGeometry:
     @property
     def row_extents(self) -> tuple[int, ...]:
         """First-dimension lengths of a request-row buffer: each row count and one more
-        (SGLang keeps a row for invalid request ids)."""
-        return tuple(dict.fromkeys(n for rows in self.rows for n in (rows, rows + 1)))
+        (SGLang keeps a row for invalid request ids), and the capacity itself (a row pool's
+        ``size`` is its rows: a req-to-token pool, a free list)."""
+        counts = (*self.rows, *(() if self.size is None else (self.size,)))
+        return tuple(dict.fromkeys(n for rows in counts for n in (rows, rows + 1)))
 
 
 def _int_attribute(obj: object, name: str) -> int | None:
