@@ -81,7 +81,9 @@ def test_what_no_rule_classifies_is_reported_by_name() -> None:
     ],
     ids=str,
 )
-def test_classification_rules(shape: tuple[int, ...], dtype: torch.dtype, space: IndexSpace, dim: int | None) -> None:
+def test_classification_rules(
+    shape: tuple[int, ...], dtype: torch.dtype, space: IndexSpace, dim: int | None
+) -> None:
     """One shape per rule of kvcheck.census.classify, at size 8, page 4, two layers."""
     found = classify(torch.zeros(shape, dtype=dtype), CensusGeometry(size=8, page_size=4, layers=2))
     assert (found.space, found.dim) == (space, dim)
@@ -99,7 +101,9 @@ def test_a_page_count_equal_to_the_page_size_is_a_page_beside_slot_buffers() -> 
 def test_geometry_reads_the_pool_and_takes_overrides() -> None:
     """Sizes come from the pool's attributes; an override wins; a bad field is named."""
     pool = SimpleNamespace(size=16, page_size=4, layer_num=3, start_layer=5, max_batch_size=2)
-    assert geometry_of(pool) == CensusGeometry(size=16, page_size=4, layers=3, start_layer=5, rows=(2,))
+    assert geometry_of(pool) == CensusGeometry(
+        size=16, page_size=4, layers=3, start_layer=5, rows=(2,)
+    )
     assert geometry_of(pool, override={"token_stride": 2}).page_extents == (10, 11)
     with pytest.raises(ValueError, match=r"override: \['pages'\] are not CensusGeometry fields"):
         geometry_of(pool, override={"pages": 3})
@@ -113,7 +117,9 @@ def test_take_census_refuses_what_is_not_a_pool() -> None:
 
 def test_declared_roles_name_their_reason() -> None:
     """A declared workspace keeps its bytes but holds no state; a role needs a reason."""
-    pool = SimpleNamespace(size=2, page_size=1, layer_num=1, kv=[torch.zeros(3, 2)], dq_k_buffer=torch.zeros(3, 2))
+    pool = SimpleNamespace(
+        size=2, page_size=1, layer_num=1, kv=[torch.zeros(3, 2)], dq_k_buffer=torch.zeros(3, 2)
+    )
     entry = take_census(pool, declared=KNOWN_ROLES).entry("dq_k_buffer")
     assert entry.space is IndexSpace.WORKSPACE and "dequant workspace" in entry.why
     assert not entry.holds_state
@@ -125,19 +131,41 @@ def test_declared_roles_name_their_reason() -> None:
     ("pool", "spaces"),
     [
         (
-            MHATokenToKVPool(size=6, page_size=4, dtype=torch.bfloat16, head_num=1, head_dim=2,
-                             layer_num=1, device="cpu"),
+            MHATokenToKVPool(
+                size=6,
+                page_size=4,
+                dtype=torch.bfloat16,
+                head_num=1,
+                head_dim=2,
+                layer_num=1,
+                device="cpu",
+            ),
             ["slot", "slot"],
         ),
         (
-            NoOpMHATokenToKVPool(size=6, page_size=2, dtype=torch.bfloat16, head_num=1,
-                                 head_dim=2, layer_num=1, device="cpu"),
+            NoOpMHATokenToKVPool(
+                size=6,
+                page_size=2,
+                dtype=torch.bfloat16,
+                head_num=1,
+                head_dim=2,
+                layer_num=1,
+                device="cpu",
+            ),
             ["placeholder", "placeholder"],
         ),
         (
-            DSATokenToKVPool(size=8, page_size=2, kv_lora_rank=4, dtype=torch.bfloat16,
-                             qk_rope_head_dim=2, layer_num=2, device="meta", index_head_dim=128,
-                             skip_topk_layers=[False, True]),
+            DSATokenToKVPool(
+                size=8,
+                page_size=2,
+                kv_lora_rank=4,
+                dtype=torch.bfloat16,
+                qk_rope_head_dim=2,
+                layer_num=2,
+                device="meta",
+                index_head_dim=128,
+                skip_topk_layers=[False, True],
+            ),
             ["slot", "slot", "page", "placeholder"],
         ),
     ],

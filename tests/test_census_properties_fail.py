@@ -7,9 +7,6 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import find, settings
-from hypothesis import strategies as st
-
 from broken_census import (
     AccountingHidesV,
     ClearKeepsFreeList,
@@ -19,6 +16,9 @@ from broken_census import (
     MoveHidesLastK,
     RowPool,
 )
+from hypothesis import find, settings
+from hypothesis import strategies as st
+
 from kvcheck.failures import PropertyFailure
 from kvcheck.pools import MHATokenToKVPool
 from kvcheck.properties.census import (
@@ -33,8 +33,9 @@ _PAGES = st.lists(st.integers(1, 3), min_size=1, max_size=3, unique=True)
 
 
 def _pool(cls: type = MHATokenToKVPool) -> Any:
-    return cls(size=6, page_size=2, dtype=torch.bfloat16, head_num=1, head_dim=4,
-               layer_num=2, device="cpu")
+    return cls(
+        size=6, page_size=2, dtype=torch.bfloat16, head_num=1, head_dim=4, layer_num=2, device="cpu"
+    )
 
 
 def _fails(check: Any) -> bool:
@@ -72,22 +73,31 @@ def test_accounting_exemption_carries_its_reason() -> None:
 def test_host_copy_fails_on_the_hidden_v_and_shrinks_to_one_page() -> None:
     """The failure names v_buffer[1] and load_cpu_copy; the smallest failing draw is one page."""
     pool = _pool(HostCopyHidesLastV)
-    with pytest.raises(PropertyFailure, match=r"v_buffer\[1\] differs at slot \d+ after load_cpu_copy"):
+    with pytest.raises(
+        PropertyFailure, match=r"v_buffer\[1\] differs at slot \d+ after load_cpu_copy"
+    ):
         assert_host_copy_restores_census(pool, (2,))
-    smallest = find(_PAGES, lambda p: _fails(lambda: assert_host_copy_restores_census(pool, p)),
-                    settings=settings(database=None))
+    smallest = find(
+        _PAGES,
+        lambda p: _fails(lambda: assert_host_copy_restores_census(pool, p)),
+        settings=settings(database=None),
+    )
     assert smallest == [1]
 
 
 def test_move_fails_on_the_hidden_k_and_shrinks_to_one_page() -> None:
     """The failure names k_buffer[1] and move_kv_cache; one page moved is the smallest case."""
     pool = _pool(MoveHidesLastK)
-    with pytest.raises(PropertyFailure, match=r"k_buffer\[1\] differs at slot 2 after move_kv_cache") as info:
+    with pytest.raises(
+        PropertyFailure, match=r"k_buffer\[1\] differs at slot 2 after move_kv_cache"
+    ) as info:
         assert_move_carries_census(pool, tgt_pages=(1,), src_pages=(3,))
     assert info.value.signature.call == "move_kv_cache"
     smallest = find(
         _PAGES,
-        lambda p: _fails(lambda: assert_move_carries_census(pool, tgt_pages=p, src_pages=[3] * len(p))),
+        lambda p: _fails(
+            lambda: assert_move_carries_census(pool, tgt_pages=p, src_pages=[3] * len(p))
+        ),
         settings=settings(database=None),
     )
     assert smallest == [1]

@@ -26,12 +26,12 @@ from kvcheck.census.geometry import CensusGeometry, geometry_of
 from kvcheck.census.walk import FoundTensor, walk_tensors
 
 __all__ = [
+    "KNOWN_ROLES",
     "Census",
     "CensusGeometry",
     "Classification",
     "FoundTensor",
     "IndexSpace",
-    "KNOWN_ROLES",
     "Role",
     "TensorEntry",
     "classify",

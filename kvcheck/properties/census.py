@@ -32,6 +32,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -59,11 +61,14 @@ _GIB = 1 << 30
 
 
 def _attribute(path: str) -> str:
-    """The attribute a path ends in, without indices: ``a.kv_scale_buffer[3]`` -> ``kv_scale_buffer``."""
+    """The attribute a path ends in, without indices (``a.kv_scale_buffer[3]``:
+    ``kv_scale_buffer``)."""
     return re.sub(r"\[[^\]]*\]", "", path).rsplit(".", 1)[-1]
 
 
-def _fail(message: str, census: Census, *, check: str, call: str, kind: str, family: str) -> PropertyFailure:
+def _fail(
+    message: str, census: Census, *, check: str, call: str, kind: str, family: str
+) -> PropertyFailure:
     error = PropertyFailure(
         f"{message} [{call}]",
         signature=FailureSignature(check=check, call=call, kind=kind, family=family),
@@ -104,8 +109,9 @@ def _fill(entries: Sequence[TensorEntry], generator: torch.Generator) -> None:
         t = entry.tensor
         if t.numel() == 0 or t.device.type == "meta":
             continue
-        noise = torch.randint(0, 256, (t.numel() * t.element_size(),), dtype=torch.uint8,
-                              generator=generator)
+        noise = torch.randint(
+            0, 256, (t.numel() * t.element_size(),), dtype=torch.uint8, generator=generator
+        )
         t.copy_(noise.view(t.dtype).reshape(t.shape).to(t.device))
 
 
@@ -200,14 +206,23 @@ def assert_accounting_covers_census(
         scale_bytes = sum(
             e.tensor.untyped_storage().nbytes()
             for e in census.state_entries()
-            if "scale" in _attribute(e.path) and e.path not in {x.path for x in census.matching(tuple(exempt))}
+            if "scale" in _attribute(e.path)
+            and e.path not in {x.path for x in census.matching(tuple(exempt))}
         )
-        kind = "scale buffers unreported" if missing > 0 and missing == scale_bytes else (
-            f"{missing} bytes unreported" if missing > 0 else f"{-missing} bytes over-reported"
+        kind = (
+            "scale buffers unreported"
+            if missing > 0 and missing == scale_bytes
+            else (
+                f"{missing} bytes unreported" if missing > 0 else f"{-missing} bytes over-reported"
+            )
         )
         raise _fail(
             f"get_kv_size_bytes() reports {total} bytes but the census finds {counted}{note}",
-            census, check="accounting", call="get_kv_size_bytes", kind=kind, family=family,
+            census,
+            check="accounting",
+            call="get_kv_size_bytes",
+            kind=kind,
+            family=family,
         )
     usage = getattr(type(pool), "mem_usage", None)
     if usage is not None or "mem_usage" in vars(pool):
@@ -216,7 +231,10 @@ def assert_accounting_covers_census(
             raise _fail(
                 f"mem_usage says {gib!r} GiB ({gib * _GIB:.0f} bytes) but the census finds"
                 f" {counted} bytes{note}",
-                census, check="accounting", call="mem_usage", kind="mem_usage differs",
+                census,
+                check="accounting",
+                call="mem_usage",
+                kind="mem_usage differs",
                 family=family,
             )
     return counted
@@ -272,7 +290,9 @@ def assert_move_carries_census(
     at its source, and nothing else changes. Returns the number of tensors checked."""
     __tracebackhide__ = True
     if len(tgt_pages) != len(src_pages):
-        raise ValueError(f"tgt_pages={tgt_pages!r} and src_pages={src_pages!r} must have one length")
+        raise ValueError(
+            f"tgt_pages={tgt_pages!r} and src_pages={src_pages!r} must have one length"
+        )
     census = _census(pool, census)
     own, rest = _checked_entries(census)
     page_size = census.geometry.page_size
@@ -291,8 +311,9 @@ def assert_move_carries_census(
             old, old, _mapped(entry, tgt, page_size), _mapped(entry, src, page_size)
         )
     what = f"tokens {src} moved to {tgt}"
-    _compare(census, own + rest, expected, call="move_kv_cache", check="bytes", family=family,
-             what=what)
+    _compare(
+        census, own + rest, expected, call="move_kv_cache", check="bytes", family=family, what=what
+    )
     return len(own)
 
 
@@ -334,20 +355,30 @@ def assert_descriptions_cover_census(
             if int(length):
                 ranges.append((int(ptr), int(ptr) + int(length), int(item), name))
     ranges.sort()
-    for (a0, a1, _, first), (b0, _, _, second) in zip(ranges, ranges[1:], strict=False):
+    for (_, a1, _, first), (b0, _, _, second) in itertools.pairwise(ranges):
         if b0 < a1:
             raise _fail(
                 f"{first} and {second} both describe bytes [{b0}, {min(a1, b0)}+)",
-                census, check="descriptions", call=second, kind="described twice", family=family,
+                census,
+                check="descriptions",
+                call=second,
+                kind="described twice",
+                family=family,
             )
     entries = [e for e in census.entries if e.nbytes > 0 and e.space is not IndexSpace.LAYER]
     spans = {e.path: (e.tensor.data_ptr(), e.tensor.data_ptr() + e.nbytes) for e in entries}
     for start, end, item, name in ranges:
-        home = next((e for e in entries if spans[e.path][0] <= start and end <= spans[e.path][1]), None)
+        home = next(
+            (e for e in entries if spans[e.path][0] <= start and end <= spans[e.path][1]), None
+        )
         if home is None:
             raise _fail(
                 f"{name} describes bytes [{start}, {end}) that no tensor of the census holds",
-                census, check="descriptions", call=name, kind="foreign bytes", family=family,
+                census,
+                check="descriptions",
+                call=name,
+                kind="foreign bytes",
+                family=family,
             )
         if start == spans[home.path][0] and home.holds_state:
             page = home.geometry.page_size
@@ -360,8 +391,11 @@ def assert_descriptions_cover_census(
                 raise _fail(
                     f"{name} gives {home.path} item length {item}, expected {per_item}"
                     f" (one {'page' if home.space is IndexSpace.SLOT else home.space.value})",
-                    census, check="descriptions", call=name,
-                    kind=f"{_attribute(home.path)} item length", family=family,
+                    census,
+                    check="descriptions",
+                    call=name,
+                    kind=f"{_attribute(home.path)} item length",
+                    family=family,
                 )
     for entry in census.state_entries():
         lo, hi = spans[entry.path]
@@ -384,8 +418,10 @@ def _bookkeeping(census: Census) -> list[TensorEntry]:
     return [
         e
         for e in census.entries
-        if e.tensor.dim() == 1 and not e.tensor.dtype.is_floating_point
-        and e.space is not IndexSpace.LAYER and e.nbytes
+        if e.tensor.dim() == 1
+        and not e.tensor.dtype.is_floating_point
+        and e.space is not IndexSpace.LAYER
+        and e.nbytes
     ]
 
 
@@ -404,10 +440,9 @@ def assert_clear_resets_census(
     size_before = available() if callable(available) else None
     alloc = getattr(pool, "alloc", None)
     if callable(alloc):
-        try:
+        # An alloc that wants requests, not a count, is left to a scheduler machine.
+        with contextlib.suppress(TypeError):
             alloc(1)
-        except TypeError:
-            pass  # an alloc that wants requests, not a count, is left to the scheduler machine
     _fill(books, torch.Generator().manual_seed(seed))
     pool.clear()
     # clear() may put new tensors in place of the old ones: compare by path.
@@ -415,15 +450,30 @@ def assert_clear_resets_census(
     if size_before is not None and callable(available) and available() != size_before:
         raise _fail(
             f"available_size() is {available()} after clear(), {size_before} when built",
-            census, check="reset", call="clear", kind="available_size differs", family=family,
+            census,
+            check="reset",
+            call="clear",
+            kind="available_size differs",
+            family=family,
         )
     missing = [e.path for e in books if e.path not in after]
     if missing:
         raise _fail(
-            f"clear() removed {missing}", census, check="reset", call="clear",
-            kind="tensor removed", family=family,
+            f"clear() removed {missing}",
+            census,
+            check="reset",
+            call="clear",
+            kind="tensor removed",
+            family=family,
         )
     now = [after[e.path] for e in books]
-    _compare(census, now, initial, call="clear", check="reset", family=family,
-             what="bookkeeping after clear() vs when built")
+    _compare(
+        census,
+        now,
+        initial,
+        call="clear",
+        check="reset",
+        family=family,
+        what="bookkeeping after clear() vs when built",
+    )
     return len(books)

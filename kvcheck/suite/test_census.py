@@ -85,12 +85,13 @@ def _raised_finding(
     call's own check; the kind as the exception's type, with or without its message or
     "instead of ValueError"), as ``"known finding ID: summary"``, else None."""
     name = type(error).__name__
-    kinds = (f"{name}: {error}", f"{name} instead of ValueError", f"raises {name}", name)
-    checks = ("raises", *(call.removeprefix("get_") for call in calls))
+    # Most specific first: a broad finding ("no ValueError for bad input") comes last.
+    kinds = (f"raises {name}", f"{name}: {error}", name, f"{name} instead of ValueError")
+    checks = (*(call.removeprefix("get_") for call in calls), "raises")
     findings = declared_findings(target)
-    for call in calls:
-        for check in checks:
-            for kind in kinds:
+    for kind in kinds:
+        for call in calls:
+            for check in checks:
                 signature = FailureSignature(check=check, call=call, kind=kind, family=family)
                 finding = matching_finding(findings, signature)
                 if finding is not None:
