@@ -102,12 +102,13 @@ class Census:
         )
 
     def state_entries(self, *, own_geometry_only: bool = False) -> tuple[TensorEntry, ...]:
-        """Entries that hold cache state; with ``own_geometry_only``, those measured
-        against the pool's own geometry (not a sub-pool's ids)."""
+        """Entries that hold cache state; with ``own_geometry_only``, those whose ids are
+        the pool's own (:meth:`CensusGeometry.same_ids`; not a sub-pool with ids of its
+        own, such as an SWA window pool)."""
         return tuple(
             e
             for e in self.entries
-            if e.holds_state and (not own_geometry_only or e.geometry == self.geometry)
+            if e.holds_state and (not own_geometry_only or e.geometry.same_ids(self.geometry))
         )
 
     def held_bytes(self, *, exempt: Mapping[str, str] | tuple[str, ...] = ()) -> int:

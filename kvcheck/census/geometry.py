@@ -45,6 +45,15 @@ class CensusGeometry:
     rows: tuple[int, ...] = ()
     token_stride: int = 1
 
+    def same_ids(self, other: CensusGeometry) -> bool:
+        """Whether token ids mean the same rows here and in ``other`` (same capacity, page
+        size and id stride; layer counts may differ, as between a hybrid's sub-pools)."""
+        return (self.size, self.page_size, self.token_stride) == (
+            other.size,
+            other.page_size,
+            other.token_stride,
+        )
+
     @property
     def num_slots(self) -> int | None:
         """Rows of a token buffer: ``size + page_size`` (SGLang's padding page first)."""

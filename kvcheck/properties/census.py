@@ -169,13 +169,19 @@ def _compare(
 
 
 def _checked_entries(census: Census) -> tuple[list[TensorEntry], list[TensorEntry]]:
-    """(state entries in the pool's own ids, every other entry with bytes)."""
+    """(state entries in the pool's own ids, every other entry with bytes that must stay
+    unchanged). State in a sub-pool's own ids (an SWA window pool's slots) is in neither:
+    which of its rows a token maps to needs a model of the pool."""
     own = list(census.state_entries(own_geometry_only=True))
+    foreign = [e for e in census.state_entries() if e not in own]
     # A mirror changes with the state it mirrors; a per-layer table is the kernels'.
     rest = [
         e
         for e in census.entries
-        if e not in own and e.nbytes > 0 and e.space not in (IndexSpace.LAYER, IndexSpace.MIRROR)
+        if e not in own
+        and e not in foreign
+        and e.nbytes > 0
+        and e.space not in (IndexSpace.LAYER, IndexSpace.MIRROR)
     ]
     return own, rest
 
