@@ -27,6 +27,7 @@ LAYERS: tuple[str, ...] = (
     "calls",
     "failures",
     "memory",
+    "census",
     "attention",
     "strategies",
     "targets",

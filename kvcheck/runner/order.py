@@ -39,7 +39,9 @@ SUITE_PACKAGE = "kvcheck.suite"
 #: allocator, the pool and the host tier together, right after them. The four family
 #: machines (``module::function``), which catch a bug in a user's own MHA, MLA or DSA pool,
 #: come before the tiers (2026-12-07, loaded: allocators and host pools 41-53 s, the four
-#: machines 25-42 s). A module not listed runs last.
+#: machines 25-42 s). The census (2026-12-07, loaded: 46 s serial, 12 s of CPU) follows
+#: the tiers: it catches a whole-pool operation that misses a tensor, on every variant.
+#: A module not listed runs last.
 REPORT_ORDER: tuple[str, ...] = (
     "test_serving_validation",
     "test_serving_selection",
@@ -51,6 +53,7 @@ REPORT_ORDER: tuple[str, ...] = (
     "test_pool_machines::test_pool_matches_reference_after_every_step",
     "test_allocators",
     "test_host_pools",
+    "test_census",
     "test_pool_machines",
     "test_lifecycle",
     "test_linear_hybrid",

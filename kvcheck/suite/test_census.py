@@ -1,0 +1,264 @@
+"""The state census on every pool variant the target builds: no model of the pool's class.
+
+Each variant's pool (:data:`kvcheck.variants.VARIANTS`, built through the target's own
+``make_pool``) gets a census (:func:`kvcheck.census.take_census`) that must classify every
+tensor it holds, and the census properties (:mod:`kvcheck.properties.census`): accounting,
+host copies and moves of Hypothesis-drawn whole pages, transfer descriptions and reset.
+A failure that a declared finding of the target already describes (same check, call,
+kind and family) is reported as that finding's expected failure; any other fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import find, given, settings
+from hypothesis import strategies as st
+
+from kvcheck.census import KNOWN_ROLES, Census, take_census
+from kvcheck.failures import FailureSignature, PropertyFailure
+from kvcheck.machines import variant_machine_specs
+from kvcheck.properties.census import (
+    assert_accounting_covers_census,
+    assert_clear_resets_census,
+    assert_descriptions_cover_census,
+    assert_host_copy_restores_census,
+    assert_move_carries_census,
+    description_methods,
+)
+from kvcheck.specs import PoolSpec
+from kvcheck.strategies.limits import unbuilt_variant_reason, within_target_limits
+from kvcheck.targets.findings import declared_findings, matching_finding
+from kvcheck.variants import VARIANTS, Variant
+
+#: Pages every census pool has: the padding page and three a move or copy may use.
+_PAGES = 4
+#: Hypothesis examples per drawn-page property (each one fills, copies and compares).
+_EXAMPLES = 3
+
+_VARIANT_PARAMS = [
+    pytest.param(v, marks=pytest.mark.kvcheck_needs(f"{v.family}_pool"), id=v.test_id)
+    for v in VARIANTS
+]
+
+
+_SPECS: dict[tuple[str, str], PoolSpec] = {}
+
+
+def census_spec(target: Any, variant: Variant) -> PoolSpec:
+    """A small spec of ``variant`` inside the target's surface, with ``_PAGES - 1`` pages
+    of capacity and two layers (a DSA pool's second skips its index keys: a zero-row
+    buffer the census must call a placeholder)."""
+    key = (str(getattr(target, "name", target)), variant.name)
+    if key in _SPECS:
+        return _SPECS[key]
+    spec = find(
+        within_target_limits(target, variant_machine_specs(variant)),
+        lambda s: True,
+        settings=settings(database=None),
+    )
+    skips = (False, True) if spec.family == "dsa" else None
+    _SPECS[key] = dataclasses.replace(
+        spec, size=(_PAGES - 1) * spec.page_size, layer_num=2, skip_topk_layers=skips
+    )
+    return _SPECS[key]
+
+
+def _built(target: Any, variant: Variant, device: str) -> tuple[PoolSpec, Any, Census]:
+    why = unbuilt_variant_reason(target, variant)
+    if why is not None:
+        pytest.skip(why)
+    spec = census_spec(target, variant)
+    pool = target.make_pool(spec, device=device)
+    census = take_census(pool, geometry={"token_stride": spec.dcp_size}, declared=KNOWN_ROLES)
+    return spec, pool, census
+
+
+def _raised_finding(
+    target: Any, error: BaseException, *, calls: tuple[str, ...], family: str
+) -> str | None:
+    """The declared finding about the pool raising ``error`` from one of ``calls``, in
+    the signatures the suite's other properties give a raise (``check="raises"`` or the
+    call's own check; the kind as the exception's type, with or without its message or
+    "instead of ValueError"), as ``"known finding ID: summary"``, else None."""
+    name = type(error).__name__
+    # Most specific first: a broad finding ("no ValueError for bad input") comes last.
+    kinds = (f"raises {name}", f"{name}: {error}", name, f"{name} instead of ValueError")
+    checks = (*(call.removeprefix("get_") for call in calls), "raises")
+    findings = declared_findings(target)
+    for kind in kinds:
+        for call in calls:
+            for check in checks:
+                signature = FailureSignature(check=check, call=call, kind=kind, family=family)
+                finding = matching_finding(findings, signature)
+                if finding is not None:
+                    return f"known finding {finding.id}: {finding.summary}"
+    return None
+
+
+def _as_finding(
+    target: Any, check: Callable[[], object], *, calls: tuple[str, ...], family: str
+) -> object:
+    """``check()``, with a failure a declared finding describes turned into its xfail."""
+    try:
+        return check()
+    except PropertyFailure as error:
+        finding = matching_finding(declared_findings(target), error.signature)
+        if finding is None:
+            raise
+        pytest.xfail(f"known finding {finding.id}: {finding.summary}")
+    except Exception as error:
+        known = _raised_finding(target, error, calls=calls, family=family)
+        if known is None:
+            raise
+        pytest.xfail(known)
+
+
+@pytest.mark.parametrize("variant", _VARIANT_PARAMS)
+def test_census_classifies_every_tensor(
+    kvcheck_target: Any, kvcheck_device: str, variant: Variant
+) -> None:
+    """Every tensor the pool holds has an index space: none is left unclassified."""
+    _, _, census = _built(kvcheck_target, variant, kvcheck_device)
+    assert census.entries, census.describe()
+    assert census.unclassified == (), census.describe()
+
+
+@pytest.mark.parametrize("variant", _VARIANT_PARAMS)
+def test_census_accounting(kvcheck_target: Any, kvcheck_device: str, variant: Variant) -> None:
+    """get_kv_size_bytes and mem_usage equal the bytes of the tensors the census finds."""
+    spec, pool, census = _built(kvcheck_target, variant, kvcheck_device)
+    counted = _as_finding(
+        kvcheck_target,
+        lambda: assert_accounting_covers_census(pool, census=census, family=spec.variant),
+        calls=("get_kv_size_bytes",),
+        family=spec.variant,
+    )
+    assert isinstance(counted, int) and counted >= 0
+
+
+def _page_ids(*, least: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(1, _PAGES - 1), min_size=least, max_size=_PAGES - 1, unique=True)
+
+
+def _no_widened_ids(spec: PoolSpec) -> None:
+    if spec.dcp_size > 1:
+        pytest.skip(
+            f"dcp_size={spec.dcp_size}: token ids are widened across decode-context-parallel"
+            " ranks, and which of this rank's rows a token lands on needs a model of the pool"
+        )
+
+
+def _run_drawn(
+    target: Any, body: Callable[[Any], object], *, calls: tuple[str, ...], family: str
+) -> None:
+    """``body(data)`` over Hypothesis examples; a declared finding ends the test as its
+    xfail, and a pool that refuses the operation outright (``ValueError``) skips it,
+    quoting the pool."""
+    known: list[str] = []
+    refused: list[str] = []
+
+    @settings(max_examples=_EXAMPLES, deadline=None)
+    @given(data=st.data())
+    def examples(data: Any) -> None:
+        try:
+            body(data)
+        except ValueError as error:
+            refused.append(str(error))
+        except PropertyFailure as error:
+            finding = matching_finding(declared_findings(target), error.signature)
+            if finding is None:
+                raise
+            known.append(f"known finding {finding.id}: {finding.summary}")
+        except Exception as error:
+            raised = _raised_finding(target, error, calls=calls, family=family)
+            if raised is None:
+                raise
+            known.append(raised)
+
+    examples()
+    if known:
+        pytest.xfail(known[0])
+    if refused:
+        pytest.skip(f"the pool refuses the operation: {refused[0]}")
+
+
+@pytest.mark.parametrize("variant", _VARIANT_PARAMS)
+def test_census_host_copy(kvcheck_target: Any, kvcheck_device: str, variant: Variant) -> None:
+    """get_cpu_copy, overwrite, load_cpu_copy restores every slot and page tensor at the
+    copied pages and changes nothing else."""
+    spec, pool, census = _built(kvcheck_target, variant, kvcheck_device)
+    _no_widened_ids(spec)
+    if not census.state_entries():
+        pytest.skip(f"{census.pool_type} holds no cache state to copy (placeholders only)")
+    if "host_copy" in getattr(kvcheck_target, "unsupported", {}):
+        pytest.skip(kvcheck_target.unsupported["host_copy"])
+    checked: list[int] = []
+
+    def body(data: Any) -> None:
+        pages = data.draw(_page_ids(least=1), label="pages copied")
+        checked.append(
+            assert_host_copy_restores_census(pool, pages, census=census, family=spec.variant)
+        )
+
+    calls = ("get_cpu_copy", "load_cpu_copy")
+    _run_drawn(kvcheck_target, body, calls=calls, family=spec.variant)
+    assert all(n > 0 for n in checked)
+
+
+@pytest.mark.parametrize("variant", _VARIANT_PARAMS)
+def test_census_move(kvcheck_target: Any, kvcheck_device: str, variant: Variant) -> None:
+    """move_kv_cache carries every slot and page tensor from the source pages to the target
+    pages and changes nothing else."""
+    spec, pool, census = _built(kvcheck_target, variant, kvcheck_device)
+    _no_widened_ids(spec)
+    if "move" in getattr(kvcheck_target, "unsupported", {}):
+        pytest.skip(kvcheck_target.unsupported["move"])
+    checked: list[int] = []
+
+    def body(data: Any) -> None:
+        pages = data.draw(_page_ids(least=2), label="pages")
+        cut = data.draw(st.integers(1, len(pages) - 1), label="targets | sources")
+        tgt, src = pages[:cut], pages[cut:]
+        src = (src * len(tgt))[: len(tgt)]  # a source may feed several targets
+        checked.append(
+            assert_move_carries_census(
+                pool, tgt_pages=tgt, src_pages=src, census=census, family=spec.variant
+            )
+        )
+
+    _run_drawn(kvcheck_target, body, calls=("move_kv_cache",), family=spec.variant)
+    assert all(n == len(census.state_entries()) for n in checked)
+
+
+@pytest.mark.parametrize("variant", _VARIANT_PARAMS)
+def test_census_descriptions(kvcheck_target: Any, kvcheck_device: str, variant: Variant) -> None:
+    """The pool's transfer descriptions cover every state tensor's bytes exactly once."""
+    spec, pool, census = _built(kvcheck_target, variant, kvcheck_device)
+    if not description_methods(pool):
+        pytest.skip(f"{census.pool_type} offers no get_*buf_infos transfer description")
+    methods = _as_finding(
+        kvcheck_target,
+        lambda: assert_descriptions_cover_census(pool, census=census, family=spec.variant),
+        calls=description_methods(pool),
+        family=spec.variant,
+    )
+    assert methods == description_methods(pool)
+
+
+@pytest.mark.parametrize("variant", _VARIANT_PARAMS)
+def test_census_reset(kvcheck_target: Any, kvcheck_device: str, variant: Variant) -> None:
+    """clear() gives back the pool's initial availability and bookkeeping."""
+    spec, pool, census = _built(kvcheck_target, variant, kvcheck_device)
+    if not callable(getattr(pool, "clear", None)):
+        pytest.skip(f"{census.pool_type} has no clear(): nothing to reset")
+    checked = _as_finding(
+        kvcheck_target,
+        lambda: assert_clear_resets_census(pool, census=census, family=spec.variant),
+        calls=("clear",),
+        family=spec.variant,
+    )
+    assert isinstance(checked, int)

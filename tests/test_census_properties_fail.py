@@ -1,0 +1,133 @@
+"""Every census property fails on a pool that hides one tensor from its operation, names
+the tensor and the call, and Hypothesis shrinks the drawn pages to one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from broken_census import (
+    AccountingHidesV,
+    ClearKeepsFreeList,
+    DescriptionHidesLastV,
+    HiddenSideBuffer,
+    HostCopyHidesLastV,
+    MoveHidesLastK,
+    RowPool,
+)
+from hypothesis import find, settings
+from hypothesis import strategies as st
+
+from kvcheck.failures import PropertyFailure
+from kvcheck.pools import MHATokenToKVPool
+from kvcheck.properties.census import (
+    assert_accounting_covers_census,
+    assert_clear_resets_census,
+    assert_descriptions_cover_census,
+    assert_host_copy_restores_census,
+    assert_move_carries_census,
+)
+
+_PAGES = st.lists(st.integers(1, 3), min_size=1, max_size=3, unique=True)
+
+
+def _pool(cls: type = MHATokenToKVPool) -> Any:
+    return cls(
+        size=6, page_size=2, dtype=torch.bfloat16, head_num=1, head_dim=4, layer_num=2, device="cpu"
+    )
+
+
+def _fails(check: Any) -> bool:
+    try:
+        check()
+    except PropertyFailure:
+        return True
+    return False
+
+
+def test_the_plain_pool_passes_every_census_property() -> None:
+    """kvcheck's MHA pool holds every census property (the twins below differ by one bug)."""
+    pool = _pool()
+    assert assert_accounting_covers_census(pool) == 2 * 2 * 8 * 4 * 2
+    assert assert_host_copy_restores_census(pool, (1, 3)) == 4
+    assert assert_move_carries_census(pool, tgt_pages=(1,), src_pages=(2,)) == 4
+    assert assert_descriptions_cover_census(pool) == ("get_contiguous_buf_infos",)
+
+
+def test_accounting_fails_when_v_is_unreported() -> None:
+    """Accounting names the call and the byte counts."""
+    with pytest.raises(PropertyFailure, match=r"reports 128 bytes but the census finds 256"):
+        assert_accounting_covers_census(_pool(AccountingHidesV))
+
+
+def test_accounting_exemption_carries_its_reason() -> None:
+    """A declared exception leaves the tensors out and is quoted in a failure."""
+    pool = _pool(HiddenSideBuffer)
+    assert assert_accounting_covers_census(pool, exempt={"side_buffer*": "scratch"}) == 256
+    with pytest.raises(PropertyFailure, match=r"v_buffer\* left out: why") as info:
+        assert_accounting_covers_census(pool, exempt={"v_buffer*": "why"})
+    assert info.value.signature.check == "accounting"
+
+
+def test_host_copy_fails_on_the_hidden_v_and_shrinks_to_one_page() -> None:
+    """The failure names v_buffer[1] and load_cpu_copy; the smallest failing draw is one page."""
+    pool = _pool(HostCopyHidesLastV)
+    with pytest.raises(
+        PropertyFailure, match=r"v_buffer\[1\] differs at slot \d+ after load_cpu_copy"
+    ):
+        assert_host_copy_restores_census(pool, (2,))
+    smallest = find(
+        _PAGES,
+        lambda p: _fails(lambda: assert_host_copy_restores_census(pool, p)),
+        settings=settings(database=None),
+    )
+    assert smallest == [1]
+
+
+def test_move_fails_on_the_hidden_k_and_shrinks_to_one_page() -> None:
+    """The failure names k_buffer[1] and move_kv_cache; one page moved is the smallest case."""
+    pool = _pool(MoveHidesLastK)
+    with pytest.raises(
+        PropertyFailure, match=r"k_buffer\[1\] differs at slot 2 after move_kv_cache"
+    ) as info:
+        assert_move_carries_census(pool, tgt_pages=(1,), src_pages=(3,))
+    assert info.value.signature.call == "move_kv_cache"
+    smallest = find(
+        _PAGES,
+        lambda p: _fails(
+            lambda: assert_move_carries_census(pool, tgt_pages=p, src_pages=[3] * len(p))
+        ),
+        settings=settings(database=None),
+    )
+    assert smallest == [1]
+
+
+def test_descriptions_fail_on_the_hidden_v() -> None:
+    """A state tensor no description covers is named, with the methods read."""
+    with pytest.raises(PropertyFailure, match=r"v_buffer\[1\]: 0 of its 64 bytes are described"):
+        assert_descriptions_cover_census(_pool(DescriptionHidesLastV))
+
+
+def test_every_property_names_a_side_buffer_no_operation_knows() -> None:
+    """One tensor hidden from every operation fails each of the four, each naming it."""
+    pool = _pool(HiddenSideBuffer)
+    checks = [
+        lambda: assert_accounting_covers_census(pool),
+        lambda: assert_host_copy_restores_census(pool, (1,)),
+        lambda: assert_move_carries_census(pool, tgt_pages=(1,), src_pages=(2,)),
+        lambda: assert_descriptions_cover_census(pool),
+    ]
+    messages = []
+    for check in checks:
+        with pytest.raises(PropertyFailure) as info:
+            check()
+        messages.append(str(info.value))
+    assert all("side_buffer" in m or "census finds 384" in m for m in messages)
+
+
+def test_reset_passes_on_a_row_pool_and_fails_when_clear_forgets_the_free_list() -> None:
+    """clear() must bring back the free-list tensor, not only the count."""
+    assert assert_clear_resets_census(RowPool(8)) == 1
+    with pytest.raises(PropertyFailure, match=r"free_slots differs at row \d+ after clear"):
+        assert_clear_resets_census(ClearKeepsFreeList(8))
