@@ -34,6 +34,7 @@ LAYERS: tuple[str, ...] = (
     "machines",
     "allocator_machine",
     "lifecycle",
+    "scheduler",
     "suite",
     "runner",
 )
