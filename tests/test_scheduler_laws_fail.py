@@ -89,3 +89,12 @@ def test_each_law_fails_on_a_broken_snapshot(change: Any, law: str) -> None:
         check_laws(broken)
     assert caught.value.law == law
     assert law in LAWS
+
+
+def test_sglang_driver_writes_the_value_the_laws_expect() -> None:
+    """The sglang driver's KV value formula (kept in the targets layer) is the laws' own."""
+    from kvcheck.scheduler.snapshot import kv_value
+    from kvcheck.targets.sglang.scheduler_memory import _kv_value
+
+    prefixes = [(), (0,), (1, 2, 2), tuple(range(20))]
+    assert [_kv_value(p) for p in prefixes] == [kv_value(p) for p in prefixes]

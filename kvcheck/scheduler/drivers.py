@@ -17,6 +17,7 @@ from typing import Any
 
 from kvcheck.scheduler.machine import MemoryFactory
 from kvcheck.scheduler.model import ReferenceSchedulerMemory
+from kvcheck.scheduler.snapshot import CachedNode, RequestHolding, Snapshot
 
 __all__ = ["memory_factory", "memory_skip_reason"]
 
@@ -44,7 +45,20 @@ def memory_factory(target: Any) -> MemoryFactory:
     if reason is not None:
         raise ValueError(reason)
     if target.name == "sglang":
-        from kvcheck.targets.sglang.scheduler_memory import SglangSchedulerMemory
-
-        return SglangSchedulerMemory
+        return _sglang_memory
     return ReferenceSchedulerMemory
+
+
+def _sglang_memory(**geometry: Any) -> Any:
+    from kvcheck.targets.sglang.scheduler_memory import SglangSchedulerMemory
+
+    class SglangMemoryWithSnapshot(SglangSchedulerMemory):
+        def snapshot(self) -> Snapshot:
+            raw = self.raw_state()
+            raw["nodes"] = tuple(
+                CachedNode(**n) for n in sorted(raw["nodes"], key=lambda n: n["node_id"])
+            )
+            raw["requests"] = tuple(RequestHolding(**r) for r in raw["requests"])
+            return Snapshot(**raw)
+
+    return SglangMemoryWithSnapshot(**geometry)
