@@ -213,9 +213,11 @@ class SglangSchedulerMemory:
     def _prefill_chunk(self, rid: str, tokens: int) -> bool:
         req = self.requests[rid]
         self.m.common.checkpoint_kv_cache(req, self.tree)
-        req.extend_end = min(len(req.origin_input_ids), req.prefix_len + tokens)
-        if not self._room(self._extend_need(req)):
+        end = min(len(req.origin_input_ids), req.prefix_len + tokens)
+        # A refused chunk leaves extend_end alone: the next checkpoint reads it.
+        if not self._room(end - req.prefix_len + self.page_size):
             return False
+        req.extend_end = end
         self.m.allocation.alloc_for_extend(_Batch(self, [req]).for_extend())
         self._write(req, req.prefix_len, req.extend_end)
         return True
