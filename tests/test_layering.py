@@ -36,6 +36,7 @@ LAYERS: tuple[str, ...] = (
     "allocator_machine",
     "linear_hybrid_machine",
     "lifecycle",
+    "scheduler",
     "suite",
     "runner",
 )

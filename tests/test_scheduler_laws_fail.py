@@ -1,0 +1,100 @@
+"""The scheduler-memory machine fails on each broken twin (`broken_scheduler.py`) with
+the law the twin breaks, says at which step and which request held what, and passes on
+the reference; the laws themselves fail on hand-broken snapshots."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from kvcheck.scheduler.laws import LAWS, LawBroken, check_laws
+from kvcheck.scheduler.machine import scheduler_machine
+from kvcheck.scheduler.model import ReferenceSchedulerMemory
+from tests.broken_scheduler import TWINS
+
+SEARCH = settings(
+    max_examples=400,
+    stateful_step_count=25,
+    database=None,
+    derandomize=True,
+    deadline=None,
+    phases=[Phase.generate, Phase.shrink],
+    suppress_health_check=[HealthCheck.too_slow],
+    report_multiple_bugs=False,
+)
+
+
+@pytest.mark.parametrize("twin", TWINS, ids=lambda t: t.__name__)
+def test_machine_fails_on_twin(twin: Any) -> None:
+    """Each twin breaks its law, and the failure names the law, the step and the holdings."""
+    machine = scheduler_machine(twin, settings=SEARCH)
+    with pytest.raises(LawBroken) as caught:
+        run_state_machine_as_test(machine, settings=SEARCH)
+    assert caught.value.law == twin.breaks
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert f"the {twin.breaks} law broke after step" in notes
+    assert "held after that step:" in notes
+
+
+def test_machine_passes_on_the_reference() -> None:
+    """The reference keeps every law over the same search the twins fail."""
+    quick = settings(SEARCH, max_examples=60, phases=[Phase.generate])
+    machine = scheduler_machine(ReferenceSchedulerMemory, settings=quick)
+    run_state_machine_as_test(machine, settings=quick)
+    assert machine.TestCase.settings.max_examples == 60
+
+
+def _busy_snapshot() -> Any:
+    memory = ReferenceSchedulerMemory(total=8, page_size=2, rows=2, max_len=8)
+    assert memory.admit("a", [1, 1, 2, 2], first_chunk=4)
+    memory.finish("a")
+    assert memory.admit("b", [1, 1, 2, 2, 0], first_chunk=5)
+    snap = memory.snapshot()
+    check_laws(snap)
+    return snap
+
+
+@pytest.mark.parametrize(
+    ("change", "law"),
+    [
+        (lambda s: {"evictable": s.evictable + 2}, "conservation"),
+        (
+            lambda s: {
+                "nodes": tuple(dataclasses.replace(n, lock_ref=0) for n in s.nodes),
+                "evictable": s.evictable + s.protected,
+                "protected": 0,
+            },
+            "bookkeeping",
+        ),
+        (
+            lambda s: {
+                "free_slots": s.free_slots | {s.nodes[0].slots[0]},
+                "available": s.available,
+            },
+            "ownership",
+        ),
+        (lambda s: {"read_slot": lambda slot: 0}, "bytes"),
+    ],
+    ids=["conservation", "bookkeeping", "ownership", "bytes"],
+)
+def test_each_law_fails_on_a_broken_snapshot(change: Any, law: str) -> None:
+    """A snapshot broken in one way fails the law that reads that part."""
+    snap = _busy_snapshot()
+    broken = dataclasses.replace(snap, **change(snap))
+    with pytest.raises(LawBroken) as caught:
+        check_laws(broken)
+    assert caught.value.law == law
+    assert law in LAWS
+
+
+def test_sglang_driver_writes_the_value_the_laws_expect() -> None:
+    """The sglang driver's KV value formula (kept in the targets layer) is the laws' own."""
+    from kvcheck.scheduler.snapshot import kv_value
+    from kvcheck.targets.sglang.scheduler_memory import _kv_value
+
+    prefixes = [(), (0,), (1, 2, 2), tuple(range(20))]
+    assert [_kv_value(p) for p in prefixes] == [kv_value(p) for p in prefixes]
