@@ -33,6 +33,7 @@ LAYERS: tuple[str, ...] = (
     "properties",
     "machines",
     "allocator_machine",
+    "swa_machine",
     "lifecycle",
     "suite",
     "runner",
