@@ -47,7 +47,25 @@ from kvcheck.targets import capability_skip_reason
 from kvcheck.targets.tier_support import build_allocator
 from kvcheck.tiers import AllocatorSpec
 
-__all__ = ["SWAPoolMachine", "swa_families", "swa_pool_machine", "swa_skip_reason"]
+__all__ = ["STEP_KINDS", "SWAPoolMachine", "swa_families", "swa_pool_machine", "swa_skip_reason"]
+
+#: The steps the machine draws, in shrink order; a request's prefill and its writes come
+#: first, since every other step needs them (a flush last: it undoes the most). Writes come
+#: up three times as often as the rest: a move, eviction or reload shows only on rows that
+#: were written.
+STEP_KINDS: tuple[str, ...] = (
+    "prefill",
+    "write",
+    "evict_window",
+    "write",
+    "speculative_move",
+    "prefill",
+    "write",
+    "offload",
+    "reload",
+    "finish",
+    "flush",
+)
 
 
 def swa_skip_reason(target: Any, family: str | None = None) -> str | None:
@@ -94,6 +112,7 @@ class SWAPoolMachine(RuleBasedStateMachine):
         #: offloaded request -> (the pool's copy, the reference's copy, its token count)
         self.offloaded: dict[int, tuple[Any, ReferenceSWACopy, int]] = {}
         self.next_request = 0
+        self.payloads = 0
         self.last_call = "construction"
 
     # -- construction ----------------------------------------------------------------------
@@ -142,16 +161,35 @@ class SWAPoolMachine(RuleBasedStateMachine):
 
     def _payload(self, data: st.DataObject, count: int, shape: tuple[int, ...]) -> torch.Tensor:
         seed = data.draw(st.integers(0, 2**16), label="payload seed")
-        generator = torch.Generator().manual_seed(seed)
+        # Every payload differs from every other, whatever the drawn seed shrinks to: a move
+        # or reload onto a row that already holds the same values would show nothing.
+        self.payloads += 1
+        generator = torch.Generator().manual_seed(self.payloads * (2**17) + seed)
         values = torch.randn((count, *shape), generator=generator)
         return values.to(torch.bfloat16)
 
-    # -- steps -----------------------------------------------------------------------------
+    # -- the one rule ----------------------------------------------------------------------
 
     @rule(data=st.data())
-    def prefill(self, data: st.DataObject) -> None:
+    def step(self, data: st.DataObject) -> None:
+        """One call of a drawn kind on the pool (or its allocator) and the reference."""
+        if self.pool is None:
+            return
+        kind = data.draw(st.sampled_from(STEP_KINDS), label="kind")
+        getattr(self, f"_{kind}")(data)
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _prefill(self, data: st.DataObject) -> None:
         """A new request's slots on both sides."""
-        count = data.draw(st.integers(1, max(1, self._spec.size_swa)), label="tokens")
+        # Up to everything free: a request that takes the window side's last slots makes the
+        # next one's peers wrap around to slots that eviction gave back, so full slots and
+        # their peers stop being equal (where a write at the wrong index shows).
+        free = int(self.allocator.available_size())
+        if free < 1:
+            return
+        fill = data.draw(st.booleans(), label="take everything free")
+        count = free if fill else data.draw(st.integers(1, free), label="tokens")
         self.last_call = f"alloc of {count} tokens"
         slots = self._alloc(count)
         if slots is None:
@@ -160,8 +198,7 @@ class SWAPoolMachine(RuleBasedStateMachine):
         self.evicted[self.next_request] = 0
         self.next_request += 1
 
-    @rule(data=st.data())
-    def write(self, data: st.DataObject) -> None:
+    def _write(self, data: st.DataObject) -> None:
         """One layer's ``set_kv_buffer`` at some of a request's tokens (a window layer:
         only tokens still in the window), with the full location and its translation."""
         if not self.rows:
@@ -171,8 +208,13 @@ class SWAPoolMachine(RuleBasedStateMachine):
         tokens = self._in_window(request) if self._ref.is_swa(layer_id) else self.rows[request]
         if not tokens:
             return
-        chosen = data.draw(
-            st.lists(st.sampled_from(tokens), min_size=1, unique=True), label="tokens"
+        every = data.draw(st.booleans(), label="every token")
+        chosen = (
+            list(tokens)
+            if every
+            else data.draw(
+                st.lists(st.sampled_from(tokens), min_size=1, unique=True), label="tokens"
+            )
         )
         sub = self._spec.sub
         loc = self._slots(chosen)
@@ -195,8 +237,7 @@ class SWAPoolMachine(RuleBasedStateMachine):
             values = {"k": k.float().tolist()}
         self._ref.write(layer_id, chosen, self._mapping(), values)
 
-    @rule(data=st.data())
-    def speculative_move(self, data: st.DataObject) -> None:
+    def _speculative_move(self, data: st.DataObject) -> None:
         """``move_kv_cache`` of some of a request's window tokens onto others (accepted draft
         tokens moved into place)."""
         candidates = [r for r in sorted(self.rows) if len(self._in_window(r)) >= 2]
@@ -211,8 +252,7 @@ class SWAPoolMachine(RuleBasedStateMachine):
         self.pool.move_kv_cache(self._slots(tgt), self._slots(src))
         self._ref.move(tgt, src, mapping)
 
-    @rule(data=st.data())
-    def evict_window(self, data: st.DataObject) -> None:
+    def _evict_window(self, data: st.DataObject) -> None:
         """The allocator's ``free_swa`` of a request's oldest pages still in the window."""
         page = self._spec.sub.page_size
         candidates = [r for r in sorted(self.rows) if len(self._in_window(r)) > page]
@@ -227,8 +267,7 @@ class SWAPoolMachine(RuleBasedStateMachine):
         self.allocator.free_swa(self._slots(slots))
         self.evicted[request] = end
 
-    @rule(data=st.data())
-    def offload(self, data: st.DataObject) -> None:
+    def _offload(self, data: st.DataObject) -> None:
         """Retraction: ``get_cpu_copy`` of a request's slots, then their ``free``."""
         if not self.rows:
             return
@@ -241,8 +280,7 @@ class SWAPoolMachine(RuleBasedStateMachine):
         self.allocator.free(self._slots(slots))
         self.offloaded[request] = (copy, saved, len(slots))
 
-    @rule(data=st.data())
-    def reload(self, data: st.DataObject) -> None:
+    def _reload(self, data: st.DataObject) -> None:
         """A retracted request comes back: fresh slots, then ``load_cpu_copy``."""
         if not self.offloaded:
             return
@@ -258,8 +296,7 @@ class SWAPoolMachine(RuleBasedStateMachine):
         self.rows[request] = slots
         self.evicted[request] = 0
 
-    @rule(data=st.data())
-    def finish(self, data: st.DataObject) -> None:
+    def _finish(self, data: st.DataObject) -> None:
         """A finished request's ``free`` (both sides)."""
         if not self.rows:
             return
@@ -269,8 +306,7 @@ class SWAPoolMachine(RuleBasedStateMachine):
         self.last_call = f"free({slots})"
         self.allocator.free(self._slots(slots))
 
-    @rule()
-    def flush(self) -> None:
+    def _flush(self, data: st.DataObject) -> None:
         """The allocator's ``clear`` (a cache flush): every request's slots are gone."""
         self.last_call = "clear()"
         self.allocator.clear()

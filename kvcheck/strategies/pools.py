@@ -547,7 +547,8 @@ def _swa_pool_specs(
     family = draw(st.sampled_from(families))
     page_size = draw(st.sampled_from(page_sizes))
     full_pages = draw(st.integers(2, 6))
-    swa_pages = draw(st.integers(1, full_pages))
+    # Two window pages at least, so that one can leave the window while a request lives.
+    swa_pages = draw(st.integers(2, full_pages))
     layers = draw(st.integers(2, max_layers))
     # One full layer and one window layer at least; the rest either way.
     rest = draw(st.lists(st.booleans(), min_size=layers - 2, max_size=layers - 2))
@@ -575,15 +576,15 @@ def swa_pool_specs(
     """Small sliding-window hybrid pools (:class:`kvcheck.specs.SWAPoolSpec`) of
     ``families`` (default: every family in :data:`kvcheck.specs.SWA_FAMILIES`), on pages of
     ``page_sizes``, with 2 to ``max_layers`` layers, one of each kind at least, a full side
-    of 2 to 6 pages and a window side of 1 page up to the full side's. Shrinks towards an
+    of 2 to 6 pages and a window side of 2 pages up to the full side's. Shrinks towards an
     MHA hybrid of two layers (the first full, the second a window layer), one head of 2,
-    page size 1, a full side of 2 slots and a window side of 1.
+    page size 1, a full side of 2 slots and a window side of 2.
 
     Example:
         >>> from hypothesis import find
         >>> spec = find(swa_pool_specs(), lambda spec: True)
         >>> spec.sub.family, spec.swa_layers, spec.sub.size, spec.size_swa
-        ('mha', (False, True), 2, 1)
+        ('mha', (False, True), 2, 2)
     """
     chosen = tuple(SWA_FAMILIES if families is None else families)
     if not chosen or any(family not in SWA_FAMILIES for family in chosen):
