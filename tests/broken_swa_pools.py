@@ -33,15 +33,17 @@ class FullSideOnlyMove(SWAKVPool):
         self.full_kv_pool.move_kv_cache(tgt_loc, src_loc)
 
 
-class EvictionBlindHostCopy(SWAKVPool):
-    """A host copy that ignores window eviction: it copies a window row for every token, the
-    evicted ones' from the dummy slot 0, and reloads all of them at the new peers."""
+class EvictionBlindReload(SWAKVPool):
+    """A reload that forgets which tokens had left the window when copied: it writes the
+    copied window rows at the peers of the first tokens, in order, shifting every row of a
+    request whose oldest tokens were evicted onto another token."""
 
-    def get_cpu_copy(self, indices: torch.Tensor) -> SWAHostCopy:
-        full = self.full_kv_pool.get_cpu_copy(indices)
+    def load_cpu_copy(self, kv_cache_cpu: SWAHostCopy, indices: torch.Tensor) -> None:
+        self.full_kv_pool.load_cpu_copy(kv_cache_cpu.full, indices)
+        if kv_cache_cpu.swa is None:
+            return
         peers = self.translate_loc_from_full_to_swa(indices)
-        everyone = torch.ones_like(peers, dtype=torch.bool)
-        return SWAHostCopy(full, self.swa_kv_pool.get_cpu_copy(peers), everyone)
+        self.swa_kv_pool.load_cpu_copy(kv_cache_cpu.swa, peers[: kv_cache_cpu.swa.num_tokens])
 
 
 class InOrderLayerMapping(SWAKVPool):
