@@ -14,8 +14,8 @@ from broken_swa_pools import (
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvcheck.swa_machine import swa_pool_machine
 from kvcheck.strategies import swa_pool_specs
+from kvcheck.swa_machine import swa_pool_machine
 
 #: Small hybrids of page size 1, where a few steps fill the window side and wrap its peers.
 SMALL_SPECS = swa_pool_specs(families=("mha",), page_sizes=(1,), max_layers=2).filter(
