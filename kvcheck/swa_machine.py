@@ -57,12 +57,12 @@ STEP_KINDS: tuple[str, ...] = (
     "prefill",
     "write",
     "evict_window",
+    "offload",
+    "reload",
     "write",
     "speculative_move",
     "prefill",
     "write",
-    "offload",
-    "reload",
     "finish",
     "flush",
 )
@@ -271,7 +271,9 @@ class SWAPoolMachine(RuleBasedStateMachine):
         """Retraction: ``get_cpu_copy`` of a request's slots, then their ``free``."""
         if not self.rows:
             return
-        request = data.draw(st.sampled_from(sorted(self.rows)), label="request")
+        # Requests with evicted tokens first: their copies are the ones with a window mask.
+        order = sorted(self.rows, key=lambda r: (-self.evicted[r], r))
+        request = data.draw(st.sampled_from(order), label="request")
         slots = self.rows.pop(request)
         self.evicted.pop(request)
         self.last_call = f"get_cpu_copy({slots})"
