@@ -14,7 +14,8 @@ callers make across the two sub-pools:
 - window eviction (the allocator's ``free_swa`` of a request's oldest pages);
 - retraction: offload (``get_cpu_copy``, then ``free``) and reload (a fresh allocation,
   then ``load_cpu_copy``);
-- a finished request's ``free`` and a flush (the allocator's ``clear``).
+- a finished request's ``free`` (``free_full`` of its evicted part, as SGLang's
+  ``free_kv_row_segments`` frees it) and a flush (the allocator's ``clear``).
 
 After every step every layer's whole key (and MHA value) buffer equals the reference's
 rows, so a write, move or reload that lands on the wrong side or the wrong slot is seen
@@ -156,6 +157,14 @@ class SWAPoolMachine(RuleBasedStateMachine):
             got = self.allocator.alloc_extend(zero, zero, seq, seq, last, count)
         return None if got is None else [int(slot) for slot in got.tolist()]
 
+    def _release(self, slots: list[int], evicted: int) -> None:
+        """Free a request's slots as SGLang's ``free_kv_row_segments`` does: the part that
+        left the window full side only (``free_full``), the rest on both sides (``free``)."""
+        if evicted:
+            self.allocator.free_full(self._slots(slots[:evicted]))
+        if slots[evicted:]:
+            self.allocator.free(self._slots(slots[evicted:]))
+
     def _in_window(self, request: int) -> list[int]:
         return self.rows[request][self.evicted[request] :]
 
@@ -275,11 +284,11 @@ class SWAPoolMachine(RuleBasedStateMachine):
         order = sorted(self.rows, key=lambda r: (-self.evicted[r], r))
         request = data.draw(st.sampled_from(order), label="request")
         slots = self.rows.pop(request)
-        self.evicted.pop(request)
+        evicted = self.evicted.pop(request)
         self.last_call = f"get_cpu_copy({slots})"
         copy = self.pool.get_cpu_copy(self._slots(slots))
         saved = self._ref.get_cpu_copy(slots, self._mapping())
-        self.allocator.free(self._slots(slots))
+        self._release(slots, evicted)
         self.offloaded[request] = (copy, saved, len(slots))
 
     def _reload(self, data: st.DataObject) -> None:
@@ -304,9 +313,9 @@ class SWAPoolMachine(RuleBasedStateMachine):
             return
         request = data.draw(st.sampled_from(sorted(self.rows)), label="request")
         slots = self.rows.pop(request)
-        self.evicted.pop(request)
+        evicted = self.evicted.pop(request)
         self.last_call = f"free({slots})"
-        self.allocator.free(self._slots(slots))
+        self._release(slots, evicted)
 
     def _flush(self, data: st.DataObject) -> None:
         """The allocator's ``clear`` (a cache flush): every request's slots are gone."""
