@@ -23,7 +23,7 @@ SMALL_SPECS = swa_pool_specs(families=("mha",), page_sizes=(1,), max_layers=2).f
 )
 
 TWIN_SETTINGS = settings(
-    max_examples=150,
+    max_examples=300,
     stateful_step_count=15,
     derandomize=True,
     database=None,
