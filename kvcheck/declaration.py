@@ -88,6 +88,8 @@ CAPABILITIES: tuple[str, ...] = (
     # fp4_mx_block16) passed as ``dtype``, scale buffers included
     "quantized_configurator",
     "skip_rule",  # dsa_layer_skips_topk
+    # the sliding-window hybrid pool (make_swa_pool), per family of its sub-pools
+    "swa_pool",
 )
 
 #: The suffix of a host-tier key about the variant's pools with asymmetric K/V head dims.

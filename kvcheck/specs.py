@@ -13,7 +13,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 PoolFamily = Literal["mha", "noop", "mla", "dsa"]
@@ -422,6 +422,72 @@ start_layer=0, head_num=1, head_dim=8, v_head_dim=None, kv_layout='nhd', kv_page
         if self.index_buf_size is not None:
             return self.index_buf_size
         return self.token_slots - self.page_size
+
+
+#: The families whose pools a sliding-window hybrid composes (SGLang's ``SWAKVPool`` takes
+#: an MHA, MLA or DSA class for each side).
+SWA_FAMILIES: tuple[str, ...] = ("mha", "mla", "dsa")
+
+
+@dataclass(frozen=True)
+class SWAPoolSpec:
+    """A sliding-window hybrid pool: ``sub`` gives the family, geometry, dtype, page size and
+    full-side ``size`` of both sub-pools; ``swa_layers[i]`` says whether global layer ``i``
+    (of ``sub.layer_num``) is a sliding-window layer; the SWA side holds ``size_swa`` slots.
+
+    Example:
+        >>> spec = SWAPoolSpec(PoolSpec(family="mha", size=8, page_size=1, layer_num=3,
+        ...                             dtype="bfloat16"), size_swa=4,
+        ...                    swa_layers=(True, False, True))
+        >>> spec.swa_layer_ids, spec.full_layer_ids, spec.swa_spec.size
+        ((0, 2), (1,), 4)
+    """
+
+    sub: PoolSpec
+    size_swa: int
+    swa_layers: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        sub = self.sub
+        if not isinstance(sub, PoolSpec) or sub.family not in SWA_FAMILIES:
+            raise ValueError(f"sub={sub!r} must be a PoolSpec of a family in {SWA_FAMILIES}")
+        plain = (sub.variant == sub.family) and sub.start_layer == 0
+        if not plain or sub.skip_topk_layers is not None:
+            raise ValueError(
+                f"sub={sub!r}: a hybrid's sub-pools are the plain variant of their family "
+                "(no quantization, layout, kpool or DCP; start_layer 0; no skip layers)"
+            )
+        if not isinstance(self.size_swa, int) or self.size_swa < 1:
+            raise ValueError(f"size_swa={self.size_swa!r} must be an int >= 1")
+        if (
+            len(self.swa_layers) != sub.layer_num
+            or all(self.swa_layers)
+            or not any(self.swa_layers)
+        ):
+            raise ValueError(
+                f"swa_layers={self.swa_layers!r} must mark each of sub.layer_num="
+                f"{sub.layer_num} layers, at least one of each kind"
+            )
+
+    @property
+    def swa_layer_ids(self) -> tuple[int, ...]:
+        """The global ids of the sliding-window layers, ascending."""
+        return tuple(i for i, swa in enumerate(self.swa_layers) if swa)
+
+    @property
+    def full_layer_ids(self) -> tuple[int, ...]:
+        """The global ids of the full-attention layers, ascending."""
+        return tuple(i for i, swa in enumerate(self.swa_layers) if not swa)
+
+    @property
+    def full_spec(self) -> PoolSpec:
+        """The full side as a pool of its own (local layer ids)."""
+        return replace(self.sub, layer_num=len(self.full_layer_ids))
+
+    @property
+    def swa_spec(self) -> PoolSpec:
+        """The sliding-window side as a pool of its own (local layer ids)."""
+        return replace(self.sub, size=self.size_swa, layer_num=len(self.swa_layer_ids))
 
 
 def _nvfp4_scales(layout: str) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ LAYERS: tuple[str, ...] = (
     "properties",
     "machines",
     "allocator_machine",
+    "swa_machine",
     "linear_hybrid_machine",
     "lifecycle",
     "scheduler",

@@ -33,7 +33,14 @@ from __future__ import annotations
 
 from kvcheck.strategies.attention import page_layouts, query_lengths, varlen_batches
 from kvcheck.strategies.malformed_calls import bad_calls, noop_move_arguments, noop_write_calls
-from kvcheck.strategies.pools import dtypes, layer_masks, page_sizes, pool_specs, token_locations
+from kvcheck.strategies.pools import (
+    dtypes,
+    layer_masks,
+    page_sizes,
+    pool_specs,
+    swa_pool_specs,
+    token_locations,
+)
 from kvcheck.strategies.sequences import op_sequences
 from kvcheck.strategies.serving import model_configs, server_flags
 
@@ -50,6 +57,7 @@ __all__ = [
     "pool_specs",
     "query_lengths",
     "server_flags",
+    "swa_pool_specs",
     "token_locations",
     "varlen_batches",
 ]

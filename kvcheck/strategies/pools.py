@@ -31,7 +31,9 @@ from kvcheck.specs import (
     POOL_FAMILIES,
     QUANT_DTYPES,
     SCALED_LATENT_DTYPE,
+    SWA_FAMILIES,
     PoolSpec,
+    SWAPoolSpec,
 )
 from kvcheck.strategies.limits import carrying_target, within_target_limits
 from kvcheck.validation import (
@@ -43,7 +45,14 @@ from kvcheck.validation import (
     check_valid_interval,
 )
 
-__all__ = ["dtypes", "layer_masks", "page_sizes", "pool_specs", "token_locations"]
+__all__ = [
+    "dtypes",
+    "layer_masks",
+    "page_sizes",
+    "pool_specs",
+    "swa_pool_specs",
+    "token_locations",
+]
 
 #: dtype names in shrink order: the most common serving dtype first.
 _DTYPE_ORDER: tuple[str, ...] = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2")
@@ -523,3 +532,65 @@ def token_locations(
         )
     slots = st.integers(0, spec.num_slots - 1)
     return st.lists(slots, min_size=min_size, max_size=high, unique=unique).map(tuple)
+
+
+# --- sliding-window hybrids ------------------------------------------------------------------
+
+
+@st.composite
+def _swa_pool_specs(
+    draw: Callable[..., Any],
+    families: tuple[str, ...],
+    page_sizes: tuple[int, ...],
+    max_layers: int,
+) -> SWAPoolSpec:
+    family = draw(st.sampled_from(families))
+    page_size = draw(st.sampled_from(page_sizes))
+    full_pages = draw(st.integers(2, 6))
+    # Two window pages at least, so that one can leave the window while a request lives.
+    swa_pages = draw(st.integers(2, full_pages))
+    layers = draw(st.integers(2, max_layers))
+    # One full layer and one window layer at least; the rest either way.
+    rest = draw(st.lists(st.booleans(), min_size=layers - 2, max_size=layers - 2))
+    mask = draw(st.permutations([False, True, *rest]))
+    sub = PoolSpec(
+        family=family,  # type: ignore[arg-type]
+        size=full_pages * page_size,
+        page_size=page_size,
+        layer_num=layers,
+        dtype="bfloat16",
+        head_num=draw(st.integers(1, 2)),
+        head_dim=draw(st.sampled_from((2, 4))),
+        kv_lora_rank=4,
+        qk_rope_head_dim=2,
+    )
+    return SWAPoolSpec(sub, size_swa=swa_pages * page_size, swa_layers=tuple(mask))
+
+
+def swa_pool_specs(
+    *,
+    families: Sequence[str] | None = None,
+    page_sizes: Sequence[int] = (1, 2),
+    max_layers: int = 4,
+) -> st.SearchStrategy[SWAPoolSpec]:
+    """Small sliding-window hybrid pools (:class:`kvcheck.specs.SWAPoolSpec`) of
+    ``families`` (default: every family in :data:`kvcheck.specs.SWA_FAMILIES`), on pages of
+    ``page_sizes``, with 2 to ``max_layers`` layers, one of each kind at least, a full side
+    of 2 to 6 pages and a window side of 2 pages up to the full side's. Shrinks towards an
+    MHA hybrid of two layers (the first full, the second a window layer), one head of 2,
+    page size 1, a full side of 2 slots and a window side of 2.
+
+    Example:
+        >>> from hypothesis import find
+        >>> spec = find(swa_pool_specs(), lambda spec: True)
+        >>> spec.sub.family, spec.swa_layers, spec.sub.size, spec.size_swa
+        ('mha', (False, True), 2, 2)
+    """
+    chosen = tuple(SWA_FAMILIES if families is None else families)
+    if not chosen or any(family not in SWA_FAMILIES for family in chosen):
+        raise InvalidArgument(f"families={chosen!r} must be a non-empty subset of {SWA_FAMILIES}")
+    pages = tuple(page_sizes)
+    if not pages or any(not isinstance(p, int) or isinstance(p, bool) or p < 1 for p in pages):
+        raise InvalidArgument(f"page_sizes={pages!r} must be a non-empty list of ints >= 1")
+    check_valid_integer(max_layers, "max_layers", min_value=2)
+    return _swa_pool_specs(chosen, pages, max_layers)

@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any
 
 import kvcheck
-from kvcheck.specs import POOL_FAMILIES, LinearHybridSpec, PoolSpec
+from kvcheck.specs import POOL_FAMILIES, LinearHybridSpec, PoolSpec, SWAPoolSpec
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
 from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS, AllocatorSpec, HostPoolSpec
@@ -169,6 +169,51 @@ class KVCheckTarget:
             target_imports=(f"from {arguments.module} import {arguments.class_name}",),
             build=tuple(arguments.call_source("pool").splitlines()),
         )
+
+    # --- sliding-window hybrid pools ---------------------------------------------------------
+
+    def make_swa_pool(self, spec: SWAPoolSpec, *, device: str) -> Any:
+        """kvcheck's :class:`~kvcheck.pools.swa.SWAKVPool` for ``spec``: each side is the pool
+        :meth:`pool_arguments` gives for it (its class and arguments, less the size, dtype and
+        layer count the hybrid passes itself).
+
+        Example:
+            >>> spec = SWAPoolSpec(PoolSpec(family="mla", size=4, page_size=1, layer_num=2,
+            ...                             dtype="bfloat16"), size_swa=2,
+            ...                    swa_layers=(False, True))
+            >>> pool = KVCheckTarget().make_swa_pool(spec, device="cpu")
+            >>> type(pool.swa_kv_pool).__name__, pool.swa_kv_pool.size
+            ('MLATokenToKVPool', 2)
+        """
+        if not isinstance(spec, SWAPoolSpec):
+            raise ValueError(f"spec={spec!r} is not a kvcheck.specs.SWAPoolSpec")
+        from kvcheck.pools.swa import SWAKVPool
+
+        full = self.pool_arguments(spec.full_spec, device=device)
+        swa = self.pool_arguments(spec.swa_spec, device=device)
+        own = ("size", "dtype", "layer_num")
+        return SWAKVPool(
+            size=spec.sub.size,
+            size_swa=spec.size_swa,
+            page_size=spec.sub.page_size,
+            dtype=full.kwargs["dtype"],
+            head_num=spec.sub.head_num,
+            head_dim=spec.sub.head_dim,
+            swa_attention_layer_ids=list(spec.swa_layer_ids),
+            full_attention_layer_ids=list(spec.full_layer_ids),
+            device=device,
+            full_kv_pool_class=full.resolve(),
+            swa_kv_pool_class=swa.resolve(),
+            full_kv_pool_kwargs={k: v for k, v in full.kwargs.items() if k not in own},
+            swa_kv_pool_kwargs={k: v for k, v in swa.kwargs.items() if k not in own},
+        )
+
+    def swa_write_loc(self, loc: Any, swa_loc: Any) -> Any:
+        """What a hybrid pool's ``set_kv_buffer`` takes as its location: the full-side
+        ``loc`` and its translation ``swa_loc`` (SGLang's ``KVWriteLoc``)."""
+        from kvcheck.pools.swa import SWAWriteLoc
+
+        return SWAWriteLoc(loc, swa_loc)
 
     # --- allocators and host pools (kvcheck.targets.tier_support) -------------------------------
 

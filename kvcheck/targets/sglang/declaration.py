@@ -256,6 +256,24 @@ _ROWS: tuple[Row, ...] = (
         ),
     ),
     _capability(
+        "swa_pool",
+        "",
+        Builds(
+            "SWAKVPool(full_kv_pool_class=, swa_kv_pool_class=, *_kv_pool_kwargs=) with each "
+            "side built as make_pool builds that family (MHA: native move; MLA: latent scope), "
+            "over the target's SWATokenToKVPoolAllocator, which registers its mapping"
+        ),
+    ),
+    _capability(
+        "swa_pool",
+        "dsa",
+        Refuses(
+            "sglang {release}'s DSA sub-pools assert 64-token index pages, and a hybrid of "
+            "them is too slow for a state machine's examples on CPU; the MHA and MLA hybrids "
+            "run the same SWAKVPool code"
+        ),
+    ),
+    _capability(
         "pool_selection",
         "",
         Builds(

@@ -46,7 +46,7 @@ import torch
 
 from kvcheck.declaration import Declaration
 from kvcheck.geometry import latent_row_bytes, latent_width
-from kvcheck.specs import POOL_FAMILIES, LinearHybridSpec, PoolSpec
+from kvcheck.specs import POOL_FAMILIES, LinearHybridSpec, PoolSpec, SWAPoolSpec
 from kvcheck.steering import Steering
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
@@ -350,6 +350,62 @@ class SGLangTarget:
         if isinstance(index_k_scale, torch.Tensor) and index_k_scale.dtype == torch.uint8:
             index_k_scale = index_k_scale.contiguous().view(torch.float32)
         pool.set_index_k_scale_buffer(layer_id, loc, index_k, index_k_scale)
+
+    # --- sliding-window hybrid pools ---------------------------------------------------------
+
+    def make_swa_pool(self, spec: SWAPoolSpec, *, device: str) -> Any:
+        """sglang's ``SWAKVPool`` for ``spec`` on ``device``: each side's class and arguments
+        are those :meth:`pool_arguments` gives for it (less the size, dtype and layer count
+        the hybrid passes itself), built in :meth:`make_pool`'s scopes (MHA: sglang's native
+        move on CPU; MLA: its methods run in the latent pool scope of one DCP rank)."""
+        if not isinstance(spec, SWAPoolSpec):
+            raise ValueError(f"spec={spec!r} is not a kvcheck.specs.SWAPoolSpec")
+        facts = _facts()
+        from kvcheck.targets.sglang.allocators import SWA_POOL_MODULE, _module
+
+        pool_class = _module(SWA_POOL_MODULE).SWAKVPool
+        full = self.pool_arguments(spec.full_spec, device=device)
+        swa = self.pool_arguments(spec.swa_spec, device=device)
+        own = ("size", "dtype", "layer_num")
+        mha = spec.sub.family == "mha"
+        scope = env.native_kv_move() if mha and not _is_cuda(device) else nullcontext()
+        with scope, env.dcp_parallel(1, 0):
+            pool = pool_class(
+                size=spec.sub.size,
+                size_swa=spec.size_swa,
+                page_size=spec.sub.page_size,
+                dtype=full.kwargs["dtype"],
+                head_num=spec.sub.head_num,
+                head_dim=spec.sub.head_dim,
+                swa_attention_layer_ids=list(spec.swa_layer_ids),
+                full_attention_layer_ids=list(spec.full_layer_ids),
+                device=device,
+                full_kv_pool_class=full.resolve(),
+                swa_kv_pool_class=swa.resolve(),
+                full_kv_pool_kwargs={k: v for k, v in full.kwargs.items() if k not in own},
+                swa_kv_pool_kwargs={k: v for k, v in swa.kwargs.items() if k not in own},
+                enable_memory_saver=False,
+            )
+        if not mha:
+            methods = _MLA_SCOPED_METHODS if spec.sub.family == "mla" else _DSA_SCOPED_METHODS
+            latent_scope = functools.partial(
+                _latent_pool_scope,
+                cpu=not _is_cuda(device),
+                modules=facts.loaded.modules,
+                dcp_size=1,
+                dcp_rank=0,
+            )
+            for side in (pool.full_kv_pool, pool.swa_kv_pool):
+                _run_methods_in_scope(side, methods, latent_scope)
+        return pool
+
+    def swa_write_loc(self, loc: Any, swa_loc: Any) -> Any:
+        """sglang's ``KVWriteLoc(loc=loc, swa_loc=swa_loc)``: how its attention backends pass
+        a hybrid pool the full location and its translation."""
+        _facts()
+        from kvcheck.targets.sglang.allocators import _module
+
+        return _module(_MEMORY_POOL).KVWriteLoc(loc=loc, swa_loc=swa_loc)
 
     # --- allocators and host pools (kvcheck.targets.tier_support) ---------------------------------
 
