@@ -305,7 +305,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     kvcheck = session.config.stash.get(_SESSION, None)
     if isinstance(workeroutput, dict) and kvcheck is not None:
-        workeroutput[_WORKER_TARGET] = {"surface": _describe_surface(kvcheck.target)}
+        workeroutput[_WORKER_TARGET] = {
+            "surface": _describe_surface(kvcheck.target),
+            "classes": _describe_classes(kvcheck.target),
+        }
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -918,6 +921,24 @@ def _describe_surface(target: Any) -> str:
         return f"malformed ({exc})"
 
 
+def _describe_classes(target: Any) -> str:
+    """The counts of the upstream pool classes the target builds and does not (its optional
+    ``classes()``), with the command that lists them; "" for a target without it.
+
+    Read where the target is prepared (a test process), so that the discovery's imports
+    come on top of the ones the run made anyway."""
+    classes = getattr(target, "classes", None)
+    if not callable(classes):
+        return ""
+    from kvcheck.targets.discovery import census_line
+
+    try:
+        entries = classes()
+    except Exception as error:  # the summary says so rather than losing the run's results
+        return f"discovery failed ({type(error).__name__}: {error})"
+    return census_line(entries, listed_by=f"kvcheck classes --target {target.name}")
+
+
 def _kvcheck_env() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIX)}
 
@@ -935,6 +956,7 @@ def _results_context(session: KVCheckSession) -> dict[str, Any]:
             "findings": [finding.id for finding in declared_findings(session.target)],
             "source": session.target_source,
             "surface": session.prepared_target.get("surface") or _describe_surface(session.target),
+            "classes": session.prepared_target.get("classes") or _describe_classes(session.target),
         },
         "device": {"requested": session.device_spec, "resolved": session.device_resolved},
         "profile": session.profile_name(),
