@@ -124,3 +124,31 @@ def test_entry_lines_say_built_and_why_not() -> None:
     assert ClassEntry("m:A", "allocator", True, "A()").line() == "m:A (allocator): built (A())"
     assert ClassEntry("m:B", "KV pool", False, "GPU").line() == "m:B (KV pool): not built (GPU)"
     assert Found("m", "A", "KV pool").qualified == "m:A"
+
+
+def test_classes_command_refuses_a_target_without_discovery(capsys) -> None:
+    from kvcheck.runner.cli import main
+
+    assert main(["classes", "--target", "kvcheck"]) == 2
+    assert "--target='kvcheck' declares no class discovery" in capsys.readouterr().err
+
+
+def test_the_summary_gives_the_counts_from_the_targets_discovery() -> None:
+    from types import SimpleNamespace
+
+    from kvcheck.runner.plugin import _describe_classes
+    from kvcheck.runner.summary import _heading
+
+    def listed() -> list[ClassEntry]:
+        return [ClassEntry("m:A", "KV pool", True, "A()"), ClassEntry("m:B", "KV pool", False, "x")]
+
+    def broken() -> list[ClassEntry]:
+        raise RuntimeError("no package")
+
+    line = _describe_classes(SimpleNamespace(name="fake", classes=listed))
+    assert line == "2 pool classes: 1 built, 1 not built; kvcheck classes --target fake lists them"
+    assert _describe_classes(SimpleNamespace(name="fake")) == ""
+    failed = _describe_classes(SimpleNamespace(name="fake", classes=broken))
+    assert failed == "discovery failed (RuntimeError: no package)"
+    heading = _heading("verify", {"target": {"name": "fake", "classes": line}})
+    assert f"\nclasses: {line}" in heading

@@ -72,3 +72,16 @@ def test_a_new_class_in_the_package_is_not_built_new_in_the_release(fake_module:
     assert entries[fake_module].line() == (
         f"{fake_module} (KV pool): not built: new in {installed_release()}"
     )
+
+
+def test_the_classes_command_lists_every_class_and_the_counts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from kvcheck.runner.cli import main
+
+    assert main(["classes", "--target", "sglang"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "built:" and "not built:" in out
+    assert f"{PACKAGE}.qsa_kv_pool:QSATokenToKVPool (KV pool): not built (" in "\n".join(out)
+    assert out[-1].startswith(f"sglang {installed_release()}: ")
+    assert " pool classes: " in out[-1]

@@ -89,7 +89,7 @@ _HISPARSE = Refuses(
 )
 _MINIMAX = Refuses(
     "MiniMax-M3 sparse attention pools (NVFP4 index keys and main KV): nvfp4 writes need "
-    "flashinfer's CUDA quantizer, as for mha:nvfp4; no model in kvcheck"
+    "flashinfer's CUDA quantizer, as for the nvfp4 MHA variant; no model in kvcheck"
 )
 _QSA = Refuses(
     "QSA (Qwen sparse attention) extends the linear-attention hybrid with a per-request "
@@ -140,12 +140,12 @@ CLASS_ROWS: tuple[Row, ...] = (
     *_rows(
         "memory_pool",
         ("MLATokenToKVPoolFP4",),
-        Builds("make_pool for mla:fp4 (scale-row kernel as a CPU body)"),
+        Builds("make_pool for the MLA FP4 variant (scale-row kernel as a CPU body)"),
     ),
     *_rows(
         "memory_pool",
         ("MHATokenToKVPoolMXFP8",),
-        Builds("make_pool for mha:mxfp8 (interleaved, page 128) and mha:mxfp8:flat"),
+        Builds("make_pool for the MXFP8 MHA variants: interleaved scales (page 128) and flat"),
     ),
     *_rows(
         "memory_pool",
@@ -200,7 +200,7 @@ CLASS_ROWS: tuple[Row, ...] = (
     *_rows(
         "pool_host.mha_mxfp8",
         ("MHATokenToKVPoolMXFP8Host",),
-        Builds("make_host_pool for mha:mxfp8, page_first layout only"),
+        Builds("make_host_pool for the interleaved MXFP8 MHA variant, page_first layout only"),
     ),
     *_rows(
         "pool_host.mla",
