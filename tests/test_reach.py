@@ -363,3 +363,71 @@ def test_sglang_off_cpu_reasons_are_reasons_of_its_table():
     reasons = declaration_of(resolve_target("sglang", available=False)).unreached_code()
     used = {entry.reason for entry in reasons}
     assert not table.OFF_CPU_REASONS - used
+
+
+def test_the_map_counts_every_file_and_ranks_the_most_unreached():
+    files = tuple(
+        reach.FileReach(f"f{index}.py", 100, covered, 0)
+        for index, covered in enumerate((100, 0, 50, 90, 10, 60, 70, 80, 20, 30, 40, 95))
+    )
+    report = dataclasses.replace(_analyze(), map_files=files, map_root="pkg")
+    assert (report.map_lines, report.map_covered) == (1200, 645)
+    assert round(report.map_percent, 2) == 53.75
+    ranked = [item.file for item in report.most_unreached()]
+    assert ranked == [
+        "f1.py",
+        "f4.py",
+        "f8.py",
+        "f9.py",
+        "f10.py",
+        "f2.py",
+        "f5.py",
+        "f6.py",
+        "f7.py",
+        "f3.py",
+    ]
+    block = reach.format_markdown(report)
+    assert "**Map: 53.8 %** (645 of 1200 statements of `pkg` in 12 files)." in block
+    assert block.index("`f1.py` | 100 | 0 | 100") < block.index("`f3.py` | 100 | 90 | 10")
+    assert "`f0.py`" not in block and "`f11.py`" not in block
+    assert "map: 645/1200 statements = 53.8% (12 files)" in format_report(report)
+    with pytest.raises(ValueError, match="count=0"):
+        report.most_unreached(0)
+
+
+def test_class_reach_counts_the_statements_of_each_discovered_class(tmp_path):
+    from kvcheck.targets.discovery import ClassEntry
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "pool.py").write_text(SOURCE)
+    entries = [
+        ClassEntry("pkg.sub.pool:Pool", "KV pool", False, "new in 1"),
+        ClassEntry("pkg.sub.pool:Missing", "KV pool", True, "gone"),
+        ClassEntry("pkg.sub.other:Pool", "KV pool", True, "no data"),
+        ClassEntry("pkg.sub.gpu", "module", False, "import failed"),
+    ]
+    measured = {"sub/pool.py": (set(STATEMENTS), set(MISSING))}
+    reaches = reach.class_reaches(entries, "pkg", measured, tmp_path)
+    # Pool spans lines 4-19: 13 statements, 5 of them missing (9, 10, 15, 18, 19).
+    assert [(r.file, r.name, r.lines, r.covered, r.built) for r in reaches] == [
+        ("sub/pool.py", "Pool", 13, 8, False)
+    ]
+    report = dataclasses.replace(
+        _analyze(),
+        map_files=(reach.FileReach("sub/pool.py", 16, 10, 0),),
+        class_reach=tuple(reaches),
+    )
+    assert "| `Pool` (`sub/pool.py`) | KV pool | no | 13 | 8 | 61.5 |" in reach.format_markdown(
+        report
+    )
+    assert "class sub/pool.py:Pool (KV pool, not built): 8/13 = 61.5%" in format_report(report)
+
+
+def test_sglang_map_covers_mem_cache_without_the_storage_connectors():
+    table = reach._reach_table("sglang")
+    if importlib.util.find_spec("sglang") is None:
+        pytest.skip("sglang is not installed")
+    files = reach._map_files(table)
+    assert "srt/mem_cache/memory_pool.py" in files
+    assert all(f.startswith("srt/mem_cache/") for f in files)
+    assert not any(f.startswith("srt/mem_cache/storage/") for f in files)

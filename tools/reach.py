@@ -51,6 +51,7 @@ from kvcheck.declaration import Reason, declaration_of
 from kvcheck.targets.base import Scope
 
 __all__ = [
+    "ClassReach",
     "FileReach",
     "Gap",
     "MethodReach",
@@ -60,8 +61,10 @@ __all__ = [
     "Span",
     "analyze",
     "analyze_data",
+    "class_reaches",
     "explain",
     "find_spans",
+    "format_map_markdown",
     "format_markdown",
     "format_report",
     "group_gaps",
@@ -140,6 +143,24 @@ class FileReach:
 
 
 @dataclass(frozen=True)
+class ClassReach:
+    """One discovered upstream class: its statements (its whole span, methods and class
+    body) and how many ran, and whether the target builds it."""
+
+    file: str
+    name: str
+    kind: str
+    built: bool
+    lines: int
+    covered: int
+
+    @property
+    def percent(self) -> float:
+        """Covered share in percent (100.0 for a class with no statements)."""
+        return 100.0 * self.covered / self.lines if self.lines else 100.0
+
+
+@dataclass(frozen=True)
 class ReachReport:
     """What one reach measurement found.
 
@@ -159,6 +180,42 @@ class ReachReport:
     #: Reasons that say a range needs hardware a CPU host lacks (a GPU, an NPU, pinned
     #: memory): :meth:`by_file` leaves such lines out of what "on CPU" can reach.
     off_cpu_reasons: frozenset[str] = frozenset()
+    #: Every file of the table's ``MAP_ROOT`` (``MAP_ASIDE`` aside), not only the scopes:
+    #: the map figure (:attr:`map_percent`).
+    map_files: tuple[FileReach, ...] = ()
+    map_root: str = ""
+    map_aside: str = ""
+    #: Each pool class the target's discovery finds, with its reach.
+    class_reach: tuple[ClassReach, ...] = ()
+
+    @property
+    def map_lines(self) -> int:
+        """Statements of every mapped file."""
+        return sum(item.lines for item in self.map_files)
+
+    @property
+    def map_covered(self) -> int:
+        """Statements of the mapped files that ran."""
+        return sum(item.covered for item in self.map_files)
+
+    @property
+    def map_percent(self) -> float:
+        """The share of the mapped files' statements that ran, in percent."""
+        return 100.0 * self.map_covered / self.map_lines if self.map_lines else 0.0
+
+    def most_unreached(self, count: int = 10) -> list[FileReach]:
+        """The ``count`` mapped files with the most statements that did not run.
+
+        Example:
+            >>> r = ReachReport("t", (), (), (), 0, 0, map_files=(
+            ...     FileReach("a.py", 10, 9, 0), FileReach("b.py", 10, 2, 0)))
+            >>> [item.file for item in r.most_unreached(1)], round(r.map_percent, 1)
+            (['b.py'], 55.0)
+        """
+        if count < 1:
+            raise ValueError(f"count={count} must be at least 1")
+        ranked = sorted(self.map_files, key=lambda item: (item.covered - item.lines, item.file))
+        return ranked[:count]
 
     @property
     def headline_percent(self) -> float:
@@ -208,6 +265,9 @@ class ReachReport:
         """A JSON-ready dict: every field plus the derived figures."""
         data = dataclasses.asdict(self)
         data["off_cpu_reasons"] = sorted(self.off_cpu_reasons)
+        data["map_percent"] = round(self.map_percent, 2)
+        data["map_lines"] = self.map_lines
+        data["map_covered"] = self.map_covered
         data["files"] = [
             {**dataclasses.asdict(item), "cpu_percent": round(item.cpu_percent, 2)}
             for item in self.by_file().values()
@@ -515,7 +575,7 @@ def measure(
         measure("sglang").headline_percent  # 60.3 on sglang 0.5.23
     """
     table = _reach_table(target)
-    files = _scope_files(table)
+    files = {**_scope_files(table), **_map_files(table)}
     with tempfile.TemporaryDirectory(prefix="kvcheck-reach-") as tmp:
         rcfile = Path(tmp) / "coveragerc"
         data_file = Path(tmp) / ".coverage"
@@ -539,8 +599,13 @@ def measure(
     )
 
 
-def analyze_data(target: str, data_file: str | os.PathLike[str]) -> ReachReport:
+def analyze_data(
+    target: str, data_file: str | os.PathLike[str], *, classes: bool = True
+) -> ReachReport:
     """Analyze a coverage data file from an earlier :func:`measure` with today's reach table.
+
+    With ``classes``, the target's class discovery (its optional ``classes()``, which
+    imports the target's package) gives the per-class reach.
 
     Example:
         >>> analyze_data("sglang", "no-such.coverage")
@@ -568,12 +633,107 @@ def analyze_data(target: str, data_file: str | os.PathLike[str]) -> ReachReport:
         measured[name] = (list(statements), list(missing))
     report = analyze(measured, sources, table.SCOPES, _unreached_code(target), target=target)
     off_cpu = frozenset(getattr(table, "OFF_CPU_REASONS", ()))
-    return dataclasses.replace(report, notes=tuple(notes), off_cpu_reasons=off_cpu)
+    map_files = []
+    map_measured: dict[str, tuple[set[int], set[int]]] = {}
+    for name, path in _map_files(table).items():
+        _, statements, _, missing, _ = cov.analysis2(str(path))
+        map_measured[name] = (set(statements), set(missing))
+        map_files.append(FileReach(name, len(statements), len(statements) - len(missing), 0))
+    class_reach: list[ClassReach] = []
+    if classes and map_measured:
+        entries, problem = _discovered(target)
+        if problem:
+            notes.append(f"class discovery failed: {problem}")
+        class_reach = class_reaches(
+            entries, table.PACKAGE, map_measured, _package_dir(table.PACKAGE)
+        )
+    return dataclasses.replace(
+        report,
+        notes=tuple(notes),
+        off_cpu_reasons=off_cpu,
+        map_files=tuple(map_files),
+        map_root=getattr(table, "MAP_ROOT", ""),
+        map_aside=", ".join(getattr(table, "MAP_ASIDE", ())),
+        class_reach=tuple(class_reach),
+    )
+
+
+def _discovered(target: str) -> tuple[list[Any], str]:
+    """The target's discovered classes (its optional ``classes()``), or why there are none."""
+    from kvcheck.targets import TargetError, resolve_target
+
+    try:
+        discover = getattr(resolve_target(target), "classes", None)
+        return (list(discover()), "") if callable(discover) else ([], "")
+    except (TargetError, ImportError, RuntimeError) as error:
+        return [], f"{type(error).__name__}: {error}"
+
+
+def class_reaches(
+    entries: Iterable[Any],
+    package: str,
+    measured: Mapping[str, tuple[set[int], set[int]]],
+    package_dir: Path,
+) -> list[ClassReach]:
+    """Per discovered class (``entries``: :class:`kvcheck.targets.discovery.ClassEntry`),
+    the statements of its span in ``measured[file] = (statements, missing)`` and how many
+    ran. A class whose file is not measured, or whose name is not a top-level class of it,
+    is left out.
+
+    Example:
+        >>> import tempfile
+        >>> from kvcheck.targets.discovery import ClassEntry
+        >>> root = Path(tempfile.mkdtemp())
+        >>> _ = (root / "m.py").write_text("class P:\\n    def f(self):\\n        return 1\\n")
+        >>> [(c.name, c.lines, c.covered) for c in class_reaches(
+        ...     [ClassEntry("pkg.m:P", "KV pool", True, "P()")], "pkg",
+        ...     {"m.py": ({1, 2, 3}, {3})}, root)]
+        [('P', 3, 2)]
+    """
+    reaches = []
+    spans_of: dict[str, dict[str, Span]] = {}
+    for entry in entries:
+        module, _, name = entry.qualified.partition(":")
+        if not name or not module.startswith(package + "."):
+            continue
+        relative = module.removeprefix(package + ".").replace(".", "/")
+        file = next(
+            (f for f in (f"{relative}.py", f"{relative}/__init__.py") if f in measured), None
+        )
+        if file is None:
+            continue
+        if file not in spans_of:
+            source = (package_dir / file).read_text()
+            spans_of[file] = {s.qualname: s for s in find_spans(source) if s.kind == "class"}
+        span = spans_of[file].get(name)
+        if span is None:
+            continue
+        statements, missing = measured[file]
+        inside = {line for line in statements if span.start <= line <= span.end}
+        covered = len(inside - missing)
+        reaches.append(ClassReach(file, name, entry.kind, entry.built, len(inside), covered))
+    return reaches
 
 
 def _scope_files(table: Any) -> dict[str, Path]:
     package_dir = _package_dir(table.PACKAGE)
     return {scope.file: package_dir / scope.file for scope in table.SCOPES}
+
+
+def _map_files(table: Any) -> dict[str, Path]:
+    """Every Python file under the table's ``MAP_ROOT`` but those under ``MAP_ASIDE``
+    (``{}`` for a table without a map): the whole directory the map figure is over."""
+    root = getattr(table, "MAP_ROOT", None)
+    if root is None:
+        return {}
+    package_dir = _package_dir(table.PACKAGE)
+    aside = tuple(getattr(table, "MAP_ASIDE", ()))
+    files = {}
+    for path in sorted((package_dir / root).rglob("*.py")):
+        name = path.relative_to(package_dir).as_posix()
+        if not name.startswith(aside):
+            files[name] = path
+    return files
 
 
 # --- output ---------------------------------------------------------------------------------
@@ -624,11 +784,75 @@ def format_report(report: ReachReport, *, methods: bool = True) -> str:
         f"unexplained ranges: {len(report.unexplained)} of {len(report.gaps)} "
         f"({sum(g.lines for g in report.unexplained)} lines)"
     )
+    for klass in report.class_reach:
+        state = "built" if klass.built else "not built"
+        out.append(
+            f"class {klass.file}:{klass.name} ({klass.kind}, {state}): "
+            f"{klass.covered}/{klass.lines} = {klass.percent:.1f}%"
+        )
+    for item in report.most_unreached() if report.map_files else ():
+        out.append(f"most unreached: {item.file}: {item.lines - item.covered} of {item.lines}")
+    if report.map_files:
+        out.append(
+            f"map: {report.map_covered}/{report.map_lines} statements = "
+            f"{report.map_percent:.1f}% ({len(report.map_files)} files)"
+        )
     out.append(
         f"headline: {report.headline_covered}/{report.headline_lines} lines = "
         f"{report.headline_percent:.1f}% ({', '.join(report.headline_names)})"
     )
     return "\n".join(out)
+
+
+def format_map_markdown(report: ReachReport, *, root: str = "", aside: str = "") -> list[str]:
+    """The map figure, the ten files with the most unreached statements and the per-class
+    reach, as Markdown lines (none for a report without a map).
+
+    Example:
+        >>> r = ReachReport("t", (), (), (), 0, 0, map_files=(FileReach("a.py", 4, 1, 0),))
+        >>> format_map_markdown(r)[0]
+        '**Map: 25.0 %** (1 of 4 statements in 1 files).'
+    """
+    if not report.map_files:
+        return []
+    where = f" of `{root}`" if root else ""
+    without = f", `{aside}` aside" if aside else ""
+    out = [
+        f"**Map: {report.map_percent:.1f} %** ({report.map_covered} of {report.map_lines} "
+        f"statements{where} in {len(report.map_files)} files{without}).",
+        "",
+        "The ten files with the most unreached statements:",
+        "",
+        "| file | statements | reached | unreached | % |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for item in report.most_unreached():
+        out.append(
+            f"| `{item.file}` | {item.lines} | {item.covered} | {item.lines - item.covered} "
+            f"| {item.percent:.1f} |"
+        )
+    if report.class_reach:
+        built = sum(1 for item in report.class_reach if item.built)
+        out += [
+            "",
+            f"Per discovered class ({len(report.class_reach)}: {built} built, "
+            f"{len(report.class_reach) - built} not built; why each is or is not built: "
+            "`kvcheck classes --target "
+            f"{report.target}`): the statements of its span and how many ran.",
+            "",
+            "| class | kind | built | statements | reached | % |",
+            "|---|---|---|---:|---:|---:|",
+        ]
+        ordered = sorted(
+            report.class_reach, key=lambda item: (not item.built, item.file, item.name)
+        )
+        for klass in ordered:
+            out.append(
+                f"| `{klass.name}` (`{klass.file}`) | {klass.kind} | "
+                f"{'yes' if klass.built else 'no'} | {klass.lines} | {klass.covered} | "
+                f"{klass.percent:.1f} |"
+            )
+    return [*out, ""]
 
 
 def format_markdown(report: ReachReport) -> str:
@@ -648,6 +872,7 @@ def format_markdown(report: ReachReport) -> str:
         f"{report.headline_lines} executable lines of "
         f"{', '.join(name.split(':')[-1] for name in report.headline_names)}).",
         "",
+        *format_map_markdown(report, root=report.map_root, aside=report.map_aside),
         "| file | class or function | lines | reached | % |",
         "|---|---|---:|---:|---:|",
     ]

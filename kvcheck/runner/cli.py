@@ -12,6 +12,9 @@
     without it, each target that has stored examples is replayed in turn.
 ``kvcheck memory-report``
     Cell sizes, token capacities and pool bytes (built on ``meta``) for real model configs.
+``kvcheck classes``
+    Every pool class the target's upstream package defines (sglang's ``srt/mem_cache``), each
+    built (how) or not (why; ``new in <release>`` for one its declaration has no row for).
 ``kvcheck campaign``
     The suite in shards on a Ray cluster until a time or example budget is spent, sharing one
     example database (:mod:`kvcheck.runner.campaign`; ``pip install 'kvcheck[campaign]'``).
@@ -239,6 +242,18 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"tokens per page (default {_DEFAULT_PAGE_SIZE})",
     )
     memory.set_defaults(handler=_memory_report)
+
+    classes = commands.add_parser(
+        "classes",
+        help="list every pool class the target's upstream package defines, built or not",
+    )
+    classes.add_argument(
+        "--target",
+        default=None,
+        help="a target with class discovery, such as sglang (default: KVCHECK_TARGET, else "
+        "kvcheck, which has none)",
+    )
+    classes.set_defaults(handler=_classes)
 
     from kvcheck.runner.campaign import add_campaign_parser
 
@@ -707,6 +722,30 @@ def _stopped(run: SuiteRun, status: int) -> str:
             f"{len(run.finished)} tests had run; {tail}"
         )
     return f"pytest stopped before running the suite (exit {status}); {tail}"
+
+
+def _classes(options: argparse.Namespace, extra: Sequence[str]) -> int:
+    """Print each upstream pool class the target's package defines: built (how) or not
+    (why), then the counts. Exit 0; 2 for a target without discovery or not installed."""
+    from kvcheck.targets import TargetError, resolve_target
+    from kvcheck.targets.discovery import census_line, format_census
+
+    if extra:
+        raise UsageProblem(f"classes takes no pytest arguments, got {list(extra)}")
+    try:
+        target = resolve_target(options.target)
+    except TargetError as error:
+        raise UsageProblem(str(error)) from error
+    discover = getattr(target, "classes", None)
+    if not callable(discover):
+        raise UsageProblem(
+            f"--target={target.name!r} declares no class discovery (a classes() member); "
+            "sglang does"
+        )
+    entries = discover()
+    print(format_census(entries))
+    print(f"{target.name} {target.version}: {census_line(entries)}")
+    return 0
 
 
 def _memory_report(options: argparse.Namespace, extra: Sequence[str]) -> int:

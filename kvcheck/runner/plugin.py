@@ -305,7 +305,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     kvcheck = session.config.stash.get(_SESSION, None)
     if isinstance(workeroutput, dict) and kvcheck is not None:
-        workeroutput[_WORKER_TARGET] = {"surface": _describe_surface(kvcheck.target)}
+        wants_classes = bool(session.config.getoption("kvcheck_results", None))
+        workeroutput[_WORKER_TARGET] = {
+            "surface": _describe_surface(kvcheck.target),
+            "classes": _describe_classes(kvcheck.target) if wants_classes else "",
+        }
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -525,7 +529,10 @@ def _start_session(config: pytest.Config) -> KVCheckSession:
         results_path = config.getoption("kvcheck_results")
         collector = ResultsCollector(
             Path(results_path) if results_path else None,
-            context=lambda: _results_context(session),
+            # Only a run that writes results (kvcheck verify) discovers the target's classes:
+            # the discovery imports every module of the package, which under reach's
+            # coverage would count their import-time lines as reached.
+            context=lambda: _results_context(session, classes=bool(results_path)),
             progress_fd=config.getoption("kvcheck_progress_fd"),
         )
         config.pluginmanager.register(collector, "kvcheck-results")
@@ -921,11 +928,29 @@ def _describe_surface(target: Any) -> str:
     return f"{surface.describe()}; {tiers}" if tiers else surface.describe()
 
 
+def _describe_classes(target: Any) -> str:
+    """The counts of the upstream pool classes the target builds and does not (its optional
+    ``classes()``), with the command that lists them; "" for a target without it.
+
+    Read where the target is prepared (a test process), so that the discovery's imports
+    come on top of the ones the run made anyway."""
+    classes = getattr(target, "classes", None)
+    if not callable(classes):
+        return ""
+    from kvcheck.targets.discovery import census_line
+
+    try:
+        entries = classes()
+    except Exception as error:  # the summary says so rather than losing the run's results
+        return f"discovery failed ({type(error).__name__}: {error})"
+    return census_line(entries, listed_by=f"kvcheck classes --target {target.name}")
+
+
 def _kvcheck_env() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(_ENV_PREFIX)}
 
 
-def _results_context(session: KVCheckSession) -> dict[str, Any]:
+def _results_context(session: KVCheckSession, *, classes: bool = True) -> dict[str, Any]:
     from kvcheck.runner.db import describe_database
     from kvcheck.targets.findings import declared_findings
 
@@ -938,6 +963,9 @@ def _results_context(session: KVCheckSession) -> dict[str, Any]:
             "findings": [finding.id for finding in declared_findings(session.target)],
             "source": session.target_source,
             "surface": session.prepared_target.get("surface") or _describe_surface(session.target),
+            "classes": (session.prepared_target.get("classes") or _describe_classes(session.target))
+            if classes
+            else "",
         },
         "device": {"requested": session.device_spec, "resolved": session.device_resolved},
         "profile": session.profile_name(),

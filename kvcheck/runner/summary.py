@@ -261,6 +261,7 @@ def _heading(command: str, results: Mapping[str, Any]) -> str:
     devices = sorted({t["device"] for t in results.get("tests", ()) if t.get("device")})
     device_text = ", ".join(devices) or device.get("resolved") or device.get("requested", "?")
     surface = f"\nsurface: {target['surface']}" if target.get("surface") else ""
+    surface += f"\nclasses: {target['classes']}" if target.get("classes") else ""
     note = f", {target['note']}" if target.get("note") else ""
     return (
         f"{command}: target {target.get('name', '?')} {target.get('version', '')}".rstrip()

@@ -109,6 +109,11 @@ FAMILY_SEPARATOR = ":"
 #:     the target's code ``python tools/reach.py`` measures; why each unreached range
 #:     stays unreached is in the target's declaration (``Unreached`` rows of upstream
 #:     code, :meth:`kvcheck.declaration.Declaration.unreached_code`).
+#: ``classes() -> list[kvcheck.targets.discovery.ClassEntry]``
+#:     Every pool class the upstream package defines, each built (how) or not (why), from
+#:     the package itself and the target's declaration (:mod:`kvcheck.targets.discovery`):
+#:     a class the declaration does not know reads ``not built: new in <release>``.
+#:     ``kvcheck classes`` lists them; the run's summary gives the counts.
 #: ``expected_failures: Mapping[str, str]``
 #:     pytest node-id pattern -> reason. Tests of the suite that match (see
 #:     :func:`kvcheck.targets.expected_failure_reason`) run as strict expected failures:
@@ -133,6 +138,7 @@ OPTIONAL_MEMBERS: tuple[str, ...] = (
     "declaration",
     "script_recipe",
     "reach_table",
+    "classes",
     "expected_failures",
     "findings",
     "unsized_kv_cache_dtypes",

@@ -15,6 +15,7 @@ from kvcheck.declaration import Builds, Declaration, Key, Refuses, Row
 from kvcheck.specs import NVFP4_LAYOUTS
 from kvcheck.steering import Steer, Steering
 from kvcheck.surface import Surface
+from kvcheck.targets.sglang.classes import CLASS_ROWS
 from kvcheck.targets.sglang.reach import UNREACHED_ROWS
 from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS
 
@@ -290,9 +291,10 @@ _ROWS: tuple[Row, ...] = (
 HOST_STORAGE_STEER = Steering({Steer("host:storage_pages", "mha:mxfp8")})
 
 #: The sglang target's declaration (its findings are added by the target, per release):
-#: the rows above, and the upstream code ranges the suite cannot reach
-#: (:data:`.reach.UNREACHED_ROWS`).
-DECLARATION = Declaration(rows=(*_ROWS, *UNREACHED_ROWS))
+#: the rows above, the upstream code ranges the suite cannot reach
+#: (:data:`.reach.UNREACHED_ROWS`), and every pool class of ``srt/mem_cache``, built or not
+#: (:data:`.classes.CLASS_ROWS`).
+DECLARATION = Declaration(rows=(*_ROWS, *UNREACHED_ROWS, *CLASS_ROWS))
 
 #: Pieces of the release (:data:`.release.NEEDS` names) each row needs: without the first
 #: one missing, the row becomes a refusal quoting why it is missing.

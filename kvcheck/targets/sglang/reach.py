@@ -888,3 +888,9 @@ OFF_CPU_REASONS: frozenset[str] = frozenset(
         HOST_NPU_SPLIT,
     }
 )
+
+#: The directory the map figure covers (every statement of it, not only the scopes above),
+#: and what it leaves aside: the storage connectors (L3 backends for HiCache: file, Mooncake,
+#: 3FS, NIXL and the like, each needing its own service), which are not pools.
+MAP_ROOT = "srt/mem_cache"
+MAP_ASIDE = ("srt/mem_cache/storage/",)

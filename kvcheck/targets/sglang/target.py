@@ -50,7 +50,9 @@ from kvcheck.specs import POOL_FAMILIES, LinearHybridSpec, PoolSpec, SWAPoolSpec
 from kvcheck.steering import Steering
 from kvcheck.surface import Surface
 from kvcheck.targets.base import PoolArguments, ScriptRecipe
+from kvcheck.targets.discovery import ClassEntry
 from kvcheck.targets.sglang import adapt, env, mxfp8_kernels, release
+from kvcheck.targets.sglang.classes import discover_classes
 from kvcheck.targets.sglang.declaration import (
     BOUND,
     DECLARATION,
@@ -251,6 +253,15 @@ class SGLangTarget:
         if self.unavailable is not None:
             return self.unavailable
         return release.describe_release(self._declared_release)
+
+    def classes(self) -> list[ClassEntry]:
+        """Every pool class the installed release's ``srt/mem_cache`` defines, built (how)
+        or not (why; ``new in <release>`` for one the declaration has no row for):
+        :func:`.classes.discover_classes` over this target's declaration. Imports every
+        module of the package (seconds)."""
+        if self.unavailable is not None:
+            raise RuntimeError(self.unavailable)
+        return discover_classes(release=self._declared_release, declaration=self.declaration)
 
     def prepare(self) -> None:
         """Import sglang and read what the installed release offers, now (seconds, once per
