@@ -442,7 +442,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     _finding(
         "B1",
         "contract difference",
-        Releases(first="0.5.23"),
+        Releases(first="0.5.22"),  # 0.5.22: shown through the device_pool adapter
         "the DSA index-K host pool holds one index page per layer more than it declares",
         check="buffer_infos",
         call="get_size_per_token",
@@ -484,7 +484,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     _finding(
         "B3",
         "contract difference",
-        Releases(first="0.5.23"),
+        Releases(first="0.5.22"),  # 0.5.22: shown through the device_pool adapter
         "the DSA index-K host pool refuses get_page_buffer_meta in layer_first (ValueError), "
         "where its MLA anchor describes its pages",
         check="buffer_infos",
