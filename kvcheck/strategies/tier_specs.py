@@ -213,6 +213,7 @@ def _host_pool_specs(
     if (layout, device.family) in (
         ("page_first_direct", "mla"),
         ("page_first_direct", "dsa"),
+        ("page_first_direct", "mha"),  # sglang 0.5.22's MHA host (finding B2)
         ("page_head", "mha"),
     ) and steer.avoids("host:few_pages", where="page_major"):
         fewest = min(device.layer_num, max_host_pages)

@@ -10,6 +10,7 @@ the bound surface (:data:`BOUND`) allows: the plain pool class of their family.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from kvcheck.declaration import Builds, Declaration, Key, Refuses, Row
 from kvcheck.specs import NVFP4_LAYOUTS
@@ -23,9 +24,12 @@ __all__ = [
     "BOUND",
     "DECLARATION",
     "FP4_UNSIZED",
+    "HOST_POOL_ADAPTERS",
     "HOST_STORAGE_STEER",
     "MHA_ON_META",
+    "TIER_GUARDS",
     "declaration_for",
+    "host_pool_adapter",
 ]
 
 MHA_ON_META = (
@@ -289,6 +293,57 @@ _ROWS: tuple[Row, ...] = (
 #: get_dummy_flat_data_page and get_page_buffer_meta ("does not expose flat storage (L3)
 #: pages yet: a page's UE8M0 scales live outside kv_buffer"); those checks are left out.
 HOST_STORAGE_STEER = Steering({Steer("host:storage_pages", "mha:mxfp8")})
+
+#: How the target builds host pools on each release: adapter -> the constructor it calls
+#: (:func:`.host_pools.make_host_pool`). The installed release's adapter is the first whose
+#: need (a :data:`.release.NEEDS` name, or none) it has (:func:`host_pool_adapter`).
+HOST_POOL_ADAPTERS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "buffer_info": (
+            "device_pool_info",
+            "0.5.23 on: each host pool class takes the device pool's buffer info "
+            "(get_device_pool_infos()[0].buffer_info), host_token_capacity and the device "
+            "geometry, as the cache controller builds it",
+        ),
+        "device_pool": (
+            "",
+            "0.5.21, 0.5.22: each host pool class takes the device pool itself and sizes "
+            "itself as int(capacity * host_to_device_ratio) // page_size + 1 pages; the ratio "
+            "is chosen to give the spec's host pages",
+        ),
+    }
+)
+
+
+def host_pool_adapter(missing: Mapping[str, str]) -> str:
+    """The adapter of :data:`HOST_POOL_ADAPTERS` for a release that lacks ``missing``
+    (need name -> why).
+
+    Example:
+        >>> host_pool_adapter({}), host_pool_adapter({"device_pool_info": "no module"})
+        ('buffer_info', 'device_pool')
+    """
+    return next(
+        name for name, (need, _) in HOST_POOL_ADAPTERS.items() if not need or need not in missing
+    )
+
+
+#: The contracts sglang's allocators and host pools guard themselves, with the guard (an
+#: ``assert``, on every call, not only under SGLANG_DEBUG_MEMORY_POOL): though the target
+#: declares no input validation, each is checked for every input of its kind
+#: (:mod:`kvcheck.properties.guards`), on every checked release.
+TIER_GUARDS: Mapping[str, str] = MappingProxyType(
+    {
+        "segment_start": "BaseTokenToKVPoolAllocator.free_segment / free_full_segment and "
+        "the paged and SWA overrides assert start_pos % page_size == 0",
+        "nested_free_group": "free_group_begin asserts 'free groups cannot be nested'",
+        "segments_share_page": "free_segments / free_full_segments assert (_page_disjoint) "
+        "that no two segments share a page",
+        "host_partial_page": "HostKVCache.alloc asserts need_size is a multiple of the page size",
+        "host_double_free": "HostKVCache.free asserts every slot is allocated ('Double-free "
+        "detected')",
+    }
+)
 
 #: The sglang target's declaration (its findings are added by the target, per release):
 #: the rows above, the upstream code ranges the suite cannot reach

@@ -1,7 +1,10 @@
-"""sglang 0.5.23's host pools for the ``sglang`` target (``srt/mem_cache/pool_host/``).
-
-A host tier is built from the device pool's own buffer info
-(``get_device_pool_infos()[0].buffer_info``), as sglang's cache controller builds it: MHA
+"""sglang's host pools for the ``sglang`` target (``srt/mem_cache/pool_host/``), on every
+checked release, through the adapter the release's constructors take
+(:data:`.declaration.HOST_POOL_ADAPTERS`): from 0.5.23 on a host tier is built from the
+device pool's own buffer info (``get_device_pool_infos()[0].buffer_info``, adapter
+``buffer_info``); 0.5.21's and 0.5.22's host pools take the device pool itself (adapter
+``device_pool``) and size themselves from ``host_to_device_ratio``. Either way, as sglang's
+cache controller builds it: MHA
 pools get the class ``get_mha_host_pool_cls`` picks (``MHATokenToKVPoolHost``, or
 ``AsymmetricMHATokenToKVPoolHost`` for a V head dim of its own), MLA pools
 ``MLATokenToKVPoolHost`` (with the device pool's ``kv_cache_dim``), DSA pools that MLA host
@@ -35,6 +38,7 @@ from typing import Any
 import torch
 
 from kvcheck.targets.sglang import env
+from kvcheck.targets.sglang.declaration import HOST_POOL_ADAPTERS
 from kvcheck.tiers import HostPoolSpec
 
 MHA_HOST = "sglang.srt.mem_cache.pool_host.mha"
@@ -67,25 +71,63 @@ def _common(device_pool: Any, spec: HostPoolSpec) -> dict[str, Any]:
     }
 
 
-def make_host_pool(spec: HostPoolSpec, device_pool: Any, *, device: str) -> tuple[Any, ...]:
-    """sglang's host tier for ``device_pool`` (see the module)."""
+def _from_device_pool(device_pool: Any, spec: HostPoolSpec) -> dict[str, Any]:
+    """The arguments 0.5.21's and 0.5.22's host pools take beside the device pool: they size
+    themselves as ``int(capacity * host_to_device_ratio) // page_size + 1`` pages, so the
+    ratio is chosen to give ``spec.host_pages`` (half a token over, against rounding)."""
+    capacity = getattr(device_pool, "host_capacity_tokens", None) or int(device_pool.size)
+    tokens = (spec.host_pages - 1) * spec.page_size
+    return {
+        "host_to_device_ratio": (tokens + 0.5) / capacity,
+        "host_size": 0,
+        "page_size": spec.page_size,
+        "layout": spec.layout,
+        "pin_memory": False,
+        "device": "cpu",
+    }
+
+
+def _mla_host(mla: Any, device_pool: Any, spec: HostPoolSpec, adapter: str) -> Any:
+    dim = int(device_pool.kv_cache_dim)
+    if adapter == "device_pool":
+        return mla.MLATokenToKVPoolHost(
+            device_pool, **_from_device_pool(device_pool, spec), override_kv_cache_dim=dim
+        )
     info = device_pool.get_device_pool_infos()[0].buffer_info
+    return mla.MLATokenToKVPoolHost(
+        info,
+        **_common(device_pool, spec),
+        target_layer_num=int(device_pool.layer_num),
+        override_kv_cache_dim=dim,
+    )
+
+
+def make_host_pool(
+    spec: HostPoolSpec, device_pool: Any, *, device: str, adapter: str = "buffer_info"
+) -> tuple[Any, ...]:
+    """sglang's host tier for ``device_pool`` (see the module), built with ``adapter``
+    (:data:`.declaration.HOST_POOL_ADAPTERS`: the constructor the installed release's host
+    pools take)."""
+    if adapter not in HOST_POOL_ADAPTERS:
+        raise ValueError(f"adapter={adapter!r} not in {tuple(HOST_POOL_ADAPTERS)}")
     if spec.kind == "mha":
         mha = _module(MHA_HOST)
-        cls = mha.get_mha_host_pool_cls(info)
-        jit = cls.__name__ == MXFP8_HOST_CLASS
-        with env.cpu_hicache_jit(device_pool) if jit else contextlib.nullcontext():
-            host = cls(info, **_common(device_pool, spec))
+        if adapter == "device_pool":
+            cls = mha.get_mha_host_pool_cls(device_pool)
+            jit = cls.__name__ == MXFP8_HOST_CLASS
+            with env.cpu_hicache_jit(device_pool) if jit else contextlib.nullcontext():
+                host = cls(device_pool, **_from_device_pool(device_pool, spec))
+        else:
+            info = device_pool.get_device_pool_infos()[0].buffer_info
+            cls = mha.get_mha_host_pool_cls(info)
+            jit = cls.__name__ == MXFP8_HOST_CLASS
+            with env.cpu_hicache_jit(device_pool) if jit else contextlib.nullcontext():
+                host = cls(info, **_common(device_pool, spec))
         _transfer_in_scope(host, device_pool, latent=False, jit=jit)
         return (host,)
     mla = _module(MLA_HOST)
     with env.dcp_parallel(1, 0):
-        anchor = mla.MLATokenToKVPoolHost(
-            info,
-            **_common(device_pool, spec),
-            target_layer_num=int(device_pool.layer_num),
-            override_kv_cache_dim=int(device_pool.kv_cache_dim),
-        )
+        anchor = _mla_host(mla, device_pool, spec, adapter)
         parts: tuple[Any, ...] = (anchor,)
         if spec.kind == "dsa":
             dsa = _module(DSA_HOST)

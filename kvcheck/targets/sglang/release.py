@@ -251,7 +251,8 @@ class Need:
 TIER_NEEDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "allocators": ("allocators", "swa_allocator", "swa_pool"),
-        "host_pools": ("host_mha", "host_mla", "host_dsa", "device_pool_info"),
+        # device_pool_info only picks the adapter (declaration.HOST_POOL_ADAPTERS).
+        "host_pools": ("host_mha", "host_mla", "host_dsa"),
     }
 )
 #: Allocator kinds that take a need of their own beyond their tier's: without it the tier
@@ -528,7 +529,8 @@ NEEDS: tuple[Need, ...] = (
         names=("DSAIndexerPoolHost", "make_dsa_indexer_pool_decl"),
     ),
     # The target builds host pools from the device pool's buffer info, as sglang 0.5.23's
-    # cache controller does; 0.5.22's host pools take the device pool itself.
+    # cache controller does; without it (0.5.21, 0.5.22) from the device pool itself, which
+    # those releases' host pools take (declaration.HOST_POOL_ADAPTERS).
     Need(
         "device_pool_info",
         "device-pool buffer infos host pools are built from",

@@ -57,7 +57,9 @@ from kvcheck.targets.sglang.declaration import (
     BOUND,
     DECLARATION,
     HOST_STORAGE_STEER,
+    TIER_GUARDS,
     declaration_for,
+    host_pool_adapter,
 )
 from kvcheck.targets.sglang.findings import expected_failures_for, findings_for
 from kvcheck.targets.sglang.quant_methods import built_kwargs, quant_method_call
@@ -222,6 +224,9 @@ class SGLangTarget:
 
     #: Host tiers without flat storage pages (:data:`HOST_STORAGE_STEER`).
     host_storage_steer: Steering = HOST_STORAGE_STEER
+    #: The contracts sglang guards itself (:data:`.declaration.TIER_GUARDS`), checked
+    #: although it declares no input validation (:mod:`kvcheck.properties.guards`).
+    tier_guards: frozenset[str] = frozenset(TIER_GUARDS)
 
     @property
     def declaration(self) -> Declaration:
@@ -434,7 +439,9 @@ class SGLangTarget:
         _sglang()
         from kvcheck.targets.sglang.host_pools import make_host_pool
 
-        return make_host_pool(spec, device_pool, device=device)
+        facts = _prepared()
+        adapter = host_pool_adapter({} if facts is None else facts.loaded.missing)
+        return make_host_pool(spec, device_pool, device=device, adapter=adapter)
 
     def make_linear_hybrid(self, spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
         """sglang's ``(HybridLinearKVPool, HybridReqToTokenPool)`` for ``spec``
