@@ -53,7 +53,12 @@ from kvcheck.properties.assertions import fail
 from kvcheck.reference.linear_hybrid import ReferenceLinearHybrid, ReferenceRequest, pattern
 from kvcheck.specs import LinearHybridSpec
 
-__all__ = ["LinearHybridMachine", "linear_hybrid_machine", "linear_hybrid_skip_reason"]
+__all__ = [
+    "LinearHybridMachine",
+    "linear_hybrid_machine",
+    "linear_hybrid_skip_reason",
+    "small_linear_hybrid_spec",
+]
 
 _SEEDS = st.integers(min_value=1, max_value=99)
 _PICK = st.integers(min_value=0, max_value=63)
@@ -75,6 +80,28 @@ def linear_hybrid_skip_reason(target: Any) -> str | None:
             f"target {name!r} builds no linear-attention hybrid pool (it has no make_linear_hybrid)"
         )
     return None
+
+
+def small_linear_hybrid_spec() -> LinearHybridSpec:
+    """A small hybrid with a layer of each kind, two heads and speculative drafts: every
+    tensor kind a linear hybrid holds, for checks that need one pool and no search.
+
+    Example:
+        >>> spec = small_linear_hybrid_spec()
+        >>> spec.full_layer_ids, spec.mamba_layer_ids, spec.draft_tokens
+        ((1,), (0,), 2)
+    """
+    return LinearHybridSpec(
+        full_layer_ids=(1,),
+        mamba_layer_ids=(0,),
+        size=8,
+        head_num=2,
+        head_dim=4,
+        rows=3,
+        mamba_size=2,
+        max_context_len=4,
+        draft_tokens=2,
+    )
 
 
 @st.composite

@@ -108,6 +108,18 @@ def classify(
     if tensor.dim() == 0:
         return Classification(IndexSpace.UNCLASSIFIED, None, "a scalar tensor")
     found = _leading(shape[0], geometry, dim=0, has_slot_buffers=has_slot_buffers)
+    if (
+        found is not None
+        and found.space in (IndexSpace.PAGE, IndexSpace.PLACEHOLDER)
+        and layers
+        and shape[0] == layers
+        and tensor.dim() > 1
+    ):
+        # One layer's state stacked [1, slots, ...] (a one-layer mamba pool) also reads as
+        # one page of page_size 1: the slot axis behind it is the better reading.
+        stacked = _leading(shape[1], geometry, dim=1, has_slot_buffers=True)
+        if stacked is not None and stacked.space is IndexSpace.SLOT:
+            return stacked
     if found is not None:
         return found
     if shape[0] in geometry.row_extents:

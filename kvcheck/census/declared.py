@@ -53,6 +53,13 @@ KNOWN_ROLES: Mapping[str, Role] = MappingProxyType(
             "NVFP4's TRT-LLM layout of the linear scales: every write, move and reload"
             " rebuilds it from the token's linear scales",
         ),
+        "*mamba*intermediate_*": Role(
+            IndexSpace.WORKSPACE,
+            "a mamba slot's speculative scratch (per-draft SSM states and conv windows):"
+            " target verification rewrites it before a commit reads it; no copy, move or"
+            " transfer description carries it (sglang's dense conv windows are views of"
+            " one physical scratch, ``_intermediate_conv_window_phys``)",
+        ),
     }
 )
 

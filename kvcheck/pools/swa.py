@@ -291,9 +291,16 @@ class SWAKVPool:
         return infos
 
     def get_state_buf_infos(self) -> tuple[list[int], list[int], list[int]]:
-        """The SWA side's transfer descriptors."""
-        infos: tuple[list[int], list[int], list[int]] = self.swa_kv_pool.get_contiguous_buf_infos()
-        return infos
+        """The SWA side's transfer descriptors, then each side's own state (a DSA side's
+        index keys): PD sends this as the pool's state, so state a side keeps beside its KV
+        rows must be in it too, or the decode side never receives it."""
+        ptrs, lens, items = (list(part) for part in self.swa_kv_pool.get_contiguous_buf_infos())
+        for side in (self.full_kv_pool, self.swa_kv_pool):
+            side_state = getattr(side, "get_state_buf_infos", None)
+            if callable(side_state):
+                more_ptrs, more_lens, more_items = side_state()
+                ptrs, lens, items = ptrs + more_ptrs, lens + more_lens, items + more_items
+        return ptrs, lens, items
 
 
 def _filtered_host_copy(pool: Any, copy: Any, keep: torch.Tensor) -> Any:

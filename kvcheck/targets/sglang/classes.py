@@ -54,12 +54,15 @@ def _rows(module: str, names: Iterable[str], status: Builds | Refuses) -> tuple[
     return tuple(Row(Key.upstream(f"{_M}{module}:{name}"), status) for name in names)
 
 
-_BEING_ADDED_SWA = Refuses(
-    "being added: the SWA hybrid pool (branch swa); today it is built only as the backing "
-    "of the swa and pure_swa allocators, not checked as a pool"
+_SWA_BUILT = Builds(
+    "make_swa_pool: full and sliding-window sides of MHA or MLA pools (DSA sides refused: "
+    "their 64-token pages), run by the SWA machine with the target's SWA allocator's "
+    "id mapping; the census on MHA and MLA hybrids"
 )
-_BEING_ADDED_LINEAR = Refuses(
-    "being added: the linear-attention hybrid with its mamba state (branch linear)"
+_LINEAR_BUILT = Builds(
+    "make_linear_hybrid: HybridReqToTokenPool (its MambaPool and MambaSlotAllocator, fp32 "
+    "Mamba2 states, one group, no tensor parallelism) under a HybridLinearKVPool over an MHA "
+    "pool, run by the linear-hybrid machine; the census on both"
 )
 _UNIFIED = Refuses(
     "the unified pools carve every sub-pool (full, SWA, mamba) out of one byte arena with "
@@ -93,9 +96,9 @@ _MINIMAX = Refuses(
 )
 _QSA = Refuses(
     "QSA (Qwen sparse attention) extends the linear-attention hybrid with a per-request "
-    "pending index-key/RoPE ring and a paged compressed-K cache; it needs the "
-    "HybridLinearKVPool build first (branch linear), and kvcheck has no model of the QSA "
-    "caches; its constructor has no CUDA-only call outside a custom memory pool"
+    "pending index-key/RoPE ring and a paged compressed-K cache; kvcheck has no model of "
+    "those caches yet, and its constructor (no CUDA-only call outside a custom memory pool) "
+    "has not been tried on CPU"
 )
 _LAYER_SPLIT = Refuses(
     "GLM DSA's context-parallel layer split (shard_size > 1): each rank holds a shard of "
@@ -212,16 +215,16 @@ CLASS_ROWS: tuple[Row, ...] = (
         ("DSAIndexerPoolHost",),
         Builds("make_host_pool for dsa pools (the index keys), from make_dsa_indexer_pool_decl"),
     ),
-    # --- not built: being added by other branches (the integrator flips these)
-    *_rows("swa_memory_pool", ("SWAKVPool",), _BEING_ADDED_SWA),
+    # --- the hybrids
+    *_rows("swa_memory_pool", ("SWAKVPool",), _SWA_BUILT),
     *_rows(
         "base_swa_memory_pool",
         ("BaseSWAKVPool",),
         Refuses("the abstract base of SWAKVPool and DeepSeekV4TokenToKVPool (see theirs)"),
     ),
-    *_rows("memory_pool", ("HybridLinearKVPool", "MambaPool"), _BEING_ADDED_LINEAR),
-    *_rows("memory_pool", ("HybridReqToTokenPool",), _BEING_ADDED_LINEAR),
-    *_rows("allocator.mamba", ("MambaSlotAllocator",), _BEING_ADDED_LINEAR),
+    *_rows("memory_pool", ("HybridLinearKVPool", "MambaPool"), _LINEAR_BUILT),
+    *_rows("memory_pool", ("HybridReqToTokenPool",), _LINEAR_BUILT),
+    *_rows("allocator.mamba", ("MambaSlotAllocator",), _LINEAR_BUILT),
     *_rows("pool_host.mamba", ("MambaPoolHost",), _HOST_SERVING),
     # --- not built, with why
     *_rows(
