@@ -81,10 +81,11 @@ def test_variant_pool_matches_reference_after_every_step(
     kvcheck_target: Any, kvcheck_device: str, variant: Variant
 ) -> None:
     """The family machine on one variant only (a quantized pool's payload and every scale
-    buffer, a kpool's index keys and compress tails, a DCP rank's widened ids), with three
-    fifths of the profile's examples: 60 in the default profile, so that each method of each
-    variant is called 20 times or more at seed 0. Skipped for a target that does not build
-    the variant, quoting why."""
+    buffer, a kpool's index keys and compress tails, a DCP rank's widened ids), with a fifth
+    of the profile's examples: 20 in the default profile (the default run's budget is a
+    minute; ``kvcheck-thorough`` runs 400, and ``python tools/call_counts.py`` counts the
+    calls each method gets). Skipped for a target that does not build the variant, quoting
+    why."""
     why = unbuilt_variant_reason(kvcheck_target, variant)
     if why is not None:
         pytest.skip(why)
@@ -92,7 +93,7 @@ def test_variant_pool_matches_reference_after_every_step(
     machine = pool_machine(
         kvcheck_target, device=kvcheck_device, family=variant.family, specs=specs
     )
-    run_state_machine_as_test(machine, settings=_run_settings(machine, fifths=3))
+    run_state_machine_as_test(machine, settings=_run_settings(machine, fifths=1))
     assert machine.__name__.lower().startswith(variant.family)
 
 
