@@ -19,7 +19,10 @@ calls sglang's callers make across the sub-pools:
   (``move_kv_cache``);
 - *retraction*: ``get_cpu_copy(tokens, mamba_indices=...)``, then ``free_mamba_cache`` and
   ``free``; later a reload into fresh slots with ``load_cpu_copy``;
-- *finish* (``free_mamba_cache`` and ``free``) and *flush* (``req_to_token_pool.clear()``).
+- *finish* (``free_mamba_cache`` and ``free``) and *flush* (``req_to_token_pool.clear()``);
+- *a refused admission*: admission while every mamba slot is held and a row is free.
+  sglang's pool guards this itself (an assert after the row is taken), so the refusal is
+  checked as a contract: ``None`` or an exception, and no row or slot taken.
 
 After every step: each live request's row maps its tokens and its mamba slot, no row or
 mamba slot is held twice, the free counts equal the truth, and every live token's K/V (read
@@ -52,9 +55,12 @@ from kvcheck.failures import FailureSignature
 from kvcheck.properties.assertions import fail
 from kvcheck.reference.linear_hybrid import ReferenceLinearHybrid, ReferenceRequest, pattern
 from kvcheck.specs import LinearHybridSpec
+from kvcheck.steering import Steering
+from kvcheck.targets.findings import steered_tags
 
 __all__ = [
     "LinearHybridMachine",
+    "assert_alloc_refusal_changes_nothing",
     "linear_hybrid_machine",
     "linear_hybrid_skip_reason",
     "small_linear_hybrid_spec",
@@ -168,12 +174,67 @@ def _check_tensor(got: torch.Tensor, expected: torch.Tensor, call: str) -> None:
         )
 
 
+def assert_alloc_refusal_changes_nothing(req_pool: Any) -> None:
+    """A request arrives at ``req_pool`` (a hybrid request pool whose mamba slots are all
+    held): ``alloc([req])`` refuses it (returns ``None`` or raises; sglang asserts) and
+    leaves the free rows, the free mamba slots and the request as they were, so a caller
+    that handles the refusal loses nothing. Raises a ``linear_hybrid`` failure otherwise.
+
+    Example:
+        >>> from kvcheck.targets import resolve_target
+        >>> spec = LinearHybridSpec(full_layer_ids=(1,), mamba_layer_ids=(0,), rows=3,
+        ...                         mamba_size=1)
+        >>> _kv, req_pool = resolve_target("kvcheck").make_linear_hybrid(spec, device="cpu")
+        >>> req_pool.alloc([_request("held")])
+        [3]
+        >>> assert_alloc_refusal_changes_nothing(req_pool)
+        >>> req_pool.available_size()
+        2
+    """
+    if not callable(getattr(req_pool, "alloc", None)):
+        raise ValueError(f"req_pool={req_pool!r} is not a hybrid request pool (it has no alloc)")
+    req = _request("refused")
+    before = (
+        int(req_pool.available_size()),
+        int(req_pool.mamba_allocator.available_size()),
+        None,
+        None,
+    )
+    try:
+        rows = req_pool.alloc([req])
+        refusal = f"returned {rows!r}"
+    except Exception as error:  # any refusal will do: what it leaves is checked
+        rows, refusal = None, f"raised {type(error).__name__}"
+    after = (
+        int(req_pool.available_size()),
+        int(req_pool.mamba_allocator.available_size()),
+        req.kv.req_pool_idx,
+        req.kv.mamba_pool_idx,
+    )
+    call = "req_to_token_pool.alloc([refused]) with every mamba slot held"
+    if rows is not None:
+        raise fail(
+            got=rows,
+            expected="a refusal (None or an exception)",
+            call=call,
+            signature=_signature("req_to_token_pool.alloc", "not refused"),
+        )
+    if after != before:
+        raise fail(
+            got=f"{after} after it {refusal}",
+            expected=f"{before} (free rows, free mamba slots, request's row, its slot)",
+            call=call,
+            signature=_signature("req_to_token_pool.alloc", "refusal changed the pool"),
+        )
+
+
 class LinearHybridMachine(RuleBasedStateMachine):
     """The hybrid's pools against the reference; :func:`linear_hybrid_machine` binds it."""
 
     target: Any = None
     device: str = "cpu"
     specs: st.SearchStrategy[LinearHybridSpec] = _specs()
+    steer: Steering = Steering()
 
     def __init__(self) -> None:
         super().__init__()
@@ -215,6 +276,14 @@ class LinearHybridMachine(RuleBasedStateMachine):
     def _has_room(self, tokens: int) -> bool:
         spec = self.spec
         return len(self.live) < min(spec.rows, spec.mamba_size) and len(self.free_tokens) >= tokens
+
+    def _mamba_slots_run_out(self) -> bool:
+        """Every mamba slot is held while a row is free (and no finding steers away)."""
+        return (
+            hasattr(self, "spec")
+            and self.spec.mamba_size <= len(self.live) < self.spec.rows
+            and not self.steer.avoids("linear_hybrid:refused_alloc")
+        )
 
     def _take_tokens(self, count: int) -> list[int]:
         taken, self.free_tokens = self.free_tokens[:count], self.free_tokens[count:]
@@ -262,6 +331,11 @@ class LinearHybridMachine(RuleBasedStateMachine):
 
     @rule(tokens=st.integers(min_value=1, max_value=3))
     def admit(self, tokens: int) -> None:
+        # Part of admission rather than a rule of its own, so the other rules' draws stay
+        # as they were: a full mamba allocator makes admission a refusal.
+        if self._mamba_slots_run_out():
+            assert_alloc_refusal_changes_nothing(self.req_pool)
+            return
         if not self._has_room(tokens):
             return
         name = next(self.names)
@@ -548,7 +622,12 @@ def linear_hybrid_machine(
     machine: type[LinearHybridMachine] = type(
         "LinearHybridMachineFor" + str(getattr(target, "name", "target")).title(),
         (LinearHybridMachine,),
-        {"target": target, "device": device, "specs": specs if specs is not None else _specs()},
+        {
+            "target": target,
+            "device": device,
+            "specs": specs if specs is not None else _specs(),
+            "steer": steered_tags(target),
+        },
     )
     machine.TestCase.settings = settings
     return machine

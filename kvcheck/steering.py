@@ -163,6 +163,13 @@ STEER_KINDS: Mapping[str, SteerKind] = MappingProxyType(
             "sliding-window allocator's such requests are always freed so: there ``free`` of "
             "the row is a double free, bad input)",
         ),
+        # -- the linear-hybrid machine (kvcheck.linear_hybrid_machine)
+        "linear_hybrid:refused_alloc": SteerKind(
+            ("",),
+            "every linear-attention hybrid",
+            "``req_to_token_pool.alloc`` is never asked for a request while every mamba slot "
+            "is held (the refusal's leftovers are not checked)",
+        ),
         # -- the host tier (kvcheck.strategies.tier_specs, kvcheck.properties.host_pools)
         "host:few_pages": SteerKind(
             ("page_major",),

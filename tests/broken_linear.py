@@ -2,9 +2,10 @@
 
 Each twin breaks one thing kvcheck's own hybrid does right, the way a real change could:
 a fork that copies the conv windows but not the temporal state, a free that leaks the mamba
-slot, a flush that forgets the mamba allocator, a clear that zeroes every slot's draft
-scratch, a layer mapping off by one, a host copy that drops the mamba state, accounting that
-forgets the draft scratch, a PD description that leaves out the conv state.
+slot, an admission refused for want of a mamba slot that keeps the row it took (as sglang's
+does, finding M2), a flush that forgets the mamba allocator, a clear that zeroes every
+slot's draft scratch, a layer mapping off by one, a host copy that drops the mamba state,
+accounting that forgets the draft scratch, a PD description that leaves out the conv state.
 :class:`BrokenLinearTarget` builds kvcheck's hybrid with one twin class swapped in.
 """
 
@@ -61,6 +62,16 @@ class SlotLeakingReqPool(HybridReqToTokenPool):
 
     def free_mamba_cache(self, req: Any) -> None:
         req.kv.mamba_pool_idx = None
+
+
+class RowKeepingRefusalReqPool(HybridReqToTokenPool):
+    """``alloc`` takes the rows before it asks for mamba slots, and a refusal keeps them."""
+
+    def alloc(self, reqs: Any) -> list[int] | None:
+        for req in reqs:
+            if req.kv.req_pool_idx is None and self.free_slots:
+                req.kv.req_pool_idx = self.free_slots.pop()
+        return super().alloc(reqs)
 
 
 class MambaKeepingFlushReqPool(HybridReqToTokenPool):

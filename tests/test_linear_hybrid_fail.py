@@ -14,6 +14,7 @@ from broken_linear import (
     MambaDroppingHostKVPool,
     MambaKeepingFlushReqPool,
     OffByOneLayerKVPool,
+    RowKeepingRefusalReqPool,
     ScratchBlindAccountingMambaPool,
     ScratchClobberingMambaPool,
     SlotLeakingReqPool,
@@ -62,6 +63,7 @@ def _failure(broken: type, specs: st.SearchStrategy[LinearHybridSpec] | None) ->
     [
         pytest.param(ForkWithoutTemporalMambaPool, ("fork",), 6, None, id="fork-without-temporal"),
         pytest.param(SlotLeakingReqPool, ("finish", "retract"), 4, None, id="free-leaks-slot"),
+        pytest.param(RowKeepingRefusalReqPool, ("admit",), 4, None, id="refusal-keeps-row"),
         pytest.param(MambaKeepingFlushReqPool, ("flush",), 4, None, id="flush-keeps-slots"),
         pytest.param(
             ScratchClobberingMambaPool, ("verify_drafts",), 6, DRAFTED, id="clear-clobbers-drafts"

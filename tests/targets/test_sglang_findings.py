@@ -25,6 +25,10 @@ import pytest
 import torch
 
 from kvcheck.calls import PoolCall, describe_op, op_method
+from kvcheck.linear_hybrid_machine import (
+    assert_alloc_refusal_changes_nothing,
+    linear_hybrid_skip_reason,
+)
 from kvcheck.properties.accounting import (
     assert_accounting,
     assert_contiguous_buf_infos,
@@ -51,6 +55,7 @@ from kvcheck.reference.host_pools import ReferenceHostPool
 from kvcheck.specs import (
     HostCopy,
     HostReload,
+    LinearHybridSpec,
     Move,
     Op,
     Payload,
@@ -725,6 +730,33 @@ def test_s2_page1_swa_free_after_window_free_keeps_the_padding_slot(
     allocator.free(torch.tensor(row))
     reference.free(row)
     assert_allocator_state(allocator, reference, call=f"free({row})")
+
+
+# --- M2: the linear-attention hybrid's request pool -----------------------------------------
+
+
+def test_m2_alloc_refused_for_a_mamba_slot_takes_no_row(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """M2: with its only mamba slot held, the request pool refuses a request and takes no row."""
+    reason = linear_hybrid_skip_reason(kvcheck_target)
+    if reason is not None:
+        pytest.skip(reason)
+    spec = LinearHybridSpec(full_layer_ids=(1,), mamba_layer_ids=(0,), rows=3, mamba_size=1)
+    _kv_pool, req_pool = kvcheck_target.make_linear_hybrid(spec, device=kvcheck_device)
+    held = SimpleNamespace(
+        rid="held",
+        kv=SimpleNamespace(
+            req_pool_idx=None,
+            mamba_pool_idx=None,
+            kv_allocated_len=0,
+            holds_kv=False,
+            holds_mamba=False,
+            mamba_ping_pong_track_buffer=None,
+        ),
+    )
+    assert req_pool.alloc([held]) is not None
+    assert_alloc_refusal_changes_nothing(req_pool)
 
 
 # --- B1, B2: host pools -------------------------------------------------------------------

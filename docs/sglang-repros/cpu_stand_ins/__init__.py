@@ -324,3 +324,33 @@ def qwen3_configurator(*, page_size=1, draft=False, pool_config=None, **flags):
             token_to_kv_pool_allocator=None,
             memory_pool_config=pool_config,
         )
+
+
+def hybrid_req_pool(rows, mamba_slots):
+    """sglang's ``HybridReqToTokenPool`` (request rows plus mamba slots, as a linear-attention
+    hybrid model's server builds it) of ``rows`` rows and ``mamba_slots`` slots, for one
+    small Mamba2 layer (fp32 state), without the extra ping-pong buffer."""
+    from sglang.srt.configs import mamba_utils as mamba
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+    shape = mamba.Mamba2StateShape.create(
+        tp_world_size=1, intermediate_size=4, n_groups=1, num_heads=2, head_dim=2,
+        state_size=3, conv_kernel=3,
+    )  # fmt: skip
+    dtype = mamba.Mamba2StateDType(conv=torch.float32, temporal=torch.float32)
+    return HybridReqToTokenPool(
+        size=rows, mamba_size=mamba_slots, mamba_spec_state_size=1, max_context_len=8,
+        device="cpu", enable_memory_saver=False, cache_params=mamba.Mamba2CacheParams(
+            shape=shape, layers=[0], dtype=dtype
+        ), mamba_layer_ids=[0], enable_mamba_extra_buffer=False,
+    )  # fmt: skip
+
+
+def new_request(rid):
+    """The fields of sglang's ``Req`` a request pool reads and sets: a new request holds no
+    row, no mamba slot, no ping-pong buffer."""
+    kv = types.SimpleNamespace(
+        req_pool_idx=None, mamba_pool_idx=None, kv_allocated_len=0, holds_kv=False,
+        holds_mamba=False, mamba_ping_pong_track_buffer=None,
+    )  # fmt: skip
+    return types.SimpleNamespace(rid=rid, kv=kv)

@@ -440,6 +440,21 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         steer=frozenset({Steer("allocator:free_dead_window", "swa")}),
     ),
     _finding(
+        # M2: sglang's admission asks ensure_mamba_capacity (evicting for slots) and the
+        # PrefillAdder's mamba budget first; a refusal that still happens is an assert the
+        # scheduler does not survive, so no caller goes on with the row it leaks.
+        "M2",
+        "latent bug",
+        _ALL,
+        "a HybridReqToTokenPool.alloc refused for want of a mamba slot keeps the request row "
+        "it took first",
+        check="linear_hybrid",
+        call="req_to_token_pool.alloc",
+        kind="refusal changed the pool",
+        family="linear_hybrid",
+        steer=frozenset({Steer("linear_hybrid:refused_alloc")}),
+    ),
+    _finding(
         "B1",
         "contract difference",
         Releases(first="0.5.22"),  # 0.5.22: shown through the device_pool adapter
