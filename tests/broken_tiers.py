@@ -204,6 +204,45 @@ class SegmentTrustingPagedAllocator(PagedTokenToKVPoolAllocator):
         return [int(x) for x in free_index.tolist()]
 
 
+class NestingPagedAllocator(PagedTokenToKVPoolAllocator):
+    """``free_group_begin`` inside an open free group starts nothing new and says nothing
+    (the open group goes on collecting)."""
+
+    def free_group_begin(self) -> None:
+        if self.free_group is None:
+            super().free_group_begin()
+
+
+class PageMergingPagedAllocator(PagedTokenToKVPoolAllocator):
+    """``free_segments`` frees the distinct slots of all its segments in one ``free``: two
+    segments that share a page are taken silently instead of refused."""
+
+    def free_segments(self, segments: Any) -> None:
+        distinct = sorted({int(x) for index, _ in segments for x in index.tolist()})
+        self.free(torch.tensor(distinct, dtype=torch.int64))
+
+    free_full_segments = free_segments  # one pool: the full side is the only side
+
+
+class FirstFreeingPagedAllocator(PagedTokenToKVPoolAllocator):
+    """``free_segments`` checks each segment against the one before only when it reaches it
+    (as SGLang's does): a segment that shares a page is refused after the segments before
+    it were freed."""
+
+    def free_segments(self, segments: Any) -> None:
+        previous_end: int | None = None
+        for index, start_pos in segments:
+            if not len(index):
+                continue
+            ps = self.page_size
+            if previous_end is not None and start_pos // ps <= (previous_end - 1) // ps:
+                raise ValueError(f"segment at {start_pos} shares a page with the one before")
+            previous_end = start_pos + len(index)
+            self.free_segment(index, start_pos=start_pos)
+
+    free_full_segments = free_segments  # one pool: the full side is the only side
+
+
 class FullSideCapacitySWAAllocator(SWATokenToKVPoolAllocator):
     """``check_decode_capacity`` asks the full side only: a decode the window side cannot
     serve is let through to an allocation that fails."""
@@ -392,6 +431,28 @@ class OnceDestroyedHost(MLATokenToKVPoolHost):
         if getattr(self, "_destroyed", False):
             raise RuntimeError("already destroyed")
         super().destroy()
+
+
+class PartialPageHost(MLATokenToKVPoolHost):
+    """``alloc`` hands out any number of host slots, part of a page included."""
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        if need_size > len(self.free_slots):
+            return None
+        taken, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
+        self.slot_used[taken] = True
+        return taken.clone()
+
+
+class UnheldFreeingHost(MLATokenToKVPoolHost):
+    """``free`` takes back slots it does not hold (a double free puts a slot on the free
+    list twice)."""
+
+    def free(self, indices: torch.Tensor) -> int:
+        ids = torch.as_tensor(indices, dtype=torch.int64).reshape(-1).cpu()
+        self.slot_used[ids] = False
+        self.free_slots = torch.cat([self.free_slots, ids])
+        return len(ids)
 
 
 class BrokenTierTarget(KVCheckTarget):

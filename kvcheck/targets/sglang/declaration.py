@@ -338,7 +338,7 @@ TIER_GUARDS: Mapping[str, str] = MappingProxyType(
         "the paged and SWA overrides assert start_pos % page_size == 0",
         "nested_free_group": "free_group_begin asserts 'free groups cannot be nested'",
         "segments_share_page": "free_segments / free_full_segments assert (_page_disjoint) "
-        "that no two segments share a page",
+        "that no two segments share a page (after freeing the segments before: F1)",
         "host_partial_page": "HostKVCache.alloc asserts need_size is a multiple of the page size",
         "host_double_free": "HostKVCache.free asserts every slot is allocated ('Double-free "
         "detected')",
