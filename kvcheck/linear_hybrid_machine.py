@@ -228,6 +228,28 @@ def assert_alloc_refusal_changes_nothing(req_pool: Any) -> None:
         )
 
 
+def _draft_windows_alias(req_pool: Any, spec: LinearHybridSpec) -> bool:
+    """Whether two draft steps' conv windows of one slot share memory in ``req_pool``."""
+    if not spec.draft_tokens or spec.draft_tokens < 2:
+        return False
+    params = req_pool.get_speculative_mamba2_params_all_layers()
+    for window in params.intermediate_conv_window:
+        steps = [window[0, 1, 0], window[0, 1, 1]]
+        if steps[0].untyped_storage().data_ptr() != steps[1].untyped_storage().data_ptr():
+            continue
+        elements = steps[0].untyped_storage().nbytes() // steps[0].element_size()
+        every = torch.arange(elements)
+        held = [
+            set(
+                torch.as_strided(every, t.size(), t.stride(), t.storage_offset()).flatten().tolist()
+            )
+            for t in steps
+        ]
+        if held[0] & held[1]:
+            return True
+    return False
+
+
 class LinearHybridMachine(RuleBasedStateMachine):
     """The hybrid's pools against the reference; :func:`linear_hybrid_machine` binds it."""
 
@@ -257,6 +279,7 @@ class LinearHybridMachine(RuleBasedStateMachine):
         _check(got_kv, self.ref.kv_bytes(), "kv_pool.get_kv_size_bytes()", "accounting")
         got_mamba = int(self.req_pool.mamba_pool.get_kv_size_bytes())
         _check(got_mamba, self.ref.mamba_bytes(), "mamba_pool.get_kv_size_bytes()", "accounting")
+        self.draft_windows_alias = _draft_windows_alias(self.req_pool, spec)
         for owner, name in ((self.kv_pool, "kv_pool"), (self.req_pool, "req_to_token_pool")):
             _ptrs, lens, items = owner.get_state_buf_infos()
             got = [(int(n), int(i)) for n, i in zip(lens, items, strict=True)]
@@ -398,7 +421,10 @@ class LinearHybridMachine(RuleBasedStateMachine):
         """Target verify writes one draft step's state on every mamba layer."""
         name = self._pick(pick)
         assert self.spec.draft_tokens is not None
-        step %= self.spec.draft_tokens
+        # Where the draft steps' conv windows share elements (sglang's sliding layout: step
+        # k's window is step k-1's shifted by a token), one step's window cannot be written
+        # apart from its neighbours': only the first step is drafted there.
+        step = 0 if self.draft_windows_alias else step % self.spec.draft_tokens
         params = self.req_pool.get_speculative_mamba2_params_all_layers()
         slot = self._slot(name)
         for dense, layer_id in enumerate(self.spec.mamba_layer_ids):
