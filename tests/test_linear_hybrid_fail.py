@@ -61,15 +61,15 @@ def _failure(broken: type, specs: st.SearchStrategy[LinearHybridSpec] | None) ->
 @pytest.mark.parametrize(
     ("broken", "rules", "max_steps", "specs"),
     [
-        pytest.param(ForkWithoutTemporalMambaPool, ("fork",), 6, None, id="fork-without-temporal"),
+        pytest.param(ForkWithoutTemporalMambaPool, ("fork",), 8, None, id="fork-without-temporal"),
         pytest.param(SlotLeakingReqPool, ("finish", "retract"), 4, None, id="free-leaks-slot"),
         pytest.param(RowKeepingRefusalReqPool, ("admit",), 4, None, id="refusal-keeps-row"),
         pytest.param(MambaKeepingFlushReqPool, ("flush",), 4, None, id="flush-keeps-slots"),
         pytest.param(
-            ScratchClobberingMambaPool, ("verify_drafts",), 6, DRAFTED, id="clear-clobbers-drafts"
+            ScratchClobberingMambaPool, ("verify_drafts",), 8, DRAFTED, id="clear-clobbers-drafts"
         ),
         pytest.param(OffByOneLayerKVPool, ("write_kv",), 4, None, id="layer-mapping-off-by-one"),
-        pytest.param(MambaDroppingHostKVPool, ("reload",), 6, None, id="reload-drops-mamba"),
+        pytest.param(MambaDroppingHostKVPool, ("reload",), 8, None, id="reload-drops-mamba"),
         pytest.param(ScratchBlindAccountingMambaPool, ("build",), 1, None, id="accounting"),
         pytest.param(ConvlessDescriptionMambaPool, ("build",), 1, None, id="pd-description"),
     ],
@@ -80,7 +80,9 @@ def test_the_linear_hybrid_machine_catches_each_twin(
     max_steps: int,
     specs: st.SearchStrategy[LinearHybridSpec] | None,
 ) -> None:
-    """The minimal failing run of each twin makes the broken call, in a few steps."""
+    """The minimal failing run of each twin makes the broken call, in a few steps (the
+    bounds leave room: how far Hypothesis shrinks a run varies across its releases, and
+    a 7-step fork run was seen where 3 steps would do)."""
     error = _failure(broken, specs)
     assert error.signature is not None and error.signature.check == "linear_hybrid", error
     notes = "\n".join(getattr(error, "__notes__", ()))

@@ -41,7 +41,8 @@ SUITE_PACKAGE = "kvcheck.suite"
 #: come before the tiers (2026-12-07, loaded: allocators and host pools 41-53 s, the four
 #: machines 25-42 s). The census (2026-12-07, loaded: 46 s serial, 12 s of CPU) follows
 #: the tiers: it catches a whole-pool operation that misses a tensor, on every variant.
-#: A module not listed runs last.
+#: The hybrid machines, the scheduler's memory law and the tiers' guards (2026-12-07:
+#: 1-10 s each) come after the lifecycle machine. A module not listed runs last.
 REPORT_ORDER: tuple[str, ...] = (
     "test_serving_validation",
     "test_serving_selection",
@@ -57,6 +58,9 @@ REPORT_ORDER: tuple[str, ...] = (
     "test_pool_machines",
     "test_lifecycle",
     "test_linear_hybrid",
+    "test_swa_pool",
+    "test_scheduler_memory",
+    "test_tier_guards",
     "test_inputs",
     "test_attention",
 )

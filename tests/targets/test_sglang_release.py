@@ -443,14 +443,21 @@ def test_a_release_without_the_paged_torch_path_builds_token_allocators_only(
         assert "alloc_decode_naive" in surface.notes[f"allocators.{kind}"]
 
 
-def test_a_release_without_device_pool_infos_builds_no_host_pools(fake_sglang: Path) -> None:
-    """0.5.22's host pools take the device pool itself; the target builds them from buffer
-    infos (0.5.23's API): no host pools there, saying so, and every allocator stays."""
+def test_a_release_without_device_pool_infos_builds_host_pools_by_its_adapter(
+    fake_sglang: Path,
+) -> None:
+    """0.5.22's host pools take the device pool itself, not 0.5.23's buffer infos: the
+    missing module only picks the release's adapter (``device_pool``); host pools and
+    every allocator stay."""
+    from kvcheck.targets.sglang.declaration import host_pool_adapter
+
     modules = _package()
     del modules["srt/mem_cache/device_pool_info.py"]
-    surface = _read(fake_sglang, modules).surface(SURFACE)
-    assert surface.host_layouts == {} and surface.allocators == SURFACE.allocators
-    assert "device_pool_info" in (surface.note("host_pools") or "")
+    facts = _read(fake_sglang, modules)
+    surface = facts.surface(SURFACE)
+    assert surface.host_layouts == SURFACE.host_layouts
+    assert surface.allocators == SURFACE.allocators
+    assert host_pool_adapter(facts.loaded.missing) == "device_pool"
 
 
 def test_a_release_without_the_mxfp8_host_pool_misses_only_it(fake_sglang: Path) -> None:
