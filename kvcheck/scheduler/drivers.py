@@ -36,6 +36,10 @@ def memory_skip_reason(target: Any) -> str | None:
     name = getattr(target, "name", None)
     if name not in DRIVEN_TARGETS:
         return f"target {name!r} declares no scheduler memory (driven: {', '.join(DRIVEN_TARGETS)})"
+    if name == "sglang":
+        from kvcheck.targets.sglang.scheduler_memory import why_not_driven
+
+        return why_not_driven()
     return None
 
 

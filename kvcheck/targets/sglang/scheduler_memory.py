@@ -54,6 +54,41 @@ def _kv_value(tokens: tuple[int, ...]) -> int:
     return value
 
 
+#: What the driver calls in sglang's own code, by module (``RadixCache``'s methods by name).
+DRIVEN_API: dict[str, tuple[str, ...]] = {
+    "allocation": ("alloc_for_extend", "alloc_for_decode"),
+    "common": ("release_kv_cache", "backup_kv_cache", "restore_kv_cache"),
+    "RadixCache": ("lock", "unlock", "evictable_size", "protected_size", "reset"),
+}
+
+
+def why_not_driven() -> str | None:
+    """Why the installed sglang cannot be driven (a release whose scheduler memory API
+    differs: 0.5.21's ``RadixCache`` has no ``lock``), or None.
+
+    Example, where sglang is installed::
+
+        why_not_driven()  # None on 0.5.22 and 0.5.23
+    """
+    try:
+        found = _modules()
+    except ImportError as error:
+        return f"sglang's scheduler memory modules do not import here: {error}"
+    missing = [
+        f"{owner}.{name}"
+        for owner, names in DRIVEN_API.items()
+        for name in names
+        if not hasattr(getattr(found, owner), name)
+    ]
+    if missing:
+        return (
+            "this sglang's scheduler memory API lacks what the driver calls ("
+            + ", ".join(missing)
+            + "): an older release, whose prefix cache locks by inc_lock_ref"
+        )
+    return None
+
+
 def _modules() -> SimpleNamespace:
     with env.torchvision_stand_in():
         from sglang.srt.managers import schedule_batch
