@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from kvcheck.specs import PoolSpec
+from kvcheck.specs import PoolSpec, SWAPoolSpec
 
 # Two tiers of contract
 # ---------------------
@@ -325,3 +325,38 @@ class Target(Protocol):
     def skip_topk_layers(self, model: Any) -> Sequence[bool]:
         """The per-layer skip mask a DSA pool for ``model`` is built with."""
         ...
+
+
+def swa_pool_arguments(
+    full: PoolArguments, swa: PoolArguments, spec: SWAPoolSpec, *, device: str
+) -> dict[str, Any]:
+    """The keyword arguments of an SGLang-style ``SWAKVPool`` for ``spec``, whose sides are
+    built as ``full`` and ``swa`` describe (their classes and arguments, less the size,
+    dtype and layer count the hybrid passes to each side itself).
+
+    Example:
+        >>> from kvcheck.specs import PoolSpec
+        >>> sub = PoolSpec(family="mha", size=4, page_size=1, layer_num=2,
+        ...                dtype="bfloat16", head_num=1, head_dim=2)
+        >>> spec = SWAPoolSpec(sub, size_swa=2, swa_layers=(False, True))
+        >>> side = PoolArguments("kvcheck.pools.mha:MHATokenToKVPool", {"dtype": "bf16"})
+        >>> kwargs = swa_pool_arguments(side, side, spec, device="cpu")
+        >>> kwargs["size_swa"], kwargs["swa_attention_layer_ids"], kwargs["full_kv_pool_kwargs"]
+        (2, [1], {})
+    """
+    own = ("size", "dtype", "layer_num")
+    return {
+        "size": spec.sub.size,
+        "size_swa": spec.size_swa,
+        "page_size": spec.sub.page_size,
+        "dtype": full.kwargs["dtype"],
+        "head_num": spec.sub.head_num,
+        "head_dim": spec.sub.head_dim,
+        "swa_attention_layer_ids": list(spec.swa_layer_ids),
+        "full_attention_layer_ids": list(spec.full_layer_ids),
+        "device": device,
+        "full_kv_pool_class": full.resolve(),
+        "swa_kv_pool_class": swa.resolve(),
+        "full_kv_pool_kwargs": {k: v for k, v in full.kwargs.items() if k not in own},
+        "swa_kv_pool_kwargs": {k: v for k, v in swa.kwargs.items() if k not in own},
+    }

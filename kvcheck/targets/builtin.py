@@ -23,7 +23,7 @@ from typing import Any
 import kvcheck
 from kvcheck.specs import POOL_FAMILIES, LinearHybridSpec, PoolSpec, SWAPoolSpec
 from kvcheck.surface import Surface
-from kvcheck.targets.base import PoolArguments, ScriptRecipe
+from kvcheck.targets.base import PoolArguments, ScriptRecipe, swa_pool_arguments
 from kvcheck.tiers import ALLOCATOR_KINDS, HOST_LAYOUTS, AllocatorSpec, HostPoolSpec
 
 #: Pool class name -> family, most specific first (NoOp derives from MHA, DSA from MLA).
@@ -191,22 +191,7 @@ class KVCheckTarget:
 
         full = self.pool_arguments(spec.full_spec, device=device)
         swa = self.pool_arguments(spec.swa_spec, device=device)
-        own = ("size", "dtype", "layer_num")
-        return SWAKVPool(
-            size=spec.sub.size,
-            size_swa=spec.size_swa,
-            page_size=spec.sub.page_size,
-            dtype=full.kwargs["dtype"],
-            head_num=spec.sub.head_num,
-            head_dim=spec.sub.head_dim,
-            swa_attention_layer_ids=list(spec.swa_layer_ids),
-            full_attention_layer_ids=list(spec.full_layer_ids),
-            device=device,
-            full_kv_pool_class=full.resolve(),
-            swa_kv_pool_class=swa.resolve(),
-            full_kv_pool_kwargs={k: v for k, v in full.kwargs.items() if k not in own},
-            swa_kv_pool_kwargs={k: v for k, v in swa.kwargs.items() if k not in own},
-        )
+        return SWAKVPool(**swa_pool_arguments(full, swa, spec, device=device))
 
     def swa_write_loc(self, loc: Any, swa_loc: Any) -> Any:
         """What a hybrid pool's ``set_kv_buffer`` takes as its location: the full-side

@@ -49,7 +49,7 @@ from kvcheck.geometry import latent_row_bytes, latent_width
 from kvcheck.specs import POOL_FAMILIES, LinearHybridSpec, PoolSpec, SWAPoolSpec
 from kvcheck.steering import Steering
 from kvcheck.surface import Surface
-from kvcheck.targets.base import PoolArguments, ScriptRecipe
+from kvcheck.targets.base import PoolArguments, ScriptRecipe, swa_pool_arguments
 from kvcheck.targets.discovery import ClassEntry
 from kvcheck.targets.sglang import adapt, env, mxfp8_kernels, release
 from kvcheck.targets.sglang.classes import discover_classes
@@ -382,25 +382,11 @@ class SGLangTarget:
         pool_class = _module(SWA_POOL_MODULE).SWAKVPool
         full = self.pool_arguments(spec.full_spec, device=device)
         swa = self.pool_arguments(spec.swa_spec, device=device)
-        own = ("size", "dtype", "layer_num")
         mha = spec.sub.family == "mha"
         scope = env.native_kv_move() if mha and not _is_cuda(device) else nullcontext()
         with scope, env.dcp_parallel(1, 0):
             pool = pool_class(
-                size=spec.sub.size,
-                size_swa=spec.size_swa,
-                page_size=spec.sub.page_size,
-                dtype=full.kwargs["dtype"],
-                head_num=spec.sub.head_num,
-                head_dim=spec.sub.head_dim,
-                swa_attention_layer_ids=list(spec.swa_layer_ids),
-                full_attention_layer_ids=list(spec.full_layer_ids),
-                device=device,
-                full_kv_pool_class=full.resolve(),
-                swa_kv_pool_class=swa.resolve(),
-                full_kv_pool_kwargs={k: v for k, v in full.kwargs.items() if k not in own},
-                swa_kv_pool_kwargs={k: v for k, v in swa.kwargs.items() if k not in own},
-                enable_memory_saver=False,
+                **swa_pool_arguments(full, swa, spec, device=device), enable_memory_saver=False
             )
         if not mha:
             methods = _MLA_SCOPED_METHODS if spec.sub.family == "mla" else _DSA_SCOPED_METHODS
