@@ -47,11 +47,15 @@ def test_swa_machine_catches_its_twin(twin: type, fragment: str) -> None:
     """The machine fails on the twin, naming the call that went wrong (a wrong row is an
     AssertionError after that call; a wrong index out of a side's range, the side's
     ValueError from inside it)."""
+    # Up to 1000 examples: a search stops at its first failure, and the eviction-blind
+    # reload took 300 derandomized examples to find under the newest Hypothesis but more
+    # under the lowest one pyproject.toml allows (found within 1000 on 6.139).
+    search = settings(TWIN_SETTINGS, max_examples=1000)
     machine = swa_pool_machine(
-        BrokenSWATarget(twin), device="cpu", specs=SMALL_SPECS, settings=TWIN_SETTINGS
+        BrokenSWATarget(twin), device="cpu", specs=SMALL_SPECS, settings=search
     )
     with pytest.raises((AssertionError, ValueError)) as info:
-        run_state_machine_as_test(machine, settings=TWIN_SETTINGS)
+        run_state_machine_as_test(machine, settings=search)
     assert fragment in str(info.value) or fragment in "".join(
         str(entry) for entry in info.traceback
     )
