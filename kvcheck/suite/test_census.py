@@ -109,19 +109,25 @@ def _raised_finding(
     return None
 
 
+def _known_finding(
+    target: Any, error: Exception, *, calls: tuple[str, ...], family: str
+) -> str | None:
+    """The declared finding a property failure (by its signature) or a raise (by
+    :func:`_raised_finding`) of ``calls`` is, as ``"known finding ID: summary"``, else None."""
+    if isinstance(error, PropertyFailure):
+        finding = matching_finding(declared_findings(target), error.signature)
+        return None if finding is None else f"known finding {finding.id}: {finding.summary}"
+    return _raised_finding(target, error, calls=calls, family=family)
+
+
 def _as_finding(
     target: Any, check: Callable[[], object], *, calls: tuple[str, ...], family: str
 ) -> object:
     """``check()``, with a failure a declared finding describes turned into its xfail."""
     try:
         return check()
-    except PropertyFailure as error:
-        finding = matching_finding(declared_findings(target), error.signature)
-        if finding is None:
-            raise
-        pytest.xfail(f"known finding {finding.id}: {finding.summary}")
     except Exception as error:
-        known = _raised_finding(target, error, calls=calls, family=family)
+        known = _known_finding(target, error, calls=calls, family=family)
         if known is None:
             raise
         pytest.xfail(known)
@@ -178,16 +184,11 @@ def _run_drawn(
             body(data)
         except ValueError as error:
             refused.append(str(error))
-        except PropertyFailure as error:
-            finding = matching_finding(declared_findings(target), error.signature)
+        except Exception as error:
+            finding = _known_finding(target, error, calls=calls, family=family)
             if finding is None:
                 raise
-            known.append(f"known finding {finding.id}: {finding.summary}")
-        except Exception as error:
-            raised = _raised_finding(target, error, calls=calls, family=family)
-            if raised is None:
-                raise
-            known.append(raised)
+            known.append(finding)
 
     examples()
     if known:
