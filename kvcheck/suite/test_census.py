@@ -156,6 +156,11 @@ def test_census_accounting(kvcheck_target: Any, kvcheck_device: str, variant: Va
     assert isinstance(counted, int) and counted >= 0
 
 
+def _skip(target: Any, why: str) -> None:
+    """Skip naming the target: what its pool lacks, not what the target declared."""
+    pytest.skip(f"target {target.name!r}: {why}")
+
+
 def _page_ids(*, least: int) -> st.SearchStrategy[list[int]]:
     return st.lists(st.integers(1, _PAGES - 1), min_size=least, max_size=_PAGES - 1, unique=True)
 
@@ -194,7 +199,7 @@ def _run_drawn(
     if known:
         pytest.xfail(known[0])
     if refused:
-        pytest.skip(f"the pool refuses the operation: {refused[0]}")
+        _skip(target, f"the pool refuses the operation: {refused[0]}")
 
 
 @pytest.mark.parametrize("variant", _VARIANT_PARAMS)
@@ -204,7 +209,9 @@ def test_census_host_copy(kvcheck_target: Any, kvcheck_device: str, variant: Var
     spec, pool, census = _built(kvcheck_target, variant, kvcheck_device)
     _no_widened_ids(spec)
     if not census.state_entries():
-        pytest.skip(f"{census.pool_type} holds no cache state to copy (placeholders only)")
+        _skip(
+            kvcheck_target, f"{census.pool_type} holds no cache state to copy (placeholders only)"
+        )
     if "host_copy" in getattr(kvcheck_target, "unsupported", {}):
         pytest.skip(kvcheck_target.unsupported["host_copy"])
     checked: list[int] = []
@@ -250,7 +257,7 @@ def test_census_descriptions(kvcheck_target: Any, kvcheck_device: str, variant: 
     """The pool's transfer descriptions cover every state tensor's bytes exactly once."""
     spec, pool, census = _built(kvcheck_target, variant, kvcheck_device)
     if not description_methods(pool):
-        pytest.skip(f"{census.pool_type} offers no get_*buf_infos transfer description")
+        _skip(kvcheck_target, f"{census.pool_type} offers no get_*buf_infos transfer description")
     methods = _as_finding(
         kvcheck_target,
         lambda: assert_descriptions_cover_census(pool, census=census, family=spec.variant),
@@ -266,7 +273,7 @@ def test_census_reset(kvcheck_target: Any, kvcheck_device: str, variant: Variant
     """clear() gives back the pool's initial availability and bookkeeping."""
     spec, pool, census = _built(kvcheck_target, variant, kvcheck_device)
     if not callable(getattr(pool, "clear", None)):
-        pytest.skip(f"{census.pool_type} has no clear(): nothing to reset")
+        _skip(kvcheck_target, f"{census.pool_type} has no clear(): nothing to reset")
     checked = _as_finding(
         kvcheck_target,
         lambda: assert_clear_resets_census(pool, census=census, family=spec.variant),
