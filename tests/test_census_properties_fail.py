@@ -27,6 +27,7 @@ from kvcheck.properties.census import (
     assert_descriptions_cover_census,
     assert_host_copy_restores_census,
     assert_move_carries_census,
+    assert_registration_covers_census,
 )
 
 _PAGES = st.lists(st.integers(1, 3), min_size=1, max_size=3, unique=True)
@@ -131,3 +132,27 @@ def test_reset_passes_on_a_row_pool_and_fails_when_clear_forgets_the_free_list()
     assert assert_clear_resets_census(RowPool(8)) == 1
     with pytest.raises(PropertyFailure, match=r"free_slots differs at row \d+ after clear"):
         assert_clear_resets_census(ClearKeepsFreeList(8))
+
+
+def test_pd_registration_fails_when_a_state_component_is_left_out() -> None:
+    """A DSA pool registered with its KV description alone leaves its index keys out (named,
+    with the call); the built-in target's registration, which adds them, passes."""
+    from kvcheck.pools import DSATokenToKVPool
+    from kvcheck.targets.builtin import KVCheckTarget
+
+    pool = DSATokenToKVPool(
+        size=64, page_size=64, dtype=torch.bfloat16, kv_lora_rank=4, qk_rope_head_dim=2,
+        layer_num=1, device="cpu", index_head_dim=128,
+    )  # fmt: skip
+    whole = KVCheckTarget().pd_registration(pool)
+    assert "kv" in assert_registration_covers_census(whole, pool=pool)
+    with pytest.raises(PropertyFailure, match=r"index_k.*described by kv \[setup_state_kv_args\]"):
+        assert_registration_covers_census({"kv": whole["kv"]}, pool=pool)
+
+
+def test_pd_registration_fails_when_two_components_describe_one_range() -> None:
+    """The same bytes registered twice (KV and again as a state component) are named."""
+    pool = _pool()
+    kv = pool.get_contiguous_buf_infos()
+    with pytest.raises(PropertyFailure, match=r"both describe bytes"):
+        assert_registration_covers_census({"kv": kv, "state:again": kv}, pool=pool)

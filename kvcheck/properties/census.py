@@ -10,6 +10,8 @@ whole-pool operation to cover every tensor the census found:
   changes nothing else;
 * descriptions: every ``get_*buf_infos`` the pool offers, together, cover every state
   tensor's bytes exactly once, each with one page (or one row) as its item length;
+* PD registration: what PD registers for the pool (a target's ``pd_registration``) covers
+  them the same way on its own;
 * reset: ``clear()`` brings back the pool's availability and its 1-D integer bookkeeping
   (free lists, slot states).
 
@@ -51,6 +53,7 @@ __all__ = [
     "assert_descriptions_cover_census",
     "assert_host_copy_restores_census",
     "assert_move_carries_census",
+    "assert_registration_covers_census",
     "description_methods",
     "page_tokens",
 ]
@@ -340,6 +343,9 @@ def description_methods(pool: Any) -> tuple[str, ...]:
     )
 
 
+Description = tuple[Sequence[int], Sequence[int], Sequence[int]]
+
+
 def assert_descriptions_cover_census(
     pool: Any, *, census: Census | None = None, family: str = ""
 ) -> tuple[str, ...]:
@@ -352,11 +358,10 @@ def assert_descriptions_cover_census(
     description) is not offered by this configuration. Returns the methods read."""
     __tracebackhide__ = True
     census = _census(pool, census)
-    read: list[str] = []
-    ranges: list[tuple[int, int, int, str]] = []
+    described: dict[str, Description] = {}
     for name in description_methods(pool):
         try:
-            ptrs, lens, items = getattr(pool, name)()
+            described[name] = getattr(pool, name)()
         except TypeError:
             continue  # a description that needs arguments (a request's) is not whole-pool
         except AttributeError as error:
@@ -366,7 +371,50 @@ def assert_descriptions_cover_census(
             # pool's scale descriptors over unquantized sides): this configuration does
             # not offer it, and callers ask only the configurations that do.
             continue
-        read.append(name)
+    _assert_described_once(described, census, family=family, call="get_*buf_infos")
+    return tuple(described)
+
+
+def assert_registration_covers_census(
+    registration: Mapping[str, Description],
+    *,
+    pool: Any = None,
+    census: Census | None = None,
+    family: str = "",
+    call: str = "setup_state_kv_args",
+) -> tuple[str, ...]:
+    """What PD registers for a pool with its transfer engine (``registration``: the KV
+    component and each state component, by name, as a target's ``pd_registration`` gives
+    them) covers each state tensor of the pool's census exactly once, with the item
+    lengths :func:`assert_descriptions_cover_census` asks for: a tensor the registration
+    leaves out is never sent to the decode side. Returns the component names.
+
+    Example:
+        >>> import torch
+        >>> from kvcheck.pools import MHATokenToKVPool
+        >>> pool = MHATokenToKVPool(size=8, page_size=2, dtype=torch.float16, head_num=1,
+        ...                         head_dim=2, layer_num=1, device="cpu")
+        >>> assert_registration_covers_census({"kv": pool.get_contiguous_buf_infos()}, pool=pool)
+        ('kv',)
+    """
+    __tracebackhide__ = True
+    if census is None and pool is None:
+        raise ValueError("pass pool= or census= (the pool whose registration this is)")
+    census = _census(pool, census)
+    _assert_described_once(dict(registration), census, family=family, call=call)
+    return tuple(registration)
+
+
+def _assert_described_once(
+    described: Mapping[str, Description], census: Census, *, family: str, call: str
+) -> None:
+    """The ranges of ``described`` (name -> pointers, lengths, item lengths) cover every
+    state tensor of ``census`` exactly once, each from a tensor's start with one page or
+    row per item; ``call`` is named when a tensor is left out."""
+    __tracebackhide__ = True
+    read = list(described)
+    ranges: list[tuple[int, int, int, str]] = []
+    for name, (ptrs, lens, items) in described.items():
         for ptr, length, item in zip(ptrs, lens, items, strict=True):
             if int(length):
                 ranges.append((int(ptr), int(ptr) + int(length), int(item), name))
@@ -418,16 +466,16 @@ def assert_descriptions_cover_census(
         covered = sum(max(0, min(hi, end) - max(lo, start)) for start, end, _, _ in ranges)
         if covered != hi - lo:
             scale = "scale" in _attribute(entry.path)
+            whole_pool = call == "get_*buf_infos"
             raise _fail(
                 f"{entry.path}: {covered} of its {hi - lo} bytes are described by"
-                f" {', '.join(read) or 'no get_*buf_infos'}",
+                f" {', '.join(read) or 'nothing'}",
                 census,
-                check="scale_buf_infos" if scale else "descriptions",
-                call="get_kv_scale_buf_infos" if scale else "get_*buf_infos",
+                check="scale_buf_infos" if scale and whole_pool else "descriptions",
+                call="get_kv_scale_buf_infos" if scale and whole_pool else call,
                 kind=f"{_attribute(entry.path)} undescribed",
                 family=family,
             )
-    return tuple(read)
 
 
 def _bookkeeping(census: Census) -> list[TensorEntry]:

@@ -3,14 +3,15 @@
 Each variant's pool (:data:`kvcheck.variants.VARIANTS`, built through the target's own
 ``make_pool``) gets a census (:func:`kvcheck.census.take_census`) that must classify every
 tensor it holds, and the census properties (:mod:`kvcheck.properties.census`): accounting,
-host copies and moves of Hypothesis-drawn whole pages, transfer descriptions and reset.
+host copies and moves of Hypothesis-drawn whole pages, transfer descriptions, what PD
+registers (the target's ``pd_registration``) and reset.
 A failure that a declared finding of the target already describes (same check, call,
 kind and family) is reported as that finding's expected failure; any other fails.
 
 The hybrid pools the target builds (the sliding-window hybrid of each sub-pool family,
 ``make_swa_pool``; the linear-attention hybrid's KV pool and its req-to-token pool, which
 owns the mamba state, ``make_linear_hybrid``) get the census too: every tensor classified,
-sub-pools included, accounting and transfer descriptions (what PD registers) covering
+sub-pools included, accounting, transfer descriptions and PD's registration covering
 them. Their host copies and moves are left to their machines: which rows a window layer's
 token lands on, or which mamba slot a request holds, needs a model of the translation.
 """
@@ -35,6 +36,7 @@ from kvcheck.properties.census import (
     assert_descriptions_cover_census,
     assert_host_copy_restores_census,
     assert_move_carries_census,
+    assert_registration_covers_census,
     description_methods,
 )
 from kvcheck.specs import SWA_FAMILIES, PoolSpec
@@ -92,11 +94,12 @@ def _raised_finding(
 ) -> str | None:
     """The declared finding about the pool raising ``error`` from one of ``calls``, in
     the signatures the suite's other properties give a raise (``check="raises"`` or the
-    call's own check; the kind as the exception's type, with or without its message or
-    "instead of ValueError"), as ``"known finding ID: summary"``, else None."""
+    call's own check; the kind as the exception's type, with or without its message), as
+    ``"known finding ID: summary"``, else None. Never as a refusal of bad input ("instead
+    of ValueError"): the census passes valid calls, so a broad input-validation finding
+    must not claim a raise it did not cause."""
     name = type(error).__name__
-    # Most specific first: a broad finding ("no ValueError for bad input") comes last.
-    kinds = (f"raises {name}", f"{name}: {error}", name, f"{name} instead of ValueError")
+    kinds = (f"raises {name}", f"{name}: {error}", name)
     checks = (*(call.removeprefix("get_") for call in calls), "raises")
     findings = declared_findings(target)
     for kind in kinds:
@@ -268,6 +271,31 @@ def test_census_descriptions(kvcheck_target: Any, kvcheck_device: str, variant: 
     assert set(methods) <= set(description_methods(pool))
 
 
+def _assert_registration(target: Any, pool: Any, census: Census, *, family: str) -> None:
+    """What the target's PD registers for ``pool`` covers its census once (a declared
+    finding's xfail; a skip, naming the target, where it declares no registration)."""
+    register = getattr(target, "pd_registration", None)
+    if register is None:
+        _skip(target, "declares no pd_registration (what PD registers for a pool)")
+    components = _as_finding(
+        target,
+        lambda: assert_registration_covers_census(register(pool), census=census, family=family),
+        # PD reads the KV description first: a pool whose get_contiguous_buf_infos raises
+        # fails PD's registration with that finding.
+        calls=("setup_state_kv_args", "get_contiguous_buf_infos"),
+        family=family,
+    )
+    assert isinstance(components, tuple) and "kv" in components
+
+
+@pytest.mark.parametrize("variant", _VARIANT_PARAMS)
+def test_census_pd_registration(kvcheck_target: Any, kvcheck_device: str, variant: Variant) -> None:
+    """What PD registers for the pool (its KV and each state component) covers every
+    state tensor's bytes exactly once: a tensor left out never reaches the decode side."""
+    spec, pool, census = _built(kvcheck_target, variant, kvcheck_device)
+    _assert_registration(kvcheck_target, pool, census, family=spec.variant)
+
+
 @pytest.mark.parametrize("variant", _VARIANT_PARAMS)
 def test_census_reset(kvcheck_target: Any, kvcheck_device: str, variant: Variant) -> None:
     """clear() gives back the pool's initial availability and bookkeeping."""
@@ -329,6 +357,7 @@ def test_swa_hybrid_census(kvcheck_target: Any, kvcheck_device: str, family: str
     )
     assert isinstance(methods, tuple) and methods
     assert set(methods) <= set(description_methods(pool))
+    _assert_registration(kvcheck_target, pool, census, family=f"swa:{family}")
 
 
 def test_linear_hybrid_census(kvcheck_target: Any, kvcheck_device: str) -> None:
@@ -361,3 +390,4 @@ def test_linear_hybrid_census(kvcheck_target: Any, kvcheck_device: str) -> None:
     )
     assert isinstance(methods, tuple) and methods
     assert set(methods) <= set(description_methods(kv_pool))
+    _assert_registration(kvcheck_target, kv_pool, kv_census, family="linear")

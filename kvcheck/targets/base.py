@@ -104,6 +104,12 @@ FAMILY_SEPARATOR = ":"
 #: ``script_recipe(spec, ops) -> ScriptRecipe | None``
 #:     How a standalone reproduction script builds the target's pool without kvcheck
 #:     (:class:`ScriptRecipe`); ``None`` (or no member): the script calls ``make_pool``.
+#: ``pd_registration(pool) -> Mapping[str, tuple[ptrs, lens, item_lens]]``
+#:     What PD disaggregation registers for ``pool`` with its transfer engine: the KV
+#:     component (``"kv"``) and each state component, by name. The census checks that it
+#:     covers every state tensor once
+#:     (:func:`kvcheck.properties.census.assert_registration_covers_census`); no member:
+#:     that check is skipped, quoting why.
 #: ``reach_table: str``
 #:     The module (``PACKAGE``, ``SCOPES``; see ``tools/reach.py``) that says which of
 #:     the target's code ``python tools/reach.py`` measures; why each unreached range
@@ -142,6 +148,7 @@ OPTIONAL_MEMBERS: tuple[str, ...] = (
     "expected_failures",
     "findings",
     "unsized_kv_cache_dtypes",
+    "pd_registration",
 )
 
 

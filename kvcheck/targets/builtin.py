@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
@@ -253,6 +254,28 @@ class KVCheckTarget:
         if not others:
             return (anchor,)
         return (anchor, host_pools.DSAIndexerPoolHost(device_pool, anchor, buffer_names=others))
+
+    def pd_registration(self, pool: Any) -> dict[str, tuple[list[int], list[int], list[int]]]:
+        """What kvcheck's PD registers for ``pool``: its contiguous KV description as
+        ``"kv"``, and every other transfer description it offers (``get_*buf_infos``) as a
+        state component of that name: kvcheck's pools keep nothing a description leaves out.
+
+        Example:
+            >>> import torch
+            >>> from kvcheck.pools import MHATokenToKVPool
+            >>> pool = MHATokenToKVPool(size=4, page_size=2, dtype=torch.float16, head_num=1,
+            ...                         head_dim=2, layer_num=1, device="cpu")
+            >>> list(KVCheckTarget().pd_registration(pool))
+            ['kv']
+        """
+        from kvcheck.properties.census import description_methods
+
+        components = {"kv": pool.get_contiguous_buf_infos()}
+        for name in description_methods(pool):
+            if name != "get_contiguous_buf_infos":
+                with contextlib.suppress(AttributeError):  # a side without that description
+                    components[f"state:{name}"] = getattr(pool, name)()
+        return components
 
     def make_linear_hybrid(self, spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
         """kvcheck's linear-attention hybrid for ``spec``: ``(kv_pool, req_to_token_pool)``,

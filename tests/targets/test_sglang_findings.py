@@ -36,6 +36,7 @@ from kvcheck.properties.accounting import (
 )
 from kvcheck.properties.allocators import allocator_sizes, assert_allocator_state, assert_refusal
 from kvcheck.properties.apply import apply_op_like_reference
+from kvcheck.properties.census import assert_registration_covers_census
 from kvcheck.properties.host_pools import assert_host_buffer_infos
 from kvcheck.properties.inputs import assert_rejected_call_changes_nothing
 from kvcheck.properties.noop import assert_noop_write_raises
@@ -925,6 +926,27 @@ def test_q4_mha_fp4_describes_its_scales(kvcheck_target: Any, kvcheck_device: st
     (get_kv_scale_buf_infos)."""
     spec = _built_variant(kvcheck_target, MHA_FP4)
     assert_scale_buf_infos(kvcheck_target.make_pool(spec, device=kvcheck_device), spec)
+
+
+def _assert_pd_registers_census(target: Any, pool: Any, family: str) -> None:
+    registration = target.pd_registration(pool)
+    assert_registration_covers_census(registration, pool=pool, family=family)
+
+
+@pytest.mark.kvcheck_needs("mla_pool")
+def test_q4_pd_mla_fp4_registers_its_scales(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q4 through PD: setup_state_kv_args registers an MLA FP4 pool's scale buffers."""
+    spec = _built_variant(kvcheck_target, MLA_FP4)
+    pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
+    _assert_pd_registers_census(kvcheck_target, pool, "mla:fp4")
+
+
+@pytest.mark.kvcheck_needs("mha_pool")
+def test_q4_pd_mha_fp4_registers_its_scales(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """Q4 through PD: setup_state_kv_args registers an MHA fp4_mx_block16 pool's scales."""
+    spec = _built_variant(kvcheck_target, MHA_FP4)
+    pool = kvcheck_target.make_pool(spec, device=kvcheck_device)
+    _assert_pd_registers_census(kvcheck_target, pool, "mha:fp4_mx_block16")
 
 
 @pytest.mark.kvcheck_needs("mha_pool")

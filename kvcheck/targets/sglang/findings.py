@@ -572,6 +572,26 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         family="mha:fp4_mx_block16",
         steer=frozenset({Steer("scale_buf_infos", "mha:fp4_mx_block16")}),
     ),
+    # Q4 seen through PD's own registration (setup_state_kv_args registers the payload's
+    # description and no scale component for FP4 pools): the census meets it per variant.
+    _part(
+        "Q4",
+        "Q4.pd",
+        pinned=_pinned("test_q4_pd_mla_*"),
+        check="descriptions",
+        call="setup_state_kv_args",
+        kind="kv_scale_buffer undescribed",
+        family="mla:fp4",
+    ),
+    _part(
+        "Q4",
+        "Q4.pd.mha",
+        pinned=_pinned("test_q4_pd_mha_*"),
+        check="descriptions",
+        call="setup_state_kv_args",
+        kind="*scale_buffer undescribed",
+        family="mha:fp4_mx_block16",
+    ),
     # One entry per variant: a V shape that differs on another MHA variant is another bug.
     # The exact kind is a shape difference (a byte difference adds " at row N").
     _finding(

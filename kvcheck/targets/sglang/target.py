@@ -429,6 +429,15 @@ class SGLangTarget:
         adapter = host_pool_adapter({} if facts is None else facts.loaded.missing)
         return make_host_pool(spec, device_pool, device=device, adapter=adapter)
 
+    def pd_registration(self, pool: Any) -> dict[str, tuple[list[int], list[int], list[int]]]:
+        """The components sglang's PD registers for ``pool``: its own
+        ``get_kv_transfer_buf_infos`` and ``setup_state_kv_args``
+        (:mod:`kvcheck.targets.sglang.pd`)."""
+        _sglang()
+        from kvcheck.targets.sglang.pd import pd_registration
+
+        return pd_registration(pool)
+
     def make_linear_hybrid(self, spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
         """sglang's ``(HybridLinearKVPool, HybridReqToTokenPool)`` for ``spec``
         (:mod:`kvcheck.targets.sglang.linear_hybrid`)."""
