@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from hypothesis import find, given, settings
@@ -159,7 +159,7 @@ def test_census_accounting(kvcheck_target: Any, kvcheck_device: str, variant: Va
     assert isinstance(counted, int) and counted >= 0
 
 
-def _skip(target: Any, why: str) -> None:
+def _skip(target: Any, why: str) -> NoReturn:
     """Skip naming the target: what its pool lacks, not what the target declared."""
     pytest.skip(f"target {target.name!r}: {why}")
 
