@@ -775,7 +775,8 @@ def allocator_machine(
 ) -> type[AllocatorMachine]:
     """A state machine class that checks ``target``'s allocator of ``kind``.
 
-    ``specs`` draws each example's allocator (default: :func:`allocator_specs` of ``kind``).
+    ``specs`` draws each example's allocator (default: :func:`allocator_specs` of ``kind``, at
+    the page sizes the target builds it at).
     Bad calls run only when the target supports ``input_validation``. ``ValueError`` when the
     target's surface declares no allocator of ``kind``.
 
@@ -789,7 +790,7 @@ def allocator_machine(
     reason = allocator_skip_reason(target, kind)
     if reason is not None:
         raise ValueError(reason)
-    chosen = allocator_specs(kinds=(kind,)) if specs is None else specs
+    chosen = allocator_specs(kinds=(kind,), target=target) if specs is None else specs
 
     @initialize(spec=chosen)
     def build(self: AllocatorMachine, spec: AllocatorSpec) -> None:

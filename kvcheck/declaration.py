@@ -292,7 +292,8 @@ class Declaration:
 
     def surface(self, bound: Surface) -> Surface:
         """``bound`` without the axis values only refused variants take, each family's
-        narrowed field noted with the refusals' reasons (``variant why``, joined by ``;``).
+        narrowed field noted with the refusals' reasons (``variant why``, joined by ``;``),
+        and without the allocator kinds the declaration refuses (noted with why).
 
         Example:
             >>> declaration = Declaration(rows=(
@@ -326,10 +327,15 @@ class Declaration:
                         named.setdefault(why, []).append(name.partition(":")[2])
                 reasons = [f"{', '.join(names)}: {why}" for why, names in named.items()]
                 notes.setdefault(f"{family}.{axis_field}", "; ".join(reasons))
+        allocators = bound.allocators
+        for kind, (page_sizes, why) in self.allocator_page_sizes().items():
+            if not page_sizes and kind in allocators:
+                allocators = tuple(other for other in allocators if other != kind)
+                notes.setdefault(f"allocators.{kind}", why)
         return Surface(
             families,
             notes=notes,
-            allocators=bound.allocators,
+            allocators=allocators,
             host_layouts=bound.host_layouts,
             host_kernel_alignment=bound.host_kernel_alignment,
         )
@@ -350,6 +356,27 @@ class Declaration:
         narrowed: dict[str, tuple[tuple[str, ...], str]] = {}
         for row in self.of_kind("tier"):
             if row.key.name != "host":
+                continue
+            status = row.status
+            if isinstance(status, Builds) and status.only is not None:
+                narrowed[row.key.of] = (tuple(status.only), status.how)
+            elif isinstance(status, Refuses | Unreached):
+                narrowed[row.key.of] = ((), status.why)
+        return MappingProxyType(narrowed)
+
+    def allocator_page_sizes(self) -> Mapping[str, tuple[tuple[int, ...], str]]:
+        """Allocator kind -> (the page sizes it is built at, why not all its kind's), for
+        each kind the declaration narrows (``Builds(how, only=page_sizes)``) or refuses
+        (no page size).
+
+        Example:
+            >>> row = Row(Key.tier("allocator", "swa"), Builds("token sides", only=(1,)))
+            >>> dict(Declaration(rows=(row,)).allocator_page_sizes())
+            {'swa': ((1,), 'token sides')}
+        """
+        narrowed: dict[str, tuple[tuple[int, ...], str]] = {}
+        for row in self.of_kind("tier"):
+            if row.key.name != "allocator":
                 continue
             status = row.status
             if isinstance(status, Builds) and status.only is not None:

@@ -349,10 +349,16 @@ def tier_problems(allocators: object, host_layouts: object) -> list[str]:
     return problems
 
 
-#: Note keys for the tiers: why a target builds no allocator, no allocator of one kind, or no
-#: host pool (a release without the module or the path a CPU can run).
+#: Note keys for the tiers: why a target builds no allocator, no allocator of one kind, no
+#: host pool, or no host pool for one family's device pools (a release without the module or
+#: the path a CPU can run).
 TIER_NOTE_KEYS: frozenset[str] = frozenset(
-    {"allocators", "host_pools", *(f"allocators.{kind}" for kind in ALLOCATOR_KINDS)}
+    {
+        "allocators",
+        "host_pools",
+        *(f"allocators.{kind}" for kind in ALLOCATOR_KINDS),
+        *(f"host_pools.{family}" for family in HOST_LAYOUTS),
+    }
 )
 
 

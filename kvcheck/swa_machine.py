@@ -45,7 +45,7 @@ from kvcheck.reference.swa import ReferenceSWACopy, ReferenceSWAPool
 from kvcheck.specs import SWA_FAMILIES, SWAPoolSpec
 from kvcheck.strategies.pools import swa_pool_specs
 from kvcheck.targets import capability_skip_reason
-from kvcheck.targets.tier_support import build_allocator
+from kvcheck.targets.tier_support import allocator_page_sizes, build_allocator
 from kvcheck.tiers import AllocatorSpec
 
 __all__ = ["STEP_KINDS", "SWAPoolMachine", "swa_families", "swa_pool_machine", "swa_skip_reason"]
@@ -358,7 +358,8 @@ def swa_pool_machine(
     """A state machine class that checks ``target``'s sliding-window hybrid pools.
 
     ``specs`` draws each example's hybrid (default: :func:`swa_pool_specs` of the families
-    :func:`swa_families` gives). ``ValueError`` when the target builds no hybrid.
+    :func:`swa_families` gives, on pages of 1 or 2 slots where the target builds its SWA
+    allocator at that page size). ``ValueError`` when the target builds no hybrid.
 
     Example:
         >>> from kvcheck.targets import resolve_target
@@ -368,7 +369,17 @@ def swa_pool_machine(
     families = swa_families(target)
     if not families:
         raise ValueError(swa_skip_reason(target) or "the target builds no hybrid family")
-    chosen = swa_pool_specs(families=families) if specs is None else specs
+    if specs is None:
+        # The hybrid's pages are its SWA allocator's: those the target builds it at.
+        declared = allocator_page_sizes(target, "swa")
+        page_sizes = tuple(p for p in (1, 2) if declared is None or p in declared)
+        if not page_sizes:
+            raise ValueError(
+                f"target {getattr(target, 'name', target)!r} builds its SWA allocator at "
+                f"page_size in {declared} only, none of (1, 2)"
+            )
+        specs = swa_pool_specs(families=families, page_sizes=page_sizes)
+    chosen = specs
 
     @initialize(spec=chosen)
     def build(self: SWAPoolMachine, spec: SWAPoolSpec) -> None:

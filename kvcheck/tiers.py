@@ -29,11 +29,13 @@ from kvcheck.specs import PoolSpec
 
 __all__ = [
     "ALLOCATOR_KINDS",
+    "ALLOCATOR_PAGE_SIZES",
     "HOST_FAMILIES",
     "HOST_IO_BACKENDS",
     "HOST_LAYOUTS",
     "AllocatorSpec",
     "HostPoolSpec",
+    "allocator_page_sizes",
     "host_layouts_for",
     "host_layouts_refused",
     "unchecked_host_pool_spec",
@@ -42,6 +44,15 @@ __all__ = [
 #: The allocators SGLang builds: page size 1, pages, sliding-window (two sides) and pure
 #: sliding-window (every layer sliding-window: one pool, page size 1).
 ALLOCATOR_KINDS: tuple[str, ...] = ("token", "paged", "swa", "pure_swa")
+#: The page sizes SGLang builds each allocator kind at, as ``(least, most)`` (None: no bound),
+#: as its configurator picks them (``srt/mem_cache/kv_cache_configurator.py``,
+#: ``_build_token_to_kv_pool_allocator``): ``token`` at 1 only (its constructor passes 1);
+#: ``paged`` at 2 and up (``--page-size 1`` gets the token allocator, and with decode context
+#: parallelism the paged one at ``page_size * dcp_size``); ``swa`` at any (token sides at 1,
+#: paged sides above); ``pure_swa`` at 1 only (its constructor asserts it).
+ALLOCATOR_PAGE_SIZES: Mapping[str, tuple[int, int | None]] = MappingProxyType(
+    {"token": (1, 1), "paged": (2, None), "swa": (1, None), "pure_swa": (1, 1)}
+)
 
 #: Host layouts, by the family of the device pool a host pool mirrors (SGLang 0.5.23's
 #: ``MHATokenToKVPoolHost``, ``MLATokenToKVPoolHost``; a DSA model's host tier is an MLA host
@@ -82,7 +93,8 @@ class AllocatorSpec:
     ``size`` is the token capacity (for ``swa``, the full side's); the allocator hands out
     slots ``1 .. size + page_size - 1`` (slot 0, page 0 for a paged allocator, is SGLang's
     padding page and is never handed out). ``token`` takes ``page_size=1``; ``paged`` and
-    ``swa`` take whole pages (``size`` a multiple of ``page_size``); ``swa`` at page size 1
+    ``swa`` take whole pages (``size`` a multiple of ``page_size``), ``paged`` of 2 slots and
+    up (:data:`ALLOCATOR_PAGE_SIZES`: what SGLang builds each kind at); ``swa`` at page size 1
     uses token sides (``alloc`` only), above it paged sides (``alloc_extend`` /
     ``alloc_decode``). ``size_swa`` is the sliding-window side's capacity (``swa`` only).
     ``pure_swa`` (a model whose every layer is sliding-window) takes ``page_size=1``: its one
@@ -107,9 +119,10 @@ class AllocatorSpec:
             raise ValueError(f"kind={self.kind!r} not in {ALLOCATOR_KINDS}")
         _positive_int(self.size, "size")
         _positive_int(self.page_size, "page_size")
-        if self.kind in ("token", "pure_swa") and self.page_size != 1:
+        if self.page_size not in allocator_page_sizes(self.kind, max_page_size=self.page_size):
             raise ValueError(
-                f"kind={self.kind!r} takes page_size=1, got page_size={self.page_size}"
+                f"kind={self.kind!r} takes {_describe_page_sizes(self.kind)}, "
+                f"got page_size={self.page_size}"
             )
         if self.size % self.page_size:
             raise ValueError(f"size={self.size} must be whole pages of page_size={self.page_size}")
@@ -205,6 +218,31 @@ device pool with v_head_dim != head_dim
     def host_size(self) -> int:
         """Host slots (SGLang's ``host_token_capacity``): ``host_pages * page_size``."""
         return self.host_pages * self.device.page_size
+
+
+def allocator_page_sizes(kind: str, *, max_page_size: int) -> tuple[int, ...]:
+    """The page sizes up to ``max_page_size`` that SGLang builds allocators of ``kind`` at
+    (:data:`ALLOCATOR_PAGE_SIZES`), smallest first.
+
+    Example:
+        >>> allocator_page_sizes("paged", max_page_size=4)
+        (2, 3, 4)
+        >>> allocator_page_sizes("swa", max_page_size=2)
+        (1, 2)
+    """
+    if kind not in ALLOCATOR_PAGE_SIZES:
+        raise ValueError(f"kind={kind!r} not in {ALLOCATOR_KINDS}")
+    _positive_int(max_page_size, "max_page_size")
+    least, most = ALLOCATOR_PAGE_SIZES[kind]
+    top = max_page_size if most is None else min(most, max_page_size)
+    return tuple(range(least, top + 1))
+
+
+def _describe_page_sizes(kind: str) -> str:
+    least, most = ALLOCATOR_PAGE_SIZES[kind]
+    if least == most:
+        return f"page_size={least}"
+    return f"page_size >= {least}" if most is None else f"page_size {least} to {most}"
 
 
 def host_layouts_for(device: PoolSpec) -> tuple[str, ...]:

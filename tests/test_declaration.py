@@ -20,6 +20,7 @@ from kvcheck.declaration import (
 from kvcheck.surface import Surface
 from kvcheck.targets import check_target
 from kvcheck.targets.builtin import KVCheckTarget
+from kvcheck.tiers import ALLOCATOR_KINDS
 from kvcheck.variants import VARIANTS
 
 
@@ -93,6 +94,25 @@ def test_host_tier_rows_say_the_layouts_of_a_variant() -> None:
         "mha:mxfp8": (("page_first",), "page_first"),
         "mla:fp4": ((), "no FP4 host tier"),
     }
+
+
+def test_allocator_rows_say_the_page_sizes_of_a_kind_and_drop_refused_kinds() -> None:
+    """An allocator row narrows its kind's page sizes or refuses the kind; the surface then
+    leaves a refused kind out, noted with why."""
+    declaration = Declaration(
+        rows=(
+            Row(Key.tier("allocator", "swa"), Builds("token sides", only=(1,))),
+            Row(Key.tier("allocator", "paged"), Refuses("Triton only")),
+            Row(Key.tier("allocator", "token"), Builds("every page size it takes")),
+        )
+    )
+    assert dict(declaration.allocator_page_sizes()) == {
+        "swa": ((1,), "token sides"),
+        "paged": ((), "Triton only"),
+    }
+    surface = declaration.surface(Surface.everything().with_tiers(allocators=ALLOCATOR_KINDS))
+    assert surface.allocators == ("token", "swa", "pure_swa")
+    assert surface.notes["allocators.paged"] == "Triton only"
 
 
 def test_unreached_code_round_trips_through_its_row() -> None:

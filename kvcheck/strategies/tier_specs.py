@@ -28,6 +28,7 @@ from kvcheck.tiers import (
     HOST_IO_BACKENDS,
     AllocatorSpec,
     HostPoolSpec,
+    allocator_page_sizes,
     host_layouts_for,
 )
 from kvcheck.validation import check_choices, check_type, check_valid_integer
@@ -42,11 +43,14 @@ def allocator_specs(
     max_page_size: int = 4,
     target: object | None = None,
 ) -> st.SearchStrategy[AllocatorSpec]:
-    """Small allocators of ``kinds`` (those the ``target``'s surface declares, when given):
-    ``token`` at page size 1; ``paged`` at page sizes 2 to ``max_page_size``; ``swa`` at page
-    size 1 (token sides) or above (paged sides), its sliding-window side up to as large as
-    its full side; 1 to ``max_pages`` pages a side, sometimes with ``need_sort``.
-    Shrinks towards the first kind, the smallest page size, one page, no ``need_sort``.
+    """Small allocators of ``kinds`` (those the ``target``'s surface declares, when given), at
+    each page size up to ``max_page_size`` SGLang builds the kind at
+    (:data:`kvcheck.tiers.ALLOCATOR_PAGE_SIZES`; those the ``target``'s declaration narrows
+    it to, when given): ``token`` and ``pure_swa`` at page size 1; ``paged`` at 2 and up;
+    ``swa`` at 1 (token sides) or above (paged sides), its sliding-window side up to as large
+    as its full side; 1 to ``max_pages`` pages a side, sometimes with ``need_sort``.
+    Shrinks towards the first kind, page size 2 where the kind takes it (the smallest whole
+    pages) else 1, one page, no ``need_sort``.
 
     Example:
         >>> from hypothesis import find
@@ -56,6 +60,7 @@ def allocator_specs(
     chosen = check_choices(kinds, "kinds", ALLOCATOR_KINDS)
     check_valid_integer(max_pages, "max_pages", min_value=1)
     check_valid_integer(max_page_size, "max_page_size", min_value=2)
+    page_sizes = {kind: allocator_page_sizes(kind, max_page_size=max_page_size) for kind in chosen}
     if target is not None:
         declared = surface_of(target).allocators
         chosen = tuple(kind for kind in chosen if kind in declared)
@@ -64,21 +69,39 @@ def allocator_specs(
                 f"target={getattr(target, 'name', target)!r} declares none of "
                 f"kinds={tuple(kinds)!r}"
             )
-    specs = _allocator_specs(tuple(chosen), max_pages, max_page_size)
+        narrowed = declaration_of(target).allocator_page_sizes()
+        for kind in chosen:
+            if kind in narrowed:
+                page_sizes[kind] = tuple(p for p in page_sizes[kind] if p in narrowed[kind][0])
+        chosen = tuple(kind for kind in chosen if page_sizes[kind])
+        if not chosen:
+            raise InvalidArgument(
+                f"target={getattr(target, 'name', target)!r} builds none of "
+                f"kinds={tuple(kinds)!r} at a page size up to max_page_size={max_page_size}"
+            )
+    ordered = {kind: _whole_pages_first(page_sizes[kind]) for kind in chosen}
+    specs = _allocator_specs(tuple(chosen), ordered, max_pages)
     return specs if target is None else carrying_target(target, specs)
+
+
+def _whole_pages_first(page_sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Page size 2 first where it is one of ``page_sizes``: the smallest whole pages, where a
+    paged allocator's rounding shows, are what a failure shrinks to."""
+    return (*(p for p in page_sizes if p == 2), *(p for p in page_sizes if p != 2))
 
 
 @st.composite
 def _allocator_specs(
-    draw: st.DrawFn, kinds: tuple[str, ...], max_pages: int, max_page_size: int
+    draw: st.DrawFn,
+    kinds: tuple[str, ...],
+    page_sizes: dict[str, tuple[int, ...]],
+    max_pages: int,
 ) -> AllocatorSpec:
     kind = draw(st.sampled_from(kinds), label="allocator kind")
-    if kind in ("token", "pure_swa"):
-        page_size = 1
-    elif kind == "paged":
-        page_size = draw(st.integers(2, max_page_size), label="page_size")
-    else:
-        page_size = draw(st.sampled_from((2, 1, *range(3, max_page_size + 1))), label="page_size")
+    offered = page_sizes[kind]
+    page_size = (
+        offered[0] if len(offered) == 1 else draw(st.sampled_from(offered), label="page_size")
+    )
     pages = draw(st.integers(1, max_pages), label="pages")
     swa_pages = draw(st.integers(1, max_pages), label="swa pages") if kind == "swa" else 0
     need_sort = draw(st.booleans(), label="need_sort")

@@ -25,7 +25,9 @@ and has two optional members:
     ``MHATokenToKVPoolHost`` or ``MLATokenToKVPoolHost``, and for a DSA pool the MLA host of
     the latent rows plus the ``DSAIndexerPoolHost`` of its index-K pages.
 
-and, in its declaration (:class:`kvcheck.declaration.Declaration`), a host-tier row
+and, in its declaration (:class:`kvcheck.declaration.Declaration`), an allocator row
+(``Key.tier("allocator", kind)``) for each kind it builds at fewer page sizes than the kind's
+own (``Builds(how, only=page_sizes)``) or not at all (``Refuses(why)``), a host-tier row
 (``Key.tier("host", variant)``) for each device pool variant whose host tier it builds in
 fewer layouts than its family's (``Builds(how, only=layouts)``) or not at all
 (``Refuses(why)``), and one optional datum:
@@ -64,6 +66,7 @@ from kvcheck.surface import surface_of
 from kvcheck.tiers import AllocatorSpec, HostPoolSpec
 
 __all__ = [
+    "allocator_page_sizes",
     "allocator_skip_reason",
     "build_allocator",
     "build_host_pool",
@@ -89,7 +92,26 @@ def allocator_skip_reason(target: Any, kind: str) -> str | None:
         )
     if not callable(getattr(target, "make_allocator", None)):
         return f"target {_name(target)!r} declares {kind} allocators but has no make_allocator"
+    page_sizes, why = declaration_of(target).allocator_page_sizes().get(kind, (None, ""))
+    if page_sizes == ():
+        return f"target {_name(target)!r} builds no {kind} allocator ({why})"
     return None
+
+
+def allocator_page_sizes(target: Any, kind: str) -> tuple[int, ...] | None:
+    """The page sizes ``target`` builds allocators of ``kind`` at, when its declaration says
+    fewer than the kind's own (:data:`kvcheck.tiers.ALLOCATOR_PAGE_SIZES`); None: the kind's.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from kvcheck.declaration import Builds, Declaration, Key, Row
+        >>> row = Row(Key.tier("allocator", "swa"), Builds("token sides", only=(1,)))
+        >>> target = SimpleNamespace(declaration=Declaration(rows=(row,)))
+        >>> allocator_page_sizes(target, "swa"), allocator_page_sizes(target, "paged")
+        ((1,), None)
+    """
+    declared = declaration_of(target).allocator_page_sizes()
+    return declared[kind][0] if kind in declared else None
 
 
 def host_pool_skip_reason(target: Any, family: str, layout: str | None = None) -> str | None:
@@ -100,7 +122,7 @@ def host_pool_skip_reason(target: Any, family: str, layout: str | None = None) -
     if not layouts or (layout is not None and layout not in layouts):
         wanted = family if layout is None else f"{family} {layout}"
         declared = surface.describe_tiers() or "none"
-        why = surface.notes.get("host_pools")
+        why = surface.notes.get(f"host_pools.{family}") or surface.notes.get("host_pools")
         return (
             f"target {_name(target)!r} builds no {wanted} host pool "
             f"(its surface declares: {declared})" + (f": {why}" if why else "")
@@ -142,10 +164,17 @@ def host_variant_skip_reason(target: Any, variant: str) -> str | None:
 
 def build_allocator(target: Any, spec: AllocatorSpec, *, device: str, kvcache: Any = None) -> Any:
     """``target.make_allocator(spec, device=device, kvcache=kvcache)``, after checking the
-    target declares the kind (``ValueError`` otherwise)."""
+    target declares the kind at the spec's page size (``ValueError`` otherwise)."""
     reason = allocator_skip_reason(target, spec.kind)
     if reason is not None:
         raise ValueError(reason)
+    page_sizes = allocator_page_sizes(target, spec.kind)
+    if page_sizes is not None and spec.page_size not in page_sizes:
+        why = declaration_of(target).allocator_page_sizes()[spec.kind][1]
+        raise ValueError(
+            f"target {_name(target)!r} builds {spec.kind} allocators at page_size in "
+            f"{page_sizes} only, got page_size={spec.page_size} ({why})"
+        )
     return target.make_allocator(spec, device=device, kvcache=kvcache)
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from kvcheck.surface import Surface
 from kvcheck.targets.sglang import env, release
+from kvcheck.targets.sglang.declaration import BOUND, declaration_for, host_pool_adapter
 from kvcheck.targets.sglang.release import Releases, describe_release
 from kvcheck.targets.sglang.target import SURFACE
 
@@ -413,51 +415,74 @@ def test_release_ranges_and_the_release_note() -> None:
         Releases(first="0.5.23", last="0.5.22")
 
 
-def test_a_release_without_a_tier_module_builds_no_such_tier(fake_sglang: Path) -> None:
-    """Without its index-K host module a release builds no host pools (the surface says why);
-    its allocators stay."""
+def _release_surface(facts: release.ReleaseFacts) -> Surface:
+    """What the target builds on the fake release: the declaration as its missing pieces lay
+    over it, narrowed by the release (as ``SGLangTarget.surface``)."""
+    return facts.surface(declaration_for((), facts.loaded.missing).surface(BOUND))
+
+
+def test_a_release_without_a_host_module_builds_no_host_pool_of_its_families(
+    fake_sglang: Path,
+) -> None:
+    """Without its index-K host module a release builds no DSA host pools (the surface says
+    why) and keeps the MHA and MLA ones and every allocator; without the MLA host module
+    either (a DSA host tier anchors on it), no host pools at all."""
     modules = _package()
     del modules["srt/mem_cache/pool_host/dsa.py"]
     facts = _read(fake_sglang, modules)
-    surface = facts.surface(SURFACE)
-    assert surface.host_layouts == {} and surface.allocators == SURFACE.allocators
-    assert "pool_host.dsa" in (surface.note("host_pools") or "")
-    assert set(facts.tiers_off()) == {"host_pools"}
+    surface = _release_surface(facts)
+    assert dict(surface.host_layouts) == {
+        family: layouts for family, layouts in SURFACE.host_layouts.items() if family != "dsa"
+    }
+    assert surface.allocators == SURFACE.allocators
+    assert "pool_host.dsa" in (surface.notes.get("host_pools.dsa") or "")
+    assert facts.tiers_off() == {} and set(facts.host_families_off()) == {"dsa"}
+    del modules["srt/mem_cache/pool_host/mla.py"]
+    facts = _read(fake_sglang, modules)
+    assert set(facts.host_families_off()) == {"mla", "dsa"}
+    del modules["srt/mem_cache/pool_host/mha.py"]
+    facts = _read(fake_sglang, modules)
+    surface = _release_surface(facts)
+    assert surface.host_layouts == {} and set(facts.tiers_off()) == {"host_pools"}
+    assert "pool_host" in (surface.note("host_pools") or "")
 
 
-def test_a_release_without_the_paged_torch_path_builds_token_allocators_only(
+def test_a_release_without_the_paged_torch_path_builds_page_size_1_allocators_only(
     fake_sglang: Path,
 ) -> None:
-    """0.5.21's paged allocator has no torch body (Triton only): the paged and SWA kinds are
-    left out, each with the reason; the page-size-1 allocators and the host pools stay."""
+    """0.5.21's paged allocator has no torch body (Triton only): the paged kind is refused,
+    and the SWA kind is built at page size 1 only (token sides), each with the reason; the
+    token and pure-SWA allocators and the host pools stay."""
     modules = _package()
     modules["srt/mem_cache/allocator/paged.py"] = "def alloc_extend_naive(*args): pass\n"
     facts = _read(fake_sglang, modules)
-    surface = facts.surface(SURFACE)
-    assert surface.allocators == tuple(
-        kind for kind in SURFACE.allocators if kind not in ("paged", "swa")
-    )
-    assert "token" in surface.allocators and facts.tiers_off() == {}
-    assert surface.host_layouts == SURFACE.host_layouts
-    for kind in ("paged", "swa"):
-        assert "alloc_decode_naive" in surface.notes[f"allocators.{kind}"]
+    surface = _release_surface(facts)
+    assert surface.allocators == tuple(kind for kind in SURFACE.allocators if kind != "paged")
+    assert "alloc_decode_naive" in surface.notes["allocators.paged"]
+    assert facts.tiers_off() == {} and surface.host_layouts == SURFACE.host_layouts
+    declared = declaration_for((), facts.loaded.missing)
+    page_sizes, why = declared.allocator_page_sizes()["swa"]
+    assert page_sizes == (1,) and "alloc_decode_naive" in why
+    assert declared.allocator_page_sizes()["paged"][0] == ()
 
 
 def test_a_release_without_device_pool_infos_builds_host_pools_by_its_adapter(
     fake_sglang: Path,
 ) -> None:
-    """0.5.22's host pools take the device pool itself, not 0.5.23's buffer infos: the
-    missing module only picks the release's adapter (``device_pool``); host pools and
-    every allocator stay."""
-    from kvcheck.targets.sglang.declaration import host_pool_adapter
-
+    """0.5.22's host pools take the device pool itself, not 0.5.23's buffer infos, and 0.5.21's
+    DSA index-K host pool the device pool and the layout (no make_dsa_indexer_pool_decl): the
+    missing pieces only pick the release's adapter; host pools and every allocator stay."""
     modules = _package()
     del modules["srt/mem_cache/device_pool_info.py"]
     facts = _read(fake_sglang, modules)
-    surface = facts.surface(SURFACE)
+    surface = _release_surface(facts)
     assert surface.host_layouts == SURFACE.host_layouts
     assert surface.allocators == SURFACE.allocators
     assert host_pool_adapter(facts.loaded.missing) == "device_pool"
+    modules["srt/mem_cache/pool_host/dsa.py"] = "class DSAIndexerPoolHost:\n    pass\n"
+    facts = _read(fake_sglang, modules)
+    assert _release_surface(facts).host_layouts == SURFACE.host_layouts
+    assert host_pool_adapter(facts.loaded.missing) == "device_pool_dsa_layout"
 
 
 def test_a_release_without_the_mxfp8_host_pool_misses_only_it(fake_sglang: Path) -> None:

@@ -213,7 +213,10 @@ CLASS_ROWS: tuple[Row, ...] = (
     *_rows(
         "pool_host.dsa",
         ("DSAIndexerPoolHost",),
-        Builds("make_host_pool for dsa pools (the index keys), from make_dsa_indexer_pool_decl"),
+        Builds(
+            "make_host_pool for dsa pools (the index keys), from make_dsa_indexer_pool_decl "
+            "(0.5.21: from the device pool and the host layout)"
+        ),
     ),
     # --- the hybrids
     *_rows("swa_memory_pool", ("SWAKVPool",), _SWA_BUILT),

@@ -9,7 +9,7 @@ the bound surface (:data:`BOUND`) allows: the plain pool class of their family.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
 from kvcheck.declaration import Builds, Declaration, Key, Refuses, Row
@@ -75,6 +75,10 @@ def _variant(name: str, status: Builds | Refuses) -> Row:
 
 def _host(of: str, status: Builds | Refuses) -> Row:
     return Row(Key.tier("host", of), status)
+
+
+def _allocator(kind: str, status: Builds | Refuses) -> Row:
+    return Row(Key.tier("allocator", kind), status)
 
 
 def _capability(name: str, of: str, status: Builds | Refuses) -> Row:
@@ -174,6 +178,46 @@ _ROWS: tuple[Row, ...] = (
         Refuses(
             "MLATokenToKVPoolHost refuses FP4 (ValueError: 'MLA host cache does not support "
             "target FP4 KV: packed payload and separate block scales cannot be restored')"
+        ),
+    ),
+    # --- allocators: how each kind is built, at the page sizes sglang's configurator builds
+    # it at (kv_cache_configurator._build_token_to_kv_pool_allocator: kvcheck.tiers.
+    # ALLOCATOR_PAGE_SIZES). What a release lacks narrows these (_RELEASE_ROWS).
+    _allocator(
+        "token",
+        Builds(
+            "TokenToKVPoolAllocator(size, dtype, device, kvcache, need_sort), page size 1 (its "
+            "constructor passes it): the configurator's pick for --page-size 1 without decode "
+            "context parallelism, and each side of an SWA allocator at page size 1"
+        ),
+    ),
+    _allocator(
+        "paged",
+        Builds(
+            "PagedTokenToKVPoolAllocator(size, page_size, dtype, device, kvcache, need_sort) at "
+            "page sizes 2 and up: the configurator builds it at --page-size x attn_dcp_size "
+            "when that is above 1 (and at DeepSeek V4's, HiSparse's and the SWA sides' pages), "
+            "never at page size 1 on CUDA or CPU; on CPU alloc_extend and alloc_decode run "
+            "their torch bodies (alloc_extend_naive, alloc_decode_naive)"
+        ),
+    ),
+    _allocator(
+        "swa",
+        Builds(
+            "SWATokenToKVPoolAllocator(size, size_swa, page_size, ...) over a small SWAKVPool, "
+            "at the --page-size the configurator passes as it is: at page size 1 its two sides "
+            "are TokenToKVPoolAllocators (alloc), above it PagedTokenToKVPoolAllocators "
+            "(alloc_extend, alloc_decode)"
+        ),
+    ),
+    _allocator(
+        "pure_swa",
+        Builds(
+            "PureSWATokenToKVPoolAllocator over a small SWAKVPool, at page size 1 only: its "
+            "constructor asserts page_size == 1, while the configurator passes --page-size as "
+            "it is (a model whose every layer is sliding-window fails there at startup above "
+            "page size 1)",
+            only=(1,),
         ),
     ),
     # --- capabilities: what the target cannot serve on any release, and how it serves
@@ -306,10 +350,17 @@ HOST_POOL_ADAPTERS: Mapping[str, tuple[str, str]] = MappingProxyType(
             "geometry, as the cache controller builds it",
         ),
         "device_pool": (
+            "dsa_indexer_decl",
+            "0.5.22: each host pool class takes the device pool itself and sizes itself as "
+            "int(capacity * host_to_device_ratio) // page_size + 1 pages; the ratio is chosen "
+            "to give the spec's host pages; DSAIndexerPoolHost takes "
+            "make_dsa_indexer_pool_decl(device_pool) and its MLA anchor host",
+        ),
+        "device_pool_dsa_layout": (
             "",
-            "0.5.21, 0.5.22: each host pool class takes the device pool itself and sizes "
-            "itself as int(capacity * host_to_device_ratio) // page_size + 1 pages; the ratio "
-            "is chosen to give the spec's host pages",
+            "0.5.21: as device_pool, but DSAIndexerPoolHost takes the DSA device pool, its "
+            "MLA anchor host and the host layout itself (pool_host/dsa.py has no "
+            "make_dsa_indexer_pool_decl), as 0.5.21's hybrid_pool_assembler builds it",
         ),
     }
 )
@@ -322,6 +373,8 @@ def host_pool_adapter(missing: Mapping[str, str]) -> str:
     Example:
         >>> host_pool_adapter({}), host_pool_adapter({"device_pool_info": "no module"})
         ('buffer_info', 'device_pool')
+        >>> host_pool_adapter({"device_pool_info": "no module", "dsa_indexer_decl": "no decl"})
+        'device_pool_dsa_layout'
     """
     return next(
         name for name, (need, _) in HOST_POOL_ADAPTERS.items() if not need or need not in missing
@@ -351,26 +404,46 @@ TIER_GUARDS: Mapping[str, str] = MappingProxyType(
 #: (:data:`.classes.CLASS_ROWS`).
 DECLARATION = Declaration(rows=(*_ROWS, *UNREACHED_ROWS, *CLASS_ROWS))
 
-#: Pieces of the release (:data:`.release.NEEDS` names) each row needs: without the first
-#: one missing, the row becomes a refusal quoting why it is missing.
-_ROW_NEEDS: tuple[tuple[Key, tuple[str, ...]], ...] = (
-    (Key.tier("host", "mha:mxfp8"), ("host_mxfp8", "hicache_jit")),
+
+def _token_sides_only(why: str) -> Builds:
+    return Builds(
+        "SWATokenToKVPoolAllocator at page size 1 only, whose two sides are "
+        "TokenToKVPoolAllocators (plain torch): above it its sides are "
+        f"PagedTokenToKVPoolAllocators, whose extend and decode slots need Triton ({why})",
+        only=(1,),
+    )
+
+
+#: Pieces of the release (:data:`.release.NEEDS` names) rows need, and what each row says
+#: without the first one missing (given why it is missing): a refusal quoting why, or fewer
+#: page sizes.
+_RELEASE_ROWS: tuple[tuple[Key, tuple[str, ...], Callable[[str], Builds | Refuses]], ...] = (
+    (Key.tier("host", "mha:mxfp8"), ("host_mxfp8", "hicache_jit"), Refuses),
+    # 0.5.21's paged allocator hands out extend and decode slots with Triton kernels only.
+    (Key.tier("allocator", "paged"), ("paged_alloc_torch",), Refuses),
+    (Key.tier("allocator", "swa"), ("paged_alloc_torch",), _token_sides_only),
 )
 
 
 def declaration_for(findings: tuple[object, ...], missing: Mapping[str, str]) -> Declaration:
-    """:data:`DECLARATION` with ``findings``, and a refusal for each row whose pieces the
-    installed release lacks (``missing``: need name -> why, as the release probe reads it).
+    """:data:`DECLARATION` with ``findings``, and in place of each row whose pieces the
+    installed release lacks (``missing``: need name -> why, as the release probe reads it)
+    what it says then (:data:`_RELEASE_ROWS`).
 
     Example:
         >>> declared = declaration_for((), {"hicache_jit": "no JIT kernels"})
         >>> declared.why_not(Key.tier("host", "mha:mxfp8"))
         'no JIT kernels'
+        >>> declared = declaration_for((), {"paged_alloc_torch": "Triton only"})
+        >>> declared.why_not(Key.tier("allocator", "paged"))
+        'Triton only'
+        >>> declared.allocator_page_sizes()["swa"][0]
+        (1,)
     """
     declared = Declaration(rows=DECLARATION.rows, findings=findings)
-    refusals = [
-        Row(key, Refuses(why))
-        for key, needs in _ROW_NEEDS
+    overlaid = [
+        Row(key, without(why))
+        for key, needs, without in _RELEASE_ROWS
         if (why := next((missing[need] for need in needs if need in missing), None))
     ]
-    return declared.overlaid(*refusals)
+    return declared.overlaid(*overlaid)

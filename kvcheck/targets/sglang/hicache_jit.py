@@ -186,18 +186,22 @@ def cpu_hicache_jit(*buffers: Any) -> Iterator[None]:
     modules = [importlib.import_module(name) for name in MODULES]
     platform = importlib.import_module("sglang.srt.platforms").current_platform
     saved = [(module, dict(module.__dict__)) for module in modules]
-    real_capabilities = platform.capabilities
+    # 0.5.22 on: the host pools ask the platform's capabilities for the HiCache device
+    # kernels; 0.5.21's platform has none (its host pools ask _is_cuda only).
+    real_capabilities = getattr(platform, "capabilities", None)
     try:
         for module in modules:
             for name, here in JIT_NAMES.items():
                 if name in module.__dict__:
                     setattr(module, name, globals()[here])
         modules[0]._is_cuda = True  # type: ignore[attr-defined]
-        platform.capabilities = _Capabilities(real_capabilities)
+        if real_capabilities is not None:
+            platform.capabilities = _Capabilities(real_capabilities)
         with kvcacheio.registered(*buffers):
             yield
     finally:
-        platform.capabilities = real_capabilities
+        if real_capabilities is not None:
+            platform.capabilities = real_capabilities
         for module, old in saved:
             for name in (*JIT_NAMES, "_is_cuda"):
                 if name in old:

@@ -2,14 +2,15 @@
 checked release, through the adapter the release's constructors take
 (:data:`.declaration.HOST_POOL_ADAPTERS`): from 0.5.23 on a host tier is built from the
 device pool's own buffer info (``get_device_pool_infos()[0].buffer_info``, adapter
-``buffer_info``); 0.5.21's and 0.5.22's host pools take the device pool itself (adapter
-``device_pool``) and size themselves from ``host_to_device_ratio``. Either way, as sglang's
-cache controller builds it: MHA
-pools get the class ``get_mha_host_pool_cls`` picks (``MHATokenToKVPoolHost``, or
+``buffer_info``); 0.5.21's and 0.5.22's host pools take the device pool itself (adapters
+``device_pool_dsa_layout`` and ``device_pool``) and size themselves from
+``host_to_device_ratio``. Either way, as sglang's cache controller builds it: MHA pools get
+the class ``get_mha_host_pool_cls`` picks (``MHATokenToKVPoolHost``, or
 ``AsymmetricMHATokenToKVPoolHost`` for a V head dim of its own), MLA pools
 ``MLATokenToKVPoolHost`` (with the device pool's ``kv_cache_dim``), DSA pools that MLA host
-for the latent rows plus ``DSAIndexerPoolHost`` from ``make_dsa_indexer_pool_decl`` for the
-index-K pages, sharing its slots. Sizes come from ``host_token_capacity``. On CPU:
+for the latent rows plus ``DSAIndexerPoolHost`` for the index-K pages, sharing its slots
+(built from ``make_dsa_indexer_pool_decl``; on 0.5.21 from the device pool and the layout).
+Sizes come from ``host_token_capacity``. On CPU:
 
 - every host pool is built with ``pin_memory=False`` (sglang's default registers the buffer
   with ``cudaHostRegister``);
@@ -89,7 +90,7 @@ def _from_device_pool(device_pool: Any, spec: HostPoolSpec) -> dict[str, Any]:
 
 def _mla_host(mla: Any, device_pool: Any, spec: HostPoolSpec, adapter: str) -> Any:
     dim = int(device_pool.kv_cache_dim)
-    if adapter == "device_pool":
+    if adapter != "buffer_info":
         return mla.MLATokenToKVPoolHost(
             device_pool, **_from_device_pool(device_pool, spec), override_kv_cache_dim=dim
         )
@@ -102,6 +103,18 @@ def _mla_host(mla: Any, device_pool: Any, spec: HostPoolSpec, adapter: str) -> A
     )
 
 
+def _indexer_host(device_pool: Any, anchor: Any, spec: HostPoolSpec, adapter: str) -> Any:
+    """The DSA index-K host pool beside ``anchor`` (the MLA host of the latent rows), built
+    as the release's constructor takes it."""
+    dsa = _module(DSA_HOST)
+    if adapter == "device_pool_dsa_layout":
+        return dsa.DSAIndexerPoolHost(
+            device_pool, anchor, spec.layout, pin_memory=False, device="cpu"
+        )
+    decl = dsa.make_dsa_indexer_pool_decl(device_pool)
+    return dsa.DSAIndexerPoolHost(decl, anchor, pin_memory=False, device="cpu")
+
+
 def make_host_pool(
     spec: HostPoolSpec, device_pool: Any, *, device: str, adapter: str = "buffer_info"
 ) -> tuple[Any, ...]:
@@ -112,7 +125,7 @@ def make_host_pool(
         raise ValueError(f"adapter={adapter!r} not in {tuple(HOST_POOL_ADAPTERS)}")
     if spec.kind == "mha":
         mha = _module(MHA_HOST)
-        if adapter == "device_pool":
+        if adapter != "buffer_info":
             cls = mha.get_mha_host_pool_cls(device_pool)
             jit = cls.__name__ == MXFP8_HOST_CLASS
             with env.cpu_hicache_jit(device_pool) if jit else contextlib.nullcontext():
@@ -130,9 +143,7 @@ def make_host_pool(
         anchor = _mla_host(mla, device_pool, spec, adapter)
         parts: tuple[Any, ...] = (anchor,)
         if spec.kind == "dsa":
-            dsa = _module(DSA_HOST)
-            decl = dsa.make_dsa_indexer_pool_decl(device_pool)
-            parts = (anchor, dsa.DSAIndexerPoolHost(decl, anchor, pin_memory=False, device="cpu"))
+            parts = (anchor, _indexer_host(device_pool, anchor, spec, adapter))
     for part in parts:
         _transfer_in_scope(part, device_pool, latent=True)
     return parts

@@ -247,18 +247,16 @@ class Need:
         return self.module
 
 
-#: The needs each tier takes: every one of them, or the tier is off.
-TIER_NEEDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "allocators": ("allocators", "swa_allocator", "swa_pool"),
-        # device_pool_info only picks the adapter (declaration.HOST_POOL_ADAPTERS).
-        "host_pools": ("host_mha", "host_mla", "host_dsa"),
-    }
-)
-#: Allocator kinds that take a need of their own beyond their tier's: without it the tier
-#: stays on and only these kinds are left out.
-ALLOCATOR_KIND_NEEDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {"paged": ("paged_alloc_torch",), "swa": ("paged_alloc_torch",)}
+#: The needs the allocator tier takes: every one of them, or no allocator is built. (What
+#: one allocator kind needs beyond them, the paged allocator's torch path, is a row of the
+#: declaration: ``declaration._RELEASE_ROWS``.)
+ALLOCATOR_NEEDS: tuple[str, ...] = ("allocators", "swa_allocator", "swa_pool")
+#: The needs each family's host pools take: without one, that family's host pools are off
+#: and the other families' stay (a DSA pool's host tier is an MLA host of its latent rows
+#: plus the index-K host). ``device_pool_info`` and ``dsa_indexer_decl`` only pick the
+#: adapter (declaration.HOST_POOL_ADAPTERS).
+HOST_FAMILY_NEEDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"mha": ("host_mha",), "mla": ("host_mla",), "dsa": ("host_mla", "host_dsa")}
 )
 
 #: Every piece the target uses, and what it serves. Keys of the loaded namespace are the
@@ -526,7 +524,16 @@ NEEDS: tuple[Need, ...] = (
         "host_dsa",
         "DSA index-K host pool module",
         "sglang.srt.mem_cache.pool_host.dsa",
-        names=("DSAIndexerPoolHost", "make_dsa_indexer_pool_decl"),
+        names=("DSAIndexerPoolHost",),
+    ),
+    # 0.5.22 on: the index-K host pool is built from a declaration of the device pool's
+    # index buffers; 0.5.21's takes the device pool and the host layout itself (the adapter,
+    # declaration.HOST_POOL_ADAPTERS).
+    Need(
+        "dsa_indexer_decl",
+        "declaration the DSA index-K host pool is built from",
+        "sglang.srt.mem_cache.pool_host.dsa",
+        names=("make_dsa_indexer_pool_decl",),
     ),
     # The target builds host pools from the device pool's buffer info, as sglang 0.5.23's
     # cache controller does; without it (0.5.21, 0.5.22) from the device pool itself, which
@@ -753,16 +760,15 @@ class ReleaseFacts:
                 # The declared note says why other values are left out; say this one first.
                 notes[key] = f"{why}; {notes[key]}"
             notes.setdefault(key, why)
-        allocators, host_layouts = declared.allocators, declared.host_layouts
+        allocators, host_layouts = declared.allocators, dict(declared.host_layouts)
         off = self.tiers_off()
         if allocators and "allocators" in off:
             allocators, notes["allocators"] = (), off["allocators"]
-        for kind, why in self.allocator_kinds_off().items():
-            if kind in allocators:
-                allocators = tuple(other for other in allocators if other != kind)
-                notes[f"allocators.{kind}"] = why
-        if host_layouts and "host_pools" in off:
-            host_layouts, notes["host_pools"] = {}, off["host_pools"]
+        for family, why in self.host_families_off().items():
+            if host_layouts.pop(family, None) is not None:
+                notes[f"host_pools.{family}"] = why
+        if declared.host_layouts and not host_layouts:
+            notes["host_pools"] = off["host_pools"]
         return dataclasses.replace(
             declared,
             families=families,
@@ -773,22 +779,25 @@ class ReleaseFacts:
 
     def tiers_off(self) -> dict[str, str]:
         """Tier (``allocators``, ``host_pools``) -> why this release builds none: the first
-        piece of :data:`TIER_NEEDS` it lacks."""
+        piece of :data:`ALLOCATOR_NEEDS` it lacks; the first family's reason when it builds
+        the host pools of no family (:meth:`host_families_off`)."""
         off: dict[str, str] = {}
-        for tier, needs in TIER_NEEDS.items():
-            missing = [self.loaded.missing[name] for name in needs if name in self.loaded.missing]
-            if missing:
-                off[tier] = missing[0]
+        missing = [self.loaded.missing[n] for n in ALLOCATOR_NEEDS if n in self.loaded.missing]
+        if missing:
+            off["allocators"] = missing[0]
+        families_off = self.host_families_off()
+        if len(families_off) == len(HOST_FAMILY_NEEDS):
+            off["host_pools"] = next(iter(families_off.values()))
         return off
 
-    def allocator_kinds_off(self) -> dict[str, str]:
-        """Allocator kind -> why this release builds none (:data:`ALLOCATOR_KIND_NEEDS`),
-        while its tier stays on."""
+    def host_families_off(self) -> dict[str, str]:
+        """Host family -> why this release builds no host pool for its device pools: the
+        first piece of :data:`HOST_FAMILY_NEEDS` it lacks (the other families stay)."""
         off: dict[str, str] = {}
-        for kind, needs in ALLOCATOR_KIND_NEEDS.items():
+        for family, needs in HOST_FAMILY_NEEDS.items():
             missing = [self.loaded.missing[name] for name in needs if name in self.loaded.missing]
             if missing:
-                off[kind] = missing[0]
+                off[family] = missing[0]
         return off
 
     def _narrowings(self) -> Iterator[tuple[str, tuple[Any, ...], str]]:

@@ -163,6 +163,15 @@ def _facts() -> ReleaseFacts:
         return release.probe(_loaded(), declared=SURFACE, env=env)
 
 
+@functools.cache
+def _release_surface() -> Surface:
+    """What the installed release builds: :data:`BOUND` narrowed by the declaration as the
+    release's missing pieces lay over it (an allocator kind it refuses left out), then by
+    the release's own asserts, parameters and layouts (imports sglang; once per process)."""
+    facts = _facts()
+    return facts.surface(declaration_for((), facts.loaded.missing).surface(BOUND))
+
+
 def _prepared() -> ReleaseFacts | None:
     """The release's facts if this process has read them already, else None (no import)."""
     return _facts() if _facts.cache_info().currsize else None
@@ -219,8 +228,7 @@ class SGLangTarget:
     def surface(self) -> Surface:
         """What the installed release builds (:data:`SURFACE` narrowed to it, each narrowing
         with a note), once prepared; :data:`SURFACE` before."""
-        facts = _prepared()
-        return SURFACE if facts is None else facts.surface(SURFACE)
+        return SURFACE if _prepared() is None else _release_surface()
 
     #: Host tiers without flat storage pages (:data:`HOST_STORAGE_STEER`).
     host_storage_steer: Steering = HOST_STORAGE_STEER
