@@ -3,6 +3,7 @@ the tensor and the call, and Hypothesis shrinks the drawn pages to one."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -156,3 +157,46 @@ def test_pd_registration_fails_when_two_components_describe_one_range() -> None:
     kv = pool.get_contiguous_buf_infos()
     with pytest.raises(PropertyFailure, match=r"both describe bytes"):
         assert_registration_covers_census({"kv": kv, "state:again": kv}, pool=pool)
+
+
+def _compress_pool(cls: Any) -> Any:
+    return cls(
+        size=8, page_size=2, dtype=torch.bfloat16, kv_lora_rank=4, qk_rope_head_dim=2,
+        layer_num=1, device="cpu", index_head_dim=128, index_kpool=2,
+        index_kpool_compress=True, max_running_requests=2,
+    )  # fmt: skip
+
+
+def test_request_copies_restore_the_row_and_fail_when_load_forgets_it() -> None:
+    """A request copy restores that request's tail row: kvcheck's DSA pool does, a twin
+    whose reload drops the request does not, and the row is named."""
+    from kvcheck.pools import DSATokenToKVPool
+
+    class ReloadForgetsTheRequest(DSATokenToKVPool):  # type: ignore[misc]
+        def load_cpu_copy(
+            self, kv_cache_cpu: Any, indices: Any, req_pool_index: Any = None
+        ) -> None:
+            super().load_cpu_copy(kv_cache_cpu, indices)
+
+    assert assert_host_copy_restores_census(
+        _compress_pool(DSATokenToKVPool), (1,), req_pool_index=1
+    )
+    with pytest.raises(PropertyFailure, match=r"_compress_tail.* differs at row 1"):
+        assert_host_copy_restores_census(
+            _compress_pool(ReloadForgetsTheRequest), (1,), req_pool_index=1
+        )
+
+
+def test_host_copies_fail_when_the_copy_is_a_view_of_the_pool() -> None:
+    """A copy that shares the pool's memory (a CPU ``.to("cpu")``) is named at once."""
+
+    class CopyIsAView(MHATokenToKVPool):  # type: ignore[misc]
+        def get_cpu_copy(self, indices: Any) -> Any:
+            copy = super().get_cpu_copy(indices)
+            parts = dict(copy.parts)
+            first = next(iter(parts))
+            parts[first] = (self.k_buffer[0], *parts[first][1:])
+            return dataclasses.replace(copy, parts=parts)
+
+    with pytest.raises(PropertyFailure, match=r"shares memory with k_buffer\[0\]"):
+        assert_host_copy_restores_census(_pool(CopyIsAView), (1,))

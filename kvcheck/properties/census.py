@@ -5,7 +5,8 @@ whole-pool operation to cover every tensor the census found:
 
 * accounting: ``get_kv_size_bytes()`` (and ``mem_usage``) equal the bytes the census finds;
 * host copies: ``get_cpu_copy`` then ``load_cpu_copy`` restores every slot and page tensor
-  at the copied tokens and changes nothing else;
+  at the copied tokens (and a request copy's request row) and changes nothing else; the
+  copy shares no memory with the pool;
 * moves: ``move_kv_cache`` carries every slot and page tensor from source to target and
   changes nothing else;
 * descriptions: every ``get_*buf_infos`` the pool offers, together, cover every state
@@ -44,6 +45,7 @@ from typing import Any
 import torch
 
 from kvcheck.census import Census, IndexSpace, TensorEntry, take_census
+from kvcheck.census.walk import walk_tensors
 from kvcheck.failures import FailureSignature, PropertyFailure
 
 __all__ = [
@@ -134,12 +136,17 @@ def _first_difference(got: torch.Tensor, expected: torch.Tensor) -> str:
     return f"{row}"
 
 
-def _mapped(entry: TensorEntry, tokens: Sequence[int], page_size: int) -> list[int]:
-    """The entry's rows that ``tokens`` (whole pages) occupy, in order."""
+def _mapped(
+    entry: TensorEntry, tokens: Sequence[int], page_size: int, request: int | None = None
+) -> list[int]:
+    """The entry's rows that ``tokens`` (whole pages) occupy, in order; a request-row
+    tensor's row ``request`` when the operation names one."""
     if entry.space is IndexSpace.PAGE:
         return list(dict.fromkeys(token // page_size for token in tokens))
     if entry.space is IndexSpace.SLOT:
         return list(tokens)
+    if entry.space is IndexSpace.ROW and request is not None:
+        return [request]
     return []
 
 
@@ -218,9 +225,16 @@ def assert_accounting_covers_census(
             if "scale" in _attribute(e.path)
             and e.path not in {x.path for x in census.matching(tuple(exempt))}
         )
+        tail_bytes = sum(
+            e.tensor.untyped_storage().nbytes()
+            for e in census.state_entries()
+            if "compress_tail" in _attribute(e.path)
+        )
         kind = (
             "scale buffers unreported"
             if missing > 0 and missing == scale_bytes
+            else "compress tails unreported"
+            if missing > 0 and missing == tail_bytes
             else (
                 f"{missing} bytes unreported" if missing > 0 else f"{-missing} bytes over-reported"
             )
@@ -256,12 +270,21 @@ def assert_host_copy_restores_census(
     census: Census | None = None,
     seed: int = 0,
     family: str = "",
+    req_pool_index: int | None = None,
 ) -> int:
     """Random bytes everywhere (state A), ``copy = get_cpu_copy(tokens of pages)``, random
     bytes again (state B), ``load_cpu_copy(copy, tokens)``: every slot and page tensor
-    holds A at those tokens and B elsewhere, and every other tensor holds B. Returns the
-    number of tensors checked."""
+    holds A at those tokens and B elsewhere, and every other tensor holds B. A request
+    copy (``req_pool_index``, passed to both calls: a retracted request's own state, as
+    sglang's retraction offloads it) also restores that row of every request-row tensor,
+    and no other row. Returns the number of tensors checked."""
     __tracebackhide__ = True
+    if req_pool_index is not None and (
+        not isinstance(req_pool_index, int)
+        or isinstance(req_pool_index, bool)
+        or req_pool_index < 0
+    ):
+        raise ValueError(f"req_pool_index={req_pool_index!r} must be None or an int >= 0")
     census = _census(pool, census)
     own, rest = _checked_entries(census)
     page_size = census.geometry.page_size
@@ -271,18 +294,49 @@ def assert_host_copy_restores_census(
     generator = torch.Generator().manual_seed(seed)
     _fill(own, generator)
     first = {e.path: _rows(e) for e in own}
-    copy = pool.get_cpu_copy(indices)
+    request = {} if req_pool_index is None else {"req_pool_index": req_pool_index}
+    copy = pool.get_cpu_copy(indices, **request)
+    _assert_copy_owns_its_memory(copy, census, family=family)
     _fill(own, generator)
     second = {e.path: _rows(e) for e in own + rest}
-    pool.load_cpu_copy(copy, indices)
+    pool.load_cpu_copy(copy, indices, **request)
     expected = dict(second)
     for entry in own:
-        rows = _mapped(entry, tokens, page_size)
+        rows = _mapped(entry, tokens, page_size, req_pool_index)
         expected[entry.path] = _expect_rows(second[entry.path], first[entry.path], rows, rows)
-    what = f"tokens {tokens} copied, overwritten, loaded back"
+    what = f"tokens {tokens} copied, overwritten, loaded back" + (
+        f" (request row {req_pool_index})" if request else ""
+    )
     for call, entries in (("load_cpu_copy", own), ("load_cpu_copy", rest)):
         _compare(census, entries, expected, call=call, check="bytes", family=family, what=what)
     return len(own)
+
+
+def _assert_copy_owns_its_memory(copy: object, census: Census, *, family: str) -> None:
+    """A host copy is a snapshot: no tensor of it may share storage with the pool (a
+    ``.to("cpu")`` of a CPU tensor is the tensor itself), or later writes to the pool
+    change what was saved."""
+    __tracebackhide__ = True
+    pool_storage: dict[int, str] = {}
+    for entry in census.entries:
+        if entry.nbytes > 0 and entry.tensor.device.type != "meta":
+            # Tensors sharing one storage (fused K and V) are named by the first.
+            pool_storage.setdefault(entry.tensor.untyped_storage().data_ptr(), entry.path)
+    held = [copy] if isinstance(copy, torch.Tensor) else [f.tensor for f in walk_tensors(copy)]
+    for tensor in held:
+        if tensor.numel() == 0 or tensor.device.type == "meta":
+            continue
+        path = pool_storage.get(tensor.untyped_storage().data_ptr())
+        if path is not None:
+            raise _fail(
+                f"the copy get_cpu_copy returned shares memory with {path}: a later write to"
+                " the pool changes the saved copy",
+                census,
+                check="host_copy",
+                call="get_cpu_copy",
+                kind=f"copy shares memory with {_attribute(path)}",
+                family=family,
+            )
 
 
 def assert_move_carries_census(

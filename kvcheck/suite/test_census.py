@@ -19,14 +19,16 @@ token lands on, or which mamba slot a request holds, needs a model of the transl
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 import pytest
 from hypothesis import find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
-from kvcheck.census import KNOWN_ROLES, Census, take_census
+from kvcheck.census import KNOWN_ROLES, Census, IndexSpace, take_census
 from kvcheck.failures import FailureSignature, PropertyFailure
 from kvcheck.linear_hybrid_machine import linear_hybrid_skip_reason, small_linear_hybrid_spec
 from kvcheck.machines import variant_machine_specs
@@ -48,6 +50,8 @@ from kvcheck.variants import VARIANTS, Variant
 
 #: Pages every census pool has: the padding page and three a move or copy may use.
 _PAGES = 4
+#: Request rows of a pool with per-request state (rows 0 .. 2; sglang adds one more).
+_REQUEST_ROWS = 3
 #: Hypothesis examples per drawn-page property (each one fills, copies and compares).
 _EXAMPLES = 3
 
@@ -67,11 +71,14 @@ def census_spec(target: Any, variant: Variant) -> PoolSpec:
     key = (str(getattr(target, "name", target)), variant.name)
     if key in _SPECS:
         return _SPECS[key]
-    spec = find(
-        within_target_limits(target, variant_machine_specs(variant)),
-        lambda s: True,
-        settings=settings(database=None),
-    )
+    specs = within_target_limits(target, variant_machine_specs(variant))
+    try:
+        # A pool with per-request state (DSA compress tails) where the variant allows one:
+        # its request copies carry a request row.
+        spec = find(specs, lambda s: s.compress_tails, settings=settings(database=None))
+        spec = dataclasses.replace(spec, max_running_requests=_REQUEST_ROWS - 1)
+    except NoSuchExample:
+        spec = find(specs, lambda s: True, settings=settings(database=None))
     skips = (False, True) if spec.family == "dsa" else None
     _SPECS[key] = dataclasses.replace(
         spec, size=(_PAGES - 1) * spec.page_size, layer_num=2, skip_topk_layers=skips
@@ -85,7 +92,10 @@ def _built(target: Any, variant: Variant, device: str) -> tuple[PoolSpec, Any, C
         pytest.skip(why)
     spec = census_spec(target, variant)
     pool = target.make_pool(spec, device=device)
-    census = take_census(pool, geometry={"token_stride": spec.dcp_size}, declared=KNOWN_ROLES)
+    geometry: dict[str, Any] = {"token_stride": spec.dcp_size}
+    if spec.max_running_requests is not None:
+        geometry["rows"] = (spec.max_running_requests,)  # sglang's pool does not keep it
+    census = take_census(pool, geometry=geometry, declared=KNOWN_ROLES)
     return spec, pool, census
 
 
@@ -95,18 +105,22 @@ def _raised_finding(
     """The declared finding about the pool raising ``error`` from one of ``calls``, in
     the signatures the suite's other properties give a raise (``check="raises"`` or the
     call's own check; the kind as the exception's type, with or without its message), as
-    ``"known finding ID: summary"``, else None. Never as a refusal of bad input ("instead
-    of ValueError"): the census passes valid calls, so a broad input-validation finding
-    must not claim a raise it did not cause."""
+    ``"known finding ID: summary"``, else None. As a refusal of bad input ("instead of
+    ValueError") only by a finding that names one of ``calls``: the census passes valid
+    calls, so a broad input-validation finding must not claim a raise it did not cause."""
     name = type(error).__name__
-    kinds = (f"raises {name}", f"{name}: {error}", name)
+    kinds = (f"raises {name}", f"{name}: {error}", name, f"{name} instead of ValueError")
     checks = (*(call.removeprefix("get_") for call in calls), "raises")
     findings = declared_findings(target)
+    # A finding about a refusal of bad input claims a raise only where it names the call
+    # (T1: the kpool move asserts): one about every call (I) did not cause this raise.
+    of_a_call = [finding for finding in findings if finding.call]
     for kind in kinds:
+        among = of_a_call if kind.endswith("instead of ValueError") else findings
         for call in calls:
             for check in checks:
                 signature = FailureSignature(check=check, call=call, kind=kind, family=family)
-                finding = matching_finding(findings, signature)
+                finding = matching_finding(among, signature)
                 if finding is not None:
                     return f"known finding {finding.id}: {finding.summary}"
     return None
@@ -205,6 +219,15 @@ def _run_drawn(
         _skip(target, f"the pool refuses the operation: {refused[0]}")
 
 
+def _request_rows(pool: Any, census: Census) -> list[int]:
+    """The request rows a host copy may name: those of the pool's request-row state, where
+    its ``get_cpu_copy`` takes a ``req_pool_index``; none otherwise."""
+    if "req_pool_index" not in inspect.signature(pool.get_cpu_copy).parameters:
+        return []
+    extents = {e.extent for e in census.state_entries() if e.space is IndexSpace.ROW}
+    return list(range(min(extents))) if extents else []
+
+
 @pytest.mark.parametrize("variant", _VARIANT_PARAMS)
 def test_census_host_copy(kvcheck_target: Any, kvcheck_device: str, variant: Variant) -> None:
     """get_cpu_copy, overwrite, load_cpu_copy restores every slot and page tensor at the
@@ -219,10 +242,17 @@ def test_census_host_copy(kvcheck_target: Any, kvcheck_device: str, variant: Var
         pytest.skip(kvcheck_target.unsupported["host_copy"])
     checked: list[int] = []
 
+    requests = _request_rows(pool, census)
+
     def body(data: Any) -> None:
         pages = data.draw(_page_ids(least=1), label="pages copied")
+        request = None
+        if requests:
+            request = data.draw(st.sampled_from(requests), label="request row copied")
         checked.append(
-            assert_host_copy_restores_census(pool, pages, census=census, family=spec.variant)
+            assert_host_copy_restores_census(
+                pool, pages, census=census, family=spec.variant, req_pool_index=request
+            )
         )
 
     calls = ("get_cpu_copy", "load_cpu_copy")
