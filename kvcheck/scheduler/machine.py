@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvcheck.scheduler.laws import LawBroken, check_laws, describe_holdings
+from kvcheck.scheduler.model import EVICTION_POLICIES
 from kvcheck.scheduler.snapshot import Snapshot
 
 __all__ = ["STEP_KINDS", "SchedulerMemory", "scheduler_machine"]
@@ -75,11 +76,15 @@ MemoryFactory = Callable[..., SchedulerMemory]
 
 MAX_LEN = 24
 
+#: The page sizes the machine draws by default: the token allocator and two paged ones.
+PAGE_SIZES = (1, 2, 4)
+
 
 class SchedulerMemoryMachine(RuleBasedStateMachine):
     """See the module docstring; `scheduler_machine` binds the memory factory."""
 
     make_memory: MemoryFactory
+    page_sizes: tuple[int, ...]
 
     def __init__(self) -> None:
         super().__init__()
@@ -90,12 +95,13 @@ class SchedulerMemoryMachine(RuleBasedStateMachine):
         self.counter = 0
 
     @initialize(
-        page_size=st.sampled_from([1, 2, 4]),
+        data=st.data(),
         pages=st.integers(min_value=4, max_value=12),
         rows=st.integers(min_value=2, max_value=4),
-        eviction=st.sampled_from(["lru", "lfu"]),
+        eviction=st.sampled_from(EVICTION_POLICIES),
     )
-    def build(self, page_size: int, pages: int, rows: int, eviction: str) -> None:
+    def build(self, data: st.DataObject, pages: int, rows: int, eviction: str) -> None:
+        page_size = data.draw(st.sampled_from(type(self).page_sizes), label="page size")
         self.memory = type(self).make_memory(
             total=pages * page_size,
             page_size=page_size,
@@ -225,11 +231,15 @@ class SchedulerMemoryMachine(RuleBasedStateMachine):
 
 
 def scheduler_machine(
-    make_memory: MemoryFactory, *, settings: Settings | None = None
+    make_memory: MemoryFactory,
+    *,
+    settings: Settings | None = None,
+    page_sizes: tuple[int, ...] = PAGE_SIZES,
 ) -> type[SchedulerMemoryMachine]:
     """A machine class driving the memories ``make_memory`` builds (called with the
     geometry as keyword arguments: ``total``, ``page_size``, ``rows``, ``max_len``,
-    ``eviction``), under ``settings`` (default: the current profile).
+    ``eviction``), under ``settings`` (default: the current profile), drawing the page
+    size from ``page_sizes`` (shrinking towards the first).
 
     >>> from kvcheck.scheduler.model import ReferenceSchedulerMemory
     >>> scheduler_machine(ReferenceSchedulerMemory).__name__
@@ -237,10 +247,12 @@ def scheduler_machine(
     """
     if not callable(make_memory):
         raise TypeError(f"make_memory={make_memory!r} must be callable")
+    if not page_sizes or any(not isinstance(p, int) or p < 1 for p in page_sizes):
+        raise ValueError(f"page_sizes={page_sizes!r} must be a non-empty tuple of integers >= 1")
     machine: type[SchedulerMemoryMachine] = type(
         "SchedulerMemoryMachine",
         (SchedulerMemoryMachine,),
-        {"make_memory": staticmethod(make_memory)},
+        {"make_memory": staticmethod(make_memory), "page_sizes": tuple(page_sizes)},
     )
     machine.TestCase.settings = settings if settings is not None else Settings()
     return machine
