@@ -21,7 +21,7 @@ from typing import Any
 
 from kvcheck.scheduler.machine import MemoryFactory
 from kvcheck.scheduler.model import ReferenceSchedulerMemory
-from kvcheck.scheduler.snapshot import CachedNode, RequestHolding, Snapshot
+from kvcheck.scheduler.snapshot import CachedNode, OwnCheck, RequestHolding, Snapshot
 from kvcheck.targets.tier_support import allocator_skip_reason
 from kvcheck.validation import check_one_of
 
@@ -79,6 +79,7 @@ def _sglang_memory(**geometry: Any) -> Any:
                 CachedNode(**n) for n in sorted(raw["nodes"], key=lambda n: n["node_id"])
             )
             raw["requests"] = tuple(RequestHolding(**r) for r in raw["requests"])
+            raw["own_checks"] = tuple(OwnCheck(**c) for c in raw["own_checks"])
             return Snapshot(**raw)
 
     return SglangMemoryWithSnapshot(**geometry)

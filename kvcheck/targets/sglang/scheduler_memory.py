@@ -49,6 +49,7 @@ from kvcheck.targets.sglang.scheduler_api import (
     missing_for_every_api,
     scheduler_api,
 )
+from kvcheck.targets.sglang.scheduler_checker import SglangInvariantChecker, why_not_checked
 
 __all__ = ["SglangSchedulerMemory"]
 
@@ -215,6 +216,8 @@ class SglangSchedulerMemory:
         )
         self.requests: dict[str, Any] = {}
         self.backups: dict[str, Any] = {}
+        # sglang's own invariant checker, asked after every step beside kvcheck's laws.
+        self.checker = SglangInvariantChecker(self) if why_not_checked() is None else None
 
     def _run(self, step: Any, *args: Any, **kwargs: Any) -> Any:
         self._config.install()
@@ -416,4 +419,11 @@ class SglangSchedulerMemory:
             req_rows_total=int(self.req_to_token_pool.size),
             req_rows_free=int(self.req_to_token_pool.available_size()),
             read_slot=lambda slot: int(self.pool.k_buffer[0][slot].item()),
+            own_checks=self._own_checks(),
         )
+
+    def _own_checks(self) -> list[dict[str, Any]]:
+        if self.checker is None:
+            return []
+        checker = self.checker
+        return list(self._run(lambda: checker.verdicts(live=list(self.requests.values()))))
