@@ -20,12 +20,12 @@ from __future__ import annotations
 from typing import Any
 
 from kvcheck.scheduler.machine import MemoryFactory
-from kvcheck.scheduler.model import ReferenceSchedulerMemory
+from kvcheck.scheduler.model import EVICTION_POLICIES, ReferenceSchedulerMemory
 from kvcheck.scheduler.snapshot import CachedNode, OwnCheck, RequestHolding, Snapshot
 from kvcheck.targets.tier_support import allocator_skip_reason
 from kvcheck.validation import check_one_of
 
-__all__ = ["PAGINGS", "memory_factory", "memory_skip_reason"]
+__all__ = ["PAGINGS", "memory_eviction_policies", "memory_factory", "memory_skip_reason"]
 
 #: The targets whose scheduler memory kvcheck can drive.
 DRIVEN_TARGETS = ("kvcheck", "sglang")
@@ -57,6 +57,22 @@ def memory_skip_reason(target: Any, *, paging: str = "token") -> str | None:
             why = allocator_skip_reason(target, "paged")
         return why
     return None
+
+
+def memory_eviction_policies(target: Any) -> tuple[str, ...]:
+    """The eviction policies the machine draws for ``target``'s memory: the reference's,
+    or every one the sglang driver's ``RadixCache`` takes in the installed release.
+
+    >>> class Builtin:
+    ...     name = "kvcheck"
+    >>> memory_eviction_policies(Builtin())
+    ('lru', 'lfu')
+    """
+    if getattr(target, "name", None) == "sglang":
+        from kvcheck.targets.sglang.scheduler_memory import eviction_policies
+
+        return eviction_policies()
+    return EVICTION_POLICIES
 
 
 def memory_factory(target: Any) -> MemoryFactory:

@@ -6,9 +6,10 @@ Steps are drawn the way a scheduler makes them: a new request whose prompt share
 prefix with earlier ones (its first prefill chunk with it), a further chunk of a chunked
 prefill, decode (speculative: drafts allocated, some accepted, the rest given back),
 finish (the request is cached), abort at any point, retraction with its backup and a
-later restore, eviction to make room, and flush when idle. The memory's geometry (page
-size 1, 2 or 4; LRU or LFU eviction; a few pages and rows) is drawn once per example.
-Examples shrink towards one short request, page size 1 and LRU.
+later restore, eviction to make room, and flush when idle. The memory's geometry (a
+page size and an eviction policy from those the machine is given, by default page size
+1, 2 or 4 and LRU or LFU; a few pages and rows) is drawn once per example. Examples
+shrink towards one short request and the first page size and policy given.
 
 Example::
 
@@ -85,6 +86,7 @@ class SchedulerMemoryMachine(RuleBasedStateMachine):
 
     make_memory: MemoryFactory
     page_sizes: tuple[int, ...]
+    eviction_policies: tuple[str, ...]
 
     def __init__(self) -> None:
         super().__init__()
@@ -98,10 +100,10 @@ class SchedulerMemoryMachine(RuleBasedStateMachine):
         data=st.data(),
         pages=st.integers(min_value=4, max_value=12),
         rows=st.integers(min_value=2, max_value=4),
-        eviction=st.sampled_from(EVICTION_POLICIES),
     )
-    def build(self, data: st.DataObject, pages: int, rows: int, eviction: str) -> None:
+    def build(self, data: st.DataObject, pages: int, rows: int) -> None:
         page_size = data.draw(st.sampled_from(type(self).page_sizes), label="page size")
+        eviction = data.draw(st.sampled_from(type(self).eviction_policies), label="eviction")
         self.memory = type(self).make_memory(
             total=pages * page_size,
             page_size=page_size,
@@ -235,11 +237,13 @@ def scheduler_machine(
     *,
     settings: Settings | None = None,
     page_sizes: tuple[int, ...] = PAGE_SIZES,
+    eviction_policies: tuple[str, ...] = EVICTION_POLICIES,
 ) -> type[SchedulerMemoryMachine]:
     """A machine class driving the memories ``make_memory`` builds (called with the
     geometry as keyword arguments: ``total``, ``page_size``, ``rows``, ``max_len``,
     ``eviction``), under ``settings`` (default: the current profile), drawing the page
-    size from ``page_sizes`` (shrinking towards the first).
+    size from ``page_sizes`` and the eviction policy from ``eviction_policies`` (each
+    shrinking towards its first).
 
     >>> from kvcheck.scheduler.model import ReferenceSchedulerMemory
     >>> scheduler_machine(ReferenceSchedulerMemory).__name__
@@ -249,10 +253,18 @@ def scheduler_machine(
         raise TypeError(f"make_memory={make_memory!r} must be callable")
     if not page_sizes or any(not isinstance(p, int) or p < 1 for p in page_sizes):
         raise ValueError(f"page_sizes={page_sizes!r} must be a non-empty tuple of integers >= 1")
+    if not eviction_policies or any(not isinstance(p, str) for p in eviction_policies):
+        raise ValueError(
+            f"eviction_policies={eviction_policies!r} must be a non-empty tuple of names"
+        )
     machine: type[SchedulerMemoryMachine] = type(
         "SchedulerMemoryMachine",
         (SchedulerMemoryMachine,),
-        {"make_memory": staticmethod(make_memory), "page_sizes": tuple(page_sizes)},
+        {
+            "make_memory": staticmethod(make_memory),
+            "page_sizes": tuple(page_sizes),
+            "eviction_policies": tuple(eviction_policies),
+        },
     )
     machine.TestCase.settings = settings if settings is not None else Settings()
     return machine

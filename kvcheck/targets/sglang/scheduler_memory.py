@@ -51,7 +51,7 @@ from kvcheck.targets.sglang.scheduler_api import (
 )
 from kvcheck.targets.sglang.scheduler_checker import SglangInvariantChecker, why_not_checked
 
-__all__ = ["SglangSchedulerMemory"]
+__all__ = ["REFUSED_POLICIES", "SglangSchedulerMemory", "eviction_policies", "why_not_driven"]
 
 
 def _kv_value(tokens: tuple[int, ...]) -> int:
@@ -100,6 +100,29 @@ def why_not_driven() -> str | None:
             "of the ways the driver knows (" + missing_for_every_api(found) + ")"
         )
     return None
+
+
+#: ``--radix-eviction-policy`` choices a plain ``RadixCache`` is refused, and why (the
+#: driver draws every other choice the installed release offers).
+REFUSED_POLICIES: dict[str, str] = {
+    "tlru": "sglang's cache registry (mem_cache/registry.py) refuses "
+    "--radix-eviction-policy tlru unless the cache is a UnifiedRadixCache",
+}
+
+
+def eviction_policies() -> tuple[str, ...]:
+    """The eviction policies the driver's ``RadixCache`` is drawn with: the installed
+    release's ``--radix-eviction-policy`` choices, ``lru`` first (what examples shrink
+    towards), less `REFUSED_POLICIES`.
+
+    Example, where sglang is installed::
+
+        eviction_policies()  # ('lru', 'lfu', 'slru', 'priority') on 0.5.21 to 0.5.23
+    """
+    with env.torchvision_stand_in():
+        from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES
+    offered = [p for p in RADIX_EVICTION_POLICY_CHOICES if p not in REFUSED_POLICIES]
+    return tuple(sorted(offered, key=lambda policy: policy != "lru"))
 
 
 def _modules() -> SimpleNamespace:
@@ -168,8 +191,8 @@ class _Batch:
 
 class SglangSchedulerMemory:
     """sglang's scheduler memory with ``total`` KV slots in pages of ``page_size``,
-    ``rows`` req-to-token rows of ``max_len`` positions and ``eviction`` ("lru" or
-    "lfu"); the same steps and `snapshot` as kvcheck's reference."""
+    ``rows`` req-to-token rows of ``max_len`` positions and ``eviction`` (one of
+    `eviction_policies`); the same steps and `snapshot` as kvcheck's reference."""
 
     def __init__(
         self, *, total: int, page_size: int, rows: int, max_len: int, eviction: str = "lru"
