@@ -1,12 +1,16 @@
 """Deliberately broken scheduler memories, each breaking one rule of the reference
-(`kvcheck.scheduler.model.ReferenceSchedulerMemory`); `test_scheduler_laws_fail.py`
-shows the scheduler-memory machine fails on each with the law named here."""
+(`kvcheck.scheduler.model.ReferenceSchedulerMemory`), or reporting a verdict of its own
+that disagrees with kvcheck's law; `test_scheduler_laws_fail.py` shows the
+scheduler-memory machine fails on each with the law named here."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from kvcheck.scheduler.laws import AGREEMENT
 from kvcheck.scheduler.model import ReferenceSchedulerMemory
+from kvcheck.scheduler.snapshot import OwnCheck, Snapshot
 
 
 class SharedPageCountedTwice(ReferenceSchedulerMemory):
@@ -85,10 +89,36 @@ class LockKeptOnEviction(ReferenceSchedulerMemory):
         super()._drop(victim)
 
 
+class OwnCheckBlindToLeak(LastDecodeSlotFreedTwice):
+    """The target's own conservation check (exact, as sglang's busy check is) finds
+    nothing while the memory double-frees a slot: it disagrees with kvcheck's law."""
+
+    breaks = AGREEMENT
+
+    def snapshot(self) -> Snapshot:
+        own = OwnCheck("the twin's own leak check", "conservation", exact=True, failure=None)
+        return dataclasses.replace(super().snapshot(), own_checks=(own,))
+
+
+class OwnCheckCriesWolf(ReferenceSchedulerMemory):
+    """The target's own conservation check reports a leak whenever the tree caches
+    anything, on a memory that keeps every law: it disagrees with kvcheck's law."""
+
+    breaks = AGREEMENT
+
+    def snapshot(self) -> Snapshot:
+        snap = super().snapshot()
+        failure = "leak: the tree is not empty" if snap.nodes else None
+        own = OwnCheck("the twin's own leak check", "conservation", exact=True, failure=failure)
+        return dataclasses.replace(snap, own_checks=(own,))
+
+
 TWINS = (
     SharedPageCountedTwice,
     LastDecodeSlotFreedTwice,
     AbortForgetsChunkedSlots,
     RestoreLeaksRow,
     LockKeptOnEviction,
+    OwnCheckBlindToLeak,
+    OwnCheckCriesWolf,
 )

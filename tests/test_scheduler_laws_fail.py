@@ -1,6 +1,7 @@
 """The scheduler-memory machine fails on each broken twin (`broken_scheduler.py`) with
 the law the twin breaks, says at which step and which request held what, and passes on
-the reference; the laws themselves fail on hand-broken snapshots."""
+the reference; the laws themselves fail on hand-broken snapshots, and a target's own
+check that disagrees with a law fails as such."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvcheck.scheduler.laws import LAWS, LawBroken, check_laws
+from kvcheck.scheduler.laws import AGREEMENT, LAWS, LawBroken, check_laws
 from kvcheck.scheduler.machine import scheduler_machine
 from kvcheck.scheduler.model import ReferenceSchedulerMemory
+from kvcheck.scheduler.snapshot import OwnCheck
 from tests.broken_scheduler import TWINS
 
 SEARCH = settings(
@@ -98,3 +100,53 @@ def test_sglang_driver_writes_the_value_the_laws_expect() -> None:
 
     prefixes = [(), (0,), (1, 2, 2), tuple(range(20))]
     assert [_kv_value(p) for p in prefixes] == [kv_value(p) for p in prefixes]
+
+
+def _own(law: str, *, exact: bool, failure: str | None) -> OwnCheck:
+    return OwnCheck(f"the target's {law} check", law, exact=exact, failure=failure)
+
+
+@pytest.mark.parametrize(
+    ("broken", "own", "law"),
+    [
+        (False, _own("conservation", exact=True, failure="leak"), AGREEMENT),
+        (True, _own("conservation", exact=True, failure=None), AGREEMENT),
+        (True, _own("conservation", exact=False, failure=None), "conservation"),
+        (True, _own("conservation", exact=True, failure="leak"), "conservation"),
+        (False, _own("ownership", exact=False, failure="use-after-free"), AGREEMENT),
+    ],
+    ids=[
+        "target-fails-law-holds",
+        "exact-target-passes-law-breaks",
+        "partial-target-passes-law-breaks",
+        "both-fail",
+        "partial-target-fails-law-holds",
+    ],
+)
+def test_the_targets_own_check_must_agree_with_the_law(
+    broken: bool, own: OwnCheck, law: str
+) -> None:
+    """A target check that fails where the law holds, or an exact one that passes where it
+    breaks, is an agreement failure naming both; where both fail the law's failure quotes
+    the target's; a partial check passing where the law breaks is no disagreement."""
+    snap = _busy_snapshot()
+    if broken:
+        snap = dataclasses.replace(snap, evictable=snap.evictable + 2)
+    with pytest.raises(LawBroken) as caught:
+        check_laws(dataclasses.replace(snap, own_checks=(own,)))
+    assert caught.value.law == law
+    if law == AGREEMENT:
+        assert own.name in str(caught.value) and own.law in str(caught.value)
+    elif own.failure is not None:
+        assert any(own.name in note for note in caught.value.__notes__)
+
+
+def test_the_laws_hold_with_agreeing_own_checks() -> None:
+    """Own checks that find nothing on a sound memory change nothing; one naming an unknown
+    law is refused."""
+    snap = _busy_snapshot()
+    check_laws(dataclasses.replace(snap, own_checks=(_own("bytes", exact=True, failure=None),)))
+    with pytest.raises(ValueError, match="own_checks"):
+        check_laws(
+            dataclasses.replace(snap, own_checks=(_own("tidiness", exact=True, failure=None),))
+        )

@@ -13,6 +13,12 @@
 - ``bytes``: the pool holds, at every cached and every committed slot, the value the
   request that wrote it wrote.
 
+Where the target checks its own memory too (`Snapshot.own_checks`, sglang's scheduler
+invariant checker on the sglang target), its verdict must agree with the law it checks:
+a target check that fails where kvcheck's law holds, or an ``exact`` one that passes where
+it breaks, is itself a failure (``agreement``) naming both. A check of part of a law may
+pass where the law breaks; where both fail, the law's failure quotes the target's.
+
 Example::
 
     >>> from kvcheck.scheduler.snapshot import Snapshot
@@ -32,14 +38,18 @@ from collections import Counter
 
 from kvcheck.scheduler.snapshot import CachedNode, Snapshot, kv_value
 
-__all__ = ["LAWS", "LawBroken", "check_laws", "describe_holdings"]
+__all__ = ["AGREEMENT", "LAWS", "LawBroken", "check_laws", "describe_holdings"]
 
 #: Every law, in the order they are checked (the cheapest and most basic first).
 LAWS = ("conservation", "bookkeeping", "ownership", "bytes")
 
+#: What a failure is named when the target's own check and kvcheck's law disagree.
+AGREEMENT = "agreement"
+
 
 class LawBroken(AssertionError):
-    """A law of the scheduler's memory failed; ``law`` names it (one of `LAWS`)."""
+    """A law of the scheduler's memory failed; ``law`` names it (one of `LAWS`, or
+    `AGREEMENT` when the target's own check and kvcheck's law disagree)."""
 
     def __init__(self, law: str, detail: str) -> None:
         super().__init__(f"{law}: {detail}")
@@ -190,12 +200,40 @@ def _bytes(snap: Snapshot) -> None:
                 )
 
 
+_CHECKS = {
+    "conservation": _conservation,
+    "bookkeeping": _bookkeeping,
+    "ownership": _ownership,
+    "bytes": _bytes,
+}
+
+
 def check_laws(snap: Snapshot) -> None:
-    """Raise `LawBroken` for the first of `LAWS` that ``snap`` breaks."""
-    _conservation(snap)
-    _bookkeeping(snap)
-    _ownership(snap)
-    _bytes(snap)
+    """Raise `LawBroken` for the first of `LAWS` that ``snap`` breaks, or for the first
+    of its own checks that disagrees with the law it checks (see the module docstring)."""
+    unknown = sorted({c.law for c in snap.own_checks} - set(LAWS))
+    if unknown:
+        raise ValueError(f"own_checks check laws {unknown}; allowed: {', '.join(LAWS)}")
+    for law in LAWS:
+        own = [c for c in snap.own_checks if c.law == law]
+        try:
+            _CHECKS[law](snap)
+        except LawBroken as broken:
+            for check in own:
+                if check.failure is None and check.exact:
+                    raise LawBroken(
+                        AGREEMENT,
+                        f"{check.name} finds nothing wrong but kvcheck's {law} law says: {broken}",
+                    ) from broken
+                if check.failure is not None:
+                    broken.add_note(f"{check.name} agrees: {check.failure}")
+            raise
+        for check in own:
+            if check.failure is not None:
+                raise LawBroken(
+                    AGREEMENT,
+                    f"{check.name} reports {check.failure!r} but kvcheck's {law} law holds",
+                )
 
 
 def describe_holdings(snap: Snapshot) -> str:

@@ -6,9 +6,10 @@ Steps are drawn the way a scheduler makes them: a new request whose prompt share
 prefix with earlier ones (its first prefill chunk with it), a further chunk of a chunked
 prefill, decode (speculative: drafts allocated, some accepted, the rest given back),
 finish (the request is cached), abort at any point, retraction with its backup and a
-later restore, eviction to make room, and flush when idle. The memory's geometry (page
-size 1, 2 or 4; LRU or LFU eviction; a few pages and rows) is drawn once per example.
-Examples shrink towards one short request, page size 1 and LRU.
+later restore, eviction to make room, and flush when idle. The memory's geometry (a
+page size and an eviction policy from those the machine is given, by default page size
+1, 2 or 4 and LRU or LFU; a few pages and rows) is drawn once per example. Examples
+shrink towards one short request and the first page size and policy given.
 
 Example::
 
@@ -31,6 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvcheck.scheduler.laws import LawBroken, check_laws, describe_holdings
+from kvcheck.scheduler.model import EVICTION_POLICIES
 from kvcheck.scheduler.snapshot import Snapshot
 
 __all__ = ["STEP_KINDS", "SchedulerMemory", "scheduler_machine"]
@@ -75,11 +77,16 @@ MemoryFactory = Callable[..., SchedulerMemory]
 
 MAX_LEN = 24
 
+#: The page sizes the machine draws by default: the token allocator and two paged ones.
+PAGE_SIZES = (1, 2, 4)
+
 
 class SchedulerMemoryMachine(RuleBasedStateMachine):
     """See the module docstring; `scheduler_machine` binds the memory factory."""
 
     make_memory: MemoryFactory
+    page_sizes: tuple[int, ...]
+    eviction_policies: tuple[str, ...]
 
     def __init__(self) -> None:
         super().__init__()
@@ -90,12 +97,13 @@ class SchedulerMemoryMachine(RuleBasedStateMachine):
         self.counter = 0
 
     @initialize(
-        page_size=st.sampled_from([1, 2, 4]),
+        data=st.data(),
         pages=st.integers(min_value=4, max_value=12),
         rows=st.integers(min_value=2, max_value=4),
-        eviction=st.sampled_from(["lru", "lfu"]),
     )
-    def build(self, page_size: int, pages: int, rows: int, eviction: str) -> None:
+    def build(self, data: st.DataObject, pages: int, rows: int) -> None:
+        page_size = data.draw(st.sampled_from(type(self).page_sizes), label="page size")
+        eviction = data.draw(st.sampled_from(type(self).eviction_policies), label="eviction")
         self.memory = type(self).make_memory(
             total=pages * page_size,
             page_size=page_size,
@@ -225,11 +233,17 @@ class SchedulerMemoryMachine(RuleBasedStateMachine):
 
 
 def scheduler_machine(
-    make_memory: MemoryFactory, *, settings: Settings | None = None
+    make_memory: MemoryFactory,
+    *,
+    settings: Settings | None = None,
+    page_sizes: tuple[int, ...] = PAGE_SIZES,
+    eviction_policies: tuple[str, ...] = EVICTION_POLICIES,
 ) -> type[SchedulerMemoryMachine]:
     """A machine class driving the memories ``make_memory`` builds (called with the
     geometry as keyword arguments: ``total``, ``page_size``, ``rows``, ``max_len``,
-    ``eviction``), under ``settings`` (default: the current profile).
+    ``eviction``), under ``settings`` (default: the current profile), drawing the page
+    size from ``page_sizes`` and the eviction policy from ``eviction_policies`` (each
+    shrinking towards its first).
 
     >>> from kvcheck.scheduler.model import ReferenceSchedulerMemory
     >>> scheduler_machine(ReferenceSchedulerMemory).__name__
@@ -237,10 +251,20 @@ def scheduler_machine(
     """
     if not callable(make_memory):
         raise TypeError(f"make_memory={make_memory!r} must be callable")
+    if not page_sizes or any(not isinstance(p, int) or p < 1 for p in page_sizes):
+        raise ValueError(f"page_sizes={page_sizes!r} must be a non-empty tuple of integers >= 1")
+    if not eviction_policies or any(not isinstance(p, str) for p in eviction_policies):
+        raise ValueError(
+            f"eviction_policies={eviction_policies!r} must be a non-empty tuple of names"
+        )
     machine: type[SchedulerMemoryMachine] = type(
         "SchedulerMemoryMachine",
         (SchedulerMemoryMachine,),
-        {"make_memory": staticmethod(make_memory)},
+        {
+            "make_memory": staticmethod(make_memory),
+            "page_sizes": tuple(page_sizes),
+            "eviction_policies": tuple(eviction_policies),
+        },
     )
     machine.TestCase.settings = settings if settings is not None else Settings()
     return machine

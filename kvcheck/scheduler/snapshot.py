@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-__all__ = ["CachedNode", "RequestHolding", "Snapshot"]
+__all__ = ["CachedNode", "OwnCheck", "RequestHolding", "Snapshot"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,19 @@ class RequestHolding:
 
 
 @dataclass(frozen=True)
+class OwnCheck:
+    """The verdict of a check the target makes of its own memory, run on the state the
+    snapshot describes: where the check lives (``name``), the kvcheck law it checks
+    (one of ``kvcheck.scheduler.laws.LAWS``), whether it checks all of that law
+    (``exact``) or a part, and what it reported (``failure``; ``None``: nothing)."""
+
+    name: str
+    law: str
+    exact: bool
+    failure: str | None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """The scheduler memory after one step; see the module docstring."""
 
@@ -66,6 +79,8 @@ class Snapshot:
     req_rows_total: int
     req_rows_free: int
     session_held: int = 0
+    #: The target's own checks of this state (the laws hold them to agree).
+    own_checks: tuple[OwnCheck, ...] = ()
     #: Reads the value the pool holds at a slot (the bytes law compares it with
     #: `kv_value` of the tokens written there); ``None`` when the memory has no pool.
     read_slot: Callable[[int], int] | None = field(default=None, compare=False)

@@ -15,7 +15,12 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from kvcheck.scheduler.drivers import memory_factory, memory_skip_reason
+from kvcheck.scheduler.drivers import (
+    PAGINGS,
+    memory_eviction_policies,
+    memory_factory,
+    memory_skip_reason,
+)
 from kvcheck.scheduler.machine import scheduler_machine
 
 
@@ -25,11 +30,19 @@ def scheduler_settings() -> settings:
     return settings(current, max_examples=max(5, current.max_examples // 5), stateful_step_count=30)
 
 
-def test_scheduler_memory_keeps_its_laws(kvcheck_target: Any) -> None:
-    """conservation, ownership, bookkeeping and bytes hold after every scheduler step."""
-    reason = memory_skip_reason(kvcheck_target)
+@pytest.mark.parametrize("paging", PAGINGS)
+def test_scheduler_memory_keeps_its_laws(kvcheck_target: Any, paging: str) -> None:
+    """conservation, ownership, bookkeeping and bytes hold after every scheduler step, with
+    the token allocator (page size 1) and with a paged one, under every eviction policy
+    the target's prefix cache takes."""
+    reason = memory_skip_reason(kvcheck_target, paging=paging)
     if reason is not None:
         pytest.skip(reason)
-    machine = scheduler_machine(memory_factory(kvcheck_target), settings=scheduler_settings())
+    machine = scheduler_machine(
+        memory_factory(kvcheck_target),
+        settings=scheduler_settings(),
+        page_sizes=PAGINGS[paging],
+        eviction_policies=memory_eviction_policies(kvcheck_target),
+    )
     run_state_machine_as_test(machine, settings=machine.TestCase.settings)
     assert machine.TestCase.settings.stateful_step_count == 30

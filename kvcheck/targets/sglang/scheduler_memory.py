@@ -1,12 +1,15 @@
 """sglang's own scheduler memory code, driven step by step for the scheduler-memory
 machine (`kvcheck.scheduler`): ``mem_cache/allocation.py`` (``alloc_for_extend``,
-``alloc_for_decode``) and ``mem_cache/common.py`` (``match_kv_cache``,
-``checkpoint_kv_cache``, ``release_kv_cache`` (the match through
-``Req.init_next_round_input``, as the scheduler makes it), ``backup_kv_cache`` /
-``restore_kv_cache``, ``evict_from_tree_cache``) over sglang's ``RadixCache``,
-``ReqToTokenPool``, token or paged allocator and an ``MHATokenToKVPool`` (float32, one
-layer, one head of width 1: the KV value a step writes is one exact number per slot).
-Requests are sglang's own ``Req``. Every function is called, none copied.
+``alloc_for_decode``) and ``mem_cache/common.py`` (the prefix match through
+``Req.init_next_round_input``, as the scheduler makes it; the chunk checkpoint;
+``release_kv_cache``; ``backup_kv_cache`` / ``restore_kv_cache``;
+``evict_from_tree_cache``) over sglang's ``RadixCache``, ``ReqToTokenPool``, token or
+paged allocator and an ``MHATokenToKVPool`` (float32, one layer, one head of width 1: the
+KV value a step writes is one exact number per slot). Requests are sglang's own ``Req``.
+Every function is called, none copied. What the releases spell differently (the prefix
+lock, the chunk checkpoint, the request's prefix fields) goes through
+`kvcheck.targets.sglang.scheduler_api`, which reads the spelling off the installed
+release: 0.5.21, 0.5.22 and 0.5.23 are all driven.
 
 Stand-ins (what each replaces, why it is faithful):
 
@@ -41,8 +44,14 @@ from typing import Any
 import torch
 
 from kvcheck.targets.sglang import env
+from kvcheck.targets.sglang.scheduler_api import (
+    SchedulerApi,
+    missing_for_every_api,
+    scheduler_api,
+)
+from kvcheck.targets.sglang.scheduler_checker import SglangInvariantChecker, why_not_checked
 
-__all__ = ["SglangSchedulerMemory"]
+__all__ = ["REFUSED_POLICIES", "SglangSchedulerMemory", "eviction_policies", "why_not_driven"]
 
 
 def _kv_value(tokens: tuple[int, ...]) -> int:
@@ -54,21 +63,22 @@ def _kv_value(tokens: tuple[int, ...]) -> int:
     return value
 
 
-#: What the driver calls in sglang's own code, by module (``RadixCache``'s methods by name).
+#: What the driver calls in sglang's own code on every release, by module; what the
+#: releases spell differently is in `kvcheck.targets.sglang.scheduler_api`.
 DRIVEN_API: dict[str, tuple[str, ...]] = {
     "allocation": ("alloc_for_extend", "alloc_for_decode"),
-    "common": ("release_kv_cache", "backup_kv_cache", "restore_kv_cache"),
-    "RadixCache": ("lock", "unlock", "evictable_size", "protected_size", "reset"),
+    "common": ("backup_kv_cache", "restore_kv_cache", "evict_from_tree_cache"),
+    "RadixCache": ("evictable_size", "protected_size", "reset"),
 }
 
 
 def why_not_driven() -> str | None:
     """Why the installed sglang cannot be driven (a release whose scheduler memory API
-    differs: 0.5.21's ``RadixCache`` has no ``lock``), or None.
+    fits none of the spellings `scheduler_api` knows), or None.
 
     Example, where sglang is installed::
 
-        why_not_driven()  # None on 0.5.22 and 0.5.23
+        why_not_driven()  # None on 0.5.21, 0.5.22 and 0.5.23
     """
     try:
         found = _modules()
@@ -81,12 +91,38 @@ def why_not_driven() -> str | None:
         if not hasattr(getattr(found, owner), name)
     ]
     if missing:
+        return "this sglang's scheduler memory API lacks what the driver calls: " + ", ".join(
+            missing
+        )
+    if scheduler_api(found) is None:
         return (
-            "this sglang's scheduler memory API lacks what the driver calls ("
-            + ", ".join(missing)
-            + "): an older release, whose prefix cache locks by inc_lock_ref"
+            "this sglang spells the scheduler's prefix locks and chunk checkpoints in none "
+            "of the ways the driver knows (" + missing_for_every_api(found) + ")"
         )
     return None
+
+
+#: ``--radix-eviction-policy`` choices a plain ``RadixCache`` is refused, and why (the
+#: driver draws every other choice the installed release offers).
+REFUSED_POLICIES: dict[str, str] = {
+    "tlru": "sglang's cache registry (mem_cache/registry.py) refuses "
+    "--radix-eviction-policy tlru unless the cache is a UnifiedRadixCache",
+}
+
+
+def eviction_policies() -> tuple[str, ...]:
+    """The eviction policies the driver's ``RadixCache`` is drawn with: the installed
+    release's ``--radix-eviction-policy`` choices, ``lru`` first (what examples shrink
+    towards), less `REFUSED_POLICIES`.
+
+    Example, where sglang is installed::
+
+        eviction_policies()  # ('lru', 'lfu', 'slru', 'priority') on 0.5.21 to 0.5.23
+    """
+    with env.torchvision_stand_in():
+        from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES
+    offered = [p for p in RADIX_EVICTION_POLICY_CHOICES if p not in REFUSED_POLICIES]
+    return tuple(sorted(offered, key=lambda policy: policy != "lru"))
 
 
 def _modules() -> SimpleNamespace:
@@ -132,11 +168,12 @@ class _Batch:
     def is_dllm(self) -> bool:
         return False
 
-    def for_extend(self) -> _Batch:
-        self.prefix_lens = [r.prefix_len for r in self.reqs]
-        self.extend_lens = [r.extend_end - r.prefix_len for r in self.reqs]
+    def for_extend(self, api: SchedulerApi) -> _Batch:
+        self.prefix_lens = [api.prefix_len(r) for r in self.reqs]
+        self.extend_lens = [api.extend_end(r) - api.prefix_len(r) for r in self.reqs]
         self.extend_num_tokens = sum(self.extend_lens)
-        self.seq_lens_cpu = torch.tensor([r.extend_end for r in self.reqs], dtype=torch.int64)
+        ends = [api.extend_end(r) for r in self.reqs]
+        self.seq_lens_cpu = torch.tensor(ends, dtype=torch.int64)
         self.seq_lens = self.seq_lens_cpu.clone()
         return self
 
@@ -154,13 +191,17 @@ class _Batch:
 
 class SglangSchedulerMemory:
     """sglang's scheduler memory with ``total`` KV slots in pages of ``page_size``,
-    ``rows`` req-to-token rows of ``max_len`` positions and ``eviction`` ("lru" or
-    "lfu"); the same steps and `snapshot` as kvcheck's reference."""
+    ``rows`` req-to-token rows of ``max_len`` positions and ``eviction`` (one of
+    `eviction_policies`); the same steps and `snapshot` as kvcheck's reference."""
 
     def __init__(
         self, *, total: int, page_size: int, rows: int, max_len: int, eviction: str = "lru"
     ) -> None:
         self.m = _modules()
+        api = scheduler_api(self.m)
+        if api is None:
+            raise RuntimeError(str(why_not_driven()))
+        self.api = api
         self.total, self.page_size, self.max_len = total, page_size, max_len
         self._config = self.m.get_context().override_server_args(
             attention_backend="torch_native", speculative_algorithm="EAGLE"
@@ -198,6 +239,8 @@ class SglangSchedulerMemory:
         )
         self.requests: dict[str, Any] = {}
         self.backups: dict[str, Any] = {}
+        # sglang's own invariant checker, asked after every step beside kvcheck's laws.
+        self.checker = SglangInvariantChecker(self) if why_not_checked() is None else None
 
     def _run(self, step: Any, *args: Any, **kwargs: Any) -> Any:
         self._config.install()
@@ -229,32 +272,35 @@ class SglangSchedulerMemory:
         # The scheduler's own match: Req.init_next_round_input calls match_kv_cache
         # and marks the match as the tree-protected prefix.
         req.init_next_round_input(self.tree)
-        req.lock = self.tree.lock(req.last_node)
-        req.extend_end = min(len(tokens), req.prefix_len + first_chunk)
+        api = self.api
+        api.lock_match(self.tree, req)
+        api.set_extend_end(req, min(len(tokens), api.prefix_len(req) + first_chunk))
         if not self._room(self._extend_need(req)):
-            self.tree.unlock(req.lock)
+            api.unlock_match(self.tree, req)
             return False
-        self.m.allocation.alloc_for_extend(_Batch(self, [req]).for_extend())
-        self._write(req, req.prefix_len, req.extend_end)
+        self.m.allocation.alloc_for_extend(_Batch(self, [req]).for_extend(api))
+        self._write(req, api.prefix_len(req), api.extend_end(req))
         self.requests[rid] = req
         return True
 
     def _extend_need(self, req: Any) -> int:
-        return req.extend_end - req.prefix_len + self.page_size
+        return self.api.extend_end(req) - self.api.prefix_len(req) + self.page_size
 
     def prefill_chunk(self, rid: str, tokens: int) -> bool:
         return bool(self._run(self._prefill_chunk, rid, tokens))
 
     def _prefill_chunk(self, rid: str, tokens: int) -> bool:
         req = self.requests[rid]
-        self.m.common.checkpoint_kv_cache(req, self.tree)
-        end = min(len(req.origin_input_ids), req.prefix_len + tokens)
-        # A refused chunk leaves extend_end alone: the next checkpoint reads it.
-        if not self._room(end - req.prefix_len + self.page_size):
+        api = self.api
+        api.checkpoint(req, self.tree)
+        start = api.prefix_len(req)
+        end = min(len(req.origin_input_ids), start + tokens)
+        # A refused chunk leaves the extend's end alone: the next checkpoint reads it.
+        if not self._room(end - start + self.page_size):
             return False
-        req.extend_end = end
-        self.m.allocation.alloc_for_extend(_Batch(self, [req]).for_extend())
-        self._write(req, req.prefix_len, req.extend_end)
+        api.set_extend_end(req, end)
+        self.m.allocation.alloc_for_extend(_Batch(self, [req]).for_extend(api))
+        self._write(req, start, end)
         return True
 
     def decode(self, rid: str, accepted: list[int], *, draft: int) -> bool:
@@ -275,11 +321,11 @@ class SglangSchedulerMemory:
     def finish(self, rid: str) -> None:
         req = self.requests.pop(rid)
         req.finished_len = len(req.output_ids)
-        self._run(self.m.common.release_kv_cache, req, self.tree, checkpoint=True)
+        self._run(self.api.release, req, self.tree, cache=True)
 
     def abort(self, rid: str) -> None:
         req = self.requests.pop(rid)
-        self._run(self.m.common.release_kv_cache, req, self.tree, checkpoint=False)
+        self._run(self.api.release, req, self.tree, cache=False)
 
     def retract(self, rid: str) -> bool:
         return bool(self._run(self._retract, rid))
@@ -288,7 +334,7 @@ class SglangSchedulerMemory:
         req = self.requests.pop(rid)
         c = self.m.common
         c.backup_kv_cache(req, self.tree, self.req_to_token_pool, self.allocator, "cpu_tensor")
-        c.release_kv_cache(req, self.tree, checkpoint=False)
+        self.api.release(req, self.tree, cache=False)
         self.backups[rid] = req
         return True
 
@@ -306,11 +352,11 @@ class SglangSchedulerMemory:
             array("q", list(old.origin_input_ids) + list(old.output_ids)),
             self.m.SamplingParams(max_new_tokens=64),
         )
-        req.prefix_len, req.last_node, req.lock = 0, self.tree.root_node, None
-        req.extend_end = committed
+        self.api.start_unmatched(req, self.tree)
+        self.api.set_extend_end(req, committed)
         if not self._room(self._extend_need(req)):
             return False
-        self.m.allocation.alloc_for_extend(_Batch(self, [req]).for_extend())
+        self.m.allocation.alloc_for_extend(_Batch(self, [req]).for_extend(self.api))
         req.kv.retraction_backup = old.kv.retraction_backup
         self.m.common.restore_kv_cache(
             req, self.tree, self.req_to_token_pool, self.allocator, "cpu_tensor"
@@ -369,7 +415,7 @@ class SglangSchedulerMemory:
         for rid, req in self.requests.items():
             kv = req.kv
             row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
-            locked = req.lock.node if req.lock is not None else None
+            locked = self.api.locked_node(req)
             requests.append(
                 dict(
                     rid=rid,
@@ -396,4 +442,11 @@ class SglangSchedulerMemory:
             req_rows_total=int(self.req_to_token_pool.size),
             req_rows_free=int(self.req_to_token_pool.available_size()),
             read_slot=lambda slot: int(self.pool.k_buffer[0][slot].item()),
+            own_checks=self._own_checks(),
         )
+
+    def _own_checks(self) -> list[dict[str, Any]]:
+        if self.checker is None:
+            return []
+        checker = self.checker
+        return list(self._run(lambda: checker.verdicts(live=list(self.requests.values()))))
