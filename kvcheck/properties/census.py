@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from kvcheck.census import Census, IndexSpace, TensorEntry, take_census
+from kvcheck.census.descriptions import description_methods
 from kvcheck.census.walk import walk_tensors
 from kvcheck.failures import FailureSignature, PropertyFailure
 
@@ -378,23 +379,6 @@ def assert_move_carries_census(
         census, own + rest, expected, call="move_kv_cache", check="bytes", family=family, what=what
     )
     return len(own)
-
-
-def description_methods(pool: Any) -> tuple[str, ...]:
-    """The transfer descriptions ``pool`` offers: its ``get_*buf_infos`` methods.
-
-    Example:
-        >>> class Pool:
-        ...     def get_contiguous_buf_infos(self): ...
-        ...     def get_state_buf_infos(self): ...
-        >>> description_methods(Pool())
-        ('get_contiguous_buf_infos', 'get_state_buf_infos')
-    """
-    return tuple(
-        name
-        for name in sorted(dir(type(pool)))
-        if name.startswith("get_") and name.endswith("buf_infos") and callable(getattr(pool, name))
-    )
 
 
 Description = tuple[Sequence[int], Sequence[int], Sequence[int]]

@@ -268,7 +268,7 @@ class KVCheckTarget:
             >>> list(KVCheckTarget().pd_registration(pool))
             ['kv']
         """
-        from kvcheck.properties.census import description_methods
+        from kvcheck.census.descriptions import description_methods
 
         components = {"kv": pool.get_contiguous_buf_infos()}
         for name in description_methods(pool):
