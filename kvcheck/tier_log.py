@@ -1,0 +1,352 @@
+"""The recorder of a tier failure's calls: :class:`TierLog` and the checks' two hooks.
+
+:class:`TierLog` wraps the objects a target built for one example (:meth:`TierLog.wrap`: an
+allocator, host pools) so that every call on them, by the driver or by a check, is kept as
+a :class:`~kvcheck.tier_calls.TierCall`: its arguments and its answer as plain data. A check
+says what it expected of the latest call with :func:`expect` and marks its own calls with
+:func:`checking`; both do nothing on an object no log wraps, so the checks run on any
+object. :meth:`TierLog.attached_to_failures` gives a failure the calls as a note (the
+example a person reads) and, when its failing check is one the log recorded, a
+:class:`~kvcheck.tier_calls.TierReproduction` for a standalone script.
+
+Example:
+    >>> import torch
+    >>> from kvcheck.allocators import TokenToKVPoolAllocator
+    >>> from kvcheck.tiers import AllocatorSpec
+    >>> log = TierLog("allocator", AllocatorSpec(kind="token", size=4, page_size=1))
+    >>> allocator = log.wrap(TokenToKVPoolAllocator(4, torch.bfloat16, "cpu", None, False),
+    ...                      "allocator")
+    >>> allocator.alloc(2).tolist()
+    [1, 2]
+    >>> allocator.free(torch.tensor([1, 2]))
+    >>> _ = allocator.available_size()
+    >>> expect(allocator, "available_size", equals=4)
+    >>> log.listing()[-2:]
+    ['  allocator.free([1, 2])', '  allocator.available_size()  # -> 4']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from kvcheck.tier_calls import (
+    CALLS_HEADING,
+    TIER_KINDS,
+    TierCall,
+    TierReproduction,
+    discrepancy,
+    plain,
+    tier_listing,
+)
+from kvcheck.tiers import AllocatorSpec, HostPoolSpec
+
+__all__ = ["TierLog", "checking", "expect"]
+
+#: Tensor arguments of other dtypes travel as raw bytes, up to this many.
+_MAX_RAW_BYTES = 1 << 16
+
+
+class TierLog:
+    """The calls made on the tier objects of one example (see the module).
+
+    ``kind`` and ``spec`` are the :class:`TierReproduction`'s: what the target was asked to
+    build. Objects the calls take that the target built too (the device pool) are named
+    with :meth:`name`.
+    """
+
+    def __init__(
+        self, kind: str, spec: AllocatorSpec | HostPoolSpec, *, device: str = "cpu"
+    ) -> None:
+        if kind not in TIER_KINDS:
+            raise ValueError(f"kind={kind!r} not in {TIER_KINDS}")
+        self.kind = kind
+        self.spec = spec
+        self.device = device
+        self.calls: list[TierCall] = []
+        #: plain answers and exceptions of the calls, to judge expectations as a script will
+        self._answers: list[tuple[Any, BaseException | None]] = []
+        #: id -> name of the objects calls may take; the objects are kept, so that no id
+        #: is reused while the log lives
+        self._names: dict[int, str] = {}
+        self._kept: list[Any] = []
+        self._checking = 0
+        #: the first call whose answer differed from what kvcheck expected of it
+        self.failing: int | None = None
+        #: the names of the objects wrapped, in order (the host pools: host, host_1, ...)
+        self.wrapped: list[str] = []
+
+    def wrap(self, obj: Any, name: str) -> Any:
+        """``obj`` behind a recorder: every call on it (and on its members) is logged under
+        ``name``."""
+        self.name(obj, name)
+        self.wrapped.append(name)
+        return _Recorded(obj, self, name)
+
+    def name(self, obj: Any, name: str) -> None:
+        """Write ``obj`` as ``name`` where a call takes it (the device pool)."""
+        self._names[id(obj)] = name
+        self._kept.append(obj)
+
+    @contextlib.contextmanager
+    def checking(self) -> Iterator[None]:
+        """Calls made inside the block are kvcheck's checks (the listing leaves them out)."""
+        self._checking += 1
+        try:
+            yield
+        finally:
+            self._checking -= 1
+
+    def expect(self, on: str, method: str | None, expectation: Mapping[str, Any]) -> None:
+        """Add ``expectation`` to the latest call of ``method`` on ``on`` (``None``: the
+        latest call on ``on``); the first one it does not hold for becomes the failing call."""
+        index = next(
+            (
+                i
+                for i in range(len(self.calls) - 1, -1, -1)
+                if self.calls[i].on == on and method in (None, self.calls[i].method)
+            ),
+            None,
+        )
+        if index is None:
+            return
+        call = self.calls[index]
+        merged = {**(call.expect or {}), **expectation}
+        self.calls[index] = dataclasses.replace(call, expect=merged)
+        answer, error = self._answers[index]
+        if self.failing is None and discrepancy(answer, error, merged) is not None:
+            self.failing = index
+
+    def record(
+        self,
+        on: str,
+        method: str,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        attribute: bool = False,
+    ) -> int:
+        """Log a call about to be made (its arguments encoded now, before the callee can
+        change them); :meth:`answered` completes it. Returns its index."""
+        self.calls.append(
+            TierCall(
+                on=on,
+                method=method,
+                args=tuple(_encoded(arg, self._names, data=True) for arg in args),
+                kwargs=tuple(
+                    (key, _encoded(value, self._names, data=True))
+                    for key, value in (kwargs or {}).items()
+                ),
+                checking=self._checking > 0,
+                attribute=attribute,
+            )
+        )
+        self._answers.append((None, None))
+        return len(self.calls) - 1
+
+    def answered(self, index: int, answer: Any = None, error: BaseException | None = None) -> None:
+        """What call ``index`` answered, or the exception it raised."""
+        call = self.calls[index]
+        if error is not None:
+            self.calls[index] = dataclasses.replace(
+                call, answer=str(error), raised=type(error).__name__
+            )
+        else:
+            self.calls[index] = dataclasses.replace(
+                call, answer=_encoded(answer, self._names, data=False)
+            )
+        self._answers[index] = (plain(answer) if error is None else None, error)
+
+    # -- on a failure ----------------------------------------------------------------------
+
+    def _failing_index(self) -> int | None:
+        if self.failing is not None:
+            return self.failing
+        if self.calls and self.calls[-1].raised is not None:
+            last = self.calls[-1]
+            if not (last.expect or {}).get("raises"):
+                return len(self.calls) - 1  # the target raised where it should not
+        return None
+
+    def reproduction(self, *, note: str = "", check: str = "") -> TierReproduction | None:
+        """The failure's reproduction: the calls up to the one whose answer kvcheck found
+        wrong. None when that call is not one this log recorded (the failing check compared
+        something else, such as bytes), or a call took an argument no script can rebuild."""
+        failing = self._failing_index()
+        if failing is None:
+            return None
+        calls = tuple(self.calls[: failing + 1])
+        if not all(call.replayable for call in calls):
+            return None
+        return TierReproduction(
+            self.kind, self.spec, calls, failing_call=failing, note=note, check=check
+        )
+
+    def listing(self) -> list[str]:
+        """The calls as Python, one a line: building the tier objects, every call the suite
+        made (kvcheck's checks left out, but for the failing one), each answer as a comment."""
+        return tier_listing(
+            self.kind,
+            self.spec,
+            self.calls,
+            self._failing_index(),
+            device=self.device,
+            parts=tuple(self.wrapped),
+        )
+
+    def attach(self, error: BaseException) -> None:
+        """Give ``error`` (a failure raised while the calls were made) the listing as a note
+        and, when a script can replay it, the reproduction (once per error; Hypothesis's own
+        control flow is no failure)."""
+        if getattr(error, "_kvcheck_calls_noted", False) or type(error).__module__.startswith(
+            "hypothesis"
+        ):
+            return
+        error.add_note("\n".join([CALLS_HEADING, *self.listing()]))
+        signature = getattr(error, "signature", None)
+        if getattr(error, "reproduction", None) is None:
+            rep = self.reproduction(note=str(error), check=str(getattr(signature, "check", "")))
+            if rep is not None:
+                error.reproduction = rep  # type: ignore[attr-defined]
+        error._kvcheck_calls_noted = True  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def attached_to_failures(self) -> Iterator[TierLog]:
+        """Attach the log to whatever the block raises (:meth:`attach`)."""
+        try:
+            yield self
+        except Exception as error:
+            self.attach(error)
+            raise
+
+
+# --- values as plain data -------------------------------------------------------------------
+
+
+def _is_integral(dtype: Any) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex)
+
+
+def _encoded(value: Any, names: Mapping[int, str], *, data: bool) -> Any:
+    """``value`` as plain data (see :class:`TierCall`); ``data``: keep the bytes of a tensor
+    of floats (an argument), else only its dtype and shape (an answer)."""
+    import torch
+
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": str(value)}
+    if id(value) in names:
+        return {"object": names[id(value)]}
+    if isinstance(value, _Recorded):
+        return {"object": value._kvcheck_on}
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        described: dict[str, Any] = {"tensor": dtype, "shape": list(tensor.shape)}
+        if _is_integral(tensor.dtype):
+            described["values"] = tensor.tolist()
+        elif data and tensor.nbytes <= _MAX_RAW_BYTES:
+            flat = tensor.contiguous().reshape(-1).view(torch.uint8)
+            described["hex"] = bytes(flat.numpy().tobytes()).hex()
+        return described
+    if isinstance(value, tuple):
+        return {"tuple": [_encoded(item, names, data=data) for item in value]}
+    if isinstance(value, list):
+        return [_encoded(item, names, data=data) for item in value]
+    return {"object": None, "type": type(value).__name__}
+
+
+# --- the recorder ------------------------------------------------------------------------------
+
+
+class _Recorded:
+    """Stands in for a tier object: every call on it goes through :meth:`TierLog.record`;
+    a plain attribute read (an int, a string, None) is recorded too, a tensor or container
+    is handed out as it is, any other member (a side of a sliding-window allocator) is
+    wrapped in turn."""
+
+    __slots__ = ("_kvcheck_log", "_kvcheck_on", "_kvcheck_target")
+
+    def __init__(self, target: Any, log: TierLog, on: str) -> None:
+        object.__setattr__(self, "_kvcheck_target", target)
+        object.__setattr__(self, "_kvcheck_log", log)
+        object.__setattr__(self, "_kvcheck_on", on)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._kvcheck_target, name)
+        log, on = self._kvcheck_log, self._kvcheck_on
+        if callable(value) and not isinstance(value, type):
+            return functools.partial(_recorded_call, log, on, name, value)
+        if value is None or isinstance(value, bool | int | float | str):
+            log.answered(log.record(on, name, attribute=True), value)
+            return value
+        if _is_data(value):
+            return value
+        return _Recorded(value, log, f"{on}.{name}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._kvcheck_target, name, value)
+
+    def __repr__(self) -> str:
+        return repr(self._kvcheck_target)
+
+
+def _is_data(value: Any) -> bool:
+    """A tensor, an array or a container: handed out as it is, never wrapped."""
+    if isinstance(value, list | tuple | dict | set | frozenset | bytes):
+        return True
+    return hasattr(value, "dtype") and hasattr(value, "shape")
+
+
+def _unwrapped(value: Any) -> Any:
+    return value._kvcheck_target if isinstance(value, _Recorded) else value
+
+
+def _recorded_call(
+    log: TierLog, on: str, method: str, function: Any, *args: Any, **kwargs: Any
+) -> Any:
+    args = tuple(_unwrapped(arg) for arg in args)
+    kwargs = {name: _unwrapped(value) for name, value in kwargs.items()}
+    index = log.record(on, method, args, kwargs)
+    try:
+        answer = function(*args, **kwargs)
+    except Exception as error:
+        log.answered(index, error=error)
+        raise
+    log.answered(index, answer)
+    return answer
+
+
+def expect(obj: Any, method: str | None = None, **expectation: Any) -> None:
+    """Record that kvcheck expected ``expectation`` (keys of :data:`EXPECTATIONS`) of the
+    latest call of ``method`` on ``obj`` (None: the latest call on it); nothing when no
+    :class:`TierLog` wraps ``obj``.
+
+    Example:
+        >>> expect(object(), "available_size", equals=3)  # an object no log wraps
+    """
+    log = getattr(obj, "_kvcheck_log", None)
+    if isinstance(log, TierLog):
+        log.expect(obj._kvcheck_on, method, expectation)
+
+
+@contextlib.contextmanager
+def checking(obj: Any) -> Iterator[None]:
+    """Mark the calls made on ``obj`` inside the block as kvcheck's checks (nothing when no
+    :class:`TierLog` wraps it).
+
+    Example:
+        >>> with checking(object()):
+        ...     pass
+    """
+    log = getattr(obj, "_kvcheck_log", None)
+    if isinstance(log, TierLog):
+        with log.checking():
+            yield
+    else:
+        yield
