@@ -155,6 +155,7 @@ class TierCall:
     such as the device pool). ``answer`` is the answer encoded the same way, or the message
     of the exception named by ``raised``. ``expect`` is what kvcheck expected of it
     (:data:`EXPECTATIONS`); ``checking`` marks a call kvcheck made to check.
+    ``arg_names`` are the names of the parameters ``args`` went to, where known.
     """
 
     on: str
@@ -166,6 +167,9 @@ class TierCall:
     expect: Mapping[str, Any] | None = None
     checking: bool = False
     attribute: bool = False
+    #: the parameter names of ``args`` where the callee's signature gave them (the listing
+    #: shows them; a script passes ``args`` as the suite did, by position)
+    arg_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for key in self.expect or {}:
@@ -254,6 +258,7 @@ def tier_reproduction_to_json(rep: TierReproduction) -> dict[str, Any]:
                 "expect": None if call.expect is None else dict(call.expect),
                 "checking": call.checking,
                 "attribute": call.attribute,
+                "arg_names": list(call.arg_names),
             }
             for call in rep.calls
         ],
@@ -303,6 +308,7 @@ def tier_reproduction_from_json(data: Mapping[str, Any]) -> TierReproduction:
                     expect=item.get("expect"),
                     checking=bool(item.get("checking", False)),
                     attribute=bool(item.get("attribute", False)),
+                    arg_names=tuple(str(name) for name in item.get("arg_names") or ()),
                 )
             )
         except ValueError as exc:
@@ -367,15 +373,22 @@ def shown(value: Any) -> str:
 
 
 def call_text(call: TierCall) -> str:
-    """The call as the listing writes it: ``allocator.free([4, 5])``.
+    """The call as the listing writes it: ``allocator.free([4, 5])``; a call of more than
+    two arguments names them, where their names are known.
 
     Example:
         >>> call_text(TierCall("host", "free", ({"tensor": "int64", "shape": [1], "values": [3]},)))
         'host.free([3])'
+        >>> call_text(TierCall("allocator", "alloc_decode", (3, 4, 5), arg_names=("a", "b", "c")))
+        'allocator.alloc_decode(a=3, b=4, c=5)'
     """
     if call.attribute:
         return f"{call.on}.{call.method}"
-    parts = [shown(arg) for arg in call.args]
+    named = len(call.args) + len(call.kwargs) > 2 and len(call.arg_names) == len(call.args)
+    parts = [
+        f"{name}={shown(arg)}" if named else shown(arg)
+        for name, arg in zip(call.arg_names or [""] * len(call.args), call.args, strict=True)
+    ]
     parts += [f"{name}={shown(value)}" for name, value in call.kwargs]
     return f"{call.on}.{call.method}({', '.join(parts)})"
 
@@ -460,16 +473,19 @@ def construction_lines(
     names = list(parts) or ["host"]
     taken = "[0]" if len(names) == 1 else f"[:{len(names)}]"
     return [
-        f"device_pool = target.make_pool({spec.device!r}, device={device!r})",
-        f"{', '.join(names)} = target.make_host_pool({_spec_repr(spec)}, device_pool, "
-        f"device={device!r}){taken}",
+        f"spec = {_spec_repr(spec)}",
+        f"device_pool = target.make_pool(spec.device, device={device!r})",
+        f"{', '.join(names)} = target.make_host_pool(spec, device_pool, device={device!r}){taken}",
     ]
 
 
 def _spec_repr(spec: Any) -> str:
-    """``spec`` as its constructor call, fields at their defaults left out."""
+    """``spec`` as its constructor call, fields at their defaults left out (a nested
+    spec's too)."""
     shown_fields = [
-        f"{field.name}={getattr(spec, field.name)!r}"
+        f"{field.name}={_spec_repr(getattr(spec, field.name))}"
+        if dataclasses.is_dataclass(getattr(spec, field.name))
+        else f"{field.name}={getattr(spec, field.name)!r}"
         for field in dataclasses.fields(spec)
         if field.default is dataclasses.MISSING or getattr(spec, field.name) != field.default
     ]
@@ -478,6 +494,8 @@ def _spec_repr(spec: Any) -> str:
 
 def _answer_comment(call: TierCall) -> str:
     if call.raised is not None:
+        if (call.expect or {}).get("raises") is not None:
+            return f"raised {call.raised}, as it should"
         return f"raised {call.raised}: {call.answer}"
     if call.answer is None:
         return ""

@@ -28,8 +28,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
+import inspect
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -45,7 +47,7 @@ from kvcheck.tier_calls import (
 )
 from kvcheck.tiers import AllocatorSpec, HostPoolSpec
 
-__all__ = ["TierLog", "checking", "expect"]
+__all__ = ["TierLog", "checking", "expect", "expecting", "recorded"]
 
 #: Tensor arguments of other dtypes travel as raw bytes, up to this many.
 _MAX_RAW_BYTES = 1 << 16
@@ -115,7 +117,8 @@ class TierLog:
         if index is None:
             return
         call = self.calls[index]
-        merged = {**(call.expect or {}), **expectation}
+        # A copy: the caller's lists (a request's row) may grow after the check.
+        merged = {**(call.expect or {}), **copy.deepcopy(dict(expectation))}
         self.calls[index] = dataclasses.replace(call, expect=merged)
         answer, error = self._answers[index]
         if self.failing is None and discrepancy(answer, error, merged) is not None:
@@ -129,9 +132,11 @@ class TierLog:
         kwargs: Mapping[str, Any] | None = None,
         *,
         attribute: bool = False,
+        arg_names: Sequence[str] = (),
     ) -> int:
         """Log a call about to be made (its arguments encoded now, before the callee can
-        change them); :meth:`answered` completes it. Returns its index."""
+        change them; ``arg_names``: the parameters they go to, where known);
+        :meth:`answered` completes it. Returns its index."""
         self.calls.append(
             TierCall(
                 on=on,
@@ -143,6 +148,7 @@ class TierLog:
                 ),
                 checking=self._checking > 0,
                 attribute=attribute,
+                arg_names=tuple(arg_names),
             )
         )
         self._answers.append((None, None))
@@ -303,16 +309,12 @@ def _is_data(value: Any) -> bool:
     return hasattr(value, "dtype") and hasattr(value, "shape")
 
 
-def _unwrapped(value: Any) -> Any:
-    return value._kvcheck_target if isinstance(value, _Recorded) else value
-
-
 def _recorded_call(
     log: TierLog, on: str, method: str, function: Any, *args: Any, **kwargs: Any
 ) -> Any:
-    args = tuple(_unwrapped(arg) for arg in args)
-    kwargs = {name: _unwrapped(value) for name, value in kwargs.items()}
-    index = log.record(on, method, args, kwargs)
+    args = tuple(recorded(arg) for arg in args)
+    kwargs = {name: recorded(value) for name, value in kwargs.items()}
+    index = log.record(on, method, args, kwargs, arg_names=_parameter_names(function, len(args)))
     try:
         answer = function(*args, **kwargs)
     except Exception as error:
@@ -320,6 +322,30 @@ def _recorded_call(
         raise
     log.answered(index, answer)
     return answer
+
+
+def _parameter_names(function: Any, count: int) -> tuple[str, ...]:
+    """The names of the parameters the first ``count`` positional arguments of ``function``
+    go to (none when its signature does not say them all)."""
+    unbound = getattr(function, "__func__", None)
+    if unbound is not None:  # a bound method: its first parameter is the object
+        names = _positional_names(unbound)[1:]
+    else:
+        try:
+            names = _positional_names(function)
+        except TypeError:  # unhashable: not worth caching, nor naming
+            return ()
+    return names[:count] if len(names) >= count else ()
+
+
+@functools.lru_cache(maxsize=512)
+def _positional_names(function: Any) -> tuple[str, ...]:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in parameters if p.kind in kinds)
 
 
 def expect(obj: Any, method: str | None = None, **expectation: Any) -> None:
@@ -350,3 +376,38 @@ def checking(obj: Any) -> Iterator[None]:
             yield
     else:
         yield
+
+
+@contextlib.contextmanager
+def expecting(obj: Any, **expectation: Any) -> Iterator[None]:
+    """Record that kvcheck expected ``expectation`` of the last call made inside the block
+    on any object of ``obj``'s log (a bad call, expected to raise), said when the block
+    ends, however it ends, before the caller judges it; nothing when no call was recorded
+    there or no :class:`TierLog` wraps ``obj``.
+
+    Example:
+        >>> with expecting(object(), raises="ValueError"):
+        ...     pass
+    """
+    log = getattr(obj, "_kvcheck_log", None)
+    if not isinstance(log, TierLog):
+        yield
+        return
+    before = len(log.calls)
+    try:
+        yield
+    finally:
+        if len(log.calls) > before:
+            log.expect(log.calls[-1].on, log.calls[-1].method, expectation)
+
+
+def recorded(obj: Any) -> Any:
+    """The object a :class:`TierLog` wraps as ``obj`` (``obj`` itself when none does): for
+    what reads an object's own state, never a call (``vars``).
+
+    Example:
+        >>> thing = object()
+        >>> recorded(thing) is thing
+        True
+    """
+    return obj._kvcheck_target if isinstance(obj, _Recorded) else obj

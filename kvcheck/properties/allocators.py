@@ -45,7 +45,7 @@ from typing import Any
 from kvcheck.failures import FailureSignature
 from kvcheck.properties.assertions import failure
 from kvcheck.reference.allocators import ReferenceAllocator
-from kvcheck.tier_log import checking, expect
+from kvcheck.tier_log import checking, expect, expecting
 from kvcheck.tiers import AllocatorSpec
 
 __all__ = [
@@ -229,11 +229,11 @@ def assert_bad_call_refused(
     __tracebackhide__ = True
     before = allocator_sizes(allocator, spec)
     try:
-        run()
+        with expecting(allocator, raises="ValueError"):
+            run()
     except ValueError:
         pass
     except Exception as exc:  # any other exception is the wrong kind of refusal
-        expect(allocator, raises="ValueError")
         raise failure(
             f"got {type(exc).__name__}: {exc} but should be ValueError [{call}: {why}]",
             signature=_signature(
@@ -241,12 +241,10 @@ def assert_bad_call_refused(
             ),
         ) from exc
     else:
-        expect(allocator, raises="ValueError")
         raise failure(
             f"got no exception but should be ValueError [{call}: {why}]",
             signature=_signature("raises", call, "no exception instead of ValueError", spec),
         )
-    expect(allocator, raises="ValueError")
     after = allocator_sizes(allocator, spec)
     _expect_sizes(allocator, before)
     if after != before:

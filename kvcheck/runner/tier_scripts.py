@@ -20,7 +20,7 @@ Example:
     >>> rep = TierReproduction("allocator", spec, (
     ...     TierCall("allocator", "available_size", answer=1, expect={"equals": 2}),))
     >>> script = render_tier_script(tier_reproduction_to_json(rep), target="kvcheck")
-    >>> 'call("allocator.available_size()", lambda: allocator.available_size(),' in script
+    >>> "call('allocator.available_size()', lambda: allocator.available_size()," in script
     True
 """
 
