@@ -49,7 +49,10 @@ from kvcheck.tiers import AllocatorSpec, HostPoolSpec
 
 __all__ = ["TierLog", "checking", "expect", "expecting", "recorded"]
 
-#: Tensor arguments of other dtypes travel as raw bytes, up to this many.
+#: A tensor of ints travels as its list of values up to this many elements; a larger one, or
+#: one of another dtype, as its raw bytes (an argument, up to this many bytes) or as its
+#: dtype and shape only (an answer, which no script passes on).
+_MAX_VALUES = 4096
 _MAX_RAW_BYTES = 1 << 16
 
 
@@ -70,7 +73,8 @@ class TierLog:
         self.spec = spec
         self.device = device
         self.calls: list[TierCall] = []
-        #: plain answers and exceptions of the calls, to judge expectations as a script will
+        #: the calls' answers and exceptions as they came, judged when a check says what it
+        #: expected (right after the call), as a script will judge them
         self._answers: list[tuple[Any, BaseException | None]] = []
         #: id -> name of the objects calls may take; the objects are kept, so that no id
         #: is reused while the log lives
@@ -121,7 +125,7 @@ class TierLog:
         merged = {**(call.expect or {}), **copy.deepcopy(dict(expectation))}
         self.calls[index] = dataclasses.replace(call, expect=merged)
         answer, error = self._answers[index]
-        if self.failing is None and discrepancy(answer, error, merged) is not None:
+        if self.failing is None and discrepancy(plain(answer), error, merged) is not None:
             self.failing = index
 
     def record(
@@ -165,7 +169,7 @@ class TierLog:
             self.calls[index] = dataclasses.replace(
                 call, answer=_encoded(answer, self._names, data=False)
             )
-        self._answers[index] = (plain(answer) if error is None else None, error)
+        self._answers[index] = (answer if error is None else None, error)
 
     # -- on a failure ----------------------------------------------------------------------
 
@@ -239,7 +243,8 @@ def _is_integral(dtype: Any) -> bool:
 
 def _encoded(value: Any, names: Mapping[int, str], *, data: bool) -> Any:
     """``value`` as plain data (see :class:`TierCall`); ``data``: keep the bytes of a tensor
-    of floats (an argument), else only its dtype and shape (an answer)."""
+    that is not a short list of ints (an argument), else only its dtype and shape (an
+    answer)."""
     import torch
 
     if value is None or isinstance(value, bool | int | str):
@@ -254,7 +259,7 @@ def _encoded(value: Any, names: Mapping[int, str], *, data: bool) -> Any:
         tensor = value.detach().cpu()
         dtype = str(tensor.dtype).removeprefix("torch.")
         described: dict[str, Any] = {"tensor": dtype, "shape": list(tensor.shape)}
-        if _is_integral(tensor.dtype):
+        if _is_integral(tensor.dtype) and tensor.numel() <= _MAX_VALUES:
             described["values"] = tensor.tolist()
         elif data and tensor.nbytes <= _MAX_RAW_BYTES:
             flat = tensor.contiguous().reshape(-1).view(torch.uint8)
