@@ -70,25 +70,40 @@ CALLS_HEADING = "calls, in order:"
 # --- what a script checks (each function's source is copied into the script) ----------------
 
 
-def plain(value):
-    """``value`` as plain data: a tensor or an array as nested lists, a tuple as a list."""
+def plain(value: object) -> object:
+    """``value`` as plain data: a tensor or an array as nested lists, a tuple as a list.
+
+    Example:
+        >>> import torch
+        >>> plain((torch.tensor([1, 2]), 3))
+        [[1, 2], 3]
+    """
     if hasattr(value, "tolist") and not isinstance(value, list):
-        return value.tolist()
+        return value.tolist()  # type: ignore[attr-defined]
     if isinstance(value, list | tuple):
         return [plain(item) for item in value]
     return value
 
 
-def slots_problem(slots, count, free_pages, page_size, plan):
+def slots_problem(
+    slots: list[int], count: int, free_pages: list[int], page_size: int, plan: list[int | str]
+) -> str | None:
     """What is wrong with ``slots``, an allocator's answer, when it must be ``count`` slots
     that follow ``plan``, one rule per slot: ``"page"`` (the first slot of a page that was
     free, ``free_pages``, and not taken earlier in this answer), ``"next"`` (the slot after
     the one before it) or a slot number ``s`` (the slot after ``s``: a request's last).
-    None when nothing is."""
+    None when nothing is.
+
+    Example:
+        >>> slots_problem([2, 3], 2, [1], 2, ["page", "next"]) is None  # page 1, whole
+        True
+        >>> slots_problem([2, 3, 4], 3, [2], 2, [7, "page", "next"])
+        'slot 2 (position 0) should be 8, after 7'
+    """
     if len(slots) != count:
         return f"{len(slots)} slots, not {count}"
-    taken = set()
-    previous = None
+    taken: set[int] = set()
+    previous = 0
     for position, (slot, rule) in enumerate(zip(slots, plan, strict=False)):
         if rule == "page":
             page = slot // page_size
@@ -99,16 +114,23 @@ def slots_problem(slots, count, free_pages, page_size, plan):
                 )
             taken.add(page)
         else:
-            after = previous if rule == "next" else rule
+            after = previous if rule == "next" else int(rule)
             if slot != after + 1:
                 return f"slot {slot} (position {position}) should be {after + 1}, after {after}"
         previous = slot
     return None
 
 
-def discrepancy(answer, error, expect):
+def discrepancy(answer: object, error: BaseException | None, expect: dict) -> str | None:
     """What differs between a call's ``answer`` (plain data) or the exception it raised
-    (``error``) and what kvcheck expected of it (``expect``); None when nothing does."""
+    (``error``) and what kvcheck expected of it (``expect``); None when nothing does.
+
+    Example:
+        >>> discrepancy([4, 2], None, {"sorted": [2, 4]}) is None
+        True
+        >>> discrepancy(None, None, {"raises": "ValueError"})
+        'answered None, but should raise ValueError'
+    """
     wanted = expect.get("raises")
     if error is not None:
         if wanted is not None and isinstance(error, getattr(builtins, wanted)):
@@ -125,12 +147,12 @@ def discrepancy(answer, error, expect):
         return None
     if "equals" in expect and answer != expect["equals"]:
         return f"answered {answer!r}, but should answer {expect['equals']!r}"
-    if "sorted" in expect and sorted(answer or []) != expect["sorted"]:
+    if "sorted" in expect and sorted(answer or []) != expect["sorted"]:  # type: ignore[call-overload]
         return f"answered {answer!r}, but should answer {expect['sorted']!r} in any order"
     if "truth" in expect and bool(answer) != expect["truth"]:
         return f"answered {answer!r}, but should answer something {expect['truth']}-like"
     if "slots" in expect:
-        problem = slots_problem(answer, **expect["slots"])
+        problem = slots_problem(answer, **expect["slots"])  # type: ignore[arg-type]
         if problem is not None:
             return f"answered {answer!r}: {problem}"
     return None
@@ -426,7 +448,7 @@ def tier_listing(
             answer = call.answer if call.raised is None else None
             error = None if call.raised is None else _rebuilt(call.raised, call.answer)
             problem = discrepancy(
-                _plain_encoded(answer), error, call.expect or {}
+                _plain_encoded(answer), error, dict(call.expect or {})
             ) or _answer_comment(call)
             lines.append(f"  {call_text(call)}  # {problem}  <- the failure")
             break

@@ -242,6 +242,11 @@ def _calls(rep: TierReproduction, failing: int | None) -> list[str]:
     return lines
 
 
+def _script_source(function: Any) -> str:
+    """``function``'s source as a script carries it: without the type checker's comments."""
+    return re.sub(r"  # type: ignore\[[^\]]*\]", "", inspect.getsource(function)).strip()
+
+
 def render_tier_script(
     data: Mapping[str, Any], *, target: str, import_root: str | None = None, test: str = ""
 ) -> str:
@@ -268,7 +273,7 @@ def render_tier_script(
     failing = rep.failing_index
     module = target.partition(":")[0].strip() if ":" in target else ""
     needs = f"torch, kvcheck and {module}" if module else "torch and kvcheck"
-    checks = "\n\n\n".join(inspect.getsource(function).strip() for function in SCRIPT_CHECKS)
+    checks = "\n\n\n".join(_script_source(function) for function in SCRIPT_CHECKS)
     what = "allocator" if rep.kind == "allocator" else "host pools"
     body = [
         f"# --- the {what} and the calls " + "-" * 60,
