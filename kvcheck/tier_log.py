@@ -28,13 +28,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import functools
 import inspect
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+import torch
 
 from kvcheck.tier_calls import (
     CALLS_HEADING,
@@ -72,10 +72,8 @@ class TierLog:
         self.kind = kind
         self.spec = spec
         self.device = device
-        self.calls: list[TierCall] = []
-        #: the calls' answers and exceptions as they came, judged when a check says what it
-        #: expected (right after the call), as a script will judge them
-        self._answers: list[tuple[Any, BaseException | None]] = []
+        #: the calls so far (mutable while they are made; :attr:`calls` freezes them)
+        self._entries: list[_Entry] = []
         #: id -> name of the objects calls may take; the objects are kept, so that no id
         #: is reused while the log lives
         self._names: dict[int, str] = {}
@@ -98,35 +96,38 @@ class TierLog:
         self._names[id(obj)] = name
         self._kept.append(obj)
 
-    @contextlib.contextmanager
-    def checking(self) -> Iterator[None]:
+    def checking(self) -> contextlib.AbstractContextManager[None]:
         """Calls made inside the block are kvcheck's checks (the listing leaves them out)."""
-        self._checking += 1
-        try:
-            yield
-        finally:
-            self._checking -= 1
+        return _Checking(self)
 
-    def expect(self, on: str, method: str | None, expectation: Mapping[str, Any]) -> None:
+    @property
+    def calls(self) -> tuple[TierCall, ...]:
+        """Every call made so far, as data."""
+        return tuple(entry.frozen() for entry in self._entries)
+
+    def expect(self, on: str | None, method: str | None, expectation: Mapping[str, Any]) -> None:
         """Add ``expectation`` to the latest call of ``method`` on ``on`` (``None``: the
-        latest call on ``on``); the first one it does not hold for becomes the failing call."""
+        latest call on ``on``; both ``None``: the latest call); the first one it does not
+        hold for becomes the failing call."""
         index = next(
             (
                 i
-                for i in range(len(self.calls) - 1, -1, -1)
-                if self.calls[i].on == on and method in (None, self.calls[i].method)
+                for i in range(len(self._entries) - 1, -1, -1)
+                if on in (None, self._entries[i].on) and method in (None, self._entries[i].method)
             ),
             None,
         )
         if index is None:
             return
-        call = self.calls[index]
+        entry = self._entries[index]
         # A copy: the caller's lists (a request's row) may grow after the check.
-        merged = {**(call.expect or {}), **copy.deepcopy(dict(expectation))}
-        self.calls[index] = dataclasses.replace(call, expect=merged)
-        answer, error = self._answers[index]
-        if self.failing is None and discrepancy(plain(answer), error, merged) is not None:
+        entry.expect = {**(entry.expect or {}), **_copied(dict(expectation))}
+        problem = discrepancy(plain(entry.live), entry.error, entry.expect)
+        if self.failing is None and problem is not None:
             self.failing = index
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     def record(
         self,
@@ -141,8 +142,8 @@ class TierLog:
         """Log a call about to be made (its arguments encoded now, before the callee can
         change them; ``arg_names``: the parameters they go to, where known);
         :meth:`answered` completes it. Returns its index."""
-        self.calls.append(
-            TierCall(
+        self._entries.append(
+            _Entry(
                 on=on,
                 method=method,
                 args=tuple(_encoded(arg, self._names, data=True) for arg in args),
@@ -155,31 +156,24 @@ class TierLog:
                 arg_names=tuple(arg_names),
             )
         )
-        self._answers.append((None, None))
-        return len(self.calls) - 1
+        return len(self._entries) - 1
 
     def answered(self, index: int, answer: Any = None, error: BaseException | None = None) -> None:
         """What call ``index`` answered, or the exception it raised."""
-        call = self.calls[index]
+        entry = self._entries[index]
         if error is not None:
-            self.calls[index] = dataclasses.replace(
-                call, answer=str(error), raised=type(error).__name__
-            )
+            entry.answer, entry.raised, entry.error = str(error), type(error).__name__, error
         else:
-            self.calls[index] = dataclasses.replace(
-                call, answer=_encoded(answer, self._names, data=False)
-            )
-        self._answers[index] = (answer if error is None else None, error)
+            entry.answer, entry.live = _encoded(answer, self._names, data=False), answer
 
     # -- on a failure ----------------------------------------------------------------------
 
     def _failing_index(self) -> int | None:
         if self.failing is not None:
             return self.failing
-        if self.calls and self.calls[-1].raised is not None:
-            last = self.calls[-1]
-            if not (last.expect or {}).get("raises"):
-                return len(self.calls) - 1  # the target raised where it should not
+        last = self._entries[-1] if self._entries else None
+        if last is not None and last.raised is not None and not (last.expect or {}).get("raises"):
+            return len(self._entries) - 1  # the target raised where it should not
         return None
 
     def reproduction(self, *, note: str = "", check: str = "") -> TierReproduction | None:
@@ -189,7 +183,7 @@ class TierLog:
         failing = self._failing_index()
         if failing is None:
             return None
-        calls = tuple(self.calls[: failing + 1])
+        calls = self.calls[: failing + 1]
         if not all(call.replayable for call in calls):
             return None
         return TierReproduction(
@@ -234,19 +228,82 @@ class TierLog:
             raise
 
 
+class _Entry:
+    """A call while it is being made and checked (:class:`TierCall`'s fields, mutable), with
+    its answer or exception as it came: judged when a check says what it expected (right
+    after the call), as a script will judge it."""
+
+    __slots__ = (
+        "answer",
+        "arg_names",
+        "args",
+        "attribute",
+        "checking",
+        "error",
+        "expect",
+        "kwargs",
+        "live",
+        "method",
+        "on",
+        "raised",
+    )
+
+    def __init__(
+        self,
+        *,
+        on: str,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: tuple[tuple[str, Any], ...],
+        checking: bool,
+        attribute: bool,
+        arg_names: tuple[str, ...],
+    ) -> None:
+        self.on, self.method, self.args, self.kwargs = on, method, args, kwargs
+        self.checking, self.attribute, self.arg_names = checking, attribute, arg_names
+        self.answer: Any = None
+        self.raised: str | None = None
+        self.expect: dict[str, Any] | None = None
+        self.live: Any = None
+        self.error: BaseException | None = None
+
+    def frozen(self) -> TierCall:
+        return TierCall(
+            on=self.on,
+            method=self.method,
+            args=self.args,
+            kwargs=self.kwargs,
+            answer=self.answer,
+            raised=self.raised,
+            expect=self.expect,
+            checking=self.checking,
+            attribute=self.attribute,
+            arg_names=self.arg_names,
+        )
+
+
+def _copied(value: Any) -> Any:
+    """``value`` with every list and dict in it copied (an expectation is plain data)."""
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    return value
+
+
 # --- values as plain data -------------------------------------------------------------------
 
 
-def _is_integral(dtype: Any) -> bool:
-    return not (dtype.is_floating_point or dtype.is_complex)
+@functools.lru_cache(maxsize=64)
+def _dtype_facts(dtype: Any) -> tuple[str, bool]:
+    """A torch dtype's name (``int64``) and whether it holds integers (or bools)."""
+    return str(dtype).removeprefix("torch."), not (dtype.is_floating_point or dtype.is_complex)
 
 
 def _encoded(value: Any, names: Mapping[int, str], *, data: bool) -> Any:
     """``value`` as plain data (see :class:`TierCall`); ``data``: keep the bytes of a tensor
     that is not a short list of ints (an argument), else only its dtype and shape (an
     answer)."""
-    import torch
-
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
@@ -257,9 +314,9 @@ def _encoded(value: Any, names: Mapping[int, str], *, data: bool) -> Any:
         return {"object": value._kvcheck_on}
     if isinstance(value, torch.Tensor):
         tensor = value.detach().cpu()
-        dtype = str(tensor.dtype).removeprefix("torch.")
+        dtype, integral = _dtype_facts(tensor.dtype)
         described: dict[str, Any] = {"tensor": dtype, "shape": list(tensor.shape)}
-        if _is_integral(tensor.dtype) and tensor.numel() <= _MAX_VALUES:
+        if integral and tensor.numel() <= _MAX_VALUES:
             described["values"] = tensor.tolist()
         elif data and tensor.nbytes <= _MAX_RAW_BYTES:
             flat = tensor.contiguous().reshape(-1).view(torch.uint8)
@@ -366,8 +423,7 @@ def expect(obj: Any, method: str | None = None, **expectation: Any) -> None:
         log.expect(obj._kvcheck_on, method, expectation)
 
 
-@contextlib.contextmanager
-def checking(obj: Any) -> Iterator[None]:
+def checking(obj: Any) -> contextlib.AbstractContextManager[None]:
     """Mark the calls made on ``obj`` inside the block as kvcheck's checks (nothing when no
     :class:`TierLog` wraps it).
 
@@ -376,11 +432,22 @@ def checking(obj: Any) -> Iterator[None]:
         ...     pass
     """
     log = getattr(obj, "_kvcheck_log", None)
-    if isinstance(log, TierLog):
-        with log.checking():
-            yield
-    else:
-        yield
+    return _Checking(log) if isinstance(log, TierLog) else contextlib.nullcontext()
+
+
+class _Checking:
+    """The block of :meth:`TierLog.checking` (a class: checks run it thousands of times)."""
+
+    __slots__ = ("log",)
+
+    def __init__(self, log: TierLog) -> None:
+        self.log = log
+
+    def __enter__(self) -> None:
+        self.log._checking += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.log._checking -= 1
 
 
 @contextlib.contextmanager
@@ -398,12 +465,12 @@ def expecting(obj: Any, **expectation: Any) -> Iterator[None]:
     if not isinstance(log, TierLog):
         yield
         return
-    before = len(log.calls)
+    before = len(log)
     try:
         yield
     finally:
-        if len(log.calls) > before:
-            log.expect(log.calls[-1].on, log.calls[-1].method, expectation)
+        if len(log) > before:
+            log.expect(None, None, expectation)
 
 
 def recorded(obj: Any) -> Any:
