@@ -15,7 +15,9 @@ that name no slot, ``clear()``, a drain (``alloc`` of everything free, then free
 a target that validates input, bad calls. Every answer is judged by the reference (no slot
 handed out twice, page alignment, refused exactly when the pages do not cover it, a refusal
 changes nothing) and after every step ``available_size()`` (and SWA's two sides and its
-mapping, and each side's census of its free pages) must equal the truth.
+mapping, and each side's census of its free pages) must equal the truth. Every call on the
+allocator is recorded (:class:`~kvcheck.tier_log.TierLog`) with what was expected of its
+answer: a failure lists the calls as Python and carries them for a standalone script.
 
 Example::
 
