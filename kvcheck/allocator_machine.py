@@ -15,7 +15,9 @@ that name no slot, ``clear()``, a drain (``alloc`` of everything free, then free
 a target that validates input, bad calls. Every answer is judged by the reference (no slot
 handed out twice, page alignment, refused exactly when the pages do not cover it, a refusal
 changes nothing) and after every step ``available_size()`` (and SWA's two sides and its
-mapping, and each side's census of its free pages) must equal the truth.
+mapping, and each side's census of its free pages) must equal the truth. Every call on the
+allocator is recorded (:class:`~kvcheck.tier_log.TierLog`) with what was expected of its
+answer: a failure lists the calls as Python and carries them for a standalone script.
 
 Example::
 
@@ -49,12 +51,13 @@ from kvcheck.properties.allocators import (
     assert_reported_capacity,
 )
 from kvcheck.properties.assertions import failure
-from kvcheck.reference.allocators import ReferenceAllocator, Request
+from kvcheck.reference.allocators import ReferenceAllocator, ReferenceSide, Request, answer_plan
 from kvcheck.steering import Steering
 from kvcheck.strategies.tier_specs import allocator_specs
 from kvcheck.targets import supports
 from kvcheck.targets.findings import steered_tags
 from kvcheck.targets.tier_support import allocator_skip_reason, build_allocator
+from kvcheck.tier_log import TierLog, checking, expect, expecting
 from kvcheck.tiers import ALLOCATOR_KINDS, AllocatorSpec
 
 __all__ = ["AllocatorMachine", "allocator_machine"]
@@ -102,40 +105,24 @@ class AllocatorMachine(RuleBasedStateMachine):
         self.dead: dict[int, int] = {}
         self.freed: list[int] = []  # slots of pages freed last (for double frees)
         self.next_request = 0
-        #: Every call made so far, as it reads in Python (what a failure's note lists).
-        self.calls: list[str] = []
+        #: The step just taken, as the failure messages name it.
         self.last_call = "allocator construction"
-
-    @property
-    def last_call(self) -> str:
-        """The call just made on the allocator, as it reads in Python."""
-        return self._last_call
-
-    @last_call.setter
-    def last_call(self, call: str) -> None:
-        previous = getattr(self, "_last_call", None)
-        if previous is not None and self.calls and call.endswith(previous) and call != previous:
-            self.calls[-1] = call  # the same call, described more fully ("group: free(...)")
-        else:
-            self.calls.append(call)
-        self._last_call = call
+        #: Every call made on the allocator, with what was expected of its answer: a
+        #: failure's example and its standalone script (:mod:`kvcheck.tier_log`).
+        self.log: TierLog | None = None
 
     def _noted(self, error: BaseException) -> None:
-        """Add the calls made so far to ``error``, one a line, as calls on ``allocator``
-        (the steps Hypothesis prints name the draws, not the calls)."""
-        if getattr(error, "_kvcheck_calls_noted", False) or type(error).__module__.startswith(
-            "hypothesis"
-        ):
-            return  # noted once; Hypothesis's own control flow is not a failure
-        spec = f"allocator = target.make_allocator({self.spec!r})"
-        calls = [f"allocator.{call}" for call in self.calls[1:]]
-        error.add_note("\n".join(["calls, in order:", f"  {spec}", *(f"  {c}" for c in calls)]))
-        error._kvcheck_calls_noted = True  # type: ignore[attr-defined]
+        """Give ``error`` the calls made on the allocator so far, as Python, and their
+        reproduction (the steps Hypothesis prints name the draws, not the calls)."""
+        if self.log is not None:
+            self.log.attach(error)
 
     def _build(self, spec: AllocatorSpec) -> None:
         self.spec = spec
         self.reference = ReferenceAllocator(spec)
-        self.allocator = build_allocator(self.target, spec, device=self.device)
+        self.log = TierLog("allocator", spec, device=self.device)
+        allocator = build_allocator(self.target, spec, device=self.device)
+        self.allocator = self.log.wrap(allocator, "allocator")
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -152,7 +139,31 @@ class AllocatorMachine(RuleBasedStateMachine):
     def _peers(self, slots: torch.Tensor) -> list[int]:
         if self._spec.kind != "swa" or not len(slots):
             return []
-        return [int(x) for x in self.allocator.translate_loc_from_full_to_swa(slots).tolist()]
+        with checking(self.allocator):
+            peers = self.allocator.translate_loc_from_full_to_swa(slots)
+        return [int(x) for x in peers.tolist()]
+
+    def _expect_slots(
+        self, method: str, plan: list[int | str], side: ReferenceSide | None = None
+    ) -> None:
+        """What the latest ``method`` call must have answered: slots following ``plan``
+        (:func:`~kvcheck.reference.allocators.answer_plan`) in ``side``'s free pages (the
+        full side's by default). Said before the reference judges the answer, for the
+        failure's script (:mod:`kvcheck.tier_log`)."""
+        side = self._ref.full if side is None else side
+        rule = {
+            "count": len(plan),
+            "free_pages": sorted(side.free),
+            "page_size": side.page_size,
+            "plan": plan,
+        }
+        expect(self.allocator, method, slots=rule)
+
+    def _expect_peers(self, plan: list[int | str]) -> None:
+        """The window peers of the latest answer (a sliding-window allocator's) follow
+        ``plan`` in the window side's free pages."""
+        if self._ref.swa is not None:
+            self._expect_slots("translate_loc_from_full_to_swa", plan, self._ref.swa)
 
     def _kinds(self) -> tuple[str, ...]:
         spec = self._spec
@@ -212,7 +223,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         if out is None:
             return None
         slots = [int(x) for x in out.tolist()]
-        assert_answer(ref.alloc(need, slots, self._peers(out)), call=call, spec=spec)
+        self._expect_slots("alloc", answer_plan(need, spec.page_size))
+        peers = self._peers(out)
+        if peers:
+            self._expect_peers(answer_plan(need, spec.page_size))
+        assert_answer(ref.alloc(need, slots, peers), call=call, spec=spec)
         if slots:
             self._add_request(slots)
         return slots
@@ -314,7 +329,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         if out is None:
             return
         slots = [int(x) for x in out.tolist()]
-        assert_answer(ref.grow(call, requests, slots, self._peers(out)), call=call, spec=spec)
+        self._expect_slots(method, answer_plan(requests, spec.page_size))
+        peers = self._peers(out)
+        if peers:
+            self._expect_peers(answer_plan(ref.swa_requests(requests), spec.page_size))
+        assert_answer(ref.grow(call, requests, slots, peers), call=call, spec=spec)
         position = 0
         for number, request in batch:
             grown = slots[position : position + request.seq - request.prefix]
@@ -487,7 +506,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         if out is None:
             return
         slots = [int(x) for x in out.tolist()]
+        self._expect_slots("alloc_extend_swa_tail", answer_plan([request], spec.page_size))
         peers = self._peers(out[start:]) if len(slots) == seq else []
+        if peers:
+            self._expect_peers(answer_plan([Request(0, tail, -1)], spec.page_size))
         assert_answer(ref.swa_tail(call, request, tail, slots, peers), call=call, spec=spec)
         number = self._add_request(slots)
         self.dead[number] = start
@@ -502,6 +524,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         for tokens in (free, free + 1):
             call = f"check_decode_capacity(num_tokens={tokens}, tree_cache=None)"
             got = allocator.check_decode_capacity(num_tokens=tokens, tree_cache=None)
+            expect(allocator, "check_decode_capacity", truth=tokens <= free)
             assert_hook_answer(bool(got), tokens <= free, call=call, spec=spec)
         full, window = spec.size, spec.page_size
         for budget, window_budget in ((full, None), (full - 1, None), (full, window - 1)):
@@ -513,11 +536,12 @@ class AllocatorMachine(RuleBasedStateMachine):
                 None, full, window, full_budget_tokens=budget, swa_budget_tokens=window_budget
             )
             fits = full <= budget and (window_budget is None or window <= window_budget)
+            expect(allocator, "prealloc_fits", truth=fits)
             assert_hook_answer(bool(got), fits, call=call, spec=spec)
         call = f"prealloc_ceiling_fits({full}, {window})"
-        assert_hook_answer(
-            allocator.prealloc_ceiling_fits(full, window), None, call=call, spec=spec
-        )
+        ceiling = allocator.prealloc_ceiling_fits(full, window)
+        expect(allocator, "prealloc_ceiling_fits", equals=None)
+        assert_hook_answer(ceiling, None, call=call, spec=spec)
         # PD decode's per-request slot reserve came with sglang 0.5.22: an allocator of an
         # older release has no such hook to check (every other hook here is older).
         if hasattr(allocator, "request_slot_reserve"):
@@ -525,6 +549,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             got_reserve = allocator.request_slot_reserve(
                 has_req_pool_slot=True, prefill_tokens=free
             )
+            expect(allocator, "request_slot_reserve", equals=0)
             assert_hook_answer(got_reserve, 0, call=call, spec=spec)
         for row in self.rows.values():
             if not row:
@@ -532,11 +557,14 @@ class AllocatorMachine(RuleBasedStateMachine):
             index = torch.tensor(row, dtype=torch.int64)
             call = f"translate_kv_indices_for_transfer({row})"
             got_ids = allocator.translate_kv_indices_for_transfer(index).tolist()
+            expect(allocator, "translate_kv_indices_for_transfer", equals=row)
             assert_hook_answer(got_ids, row, call=call, spec=spec)
             if spec.kind in ("swa", "pure_swa"):
                 call = f"translate_swa_indices_for_transfer({row})"
                 got_ids = allocator.translate_swa_indices_for_transfer(index).tolist()
-                assert_hook_answer(got_ids, ref.expected_mapping(row), call=call, spec=spec)
+                want = ref.expected_mapping(row)
+                expect(allocator, "translate_swa_indices_for_transfer", equals=want)
+                assert_hook_answer(got_ids, want, call=call, spec=spec)
 
     def _paged_call(self, data: st.DataObject) -> None:
         """A page-size > 1 entry point of a page-size-1 allocator raises NotImplementedError
@@ -550,7 +578,8 @@ class AllocatorMachine(RuleBasedStateMachine):
         before = allocator_sizes(self.allocator, spec)
         one = torch.tensor([1], dtype=torch.int64)
         try:
-            getattr(self.allocator, method)(one, one, one, one, -one, 1)
+            with expecting(self.allocator, raises="NotImplementedError"):
+                getattr(self.allocator, method)(one, one, one, one, -one, 1)
         except NotImplementedError:
             pass
         else:
@@ -757,9 +786,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         reported capacities and the scheduler hooks' answers equal the truth."""
         if self.allocator is not None:
             try:
-                assert_allocator_state(self.allocator, self._ref, call=self.last_call)
-                assert_reported_capacity(self.allocator, self._spec, call=self.last_call)
-                self._check_hooks()
+                with checking(self.allocator):
+                    assert_allocator_state(self.allocator, self._ref, call=self.last_call)
+                    assert_reported_capacity(self.allocator, self._spec, call=self.last_call)
+                    self._check_hooks()
             except Exception as error:
                 self._noted(error)
                 raise

@@ -184,7 +184,8 @@ def _decode_dataclass(cls: type, data: Any, where: str) -> Any:
 
 
 def reproduction_to_json(rep: Reproduction) -> dict[str, Any]:
-    """``rep`` as JSON-serializable data; row bytes become hex strings.
+    """``rep`` as JSON-serializable data; row bytes become hex strings. Its ``kind`` is
+    ``"pool"`` (a tier failure's: :func:`kvcheck.tier_calls.tier_reproduction_to_json`).
 
     Example:
         >>> from kvcheck.specs import HostCopy, PoolSpec
@@ -196,6 +197,7 @@ def reproduction_to_json(rep: Reproduction) -> dict[str, Any]:
         raise ValueError(f"rep={rep!r} is not a Reproduction")
     return {
         "format": FORMAT_VERSION,
+        "kind": "pool",
         "spec": _encode(rep.spec),
         "ops": [{"op": type(op).__name__, **_encode(op)} for op in rep.ops],
         "note": rep.note,
@@ -222,6 +224,11 @@ def reproduction_from_json(data: Mapping[str, Any]) -> Reproduction:
     version = data.get("format", FORMAT_VERSION)
     if version != FORMAT_VERSION:
         raise ValueError(f"format={version!r}: this kvcheck reads format {FORMAT_VERSION}")
+    kind = data.get("kind", "pool")
+    if kind != "pool":
+        raise ValueError(
+            f"kind={kind!r}: not a pool reproduction (kvcheck.tier_calls reads a tier one)"
+        )
     if "spec" not in data or "ops" not in data:
         raise ValueError(f"data has keys {sorted(data)}; 'spec' and 'ops' are required")
     spec = _decode_dataclass(PoolSpec, data["spec"], "spec")

@@ -26,6 +26,8 @@ LAYERS: tuple[str, ...] = (
     "reference",
     "calls",
     "failures",
+    "tier_calls",
+    "tier_log",
     "memory",
     "census",
     "attention",

@@ -24,12 +24,23 @@ from kvcheck.targets import resolve_target, target_identity
 MY_TARGET = "my_pkg.kv:MyTarget"
 
 _TARGET = """
+    from kvcheck.pools import MHATokenToKVPool
     from kvcheck.targets.builtin import KVCheckTarget
+
+
+    class NoMovePool(MHATokenToKVPool):
+        def move_kv_cache(self, tgt_loc, src_loc):
+            pass  # the other bug: a move copies nothing
 
 
     class MyTarget(KVCheckTarget):
         def clamp(self, x):
             return x  # the bug: no upper bound
+
+        def make_pool(self, spec, *, device):
+            if spec.variant != "mha":
+                return super().make_pool(spec, device=device)
+            return self.pool_arguments(spec, device=device).build(NoMovePool)
 
 
     buggy = MyTarget()
@@ -53,6 +64,14 @@ _OWN_TARGET_TESTS = """
     @given(x=st.integers(0, 10_000))
     def test_by_parameter(kvcheck_target, x):
         assert kvcheck_target.clamp(x) <= 100
+
+
+    def test_by_machine(kvcheck_device):
+        from hypothesis.stateful import run_state_machine_as_test
+        from kvcheck.machines import pool_machine
+
+        machine = pool_machine(buggy, device=kvcheck_device, family="mha")
+        run_state_machine_as_test(machine, settings=machine.TestCase.settings)
 """
 _OWN_FIXTURE = """
     import pytest
@@ -115,8 +134,9 @@ def _pytest(root: Path, db: Path, *args: str, limit: int = 100) -> subprocess.Co
 
 def test_examples_are_keyed_by_the_target_each_test_uses(tmp_path: Path) -> None:
     """A project's tests that pick their own target (strategies' target=, a parameter, the
-    project's kvcheck_target fixture) store their failures under it, not under the run's
-    target, and the header after collection names it."""
+    project's kvcheck_target fixture, a machine built for it, as examples/own_pool's are)
+    store their failures under it, not under the run's target, and the header after
+    collection names it (a machine's test: as decided when it runs)."""
     root = _project(
         tmp_path / "project",
         {"test_own.py": _OWN_TARGET_TESTS, "conftest.py": _OWN_FIXTURE},
@@ -127,11 +147,12 @@ def test_examples_are_keyed_by_the_target_each_test_uses(tmp_path: Path) -> None
     (root / "conftest.py").unlink()  # the fixture overrides kvcheck's in sub/ only
     result = _pytest(root, tmp_path / "db")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "3 failed" in result.stdout
+    assert "4 failed" in result.stdout
     assert MY_TARGET in result.stdout  # after collection: the targets the tests use
+    assert "the target it builds for when it runs, else kvcheck (1 tests)" in result.stdout
     shared = DirectoryBasedExampleDatabase(tmp_path / "db")
     assert stored_targets(shared) == [MY_TARGET]
-    assert scan_database(shared).holdings(MY_TARGET).entries >= 3
+    assert scan_database(shared).holdings(MY_TARGET).entries >= 4
 
 
 def test_a_target_is_keyed_by_its_identity_not_its_spelling(tmp_path: Path) -> None:

@@ -20,7 +20,10 @@
   capability ``input_validation``).
 
 Failures carry a :class:`~kvcheck.failures.FailureSignature` whose family is
-``allocator:<kind>``, so a target's findings can match them.
+``allocator:<kind>``, so a target's findings can match them. Each check says what it
+expected of the allocator's answers (:func:`kvcheck.tier_log.expect`), which a failure's
+standalone script checks again when the allocator is one a :class:`~kvcheck.tier_log.TierLog`
+records (nothing changes for any other).
 
 Example:
     >>> import torch
@@ -42,6 +45,7 @@ from typing import Any
 from kvcheck.failures import FailureSignature
 from kvcheck.properties.assertions import failure
 from kvcheck.reference.allocators import ReferenceAllocator
+from kvcheck.tier_log import checking, expect, expecting
 from kvcheck.tiers import AllocatorSpec
 
 __all__ = [
@@ -91,11 +95,18 @@ def assert_answer(problems: list[str], *, call: str, spec: AllocatorSpec) -> Non
 
 def allocator_sizes(allocator: Any, spec: AllocatorSpec) -> dict[str, int]:
     """What the allocator reports: ``available_size()`` (and, for SWA, each side's)."""
-    sizes = {"available_size()": int(allocator.available_size())}
-    if spec.kind in _TWO_SIDED:
-        sizes["full_available_size()"] = int(allocator.full_available_size())
-        sizes["swa_available_size()"] = int(allocator.swa_available_size())
+    with checking(allocator):
+        sizes = {"available_size()": int(allocator.available_size())}
+        if spec.kind in _TWO_SIDED:
+            sizes["full_available_size()"] = int(allocator.full_available_size())
+            sizes["swa_available_size()"] = int(allocator.swa_available_size())
     return sizes
+
+
+def _expect_sizes(allocator: Any, sizes: dict[str, int]) -> None:
+    """The latest size calls (:func:`allocator_sizes`) should have answered ``sizes``."""
+    for name, value in sizes.items():
+        expect(allocator, name.removesuffix("()"), equals=value)
 
 
 def _expected_sizes(reference: ReferenceAllocator) -> dict[str, int]:
@@ -131,7 +142,9 @@ def assert_free_pages(allocator: Any, reference: ReferenceAllocator, *, call: st
     """Each side's ``get_all_free_pages()`` lists every free page once and no held page."""
     __tracebackhide__ = True
     for name, side, ref_side in _censuses(allocator, reference):
-        pages = side.get_all_free_pages()
+        with checking(side):
+            pages = side.get_all_free_pages()
+        expect(side, "get_all_free_pages", sorted=sorted(ref_side.free))
         listed = [] if pages is None else [int(x) for x in pages.tolist()]
         problems = reference.free_pages_problems(ref_side, listed, f"{name} get_all_free_pages()")
         if problems:
@@ -153,6 +166,7 @@ def assert_allocator_state(allocator: Any, reference: ReferenceAllocator, *, cal
     __tracebackhide__ = True
     spec = reference.spec
     got, expected = allocator_sizes(allocator, spec), _expected_sizes(reference)
+    _expect_sizes(allocator, expected)
     if got != expected:
         raise failure(
             f"got {got} but should be {expected} [after {call}]",
@@ -164,9 +178,11 @@ def assert_allocator_state(allocator: Any, reference: ReferenceAllocator, *, cal
     import torch
 
     slots = list(range(spec.size + spec.page_size))
-    peers = allocator.translate_loc_from_full_to_swa(torch.tensor(slots, dtype=torch.int64))
+    with checking(allocator):
+        peers = allocator.translate_loc_from_full_to_swa(torch.tensor(slots, dtype=torch.int64))
     got_map = [int(x) for x in peers.tolist()]
     want_map = reference.expected_mapping(slots)
+    expect(allocator, "translate_loc_from_full_to_swa", equals=want_map)
     if got_map != want_map:
         first = next(i for i, (a, b) in enumerate(zip(got_map, want_map, strict=True)) if a != b)
         raise failure(
@@ -188,6 +204,7 @@ def assert_refusal(
     """An allocation returned None exactly when the reference refuses it, and a refused one
     left every size as it was (``before``: :func:`allocator_sizes` before the call)."""
     __tracebackhide__ = True
+    expect(allocator, call.split("(")[0], refused=should_refuse)
     if refused != should_refuse:
         got = "None" if refused else "slots"
         want = "None (the free pages do not cover it)" if should_refuse else "slots"
@@ -197,6 +214,7 @@ def assert_refusal(
         )
     if refused:
         after = allocator_sizes(allocator, spec)
+        _expect_sizes(allocator, before)
         if after != before:
             raise failure(
                 f"got {after} after a refused allocation but should be {before} [{call}]",
@@ -211,7 +229,8 @@ def assert_bad_call_refused(
     __tracebackhide__ = True
     before = allocator_sizes(allocator, spec)
     try:
-        run()
+        with expecting(allocator, raises="ValueError"):
+            run()
     except ValueError:
         pass
     except Exception as exc:  # any other exception is the wrong kind of refusal
@@ -227,6 +246,7 @@ def assert_bad_call_refused(
             signature=_signature("raises", call, "no exception instead of ValueError", spec),
         )
     after = allocator_sizes(allocator, spec)
+    _expect_sizes(allocator, before)
     if after != before:
         raise failure(
             f"got {after} after a refused call but should be {before} [{call}: {why}]",
@@ -249,7 +269,10 @@ def assert_reported_capacity(allocator: Any, spec: AllocatorSpec, *, call: str) 
     ``verify_byte_accounting()`` (where it has one) finds no violation."""
     __tracebackhide__ = True
     expected = _expected_capacity(spec)
-    got = {name: int(getattr(allocator, name)) for name in expected}
+    with checking(allocator):
+        got = {name: int(getattr(allocator, name)) for name in expected}
+    for name, value in expected.items():
+        expect(allocator, name, equals=value)
     if got != expected:
         raise failure(
             f"got {got} but should be {expected} [after {call}]",
@@ -257,7 +280,11 @@ def assert_reported_capacity(allocator: Any, spec: AllocatorSpec, *, call: str) 
         )
     verify = getattr(allocator, "verify_byte_accounting", None)
     if callable(verify):
-        problems = list(verify())
+        with checking(allocator):
+            answer = verify()
+        if isinstance(answer, list | tuple):  # anything else is no answer a script compares
+            expect(allocator, "verify_byte_accounting", equals=[])
+        problems = list(answer)
         if problems:
             raise failure(
                 f"got verify_byte_accounting() = {problems[:6]} but should be [] [after {call}]",

@@ -17,7 +17,10 @@ the host pool of the device pool's main rows, then any host pool of its other bu
 - all of these on one backup and load of whole pages, the device bytes judged by the device
   pool's reference, with a bad host call refused (:func:`check_host_round_trip`).
 
-Failures carry the family ``host:<device variant>:<layout>``.
+Failures carry the family ``host:<device variant>:<layout>``. The round trip and the
+storage checks make their calls on host pools a :class:`~kvcheck.tier_log.TierLog` records:
+a failure lists them as Python, and one of a check of the host pools' own answers (slots,
+sizes, refusals; not bytes or addresses) carries a reproduction for a standalone script.
 
 Example:
     >>> import torch
@@ -45,6 +48,7 @@ from kvcheck.failures import FailureSignature
 from kvcheck.properties.assertions import assert_bytes_equal, failure
 from kvcheck.reference.host_pools import ReferenceHostPool, merge_ranges
 from kvcheck.steering import Steer, Steering
+from kvcheck.tier_log import TierLog, checking, expect, expecting, recorded
 from kvcheck.tiers import HOST_IO_BACKENDS, HostPoolSpec
 
 __all__ = [
@@ -161,7 +165,9 @@ def assert_host_slots(
 ) -> None:
     """The host pool's ``available_size()`` equals the reference."""
     __tracebackhide__ = True
-    got, want = int(host.available_size()), reference.available_size()
+    with checking(host):
+        got, want = int(host.available_size()), reference.available_size()
+    expect(host, "available_size", equals=want)
     if got != want:
         raise failure(
             f"got {got} but should be {want} [host available_size() after {call}]",
@@ -192,7 +198,9 @@ def assert_host_buffer_infos(
     for number, part in enumerate(parts[: len(reference.parts)]):
         names = list(dict.fromkeys(piece.attribute for piece in reference.parts[number]))
         per_token = reference.expected_size_per_token(number)
-        got = int(part.get_size_per_token())
+        with checking(part):
+            got = int(part.get_size_per_token())
+        expect(part, "get_size_per_token", equals=per_token)
         if got != per_token:
             raise failure(
                 f"got {got} but should be {per_token} [host pool {number}: get_size_per_token()]",
@@ -338,7 +346,53 @@ def check_host_round_trip(
 
     The reference of the device pool judges the load (a host copy of the pages backed up,
     reloaded into the pages loaded into): every device byte, the other slots included.
+    A failure lists the calls made on the host pools (:class:`~kvcheck.tier_log.TierLog`).
     """
+    log = TierLog("host_pool", spec, device=device)
+    with log.attached_to_failures():
+        _round_trip(
+            log,
+            target,
+            spec,
+            data,
+            device=device,
+            write_kinds=write_kinds,
+            validates=validates,
+            steer=steer,
+        )
+
+
+def _recorded_parts(log: TierLog, parts: Sequence[Any], pool: Any) -> tuple[Any, ...]:
+    """``parts`` behind ``log``'s recorder, as ``host``, ``host_1``, ...; the device pool
+    their calls take is ``device_pool``."""
+    log.name(pool, "device_pool")
+    names = ["host", *(f"host_{number}" for number in range(1, len(parts)))]
+    return tuple(log.wrap(part, name) for name, part in zip(names, parts, strict=True))
+
+
+def _expect_host_alloc(host: Any, reference: ReferenceHostPool, count: int) -> None:
+    """The latest ``alloc(count)`` should have answered ``count`` of the reference's free
+    slots, each once (said before the reference records the answer)."""
+    rule = {
+        "count": count,
+        "free_pages": sorted(reference.free_slots),
+        "page_size": 1,
+        "plan": ["page"] * count,
+    }
+    expect(host, "alloc", refused=False, slots=rule)
+
+
+def _round_trip(
+    log: TierLog,
+    target: Any,
+    spec: HostPoolSpec,
+    data: Any,
+    *,
+    device: str,
+    write_kinds: Sequence[str],
+    validates: bool,
+    steer: Iterable[Steer],
+) -> None:
     from hypothesis import strategies as st
 
     from kvcheck.properties.apply import apply_op_like_reference
@@ -358,9 +412,10 @@ def check_host_round_trip(
             if isinstance(op, WriteMLA) and 0 in op.locs and steering.avoids("write_mla:slot0"):
                 continue  # steered: the target's finding on MLA writes to the padding slot
             apply_op_like_reference(target, pool, reference, op, device=device, copies={})
-    parts = build_host_pool(target, spec, pool, device=device)
+    parts = _recorded_parts(log, build_host_pool(target, spec, pool, device=device), pool)
     host_reference = ReferenceHostPool(spec)
-    assert_host_buffer_infos(parts, host_reference, spec=spec, steer=steering)
+    with checking(parts[0]):
+        assert_host_buffer_infos(parts, host_reference, spec=spec, steer=steering)
     ps = spec.page_size
     device_pages = spec.device.size // ps
     if not device_pages:
@@ -376,6 +431,7 @@ def check_host_round_trip(
 
     source = pages("device pages backed up")
     host = parts[0].alloc(count * ps)
+    _expect_host_alloc(parts[0], host_reference, count * ps)
     if host is None:
         raise failure(
             f"got None but should be {count * ps} host slots [alloc({count * ps})]",
@@ -393,9 +449,10 @@ def check_host_round_trip(
     reference.apply(HostCopy(name="pages", indices=tuple(source)))
     host_reference.backup(reference, host.tolist(), source)
     call = f"backup_from_device_all_layer(host_indices={host.tolist()}, device_indices={source})"
-    assert_host_bytes(parts, host_reference, call=call, spec=spec)
-    if storage_pages_checked(spec, steering):
-        assert_data_pages(parts, host_reference, call=call, spec=spec)
+    with checking(parts[0]):
+        assert_host_bytes(parts, host_reference, call=call, spec=spec)
+        if storage_pages_checked(spec, steering):
+            assert_data_pages(parts, host_reference, call=call, spec=spec)
     loaded = pages("device pages loaded into")
     for layer in range(spec.device.layer_num):
         for part in parts:
@@ -419,9 +476,13 @@ def check_host_round_trip(
         page = part.get_data_page(second, flat=True).clone()
         part.set_from_flat_data_page(first, page)
         host_reference.set_data_page(number, first, raw_bytes(page).tobytes())
-    assert_host_bytes(
-        parts, host_reference, call=f"set_from_flat_data_page({first}, page {second})", spec=spec
-    )
+    with checking(parts[0]):
+        assert_host_bytes(
+            parts,
+            host_reference,
+            call=f"set_from_flat_data_page({first}, page {second})",
+            spec=spec,
+        )
 
 
 def _bad_host_calls(parts: Sequence[Any], pool: Any, spec: HostPoolSpec) -> dict[str, Any]:
@@ -457,17 +518,18 @@ def _bad_host_calls(parts: Sequence[Any], pool: Any, spec: HostPoolSpec) -> dict
 
 def _free_slots(host: Any, spec: HostPoolSpec) -> list[int]:
     """The host slots not held (an alloc of all of them, given back)."""
-    slots = host.alloc(host.available_size() // spec.page_size * spec.page_size)
-    if slots is None or not len(slots):
-        return []
-    host.free(slots)
+    with checking(host):
+        slots = host.alloc(host.available_size() // spec.page_size * spec.page_size)
+        if slots is None or not len(slots):
+            return []
+        host.free(slots)
     return sorted(int(x) for x in slots.tolist())
 
 
 def _host_buffers(part: Any) -> dict[str, np.ndarray]:
     return {
         name: raw_bytes(value).copy()
-        for name, value in vars(part).items()
+        for name, value in vars(recorded(part)).items()
         if isinstance(value, torch.Tensor) and name.endswith("buffer")
     }
 
@@ -476,9 +538,11 @@ def _assert_refused(parts: Sequence[Any], call: Any, what: str, spec: HostPoolSp
     """``call()`` raises ``ValueError`` and changes no host byte and no free-slot count."""
     __tracebackhide__ = True
     before = [_host_buffers(part) for part in parts]
-    available = int(parts[0].available_size())
+    with checking(parts[0]):
+        available = int(parts[0].available_size())
     try:
-        call()
+        with expecting(parts[0], raises="ValueError"):
+            call()
     except ValueError:
         pass
     except Exception as exc:  # any other exception is the wrong refusal
@@ -499,7 +563,10 @@ def _assert_refused(parts: Sequence[Any], call: Any, what: str, spec: HostPoolSp
         for old, new in zip(before, after, strict=True)
         for name in old
     )
-    if not unchanged or int(parts[0].available_size()) != available:
+    with checking(parts[0]):
+        available_after = int(parts[0].available_size())
+    expect(parts[0], "available_size", equals=available)
+    if not unchanged or available_after != available:
         raise failure(
             f"got a changed host pool after a refused call but should be unchanged [{what}]",
             signature=_signature("raises", what, "refusal changed the host pool", spec),
@@ -527,7 +594,10 @@ def assert_key_sizes(
     names exactly the bytes it holds."""
     __tracebackhide__ = True
     for number, part in enumerate(parts[: len(reference.parts)]):
-        got, want = int(part.get_ksize_per_token()), reference.expected_ksize_per_token(number)
+        with checking(part):
+            got = int(part.get_ksize_per_token())
+        want = reference.expected_ksize_per_token(number)
+        expect(part, "get_ksize_per_token", equals=want)
         if got != want:
             raise failure(
                 f"got {got} but should be {want} [host pool {number}: get_ksize_per_token()]",
@@ -642,9 +712,14 @@ def check_host_slot_reuse(
     freed, an ``alloc`` of every free slot hands out exactly the reference's free slots,
     the freed ones included, and freeing them all leaves every slot free."""
     __tracebackhide__ = True
-    available = int(host.available_size())
+    with checking(host):
+        available = int(host.available_size())
     freed = host.free(torch.tensor([], dtype=torch.int64))
-    if freed != 0 or int(host.available_size()) != available:
+    expect(host, "free", equals=0)
+    with checking(host):
+        available_after = int(host.available_size())
+    expect(host, "available_size", equals=available)
+    if freed != 0 or available_after != available:
         raise failure(
             f"got {freed} freed, available_size() {host.available_size()} but should be 0 "
             f"and {available} [free(no slots)]",
@@ -656,6 +731,7 @@ def check_host_slot_reuse(
     count = reference.available_size()
     want = sorted(reference.free_slots)
     slots = host.alloc(count)
+    expect(host, "alloc", sorted=want)
     got = [] if slots is None else sorted(int(x) for x in slots.tolist())
     if got != want:
         raise failure(
@@ -710,7 +786,25 @@ def check_host_storage_and_teardown(
     ``*_physical``), judged as the round trip judges them; refuse transfers with io backends
     the layout does not take (:func:`check_foreign_io_backends_refused`: whatever else a
     target validates, SGLang's host pools refuse those); then slot reuse
-    (:func:`check_host_slot_reuse`) and teardown (:func:`check_host_destroy`)."""
+    (:func:`check_host_slot_reuse`) and teardown (:func:`check_host_destroy`). A failure
+    lists the calls made on the host pools (:class:`~kvcheck.tier_log.TierLog`)."""
+    log = TierLog("host_pool", spec, device=device)
+    with log.attached_to_failures():
+        _storage_and_teardown(
+            log, target, spec, data, device=device, write_kinds=write_kinds, steer=steer
+        )
+
+
+def _storage_and_teardown(
+    log: TierLog,
+    target: Any,
+    spec: HostPoolSpec,
+    data: Any,
+    *,
+    device: str,
+    write_kinds: Sequence[str],
+    steer: Iterable[Steer],
+) -> None:
     from hypothesis import strategies as st
 
     from kvcheck.properties.apply import apply_op_like_reference
@@ -730,11 +824,12 @@ def check_host_storage_and_teardown(
             if isinstance(op, WriteMLA) and 0 in op.locs and steering.avoids("write_mla:slot0"):
                 continue  # steered: the target's finding on MLA writes to the padding slot
             apply_op_like_reference(target, pool, reference, op, device=device, copies={})
-    parts = build_host_pool(target, spec, pool, device=device)
+    parts = _recorded_parts(log, build_host_pool(target, spec, pool, device=device), pool)
     host_reference = ReferenceHostPool(spec)
-    assert_key_sizes(parts, host_reference, spec=spec)
-    assert_stride_alignment(parts, host_reference, spec=spec)
-    assert_split_heads_page_meta(parts, host_reference, spec=spec)
+    with checking(parts[0]):
+        assert_key_sizes(parts, host_reference, spec=spec)
+        assert_stride_alignment(parts, host_reference, spec=spec)
+        assert_split_heads_page_meta(parts, host_reference, spec=spec)
     ps = spec.page_size
     device_pages = spec.device.size // ps
     held: list[int] = []
@@ -746,6 +841,7 @@ def check_host_storage_and_teardown(
             label="device page backed up, device page loaded into",
         )
         host = parts[0].alloc(ps)
+        expect(parts[0], "alloc", refused=False)
         if host is None:
             raise failure(
                 f"got None but should be {ps} host slots [alloc({ps})]",
@@ -760,7 +856,8 @@ def check_host_storage_and_teardown(
         reference.apply(HostCopy(name="page", indices=tuple(source.tolist())))
         host_reference.backup(reference, held, source.tolist())
         call = f"backup_from_device_all_layer_physical(host_indices={held}, device page {page})"
-        assert_host_bytes(parts, host_reference, call=call, spec=spec)
+        with checking(parts[0]):
+            assert_host_bytes(parts, host_reference, call=call, spec=spec)
         loaded = torch.arange(other * ps, other * ps + ps)
         host_ids, device_ids = parts[0].prepare_transfer_indices(host, loaded, spec.io_backend)
         for layer in range(spec.device.layer_num):
@@ -798,7 +895,8 @@ def check_empty_transfers(
         part.backup_from_device_all_layer(pool, none, none, spec.io_backend)
         part.load_to_device_per_layer(pool, none, none, 0, spec.io_backend)
     call = "backup_from_device_all_layer and load_to_device_per_layer of no indices"
-    assert_host_bytes(parts, host_reference, call=call, spec=spec)
+    with checking(parts[0]):
+        assert_host_bytes(parts, host_reference, call=call, spec=spec)
     from kvcheck.properties.pool_state import assert_pool_matches_reference
 
     assert_pool_matches_reference(pool, reference, call=call, method="load_to_device_per_layer")
@@ -829,7 +927,8 @@ def check_data_page_copy(
         }
         for name, call in calls.items():
             try:
-                call()
+                with expecting(parts[0], raises="NotImplementedError"):
+                    call()
             except NotImplementedError:
                 continue
             except Exception as exc:  # any other exception is the wrong answer
@@ -851,12 +950,13 @@ def check_data_page_copy(
         page = part.get_data_page(held[0], flat=True).clone()
         part.set_from_flat_data_page(others[0], page)
         host_reference.set_data_page(number, others[0], raw_bytes(page).tobytes())
-    assert_host_bytes(
-        parts,
-        host_reference,
-        call=f"set_from_flat_data_page({others[0]}, page {held[0]})",
-        spec=spec,
-    )
+    with checking(parts[0]):
+        assert_host_bytes(
+            parts,
+            host_reference,
+            call=f"set_from_flat_data_page({others[0]}, page {held[0]})",
+            spec=spec,
+        )
 
 
 #: io backends a transfer may be handed: SGLang's two, and one no host pool takes.

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from kvcheck.tiers import AllocatorSpec
 
-__all__ = ["ReferenceAllocator", "ReferenceSide", "Request"]
+__all__ = ["ReferenceAllocator", "ReferenceSide", "Request", "answer_plan"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,33 @@ class Request:
     prefix: int
     seq: int
     last_loc: int
+
+
+def answer_plan(requests: Sequence[Request] | int, page_size: int) -> list[int | str]:
+    """What each slot of a correct answer is, in order, as the judging methods see it:
+    ``"page"`` (the first slot of a page that was free), ``"next"`` (the slot after the one
+    before it in the answer) or a slot number ``s`` (the slot after ``s``, a continued
+    request's last). ``requests`` is an extend or decode batch, or the size of an ``alloc``
+    (whole pages, each from its first slot).
+
+    Example:
+        >>> answer_plan([Request(prefix=3, seq=6, last_loc=10)], 4)
+        [10, 'page', 'next']
+        >>> answer_plan(4, 2)
+        ['page', 'next', 'page', 'next']
+    """
+    if isinstance(requests, int):
+        return ["page" if i % page_size == 0 else "next" for i in range(requests)]
+    plan: list[int | str] = []
+    for request in requests:
+        for token in range(request.prefix, request.seq):
+            if token % page_size == 0:
+                plan.append("page")
+            elif token == request.prefix:
+                plan.append(request.last_loc)
+            else:
+                plan.append("next")
+    return plan
 
 
 def _ceil_pages(tokens: int, page_size: int) -> int:

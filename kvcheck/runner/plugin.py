@@ -675,7 +675,11 @@ def _collected_target(item: pytest.Item, session: KVCheckSession) -> str:
             return f"the project's {_TARGET_FIXTURE} fixture (per test)"
         return session.target_key
     shown = _targets_shown(item)
-    return _joint_identity(shown) or session.target_key
+    if shown:
+        return _joint_identity(shown) or session.target_key
+    # A test that shows no target may hand one to a machine or a strategy in its body: its
+    # examples are keyed by that target (noted as it runs), which collection cannot see.
+    return f"the target it builds for when it runs, else {session.target_key}"
 
 
 def _is_kvcheck_checkout(config: pytest.Config) -> bool:

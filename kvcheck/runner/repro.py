@@ -53,6 +53,7 @@ from kvcheck.reference import ReferencePool
 from kvcheck.specs import Op, PoolSpec
 from kvcheck.targets import BUILTIN_TARGETS, TargetError, resolve_target
 from kvcheck.targets.base import ScriptRecipe
+from kvcheck.tier_calls import TIER_KINDS
 
 __all__ = [
     "SCRIPT_CANNOT_RUN",
@@ -586,7 +587,9 @@ def _describe_spec(spec: PoolSpec) -> str:
 
 
 def render_script(data: Mapping[str, Any], *, target: str, import_root: str | None = None) -> str:
-    """The standalone script that replays ``data`` (:func:`reproduction_to_json`'s output).
+    """The standalone script that replays ``data`` (:func:`reproduction_to_json`'s output,
+    or a tier failure's: :func:`kvcheck.runner.tier_scripts.render_tier_script` renders
+    data whose ``kind`` is ``"allocator"`` or ``"host_pool"``).
 
     ``target`` is the target name given to kvcheck: a built-in one, or ``"module:attr"``.
     The pool is built as the target's ``script_recipe`` says (kvcheck's: its pool class
@@ -609,6 +612,10 @@ def render_script(data: Mapping[str, Any], *, target: str, import_root: str | No
         ValueError: target='nonsense': expected a built-in target (kvcheck, sglang) or 'module:attr'
     """
     name = _checked_target_name(target)
+    if isinstance(data, Mapping) and data.get("kind") in TIER_KINDS:
+        from kvcheck.runner.tier_scripts import render_tier_script
+
+        return render_tier_script(data, target=name, import_root=import_root)
     rep = reproduction_from_json(data)
     if import_root is not None and not isinstance(import_root, str):
         raise ValueError(f"import_root={import_root!r} is not a str")

@@ -1,5 +1,6 @@
 """Writing a run's standalone reproduction scripts to disk (what a script holds is
-:mod:`kvcheck.runner.repro`'s), without importing torch when nothing failed.
+:mod:`kvcheck.runner.repro`'s for a pool failure, :mod:`kvcheck.runner.tier_scripts`'s for
+an allocator or host-pool one), without importing torch when nothing failed.
 
 Example:
     >>> write_repro_scripts({"tests": []}, repro_dir=Path("unused"), target="kvcheck")
@@ -57,6 +58,8 @@ def write_repro_scripts(
         path = repro_dir / script_name(nodeid, used)
         try:
             data = failure["reproduction_data"]
+            if isinstance(data, dict) and not data.get("test"):
+                data = {**data, "test": nodeid}  # the script's header names its test
             script = render_script(data, target=target, import_root=import_root)
             path.write_text(script, encoding="utf-8")
         except Exception as exc:  # one bad script must not hide the others or the summary

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +53,7 @@ from kvcheck.runner.db import (
     unattributed_examples_fetched,
 )
 from kvcheck.targets.findings import STEERED_EVENT
+from kvcheck.tier_calls import CALLS_HEADING, TierReproduction, tier_reproduction_to_json
 
 __all__ = [
     "DEVICE_PROPERTY",
@@ -93,6 +95,8 @@ _BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
 #: followed by a call or, for state machines, by steps on the next lines.
 _EXAMPLE_NOTE = re.compile(r"\A[A-Z][A-Za-z ]*:[ \n]")
 _DRAW = re.compile(r"\ADraw \d+")
+#: A step of a state machine as Hypothesis lists it (``state.step(data=data(...))``).
+_STATE_STEP = re.compile(r"\Astate(\.| = )")
 #: kvcheck's heading for the minimal example, whatever Hypothesis calls it: only for an
 #: example Hypothesis shrank in the run that reported it.
 EXAMPLE_HEADING = "Minimal example:"
@@ -192,7 +196,10 @@ def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
     show no shrinking). A leaf with a ``signature`` (a
     :class:`~kvcheck.failures.PropertyFailure`) adds its fields; one with a
     ``reproduction`` adds ``reproduction_data``
-    (:func:`kvcheck.failures.reproduction_to_json`).
+    (:func:`kvcheck.failures.reproduction_to_json`, or for a tier failure
+    :func:`kvcheck.tier_calls.tier_reproduction_to_json`). A tier failure's example is the
+    calls it made on the allocator or host pool, as Python (the note
+    :mod:`kvcheck.tier_log` gives it), in place of Hypothesis's draws and steps.
 
     Example:
         >>> err = AssertionError("boom")
@@ -222,6 +229,11 @@ def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
                 example = _EXAMPLE_NOTE.sub("", text, count=1).strip("\n")
             elif text.strip():
                 other.append(text)
+        calls = next((text for text in other if text.startswith(CALLS_HEADING)), None)
+        if calls is not None:
+            example = textwrap.dedent(calls.removeprefix(CALLS_HEADING).strip("\n"))
+            draws = []
+            other = [text for text in other if text != calls and not _STATE_STEP.match(text)]
         message = str(leaf).strip()
         entry: dict[str, Any] = {
             "error": f"{type(leaf).__name__}: {message}" if message else type(leaf).__name__,
@@ -240,7 +252,11 @@ def failures_from_exception(exc: BaseException) -> list[dict[str, Any]]:
         reproduction = getattr(leaf, "reproduction", None)
         if reproduction is not None:
             try:
-                entry["reproduction_data"] = reproduction_to_json(reproduction)
+                entry["reproduction_data"] = (
+                    tier_reproduction_to_json(reproduction)
+                    if isinstance(reproduction, TierReproduction)
+                    else reproduction_to_json(reproduction)
+                )
             except Exception as error:  # a broken renderer must not hide the failure itself
                 entry["reproduction_error"] = f"{type(error).__name__}: {error}"
         entries.append(entry)
