@@ -200,12 +200,11 @@ def _host_pool_specs(
         # A DSA pool whose every layer skips top-k holds no index keys, and SGLang builds
         # no index-K host pool for it (DSATokenToKVPool.host_pool_decls): one layer keeps them.
         device = dataclasses.replace(device, skip_topk_layers=(False, *device.skip_topk_layers[1:]))
-    if device.family == "dsa" and steer.avoids("host:indexer_skip_layers", family="dsa"):
+    skips = device.skip_topk_layers if device.family == "dsa" else None
+    if skips and steer.avoids("host:indexer_skip_layers", family="dsa"):
         # Steered: the target's finding on index-K host pools over skip-topk layers; every
         # layer keeps its index keys.
-        device = dataclasses.replace(
-            device, skip_topk_layers=tuple(False for _ in device.skip_topk_layers)
-        )
+        device = dataclasses.replace(device, skip_topk_layers=tuple(False for _ in skips))
     if steer.avoids("v_head_dim", variant=device.variant) and device.v_head_dim is not None:
         # Steered: the target's finding on V head dims of the variant's own; the symmetric
         # pool.
