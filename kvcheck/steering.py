@@ -196,6 +196,12 @@ STEER_KINDS: Mapping[str, SteerKind] = MappingProxyType(
             "the family with an index-K host pool",
             "a DSA index-K host pool's page meta is not checked in ``layer_first``",
         ),
+        "host:indexer_skip_layers": SteerKind(
+            ("dsa",),
+            "the family with an index-K host pool",
+            "a host tier's DSA device pool has no skip-topk layer: every layer keeps index "
+            "keys (as SGLang's configurator builds a DSA pool under HiCache before 0.5.22)",
+        ),
         "host:storage_pages": SteerKind(
             _VARIANT,
             _WHERE_VARIANT,

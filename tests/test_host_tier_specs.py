@@ -3,10 +3,11 @@ asked for, inside what a target declares of each variant's host tier."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import find, given, settings
 from hypothesis import strategies as st
 
 from kvcheck.declaration import Builds, Declaration, Key, Refuses, Row, declaration_of
+from kvcheck.steering import Steer
 from kvcheck.strategies.tier_specs import host_pool_specs
 from kvcheck.targets import resolve_target
 from kvcheck.targets.builtin import KVCheckTarget
@@ -51,3 +52,24 @@ def test_a_target_narrows_a_variants_host_layouts(data: st.DataObject) -> None:
 def test_the_builtin_target_narrows_nothing() -> None:
     """kvcheck's own target keeps every quantized variant's host tier in every layout."""
     assert not declaration_of(resolve_target("kvcheck")).host_variant_layouts()
+
+
+@QUICK
+@given(st.data())
+def test_steered_dsa_host_tiers_keep_index_keys_on_every_layer(data: st.DataObject) -> None:
+    """Under ``host:indexer_skip_layers`` a DSA host tier's device pool has no skip-topk
+    layer."""
+    steer = {Steer("host:indexer_skip_layers", "dsa")}
+    spec = data.draw(host_pool_specs(families=("dsa",), steer=steer))
+    assert not any(spec.device.skip_topk_layers)
+
+
+def test_unsteered_dsa_host_tiers_have_skip_layers() -> None:
+    """Without the steer, the host tier's DSA device pools do skip top-k on some layer (the
+    steer is what takes them away)."""
+    spec = find(
+        host_pool_specs(families=("dsa",)),
+        lambda spec: any(spec.device.skip_topk_layers),
+        settings=settings(database=None),
+    )
+    assert spec.device.skip_topk_layers.count(False) >= 1

@@ -136,7 +136,7 @@ def host_pool_specs(
     (:func:`kvcheck.targets.tier_support.host_variant_layouts`) is drawn in those only, and not at
     all where it builds none. ``steer``: what the target's findings ask to avoid
     (:class:`kvcheck.steering.Steer` values: a device pool's ``v_head_dim``, the host tier's
-    ``host:few_pages``).
+    ``host:few_pages`` and ``host:indexer_skip_layers``).
     Shrinks towards the first family's smallest pool, the first layout, one host page.
 
     Example:
@@ -200,6 +200,11 @@ def _host_pool_specs(
         # A DSA pool whose every layer skips top-k holds no index keys, and SGLang builds
         # no index-K host pool for it (DSATokenToKVPool.host_pool_decls): one layer keeps them.
         device = dataclasses.replace(device, skip_topk_layers=(False, *device.skip_topk_layers[1:]))
+    skips = device.skip_topk_layers if device.family == "dsa" else None
+    if skips and steer.avoids("host:indexer_skip_layers", family="dsa"):
+        # Steered: the target's finding on index-K host pools over skip-topk layers; every
+        # layer keeps its index keys.
+        device = dataclasses.replace(device, skip_topk_layers=tuple(False for _ in skips))
     if steer.avoids("v_head_dim", variant=device.variant) and device.v_head_dim is not None:
         # Steered: the target's finding on V head dims of the variant's own; the symmetric
         # pool.

@@ -73,6 +73,7 @@ from kvcheck.strategies.malformed_calls import BadCall
 from kvcheck.strategies.ops import value_bytes
 from kvcheck.surface import surface_of
 from kvcheck.targets.tier_support import (
+    allocator_page_sizes,
     allocator_skip_reason,
     build_allocator,
     build_host_pool,
@@ -681,9 +682,17 @@ def kvcheck_target_dsa_page(target: Any) -> int:
 
 
 def _allocator(target: Any, device: str, spec: AllocatorSpec) -> Any:
+    """The target's allocator of ``spec`` (the test skips, saying why, where the target builds
+    no such allocator, or none at its page size)."""
     reason = allocator_skip_reason(target, spec.kind)
     if reason is not None:
         pytest.skip(reason)
+    page_sizes = allocator_page_sizes(target, spec.kind)
+    if page_sizes is not None and spec.page_size not in page_sizes:
+        pytest.skip(
+            f"target {target.name!r} builds {spec.kind} allocators at page_size in "
+            f"{page_sizes} only"
+        )
     return build_allocator(target, spec, device=device)
 
 
@@ -760,7 +769,7 @@ def test_m2_alloc_refused_for_a_mamba_slot_takes_no_row(
     assert_alloc_refusal_changes_nothing(req_pool)
 
 
-# --- B1, B2: host pools -------------------------------------------------------------------
+# --- B1-B4: host pools --------------------------------------------------------------------
 
 
 def _host_parts(target: Any, device: str, spec: HostPoolSpec) -> tuple[Any, ...]:
@@ -829,6 +838,23 @@ def test_b3_dsa_index_host_layer_first_describes_its_pages(
     )
     parts = _host_parts(kvcheck_target, kvcheck_device, spec)
     steer = {Steer("host:indexer_bytes_held", "dsa")}  # B1 shows first otherwise
+    assert_host_buffer_infos(parts, ReferenceHostPool(spec), spec=spec, steer=steer)
+
+
+@pytest.mark.kvcheck_needs("dsa_pool")
+def test_b4_dsa_index_host_keeps_only_the_top_k_layers(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """B4: under a pool whose second layer reuses the first's top-k (a zero-row index
+    buffer), the index-K host pool keeps and counts the first layer's keys only."""
+    device = replace(DSA_HOST_DEVICE, layer_num=2, skip_topk_layers=(False, True))
+    spec = HostPoolSpec(device=device, layout="layer_first", io_backend="direct", host_pages=1)
+    parts = _host_parts(kvcheck_target, kvcheck_device, spec)
+    # B1 and B3 show in layer_first otherwise.
+    steer = {
+        Steer("host:indexer_bytes_held", "dsa"),
+        Steer("host:indexer_layer_first_page_meta", "dsa"),
+    }
     assert_host_buffer_infos(parts, ReferenceHostPool(spec), spec=spec, steer=steer)
 
 

@@ -25,7 +25,7 @@ a release where a finding is fixed, its pinned tests run as plain tests and must
 Example:
     >>> sorted(f.id for f in findings_for("0.5.21") if f.id not in [g.id for g in
     ...        findings_for("0.5.23")])
-    ['D21', 'PV1', 'PV1.cpu_fp8', 'PV1.fp4_mx_block16', 'X1']
+    ['B4', 'D21', 'PV1', 'PV1.cpu_fp8', 'PV1.fp4_mx_block16', 'X1']
 """
 
 from __future__ import annotations
@@ -412,10 +412,11 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         family="*dcp*",
     ),
     _finding(
-        # The suite checks the paged and SWA allocators from 0.5.22 on (0.5.21's paged
-        # allocator is Triton-only), where S1 and S2 hold, as s1.py and s2.py show; the host
-        # pools from 0.5.23 on (the buffer-info API the target builds them from): B1-B3 were
-        # checked there only (b2.py drives 0.5.23's host-pool API).
+        # The suite checks the paged allocator and the SWA one above page size 1 from 0.5.22
+        # on (0.5.21's paged allocator is Triton-only), where S1 holds, as s1.py shows; S2
+        # is at page size 1, which 0.5.21 builds too. The host pools are built on every
+        # release, through its adapter (declaration.HOST_POOL_ADAPTERS): B1-B3 hold on all
+        # three (b2.py drives 0.5.23's host-pool API).
         # S1: the scheduler's check_decode_capacity asks available_size(), the smaller side,
         # first; a refusal that still happens is "Decode out of memory".
         "S1",
@@ -431,7 +432,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     _finding(
         "S2",
         "precondition",
-        Releases(first="0.5.22"),
+        _ALL,
         "at page size 1, SWA free after free_swa frees the padding slot 0 on the sliding-window"
         " side",
         check="available_size",
@@ -472,7 +473,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     _finding(
         "B1",
         "contract difference",
-        Releases(first="0.5.22"),  # 0.5.22: shown through the device_pool adapter
+        _ALL,
         "the DSA index-K host pool holds one index page per layer more than it declares",
         check="buffer_infos",
         call="get_size_per_token",
@@ -483,9 +484,9 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     _finding(
         "B2",
         "latent bug",
-        # 0.5.22's host pools (built through the device_pool adapter) fail to build the same
-        # way: MHA page_first_direct with fewer host pages than layers.
-        Releases(first="0.5.22"),
+        # 0.5.21's and 0.5.22's host pools (built through their adapters) fail to build the
+        # same way: MHA page_first_direct with fewer host pages than layers.
+        _ALL,
         "MLA host pools outside layer_first build their per-layer views from pages or token "
         "rows: get_contiguous_buf_infos describes the wrong bytes, and page_first_direct (MHA: "
         "page_head) with fewer host pages than layers fails to build",
@@ -514,7 +515,7 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
     _finding(
         "B3",
         "contract difference",
-        Releases(first="0.5.22"),  # 0.5.22: shown through the device_pool adapter
+        _ALL,
         "the DSA index-K host pool refuses get_page_buffer_meta in layer_first (ValueError), "
         "where its MLA anchor describes its pages",
         check="buffer_infos",
@@ -522,6 +523,23 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         kind="raises ValueError",
         family="host:dsa*",
         steer=frozenset({Steer("host:indexer_layer_first_page_meta", "dsa")}),
+    ),
+    _finding(
+        # Fixed in 0.5.22 (make_dsa_indexer_pool_decl: shared-topk layers get no host layer
+        # and reach no transfer). Latent on 0.5.21: its configurator gives the pool skip
+        # layers only without HiCache (_should_elide_dsa_index_k), so no served host tier
+        # meets one.
+        "B4",
+        "latent bug",
+        Releases(last="0.5.21"),
+        "the DSA index-K host pool keeps a host layer for every device layer, skip-topk layers "
+        "(zero-row index buffers) included: its size per token counts them, and backup and "
+        "load address their empty device buffers",
+        check="buffer_infos",
+        call="get_size_per_token",
+        kind="size differs",
+        family="host:dsa*",
+        steer=frozenset({Steer("host:indexer_skip_layers", "dsa")}),
     ),
     _finding(
         # q2-q4.py show Q2-Q4 on 0.5.21 and 0.5.22 as on 0.5.23 (the MLA FP4 pool and its
