@@ -661,6 +661,16 @@ class AllocatorMachine(RuleBasedStateMachine):
 
     # -- bad input -------------------------------------------------------------------------
 
+    def _window_freed_rows(self) -> list[int]:
+        """Requests whose window-freed slots are all still free: freeing their row frees
+        those twice. Once another request got one of them back, the row's ids name a live
+        slot, and no allocator can tell the stale id from the new owner's."""
+        return [
+            number
+            for number, dead in self.dead.items()
+            if dead and all(self._ref.free_problem([s]) for s in self.rows[number][:dead])
+        ]
+
     def _bad(self, data: st.DataObject) -> None:
         spec, ref = self._spec, self._ref
         choices = ["out of range", "padding slot", "negative alloc"]
@@ -676,15 +686,13 @@ class AllocatorMachine(RuleBasedStateMachine):
             choices.append("unaligned segment")
         if spec.kind == "swa" and any(len(r) > self.dead[n] for n, r in self.rows.items()):
             choices.append("free_full of live peers")
-        if spec.kind == "pure_swa" and any(self.dead.values()):
+        if spec.kind == "pure_swa" and self._window_freed_rows():
             # One pool: free_swa gave those slots back, so free of the row frees them twice.
             choices.append("free after a window free")
         why = data.draw(st.sampled_from(choices), label="bad input")
         allocator = self.allocator
         if why == "free after a window free":
-            number = data.draw(
-                st.sampled_from([n for n, dead in self.dead.items() if dead]), label="request"
-            )
+            number = data.draw(st.sampled_from(self._window_freed_rows()), label="request")
             ids = self.rows[number]
             call = self.last_call = f"free({ids}) after free_swa({ids[: self.dead[number]]})"
             assert_bad_call_refused(

@@ -175,7 +175,7 @@ def test_census_accounting(kvcheck_target: Any, kvcheck_device: str, variant: Va
 
 def _skip(target: Any, why: str) -> NoReturn:
     """Skip naming the target: what its pool lacks, not what the target declared."""
-    pytest.skip(f"target {target.name!r}: {why}")
+    pytest.skip(f"target {getattr(target, 'name', target)!r}: {why}")
 
 
 def _page_ids(*, least: int) -> st.SearchStrategy[list[int]]:
