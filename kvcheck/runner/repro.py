@@ -270,7 +270,8 @@ def _comment(text: str, prefix: str = "# ") -> list[str]:
 
 # --- the script's parts ---------------------------------------------------------------------
 
-_PRELUDE = '''
+#: The first helper of every standalone script (pool and tier scripts alike).
+SCRIPT_PRELUDE = '''
 def cannot_run(what):
     """The script never reached its checks: exit 2, neither REPRODUCED (1) nor OK (0)."""
     traceback.print_exc()
@@ -383,7 +384,13 @@ def check_pool(pool):
 
 #: Names a script defines for itself, which a call's bound arguments must not take.
 _SCRIPT_NAMES = frozenset(
-    {"pool", "target", "copies", "torch", *re.findall(r"^def (\w+)", _PRELUDE + _HELPERS, re.M)}
+    {
+        "pool",
+        "target",
+        "copies",
+        "torch",
+        *re.findall(r"^def (\w+)", SCRIPT_PRELUDE + _HELPERS, re.M),
+    }
 )
 
 
@@ -449,7 +456,7 @@ class _ScriptWriter:
                 "    sys.path.insert(0, TARGET_IMPORT_ROOT)",
             ]
         guarded += recipe.target_imports
-        lines += ["", *_PRELUDE.strip("\n").splitlines(), "", ""]
+        lines += ["", *SCRIPT_PRELUDE.strip("\n").splitlines(), "", ""]
         lines += [
             "try:",
             *_indented(guarded),

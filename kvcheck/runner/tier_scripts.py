@@ -31,6 +31,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from kvcheck.runner.repro import SCRIPT_PRELUDE
 from kvcheck.tier_calls import (
     SCRIPT_CHECKS,
     TierCall,
@@ -45,13 +46,6 @@ __all__ = ["render_tier_script", "value_source"]
 
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
-_PRELUDE = '''
-def cannot_run(what):
-    """The script never made its calls: exit 2, neither REPRODUCED (1) nor OK (0)."""
-    traceback.print_exc()
-    print(f"CANNOT RUN: {what}", file=sys.stderr)
-    raise SystemExit(2)
-'''
 
 _HELPERS = '''
 def reproduced(message):
@@ -207,7 +201,7 @@ def _imports(rep: TierReproduction, target: str, import_root: str | None) -> lis
             "    sys.path.insert(0, TARGET_IMPORT_ROOT)",
         ]
     guarded.append(f"target = resolve_target({target!r})  # as kvcheck resolved it")
-    lines += ["", *_PRELUDE.strip("\n").splitlines(), "", ""]
+    lines += ["", *SCRIPT_PRELUDE.strip("\n").splitlines(), "", ""]
     return [
         *lines,
         "try:",
