@@ -353,16 +353,7 @@ class Declaration:
     def host_variant_layouts(self) -> Mapping[str, tuple[tuple[str, ...], str]]:
         """Device variant -> (the host layouts built for it, why not the family's), for each
         variant whose host tier the declaration narrows or refuses."""
-        narrowed: dict[str, tuple[tuple[str, ...], str]] = {}
-        for row in self.of_kind("tier"):
-            if row.key.name != "host":
-                continue
-            status = row.status
-            if isinstance(status, Builds) and status.only is not None:
-                narrowed[row.key.of] = (tuple(status.only), status.how)
-            elif isinstance(status, Refuses | Unreached):
-                narrowed[row.key.of] = ((), status.why)
-        return MappingProxyType(narrowed)
+        return self._narrowed_tier("host")
 
     def allocator_page_sizes(self) -> Mapping[str, tuple[tuple[int, ...], str]]:
         """Allocator kind -> (the page sizes it is built at, why not all its kind's), for
@@ -374,9 +365,14 @@ class Declaration:
             >>> dict(Declaration(rows=(row,)).allocator_page_sizes())
             {'swa': ((1,), 'token sides')}
         """
-        narrowed: dict[str, tuple[tuple[int, ...], str]] = {}
+        return self._narrowed_tier("allocator")
+
+    def _narrowed_tier(self, tier: str) -> Mapping[str, tuple[tuple[Any, ...], str]]:
+        """Of ``tier``'s rows (``"host"``, ``"allocator"``): what each narrows to and why
+        (``Builds(how, only=...)``), or nothing and why (refused, unreached)."""
+        narrowed: dict[str, tuple[tuple[Any, ...], str]] = {}
         for row in self.of_kind("tier"):
-            if row.key.name != "allocator":
+            if row.key.name != tier:
                 continue
             status = row.status
             if isinstance(status, Builds) and status.only is not None:
