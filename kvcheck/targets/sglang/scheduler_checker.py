@@ -83,7 +83,7 @@ def why_not_checked() -> str | None:
 
     Example, where sglang is installed::
 
-        why_not_checked()  # None on 0.5.21, 0.5.22 and 0.5.23
+        why_not_checked()  # None on every release in releases.txt
     """
     try:
         found = _modules()

@@ -9,7 +9,7 @@ KV value a step writes is one exact number per slot). Requests are sglang's own 
 Every function is called, none copied. What the releases spell differently (the prefix
 lock, the chunk checkpoint, the request's prefix fields) goes through
 `kvcheck.targets.sglang.scheduler_api`, which reads the spelling off the installed
-release: 0.5.21, 0.5.22 and 0.5.23 are all driven.
+release: every release in ``releases.txt`` is driven.
 
 Stand-ins (what each replaces, why it is faithful):
 
@@ -78,7 +78,7 @@ def why_not_driven() -> str | None:
 
     Example, where sglang is installed::
 
-        why_not_driven()  # None on 0.5.21, 0.5.22 and 0.5.23
+        why_not_driven()  # None on every release in releases.txt
     """
     try:
         found = _modules()
