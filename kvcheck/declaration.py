@@ -88,8 +88,12 @@ CAPABILITIES: tuple[str, ...] = (
     # fp4_mx_block16) passed as ``dtype``, scale buffers included
     "quantized_configurator",
     "skip_rule",  # dsa_layer_skips_topk
-    # the sliding-window hybrid pool (make_swa_pool), per family of its sub-pools
+    # the sliding-window hybrid pool (make_swa_pool), per family of its sub-pools: refused,
+    # nothing about the hybrid runs
     "swa_pool",
+    # the hybrid's state machine, per family: refused, the hybrid is still built and its
+    # census taken (for a hybrid too slow to drive through a machine's examples)
+    "swa_machine",
 )
 
 #: The suffix of a host-tier key about the variant's pools with asymmetric K/V head dims.

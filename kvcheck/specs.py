@@ -432,8 +432,9 @@ SWA_FAMILIES: tuple[str, ...] = ("mha", "mla", "dsa")
 @dataclass(frozen=True)
 class SWAPoolSpec:
     """A sliding-window hybrid pool: ``sub`` gives the family, geometry, dtype, page size and
-    full-side ``size`` of both sub-pools; ``swa_layers[i]`` says whether global layer ``i``
-    (of ``sub.layer_num``) is a sliding-window layer; the SWA side holds ``size_swa`` slots.
+    full-side ``size`` of both sub-pools (a DSA hybrid's window side is MLA);
+    ``swa_layers[i]`` says whether global layer ``i`` (of ``sub.layer_num``) is a
+    sliding-window layer; the SWA side holds ``size_swa`` slots.
 
     Example:
         >>> spec = SWAPoolSpec(PoolSpec(family="mha", size=8, page_size=1, layer_num=3,
@@ -486,8 +487,13 @@ class SWAPoolSpec:
 
     @property
     def swa_spec(self) -> PoolSpec:
-        """The sliding-window side as a pool of its own (local layer ids)."""
-        return replace(self.sub, size=self.size_swa, layer_num=len(self.swa_layer_ids))
+        """The sliding-window side as a pool of its own (local layer ids). A DSA hybrid's
+        window side is an MLA pool of the same geometry: SGLang's configurator keeps the
+        indexer's keys on the full side only (``_build_hybrid_mla_swa_kv_pool``)."""
+        family = "mla" if self.sub.family == "dsa" else self.sub.family
+        return replace(
+            self.sub, family=family, size=self.size_swa, layer_num=len(self.swa_layer_ids)
+        )
 
 
 def _nvfp4_scales(layout: str) -> tuple[str, ...]:

@@ -84,14 +84,20 @@ def swa_skip_reason(target: Any, family: str | None = None) -> str | None:
 
 
 def swa_families(target: Any) -> tuple[str, ...]:
-    """The sub-pool families whose hybrids ``target`` builds.
+    """The sub-pool families whose hybrids ``target`` builds and the machine drives (not
+    those a ``swa_machine`` refusal keeps out of it).
 
     Example:
         >>> from kvcheck.targets import resolve_target
         >>> swa_families(resolve_target("kvcheck"))
         ('mha', 'mla', 'dsa')
     """
-    return tuple(family for family in SWA_FAMILIES if swa_skip_reason(target, family) is None)
+    return tuple(
+        family
+        for family in SWA_FAMILIES
+        if swa_skip_reason(target, family) is None
+        and capability_skip_reason(target, ["swa_machine"], family=family) is None
+    )
 
 
 class SWAPoolMachine(RuleBasedStateMachine):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import pytest
@@ -41,12 +41,11 @@ from kvcheck.properties.census import (
     assert_registration_covers_census,
     description_methods,
 )
-from kvcheck.specs import SWA_FAMILIES, PoolSpec
+from kvcheck.specs import SWA_FAMILIES, PoolSpec, SWAPoolSpec
 from kvcheck.strategies.limits import unbuilt_variant_reason, within_target_limits
-from kvcheck.strategies.pools import swa_pool_specs
 from kvcheck.swa_machine import swa_skip_reason
-from kvcheck.targets.findings import declared_findings, matching_finding
-from kvcheck.variants import VARIANTS, Variant
+from kvcheck.targets.findings import Finding, declared_findings, matching_finding
+from kvcheck.variants import VARIANTS, Variant, variant_named
 
 #: Pages every census pool has: the padding page and three a move or copy may use.
 _PAGES = 4
@@ -101,11 +100,11 @@ def _built(target: Any, variant: Variant, device: str) -> tuple[PoolSpec, Any, C
 
 def _raised_finding(
     target: Any, error: BaseException, *, calls: tuple[str, ...], family: str
-) -> str | None:
+) -> Finding | None:
     """The declared finding about the pool raising ``error`` from one of ``calls``, in
     the signatures the suite's other properties give a raise (``check="raises"`` or the
     call's own check; the kind as the exception's type, with or without its message), as
-    ``"known finding ID: summary"``, else None. As a refusal of bad input ("instead of
+    else None. As a refusal of bad input ("instead of
     ValueError") only by a finding that names one of ``calls``: the census passes valid
     calls, so a broad input-validation finding must not claim a raise it did not cause."""
     name = type(error).__name__
@@ -122,32 +121,66 @@ def _raised_finding(
                 signature = FailureSignature(check=check, call=call, kind=kind, family=family)
                 finding = matching_finding(among, signature)
                 if finding is not None:
-                    return f"known finding {finding.id}: {finding.summary}"
+                    return finding
     return None
 
 
 def _known_finding(
     target: Any, error: Exception, *, calls: tuple[str, ...], family: str
-) -> str | None:
+) -> Finding | None:
     """The declared finding a property failure (by its signature) or a raise (by
-    :func:`_raised_finding`) of ``calls`` is, as ``"known finding ID: summary"``, else None."""
+    :func:`_raised_finding`) of ``calls`` is, else None."""
     if isinstance(error, PropertyFailure):
         finding = matching_finding(declared_findings(target), error.signature)
-        return None if finding is None else f"known finding {finding.id}: {finding.summary}"
+        return finding
     return _raised_finding(target, error, calls=calls, family=family)
+
+
+def _known(findings: list[Finding]) -> str:
+    """``findings`` as an xfail reason, one summary for the parts of one finding
+    (``known finding PD1.descriptions, PD1: ...``)."""
+    ids: dict[str, list[str]] = {}
+    for finding in findings:
+        ids.setdefault(finding.summary, [])
+        if finding.id not in ids[finding.summary]:
+            ids[finding.summary].append(finding.id)
+    return "; ".join(f"known finding {', '.join(i)}: {summary}" for summary, i in ids.items())
+
+
+class _Met:
+    """The declared findings a test's checks meet. Each check runs even after an earlier
+    one met a finding (a finding masks nothing); :meth:`end` turns them into the test's
+    xfail."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+        self.findings: list[Finding] = []
+
+    def check(self, check: Callable[[], object], *, calls: tuple[str, ...], family: str) -> Any:
+        """``check()``, or None where it failed as a declared finding describes."""
+        try:
+            return check()
+        except Exception as error:
+            known = _known_finding(self.target, error, calls=calls, family=family)
+            if known is None:
+                raise
+            self.findings.append(known)
+            return None
+
+    def end(self) -> None:
+        """The xfail of the findings met, if any."""
+        if self.findings:
+            pytest.xfail(_known(self.findings))
 
 
 def _as_finding(
     target: Any, check: Callable[[], object], *, calls: tuple[str, ...], family: str
 ) -> object:
     """``check()``, with a failure a declared finding describes turned into its xfail."""
-    try:
-        return check()
-    except Exception as error:
-        known = _known_finding(target, error, calls=calls, family=family)
-        if known is None:
-            raise
-        pytest.xfail(known)
+    met = _Met(target)
+    result = met.check(check, calls=calls, family=family)
+    met.end()
+    return result
 
 
 @pytest.mark.parametrize("variant", _VARIANT_PARAMS)
@@ -196,7 +229,7 @@ def _run_drawn(
     """``body(data)`` over Hypothesis examples; a declared finding ends the test as its
     xfail, and a pool that refuses the operation outright (``ValueError``) skips it,
     quoting the pool."""
-    known: list[str] = []
+    known: list[Finding] = []
     refused: list[str] = []
 
     @settings(max_examples=_EXAMPLES, deadline=None)
@@ -214,7 +247,7 @@ def _run_drawn(
 
     examples()
     if known:
-        pytest.xfail(known[0])
+        pytest.xfail(_known(known[:1]))
     if refused:
         _skip(target, f"the pool refuses the operation: {refused[0]}")
 
@@ -301,21 +334,20 @@ def test_census_descriptions(kvcheck_target: Any, kvcheck_device: str, variant: 
     assert set(methods) <= set(description_methods(pool))
 
 
-def _assert_registration(target: Any, pool: Any, census: Census, *, family: str) -> None:
+def _assert_registration(target: Any, pool: Any, census: Census, *, family: str, met: _Met) -> None:
     """What the target's PD registers for ``pool`` covers its census once (a declared
-    finding's xfail; a skip, naming the target, where it declares no registration)."""
+    finding goes to ``met``; a skip, naming the target, where it declares no registration)."""
     register = getattr(target, "pd_registration", None)
     if register is None:
         _skip(target, "declares no pd_registration (what PD registers for a pool)")
-    components = _as_finding(
-        target,
+    components = met.check(
         lambda: assert_registration_covers_census(register(pool), census=census, family=family),
         # PD reads the KV description first: a pool whose get_contiguous_buf_infos raises
         # fails PD's registration with that finding.
         calls=("setup_state_kv_args", "get_contiguous_buf_infos"),
         family=family,
     )
-    assert isinstance(components, tuple) and "kv" in components
+    assert components is None or "kv" in components
 
 
 @pytest.mark.parametrize("variant", _VARIANT_PARAMS)
@@ -323,7 +355,9 @@ def test_census_pd_registration(kvcheck_target: Any, kvcheck_device: str, varian
     """What PD registers for the pool (its KV and each state component) covers every
     state tensor's bytes exactly once: a tensor left out never reaches the decode side."""
     spec, pool, census = _built(kvcheck_target, variant, kvcheck_device)
-    _assert_registration(kvcheck_target, pool, census, family=spec.variant)
+    met = _Met(kvcheck_target)
+    _assert_registration(kvcheck_target, pool, census, family=spec.variant, met=met)
+    met.end()
 
 
 @pytest.mark.parametrize("variant", _VARIANT_PARAMS)
@@ -350,19 +384,42 @@ _NOT_OWNED_BY_KV_POOL = {
 }
 
 
+def _check_hybrid(
+    target: Any, pool: Any, census: Census, *, family: str, exempt: Mapping[str, str] | None = None
+) -> None:
+    """Accounting, descriptions and PD's registration of a hybrid against its census, each
+    checked even after another met a declared finding."""
+    met = _Met(target)
+    counted = met.check(
+        lambda: assert_accounting_covers_census(pool, census=census, exempt=exempt, family=family),
+        calls=("get_kv_size_bytes",),
+        family=family,
+    )
+    assert counted is None or counted > 0
+    methods = met.check(
+        lambda: assert_descriptions_cover_census(pool, census=census, family=family),
+        calls=description_methods(pool),
+        family=family,
+    )
+    assert methods is None or (methods and set(methods) <= set(description_methods(pool)))
+    _assert_registration(target, pool, census, family=family, met=met)
+    met.end()
+
+
 def _hybrid_census(pool: Any) -> Census:
     return take_census(pool, declared=KNOWN_ROLES)
 
 
 def _swa_pool(target: Any, family: str, device: str) -> Any:
+    """A two-layer hybrid (a full layer, then a window layer) whose sides are the family's
+    plain census pool: inside the target's surface (sglang's DSA sides on 64-token index
+    pages), both sides of the same capacity."""
     why = swa_skip_reason(target, family)
     if why is not None:
         pytest.skip(why)
-    spec = find(
-        swa_pool_specs(families=(family,)),
-        lambda s: len(s.swa_layer_ids) > 0 and len(s.full_layer_ids) > 0,
-        settings=settings(database=None),
-    )
+    plain = census_spec(target, variant_named(family))
+    sub = dataclasses.replace(plain, skip_topk_layers=None, max_running_requests=None)
+    spec = SWAPoolSpec(sub, size_swa=sub.size, swa_layers=(False, True))
     return target.make_swa_pool(spec, device=device)
 
 
@@ -372,22 +429,7 @@ def test_swa_hybrid_census(kvcheck_target: Any, kvcheck_device: str, family: str
     pool = _swa_pool(kvcheck_target, family, kvcheck_device)
     census = _hybrid_census(pool)
     assert census.unclassified == (), census.describe()
-    counted = _as_finding(
-        kvcheck_target,
-        lambda: assert_accounting_covers_census(pool, census=census, family=f"swa:{family}"),
-        calls=("get_kv_size_bytes",),
-        family=f"swa:{family}",
-    )
-    assert isinstance(counted, int) and counted > 0
-    methods = _as_finding(
-        kvcheck_target,
-        lambda: assert_descriptions_cover_census(pool, census=census, family=f"swa:{family}"),
-        calls=description_methods(pool),
-        family=f"swa:{family}",
-    )
-    assert isinstance(methods, tuple) and methods
-    assert set(methods) <= set(description_methods(pool))
-    _assert_registration(kvcheck_target, pool, census, family=f"swa:{family}")
+    _check_hybrid(kvcheck_target, pool, census, family=f"swa:{family}")
 
 
 def test_linear_hybrid_census(kvcheck_target: Any, kvcheck_device: str) -> None:
@@ -403,21 +445,4 @@ def test_linear_hybrid_census(kvcheck_target: Any, kvcheck_device: str) -> None:
     kv_census, req_census = _hybrid_census(kv_pool), _hybrid_census(req_pool)
     assert kv_census.unclassified == (), kv_census.describe()
     assert req_census.unclassified == (), req_census.describe()
-    counted = _as_finding(
-        kvcheck_target,
-        lambda: assert_accounting_covers_census(
-            kv_pool, census=kv_census, exempt=_NOT_OWNED_BY_KV_POOL, family="linear"
-        ),
-        calls=("get_kv_size_bytes",),
-        family="linear",
-    )
-    assert isinstance(counted, int) and counted > 0
-    methods = _as_finding(
-        kvcheck_target,
-        lambda: assert_descriptions_cover_census(kv_pool, census=kv_census, family="linear"),
-        calls=description_methods(kv_pool),
-        family="linear",
-    )
-    assert isinstance(methods, tuple) and methods
-    assert set(methods) <= set(description_methods(kv_pool))
-    _assert_registration(kvcheck_target, kv_pool, kv_census, family="linear")
+    _check_hybrid(kvcheck_target, kv_pool, kv_census, family="linear", exempt=_NOT_OWNED_BY_KV_POOL)

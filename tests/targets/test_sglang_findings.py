@@ -23,8 +23,11 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import find, settings
+from hypothesis import strategies as st
 
 from kvcheck.calls import PoolCall, describe_op, op_method
+from kvcheck.census import KNOWN_ROLES, take_census
 from kvcheck.linear_hybrid_machine import (
     assert_alloc_refusal_changes_nothing,
     linear_hybrid_skip_reason,
@@ -36,7 +39,10 @@ from kvcheck.properties.accounting import (
 )
 from kvcheck.properties.allocators import allocator_sizes, assert_allocator_state, assert_refusal
 from kvcheck.properties.apply import apply_op_like_reference
-from kvcheck.properties.census import assert_registration_covers_census
+from kvcheck.properties.census import (
+    assert_descriptions_cover_census,
+    assert_registration_covers_census,
+)
 from kvcheck.properties.host_pools import assert_host_buffer_infos
 from kvcheck.properties.inputs import assert_rejected_call_changes_nothing
 from kvcheck.properties.noop import assert_noop_write_raises
@@ -61,6 +67,7 @@ from kvcheck.specs import (
     Op,
     Payload,
     PoolSpec,
+    SWAPoolSpec,
     WriteCompressTail,
     WriteIndexK,
     WriteKV,
@@ -68,10 +75,11 @@ from kvcheck.specs import (
     WritePrefixValid,
 )
 from kvcheck.steering import Steer
-from kvcheck.strategies.limits import fit_spec, pool_spec_limits_of
+from kvcheck.strategies.limits import fit_spec, pool_spec_limits_of, within_target_limits
 from kvcheck.strategies.malformed_calls import BadCall
 from kvcheck.strategies.ops import value_bytes
 from kvcheck.surface import surface_of
+from kvcheck.swa_machine import swa_skip_reason
 from kvcheck.targets.tier_support import (
     allocator_page_sizes,
     allocator_skip_reason,
@@ -767,6 +775,48 @@ def test_m2_alloc_refused_for_a_mamba_slot_takes_no_row(
     )
     assert req_pool.alloc([held]) is not None
     assert_alloc_refusal_changes_nothing(req_pool)
+
+
+# --- PD1: a DSA model's sliding-window hybrid ----------------------------------------------
+
+
+def _dsa_swa_hybrid(target: Any, device: str) -> Any:
+    """A DSA model's sliding-window hybrid, a full layer then a window layer, inside the
+    target's surface (sglang's DSA pools: 64-token index pages)."""
+    reason = swa_skip_reason(target, "dsa")
+    if reason is not None:
+        pytest.skip(reason)
+    plain = PoolSpec(
+        family="dsa",
+        size=2,
+        page_size=1,
+        layer_num=2,
+        dtype="bfloat16",
+        kv_lora_rank=4,
+        qk_rope_head_dim=2,
+    )
+    sub = find(within_target_limits(target, st.just(plain)), bool, settings=settings(database=None))
+    spec = SWAPoolSpec(sub, size_swa=sub.size, swa_layers=(False, True))
+    return target.make_swa_pool(spec, device=device)
+
+
+def test_pd1_registration_covers_the_index_keys(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """PD1: what PD registers for a DSA model's sliding-window hybrid covers the full side's
+    index keys."""
+    pool = _dsa_swa_hybrid(kvcheck_target, kvcheck_device)
+    register = getattr(kvcheck_target, "pd_registration", None)
+    if register is None:
+        pytest.skip(f"target {kvcheck_target.name!r} declares no pd_registration")
+    census = take_census(pool, declared=KNOWN_ROLES)
+    assert_registration_covers_census(register(pool), census=census, family="swa:dsa")
+
+
+def test_pd1_descriptions_cover_the_index_keys(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """PD1 in the hybrid's own transfer descriptions: its get_*buf_infos cover the full
+    side's index keys."""
+    pool = _dsa_swa_hybrid(kvcheck_target, kvcheck_device)
+    census = take_census(pool, declared=KNOWN_ROLES)
+    assert_descriptions_cover_census(pool, census=census, family="swa:dsa")
 
 
 # --- B1-B4: host pools --------------------------------------------------------------------

@@ -314,12 +314,12 @@ _ROWS: tuple[Row, ...] = (
         ),
     ),
     _capability(
-        "swa_pool",
+        "swa_machine",
         "dsa",
         Refuses(
             "sglang {release}'s DSA sub-pools assert 64-token index pages, and a hybrid of "
             "them is too slow for a state machine's examples on CPU; the MHA and MLA hybrids "
-            "run the same SWAKVPool code"
+            "run the same SWAKVPool code (the DSA hybrid's census runs)"
         ),
     ),
     _capability(

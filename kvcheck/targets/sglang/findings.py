@@ -610,6 +610,33 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         kind="*scale_buffer undescribed",
         family="mha:fp4_mx_block16",
     ),
+    _finding(
+        # The index keys live in full_kv_pool.index_key_cache.buffer (kind "buffer ...").
+        # pd1.py shows it on each release (_build_hybrid_mla_swa_kv_pool, setup_state_kv_args
+        # are the same there).
+        "PD1",
+        "serving bug",
+        _ALL,
+        "a DSA model's sliding-window hybrid (SWAKVPool, DSA full side) describes and PD "
+        "registers no index keys: setup_state_kv_args registers the window side alone, so "
+        "the decode side's indexer reads keys the prefill side never sent",
+        pinned=_pinned("test_pd1_registration_*"),
+        check="descriptions",
+        call="setup_state_kv_args",
+        kind="buffer undescribed",
+        family="swa:dsa",
+    ),
+    # The same omission in the hybrid's own descriptions (get_contiguous_buf_infos forwards
+    # to the full side's latent rows, get_state_buf_infos is the window side's).
+    _part(
+        "PD1",
+        "PD1.descriptions",
+        pinned=_pinned("test_pd1_descriptions_*"),
+        check="descriptions",
+        call="get_*buf_infos",
+        kind="buffer undescribed",
+        family="swa:dsa",
+    ),
     # One entry per variant: a V shape that differs on another MHA variant is another bug.
     # The exact kind is a shape difference (a byte difference adds " at row N").
     _finding(
