@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +35,7 @@ from tools.reach import (
     group_gaps,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 FILE = "pkg/pool.py"
 SOURCE = """\
 import os
@@ -206,7 +210,7 @@ def test_main_exit_status(monkeypatch, capsys, args, report, status):
     """Exit 1 below --min-percent or, with --strict, on an unexplained range; 2 if no run."""
     seen = {}
 
-    def fake_measure(target, *, pytest_args, save_data):
+    def fake_measure(target, *, pytest_args, save_data, shards):
         seen.update(target=target, pytest_args=pytest_args)
         return report
 
@@ -232,6 +236,7 @@ def test_argument_validation():
         (["--json", "no/such/dir/reach.json"], "--json='no/such/dir/reach.json'"),
         (["--markdown", "."], "--markdown='.' is a directory"),
         (["--from-data", "missing.coverage"], "--from-data='missing.coverage' does not exist"),
+        (["--shards", "0"], "--shards=0 must be >= 1"),
     ],
 )
 def test_bad_paths_stop_the_run_before_it_measures(monkeypatch, capsys, tmp_path, args, named):
@@ -253,8 +258,34 @@ def test_a_failed_measurement_is_an_error_not_a_traceback(monkeypatch, capsys):
     assert "target='x' has no reach table" in capsys.readouterr().err
 
 
+def test_shards_split_the_collection_between_them(tmp_path):
+    """``--reach-shard K/N`` (tools/reach_shard.py) keeps every N-th test from the K-th: the
+    shards of a collection are disjoint and together are all of it; a malformed value is a
+    usage error naming it."""
+    (tmp_path / "test_five.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('i', range(5))\ndef test_i(i):\n    pass\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tools")}
+
+    def collected(*args):
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "reach_shard", "--collect-only", "-q",
+             "-p", "no:cacheprovider", "-p", "no:randomly", *args, "test_five.py"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        return run, [line for line in run.stdout.splitlines() if "::" in line]
+
+    _, every = collected()
+    _, first = collected("--reach-shard=0/2")
+    _, second = collected("--reach-shard=1/2")
+    assert len(every) == 5 and len(first) == 3 and len(second) == 2
+    assert sorted(first + second) == sorted(every)
+    refused, _ = collected("--reach-shard=2/2")
+    assert refused.returncode == 4 and "--reach-shard='2/2' needs 0 <= K < N" in refused.stderr
+
+
 def test_suite_command_runs_the_shipped_suite_under_coverage():
-    """The measured command is the shipped suite against the target, in one process."""
+    """The measured command is the shipped suite against the target (each shard runs it)."""
     command = reach.suite_command("sglang", pytest_args=["-x"], rcfile="rc")
     assert command[:7] == ["python", "-m", "coverage", "run", "--rcfile=rc", "-m", "pytest"]
     assert command[7:] == [

@@ -1,8 +1,8 @@
 """Reach: line coverage of a target's pool code under kvcheck's shipped suite.
 
 ``python tools/reach.py --target sglang`` runs ``pytest --pyargs kvcheck.suite
---kvcheck-target sglang`` under coverage.py (``coverage run``, one process: see
-:func:`measure`), restricted to the files the target declares, and
+--kvcheck-target sglang`` under coverage.py (``coverage run``, ``--shards`` processes
+sharing the tests: see :func:`measure`), restricted to the files the target declares, and
 prints per class and per method how many executable lines the suite ran; the headline figure
 (the share of the declared headline scopes' executable lines that ran); and every unreached
 line range with the reason the target's reach table gives for it, or ``UNEXPLAINED``.
@@ -556,45 +556,84 @@ def suite_command(
     return [*command, "-p", "no:cacheprovider", "-q", *pytest_args]
 
 
+def _run_shards(
+    command: list[str], *, shards: int, env: dict[str, str], quiet: bool, tmp: Path
+) -> int:
+    """Run ``command`` as ``shards`` processes at once (``--reach-shard K/N``), print each
+    one's output when it ends, and return the first non-zero exit status (else 0)."""
+    if shards > 1:
+        command = [*command, "-p", "reach_shard"]
+    running = []
+    for k in range(shards):
+        log = (tmp / f"shard-{k}.log").open("w+")
+        shard = [*command, f"--reach-shard={k}/{shards}"] if shards > 1 else command
+        process = subprocess.Popen(shard, stdout=log, stderr=subprocess.STDOUT, env=env)
+        running.append((process, log))
+    statuses = []
+    for k, (process, log) in enumerate(running):
+        statuses.append(process.wait())
+        log.seek(0)
+        if not quiet:
+            print(f"--- reach: shard {k + 1} of {shards} (pytest exit {statuses[-1]})")
+            print(log.read(), end="", flush=True)
+        log.close()
+    return next((status for status in statuses if status != 0), 0)
+
+
 def measure(
     target: str,
     *,
     pytest_args: Sequence[str] = (),
     quiet: bool = False,
     save_data: str | os.PathLike[str] | None = None,
+    shards: int = 2,
 ) -> ReachReport:
     """Run the shipped suite against ``target`` under coverage.py and analyze what it reached.
 
-    One process: under pytest-xdist (tried with coverage's subprocess patch), one worker's
-    data went missing in two runs of two on sglang 0.5.23, so the figure undercounted.
-    ``save_data`` keeps the coverage data file for :func:`analyze_data`, so the reach table
-    can be revised without rerunning the suite.
+    ``shards`` processes run at once, each under its own ``coverage run`` and each running
+    every ``shards``-th test (``tools/reach_shard.py``); their data files are combined.
+    Not pytest-xdist: under it (tried with coverage's subprocess patch) one worker's data
+    went missing in two runs of two on sglang 0.5.23, so the figure undercounted. Each
+    shard's output is printed when it ends. ``save_data`` keeps the combined coverage data
+    for :func:`analyze_data`, so the reach table can be revised without rerunning the suite.
 
     Example, where sglang is installed (takes minutes)::
 
         measure("sglang").headline_percent  # 60.3 on sglang 0.5.23
     """
+    if not isinstance(shards, int) or isinstance(shards, bool) or shards < 1:
+        raise ValueError(f"shards={shards!r} must be an int >= 1")
     table = _reach_table(target)
     files = {**_scope_files(table), **_map_files(table)}
     with tempfile.TemporaryDirectory(prefix="kvcheck-reach-") as tmp:
         rcfile = Path(tmp) / "coveragerc"
         data_file = Path(tmp) / ".coverage"
         include = "\n".join(f"    {path}" for path in sorted(set(files.values())))
-        rcfile.write_text(f"[run]\nsigterm = true\ndata_file = {data_file}\ninclude =\n{include}\n")
+        rcfile.write_text(
+            f"[run]\nsigterm = true\nparallel = true\ndata_file = {data_file}\n"
+            f"include =\n{include}\n"
+        )
         command = suite_command(target, pytest_args=pytest_args, rcfile=str(rcfile))
         command[0] = sys.executable
-        completed = subprocess.run(
-            command,
-            check=False,
-            stdout=subprocess.DEVNULL if quiet else None,
-            env={**os.environ, "KVCHECK_TARGET": target},
-        )
+        env = {
+            **os.environ,
+            "KVCHECK_TARGET": target,
+            "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+            ).rstrip(os.pathsep),
+        }
+        status = _run_shards(command, shards=shards, env=env, quiet=quiet, tmp=Path(tmp))
+        import coverage
+
+        combined = coverage.Coverage(data_file=str(data_file), config_file=str(rcfile))
+        combined.combine(keep=False)
+        combined.save()
         if save_data is not None and data_file.exists():
             shutil.copyfile(data_file, save_data)
         report = analyze_data(target, data_file)
     return dataclasses.replace(
         report,
-        pytest_status=completed.returncode,
+        pytest_status=status,
         command=tuple(suite_command(target, pytest_args=pytest_args)),
     )
 
@@ -954,6 +993,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--save-data", metavar="FILE", help="keep the coverage data file")
     parser.add_argument(
+        "--shards",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        metavar="N",
+        help="coverage processes sharing the suite's tests at once (default: 2, or 1 on one CPU)",
+    )
+    parser.add_argument(
         "--from-data",
         metavar="FILE",
         help="analyze a data file saved by --save-data instead of running the suite",
@@ -973,6 +1019,8 @@ def _usage_problem(options: argparse.Namespace) -> str | None:
             return f"{flag}={path!r} is a directory"
     if options.from_data and not Path(options.from_data).is_file():
         return f"--from-data={options.from_data!r} does not exist"
+    if options.shards < 1:
+        return f"--shards={options.shards} must be >= 1"
     return None
 
 
@@ -1002,7 +1050,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if options.from_data:
             report = analyze_data(options.target, options.from_data)
         else:
-            report = measure(options.target, pytest_args=pytest_args, save_data=options.save_data)
+            report = measure(
+                options.target,
+                pytest_args=pytest_args,
+                save_data=options.save_data,
+                shards=options.shards,
+            )
     except ValueError as error:
         print(f"reach: error: {error}", file=sys.stderr)
         return 2
