@@ -77,3 +77,46 @@ class ClearKeepsFreeList(RowPool):
 
     def clear(self) -> None:
         self.free_count = self.size
+
+
+class GroupedStatePool:
+    """A QSA-like pool in miniature: token-slot KV, compressed keys of one row per
+    ``qsa_compress_ratio`` slots, and a pending ring of that many rows per request; its
+    host copies carry all three (a request copy: the request's ring rows)."""
+
+    def __init__(self, *, size: int = 16, page_size: int = 4, rows: int = 4) -> None:
+        self.size, self.page_size = size, page_size
+        self.qsa_compress_ratio, self.qsa_num_request_slots = 2, rows
+        slots = size + page_size
+        self.kv = torch.zeros(slots, 4)
+        self.compressed_k = torch.zeros(-(-slots // self.qsa_compress_ratio), 4)
+        self.ring = torch.zeros(rows * self.qsa_compress_ratio, 4)
+
+    def _where(self, indices: torch.Tensor, request: int) -> tuple[torch.Tensor, slice]:
+        ratio = self.qsa_compress_ratio
+        return torch.unique(indices // ratio), slice(request * ratio, (request + 1) * ratio)
+
+    def get_cpu_copy(self, indices: torch.Tensor, req_pool_index: int = 0) -> Any:
+        groups, ring = self._where(indices, req_pool_index)
+        return self.kv[indices].clone(), self.compressed_k[groups].clone(), self.ring[ring].clone()
+
+    def load_cpu_copy(self, copy: Any, indices: torch.Tensor, req_pool_index: int = 0) -> None:
+        groups, ring = self._where(indices, req_pool_index)
+        self.kv[indices], self.compressed_k[groups], self.ring[ring] = copy
+
+
+class ReloadForgetsCompressedKeys(GroupedStatePool):
+    """load_cpu_copy restores the KV and the ring, not the compressed keys (as sglang's
+    QSA pool, whose copies are its linear hybrid's)."""
+
+    def load_cpu_copy(self, copy: Any, indices: torch.Tensor, req_pool_index: int = 0) -> None:
+        _, ring = self._where(indices, req_pool_index)
+        self.kv[indices], self.ring[ring] = copy[0], copy[2]
+
+
+class ReloadForgetsTheRing(GroupedStatePool):
+    """load_cpu_copy restores the KV and the compressed keys, not the request's ring."""
+
+    def load_cpu_copy(self, copy: Any, indices: torch.Tensor, req_pool_index: int = 0) -> None:
+        groups, _ = self._where(indices, req_pool_index)
+        self.kv[indices], self.compressed_k[groups] = copy[0], copy[1]

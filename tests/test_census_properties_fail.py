@@ -12,14 +12,18 @@ from broken_census import (
     AccountingHidesV,
     ClearKeepsFreeList,
     DescriptionHidesLastV,
+    GroupedStatePool,
     HiddenSideBuffer,
     HostCopyHidesLastV,
     MoveHidesLastK,
+    ReloadForgetsCompressedKeys,
+    ReloadForgetsTheRing,
     RowPool,
 )
 from hypothesis import find, settings
 from hypothesis import strategies as st
 
+from kvcheck.census import IndexSpace, take_census
 from kvcheck.failures import PropertyFailure
 from kvcheck.pools import MHATokenToKVPool
 from kvcheck.properties.census import (
@@ -200,3 +204,20 @@ def test_host_copies_fail_when_the_copy_is_a_view_of_the_pool() -> None:
 
     with pytest.raises(PropertyFailure, match=r"shares memory with k_buffer\[0\]"):
         assert_host_copy_restores_census(_pool(CopyIsAView), (1,))
+
+
+def test_grouped_state_is_restored_by_group_and_named_when_a_reload_forgets_it() -> None:
+    """Compressed keys (a row per two slots) and a pending ring (two rows per request) are
+    classified as grouped slots and rows; a request copy of page 1 restores compressed rows
+    2-3 and ring rows 2-3, and a twin that forgets either is named at the first of them."""
+    census = take_census(GroupedStatePool())
+    assert [(e.path, e.space, e.group) for e in census.entries] == [
+        ("kv", IndexSpace.SLOT, 1),
+        ("compressed_k", IndexSpace.SLOT, 2),
+        ("ring", IndexSpace.ROW, 2),
+    ]
+    assert assert_host_copy_restores_census(GroupedStatePool(), (1,), req_pool_index=1) == 3
+    with pytest.raises(PropertyFailure, match=r"compressed_k differs at slot 2"):
+        assert_host_copy_restores_census(ReloadForgetsCompressedKeys(), (1,), req_pool_index=1)
+    with pytest.raises(PropertyFailure, match=r"ring differs at row 2"):
+        assert_host_copy_restores_census(ReloadForgetsTheRing(), (1,), req_pool_index=1)

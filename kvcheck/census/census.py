@@ -53,6 +53,8 @@ class TensorEntry:
     geometry: CensusGeometry
     aliases: tuple[str, ...] = ()
     view_of: str | None = None
+    #: Token slots (a slot entry) or rows per request (a row entry) one row groups.
+    group: int = 1
 
     @property
     def nbytes(self) -> int:
@@ -184,6 +186,7 @@ def take_census(
                 geometry=found.context,
                 aliases=found.aliases,
                 view_of=first_path.get(key),
+                group=kind.group,
             )
         )
         first_path.setdefault(key, found.path)

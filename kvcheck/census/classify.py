@@ -14,7 +14,10 @@ The rules, first match wins (``geometry`` is the pool's :class:`CensusGeometry`)
 6. first dimension a request-row extent: **request row**;
 7. first dimension the layer count: the same rules on the second dimension (a state
    stacked by layer, ``[layers, slots, ...]``), else **per-layer**;
-8. anything else is **unclassified**, and the census names it.
+8. in a pool whose geometry has a ``group`` (slots one row stands for): first dimension
+   a grouped slot extent, **token slot** in groups (row ``slot // group``); a request
+   rows times the group, **request row** in groups (a per-request ring);
+9. anything else is **unclassified**, and the census names it.
 
 Example:
     >>> import torch
@@ -67,6 +70,8 @@ class Classification:
     space: IndexSpace
     dim: int | None
     why: str
+    #: Token slots (SLOT) or rows per request (ROW) one row along ``dim`` groups.
+    group: int = 1
 
 
 def _leading(
@@ -132,6 +137,13 @@ def classify(
             if stacked is not None:
                 return stacked
         return Classification(IndexSpace.LAYER, 0, f"dim 0 = {layers} layers")
+    group = geometry.group
+    if shape[0] in geometry.grouped_slot_extents:
+        why = f"dim 0 = {shape[0]} rows of {group} token slots each"
+        return Classification(IndexSpace.SLOT, 0, why, group=group)
+    if shape[0] in geometry.grouped_row_extents:
+        why = f"dim 0 = {shape[0]} rows, {group} per request row"
+        return Classification(IndexSpace.ROW, 0, why, group=group)
     return Classification(
         IndexSpace.UNCLASSIFIED,
         None,

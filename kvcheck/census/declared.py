@@ -60,6 +60,12 @@ KNOWN_ROLES: Mapping[str, Role] = MappingProxyType(
             " transfer description carries it (sglang's dense conv windows are views of"
             " one physical scratch, ``_intermediate_conv_window_phys``)",
         ),
+        "qsa_compressed_flat": Role(
+            IndexSpace.MIRROR,
+            "QSA's one allocation of compressed keys, [layers, rows * heads * dim]: its"
+            " per-layer views (qsa_compressed_k_buffer_pool) hold the state, one row per"
+            " group of token slots",
+        ),
     }
 )
 

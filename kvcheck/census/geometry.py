@@ -25,7 +25,16 @@ __all__ = ["CensusGeometry", "geometry_of"]
 #: Attributes that give a pool's layer count, first found wins.
 _LAYER_ATTRIBUTES = ("layer_num", "num_layers", "num_mamba_layers")
 #: Attributes that give a pool's request rows (a req-to-token pool's rows, a tail's requests).
-_ROW_ATTRIBUTES = ("max_batch_size", "max_running_requests", "max_num_reqs")
+_ROW_ATTRIBUTES = (
+    "max_batch_size",
+    "max_running_requests",
+    "max_num_reqs",
+    "qsa_num_request_slots",
+)
+#: Attributes that give how many token slots one row of a grouped state stands for (a
+#: compressed index cache: one row per group of slots; a per-request ring: that many rows
+#: per request).
+_GROUP_ATTRIBUTES = ("qsa_compress_ratio",)
 
 
 @dataclass(frozen=True)
@@ -35,7 +44,9 @@ class CensusGeometry:
     ``size`` is the capacity the scheduler sees (None when the pool does not say),
     ``page_size`` its tokens per page, ``layers`` its local layer count, ``rows`` its
     request-row counts, ``token_stride`` how many ids one row stands for beyond the
-    pool's own (decode context parallel widens ids by its width).
+    pool's own (decode context parallel widens ids by its width), ``group`` how many token
+    slots one row of a grouped state stands for (1: none; :attr:`grouped_slot_extents`,
+    :attr:`grouped_row_extents`).
     """
 
     size: int | None
@@ -44,6 +55,7 @@ class CensusGeometry:
     start_layer: int = 0
     rows: tuple[int, ...] = ()
     token_stride: int = 1
+    group: int = 1
 
     def same_ids(self, other: CensusGeometry) -> bool:
         """Whether token ids mean the same rows here and in ``other`` (same capacity, page
@@ -79,6 +91,27 @@ class CensusGeometry:
         ids = (self.size + self.page_size) * self.token_stride
         pages = -(-ids // self.page_size)
         return (pages, pages + 1)
+
+    @property
+    def grouped_slot_extents(self) -> tuple[int, ...]:
+        """First-dimension lengths of a state with one row per ``group`` token slots (a
+        compressed cache: row ``slot // group``); empty without a group.
+
+        Example:
+            >>> CensusGeometry(size=16, page_size=4, group=2).grouped_slot_extents
+            (10, 9)
+        """
+        if self.group <= 1:
+            return ()
+        return tuple(dict.fromkeys(-(-slots // self.group) for slots in self.slot_extents))
+
+    @property
+    def grouped_row_extents(self) -> tuple[int, ...]:
+        """First-dimension lengths of a per-request ring of ``group`` rows a request (rows
+        ``r * group`` to ``r * group + group - 1``); empty without a group."""
+        if self.group <= 1:
+            return ()
+        return tuple(dict.fromkeys(rows * self.group for rows in self.rows))
 
     @property
     def row_extents(self) -> tuple[int, ...]:
@@ -139,6 +172,9 @@ def geometry_of(
     start_layer = _int_attribute(obj, "start_layer")
     rows = tuple(n for n in (_int_attribute(obj, a) for a in _ROW_ATTRIBUTES) if n is not None)
     stride = _int_attribute(obj, "dcp_size")
+    group = next(
+        (n for n in (_int_attribute(obj, a) for a in _GROUP_ATTRIBUTES) if n is not None), None
+    )
     found = CensusGeometry(
         size=size if size is not None else base.size,
         page_size=page_size if page_size and page_size > 0 else base.page_size,
@@ -146,5 +182,6 @@ def geometry_of(
         start_layer=start_layer if start_layer is not None else base.start_layer,
         rows=rows or base.rows,
         token_stride=stride if stride and stride > 0 else base.token_stride,
+        group=group if group and group > 0 else base.group,
     )
     return dataclasses.replace(found, **dict(override or {}))

@@ -141,13 +141,17 @@ def _mapped(
     entry: TensorEntry, tokens: Sequence[int], page_size: int, request: int | None = None
 ) -> list[int]:
     """The entry's rows that ``tokens`` (whole pages) occupy, in order; a request-row
-    tensor's row ``request`` when the operation names one."""
+    tensor's row ``request`` when the operation names one (rows of a grouped entry: a
+    compressed slot row per ``group`` tokens, ``group`` ring rows per request)."""
+    group = entry.group
     if entry.space is IndexSpace.PAGE:
         return list(dict.fromkeys(token // page_size for token in tokens))
-    if entry.space is IndexSpace.SLOT:
+    if entry.space is IndexSpace.SLOT and group == 1:
         return list(tokens)
+    if entry.space is IndexSpace.SLOT:
+        return list(dict.fromkeys(token // group for token in tokens))
     if entry.space is IndexSpace.ROW and request is not None:
-        return [request]
+        return list(range(request * group, (request + 1) * group))
     return []
 
 
@@ -484,7 +488,13 @@ def _assert_described_once(
             )
         if start == spans[home.path][0] and home.holds_state:
             page = home.geometry.page_size
-            per_item = home.row_bytes * (page if home.space is IndexSpace.SLOT else 1)
+            # One page of slots (a grouped slot entry: its rows of one page; single-slot
+            # pages, size + 1 rows: one slot, as a mamba pool's), one request.
+            single = home.extent == (home.geometry.size or 0) + 1 != home.geometry.num_slots
+            if home.space is IndexSpace.SLOT:
+                per_item = home.row_bytes * (1 if single else page // home.group)
+            else:
+                per_item = home.row_bytes * home.group
             # A length that is both a slot and a page count (pages * stride == slots)
             # leaves the shape ambiguous: one row or one page of rows is one item.
             ambiguous = home.extent in home.geometry.page_extents

@@ -41,7 +41,7 @@ from kvcheck.properties.census import (
     assert_registration_covers_census,
     description_methods,
 )
-from kvcheck.specs import SWA_FAMILIES, PoolSpec, SWAPoolSpec
+from kvcheck.specs import SWA_FAMILIES, LinearHybridSpec, PoolSpec, SWAPoolSpec
 from kvcheck.strategies.limits import unbuilt_variant_reason, within_target_limits
 from kvcheck.swa_machine import swa_skip_reason
 from kvcheck.targets.findings import Finding, declared_findings, matching_finding
@@ -385,11 +385,17 @@ _NOT_OWNED_BY_KV_POOL = {
 
 
 def _check_hybrid(
-    target: Any, pool: Any, census: Census, *, family: str, exempt: Mapping[str, str] | None = None
+    target: Any,
+    pool: Any,
+    census: Census,
+    *,
+    family: str,
+    met: _Met,
+    exempt: Mapping[str, str] | None = None,
 ) -> None:
     """Accounting, descriptions and PD's registration of a hybrid against its census, each
-    checked even after another met a declared finding."""
-    met = _Met(target)
+    checked even after another met a declared finding (``met`` keeps them; the caller
+    ends it)."""
     counted = met.check(
         lambda: assert_accounting_covers_census(pool, census=census, exempt=exempt, family=family),
         calls=("get_kv_size_bytes",),
@@ -403,7 +409,6 @@ def _check_hybrid(
     )
     assert methods is None or (methods and set(methods) <= set(description_methods(pool)))
     _assert_registration(target, pool, census, family=family, met=met)
-    met.end()
 
 
 def _hybrid_census(pool: Any) -> Census:
@@ -429,7 +434,9 @@ def test_swa_hybrid_census(kvcheck_target: Any, kvcheck_device: str, family: str
     pool = _swa_pool(kvcheck_target, family, kvcheck_device)
     census = _hybrid_census(pool)
     assert census.unclassified == (), census.describe()
-    _check_hybrid(kvcheck_target, pool, census, family=f"swa:{family}")
+    met = _Met(kvcheck_target)
+    _check_hybrid(kvcheck_target, pool, census, family=f"swa:{family}", met=met)
+    met.end()
 
 
 def test_linear_hybrid_census(kvcheck_target: Any, kvcheck_device: str) -> None:
@@ -445,4 +452,41 @@ def test_linear_hybrid_census(kvcheck_target: Any, kvcheck_device: str) -> None:
     kv_census, req_census = _hybrid_census(kv_pool), _hybrid_census(req_pool)
     assert kv_census.unclassified == (), kv_census.describe()
     assert req_census.unclassified == (), req_census.describe()
-    _check_hybrid(kvcheck_target, kv_pool, kv_census, family="linear", exempt=_NOT_OWNED_BY_KV_POOL)
+    met = _Met(kvcheck_target)
+    _check_hybrid(
+        kvcheck_target, kv_pool, kv_census, family="linear", met=met, exempt=_NOT_OWNED_BY_KV_POOL
+    )
+    met.end()
+
+
+#: A QSA hybrid: pages of 4 (a multiple of the compress ratio above 1, as sglang requires),
+#: four request rows (their pending ring, rows times the ratio, is no page count).
+_QSA_SPEC = LinearHybridSpec(
+    full_layer_ids=(1,), mamba_layer_ids=(0,), size=16, page_size=4, rows=4, mamba_size=4
+)
+
+
+def test_qsa_hybrid_census(kvcheck_target: Any, kvcheck_device: str) -> None:
+    """QSA's hybrid: every tensor classified (its compressed keys as token slots in groups,
+    its pending ring as request rows in groups); accounting, descriptions and PD's
+    registration cover them; a retracted request's host copy restores its pages'
+    compressed keys and its ring rows, as it restores their KV."""
+    make = getattr(kvcheck_target, "make_qsa_hybrid", None)
+    if make is None:
+        _skip(kvcheck_target, "has no make_qsa_hybrid (a linear hybrid with a QSA index cache)")
+    kv_pool, _req_pool = make(_QSA_SPEC, device=kvcheck_device)
+    census = _hybrid_census(kv_pool)
+    assert census.unclassified == (), census.describe()
+    met = _Met(kvcheck_target)
+    _check_hybrid(
+        kvcheck_target, kv_pool, census, family="qsa", met=met, exempt=_NOT_OWNED_BY_KV_POOL
+    )
+    checked = met.check(
+        lambda: assert_host_copy_restores_census(
+            kv_pool, [1], census=census, req_pool_index=1, family="qsa"
+        ),
+        calls=("get_cpu_copy", "load_cpu_copy"),
+        family="qsa",
+    )
+    assert checked is None or checked > 0
+    met.end()

@@ -110,6 +110,10 @@ FAMILY_SEPARATOR = ":"
 #:     covers every state tensor once
 #:     (:func:`kvcheck.properties.census.assert_registration_covers_census`); no member:
 #:     that check is skipped, quoting why.
+#: ``make_qsa_hybrid(spec: LinearHybridSpec, *, device) -> (kv_pool, req_to_token_pool)``
+#:     A linear-attention hybrid with a QSA index cache (compressed keys, one row per group
+#:     of token slots; a pending ring of rows per request). Only the census runs on it
+#:     (``test_qsa_hybrid_census``); no member: that test is skipped, quoting why.
 #: ``reach_table: str``
 #:     The module (``PACKAGE``, ``SCOPES``; see ``tools/reach.py``) that says which of
 #:     the target's code ``python tools/reach.py`` measures; why each unreached range
@@ -149,6 +153,7 @@ OPTIONAL_MEMBERS: tuple[str, ...] = (
     "findings",
     "unsized_kv_cache_dtypes",
     "pd_registration",
+    "make_qsa_hybrid",
 )
 
 

@@ -41,6 +41,7 @@ from kvcheck.properties.allocators import allocator_sizes, assert_allocator_stat
 from kvcheck.properties.apply import apply_op_like_reference
 from kvcheck.properties.census import (
     assert_descriptions_cover_census,
+    assert_host_copy_restores_census,
     assert_registration_covers_census,
 )
 from kvcheck.properties.host_pools import assert_host_buffer_infos
@@ -817,6 +818,25 @@ def test_pd1_descriptions_cover_the_index_keys(kvcheck_target: Any, kvcheck_devi
     pool = _dsa_swa_hybrid(kvcheck_target, kvcheck_device)
     census = take_census(pool, declared=KNOWN_ROLES)
     assert_descriptions_cover_census(pool, census=census, family="swa:dsa")
+
+
+# --- QS1: QSA's hybrid pool ------------------------------------------------------------------
+
+
+def test_qs1_a_request_copy_restores_the_qsa_index_state(
+    kvcheck_target: Any, kvcheck_device: str
+) -> None:
+    """QS1: a request copy of a QSA hybrid's page restores its compressed keys and the
+    request's pending ring, as it restores the page's KV."""
+    make = getattr(kvcheck_target, "make_qsa_hybrid", None)
+    if make is None:
+        pytest.skip(f"target {kvcheck_target.name!r} builds no QSA hybrid (make_qsa_hybrid)")
+    spec = LinearHybridSpec(
+        full_layer_ids=(1,), mamba_layer_ids=(0,), size=16, page_size=4, rows=4, mamba_size=4
+    )
+    kv_pool, _req_pool = make(spec, device=kvcheck_device)
+    census = take_census(kv_pool, declared=KNOWN_ROLES)
+    assert_host_copy_restores_census(kv_pool, [1], census=census, req_pool_index=1, family="qsa")
 
 
 # --- B1-B4: host pools --------------------------------------------------------------------

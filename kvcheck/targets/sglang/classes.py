@@ -55,9 +55,10 @@ def _rows(module: str, names: Iterable[str], status: Builds | Refuses) -> tuple[
 
 
 _SWA_BUILT = Builds(
-    "make_swa_pool: full and sliding-window sides of MHA or MLA pools (DSA sides refused: "
-    "their 64-token pages), run by the SWA machine with the target's SWA allocator's "
-    "id mapping; the census on MHA and MLA hybrids"
+    "make_swa_pool: full and sliding-window sides of MHA or MLA pools, run by the SWA "
+    "machine with the target's SWA allocator's id mapping; the census on MHA, MLA and DSA "
+    "hybrids (a DSA full side beside an MLA window side, on 64-token index pages: no "
+    "machine, too slow for its examples on CPU)"
 )
 _LINEAR_BUILT = Builds(
     "make_linear_hybrid: HybridReqToTokenPool (its MambaPool and MambaSlotAllocator, fp32 "
@@ -94,11 +95,14 @@ _MINIMAX = Refuses(
     "MiniMax-M3 sparse attention pools (NVFP4 index keys and main KV): nvfp4 writes need "
     "flashinfer's CUDA quantizer, as for the nvfp4 MHA variant; no model in kvcheck"
 )
-_QSA = Refuses(
-    "QSA (Qwen sparse attention) extends the linear-attention hybrid with a per-request "
-    "pending index-key/RoPE ring and a paged compressed-K cache; kvcheck has no model of "
-    "those caches yet, and its constructor (no CUDA-only call outside a custom memory pool) "
-    "has not been tried on CPU"
+_QSA_BUILT = Builds(
+    "make_qsa_hybrid: the linear hybrid's request pool under a QSATokenToKVPool (one index "
+    "head of 4, compress ratio 2, pages of 4), the census only (no machine: kvcheck has no "
+    "model of the compressed keys or the pending ring, and the census needs none)"
+)
+_QSA_HOST = Refuses(
+    "QSA's HiCache host pool (a DeepSeekV4PagedHostPool), assembled only by a launched "
+    "server's hybrid_pool_assembler; the target builds no HiCache assembly yet"
 )
 _LAYER_SPLIT = Refuses(
     "GLM DSA's context-parallel layer split (shard_size > 1): each rank holds a shard of "
@@ -228,6 +232,7 @@ CLASS_ROWS: tuple[Row, ...] = (
     *_rows("memory_pool", ("HybridLinearKVPool", "MambaPool"), _LINEAR_BUILT),
     *_rows("memory_pool", ("HybridReqToTokenPool",), _LINEAR_BUILT),
     *_rows("allocator.mamba", ("MambaSlotAllocator",), _LINEAR_BUILT),
+    *_rows("qsa_kv_pool", ("QSATokenToKVPool",), _QSA_BUILT),
     *_rows("pool_host.mamba", ("MambaPoolHost",), _HOST_SERVING),
     # --- not built, with why
     *_rows(
@@ -268,8 +273,7 @@ CLASS_ROWS: tuple[Row, ...] = (
         ("MiniMaxM3Nvfp4IndexKPoolHost", "MiniMaxM3Nvfp4MainKVPoolHost"),
         _MINIMAX,
     ),
-    *_rows("qsa_kv_pool", ("QSATokenToKVPool",), _QSA),
-    *_rows("pool_host.qsa", ("QSAIndexerPoolHost",), _QSA),
+    *_rows("pool_host.qsa", ("QSAIndexerPoolHost",), _QSA_HOST),
     *_rows(
         "deepseek_v4_memory_pool",
         (

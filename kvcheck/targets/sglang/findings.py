@@ -626,6 +626,20 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         kind="buffer undescribed",
         family="swa:dsa",
     ),
+    _finding(
+        # qs1.py shows it on each release (QSATokenToKVPool inherits HybridLinearKVPool's
+        # copies there too). The census meets the ring first (its entries' order).
+        "QS1",
+        "serving bug",
+        _ALL,
+        "QSA's hybrid pool inherits the linear hybrid's get_cpu_copy/load_cpu_copy, which "
+        "carry the full KV only: a retracted request resumes without its compressed index "
+        "keys, pending key ring and RoPE positions",
+        check="bytes",
+        call="load_cpu_copy",
+        kind="qsa_*",
+        family="qsa",
+    ),
     # The same omission in the hybrid's own descriptions (get_contiguous_buf_infos forwards
     # to the full side's latent rows, get_state_buf_infos is the window side's).
     _part(

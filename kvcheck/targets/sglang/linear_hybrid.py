@@ -9,6 +9,9 @@ move (:func:`.env.native_kv_move`, as every MHA pool of this target); the mamba 
 operations take their per-tensor Python path (sglang fuses them only for bf16 CUDA conv
 states); nothing else is stood in.
 
+QSA (``QSATokenToKVPool``, :func:`build_qsa_hybrid`) is the same hybrid with a compressed
+index cache and a per-request pending ring; only the census runs on it.
+
 Left out, with why: the ping-pong tracking buffers (``enable_mamba_extra_buffer``; they need
 a scheduler's request fields beyond the pool), the ReplaySSM rings and the envelope layout
 (CUDA-only paths, asserted as such), the int8 checkpoint pool and the PLE side states
@@ -60,10 +63,10 @@ def cache_params(spec: LinearHybridSpec) -> Any:
     )
 
 
-def build_linear_hybrid(spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
-    """``(HybridLinearKVPool, HybridReqToTokenPool)`` of sglang for ``spec`` on ``device``."""
+def _request_pool(spec: LinearHybridSpec, *, device: str) -> Any:
+    """sglang's ``HybridReqToTokenPool`` (its MambaPool and slot allocator) for ``spec``."""
     pools = _module(MEMORY_POOL)
-    req_pool = pools.HybridReqToTokenPool(
+    return pools.HybridReqToTokenPool(
         size=spec.rows,
         mamba_size=spec.mamba_size,
         mamba_spec_state_size=spec.mamba_size,
@@ -75,6 +78,12 @@ def build_linear_hybrid(spec: LinearHybridSpec, *, device: str) -> tuple[Any, An
         enable_mamba_extra_buffer=False,
         speculative_num_draft_tokens=spec.draft_tokens,
     )
+
+
+def build_linear_hybrid(spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
+    """``(HybridLinearKVPool, HybridReqToTokenPool)`` of sglang for ``spec`` on ``device``."""
+    pools = _module(MEMORY_POOL)
+    req_pool = _request_pool(spec, device=device)
     with env.native_kv_move():
         kv_pool = pools.HybridLinearKVPool(
             size=spec.size,
@@ -85,5 +94,41 @@ def build_linear_hybrid(spec: LinearHybridSpec, *, device: str) -> tuple[Any, An
             full_attention_layer_ids=list(spec.full_layer_ids),
             device=device,
             mamba_pool=req_pool.mamba_pool,
+        )
+    return kv_pool, req_pool
+
+
+#: QSA's index geometry the target builds with (a spec has no QSA fields: only the census
+#: runs on QSA, and it needs no model of them): one index head of 4 values, two tokens per
+#: compressed key, a top-k of one group.
+QSA_ARGUMENTS: dict[str, int] = {
+    "qsa_index_kv_heads": 1,
+    "qsa_index_head_dim": 4,
+    "qsa_compress_ratio": 2,
+    "qsa_token_topk": 2,
+}
+
+
+def build_qsa_hybrid(spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
+    """``(QSATokenToKVPool, HybridReqToTokenPool)`` of sglang for ``spec`` on ``device``:
+    the linear hybrid with QSA's compressed index keys (one row per
+    ``qsa_compress_ratio`` token slots) and per-request pending ring
+    (:data:`QSA_ARGUMENTS`), a ring row set per request row of ``spec``, bf16 KV as
+    sglang's configurator builds it for a bf16 model. sglang refuses (ValueError) a page
+    size that is not a multiple of the compress ratio above 1."""
+    qsa = _module("sglang.srt.mem_cache.qsa_kv_pool")
+    req_pool = _request_pool(spec, device=device)
+    with env.native_kv_move():
+        kv_pool = qsa.QSATokenToKVPool(
+            size=spec.size,
+            dtype=torch.bfloat16,
+            page_size=spec.page_size,
+            head_num=spec.head_num,
+            head_dim=spec.head_dim,
+            full_attention_layer_ids=list(spec.full_layer_ids),
+            device=device,
+            mamba_pool=req_pool.mamba_pool,
+            num_request_slots=spec.rows,
+            **QSA_ARGUMENTS,
         )
     return kv_pool, req_pool

@@ -454,6 +454,14 @@ class SGLangTarget:
 
         return build_linear_hybrid(spec, device=device)
 
+    def make_qsa_hybrid(self, spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
+        """sglang's ``(QSATokenToKVPool, HybridReqToTokenPool)`` for ``spec``
+        (:func:`kvcheck.targets.sglang.linear_hybrid.build_qsa_hybrid`)."""
+        _sglang()
+        from kvcheck.targets.sglang.linear_hybrid import build_qsa_hybrid
+
+        return build_qsa_hybrid(spec, device=device)
+
     # --- serving --------------------------------------------------------------------------
 
     def validate_server_args(self, flags: Mapping[str, Any]) -> None:
