@@ -178,6 +178,25 @@ def test_failure_entry_carries_signature_and_reproduction_data() -> None:
     assert entry["reproduction"].startswith("Minimal example: test_move(")
 
 
+@pytest.mark.parametrize(
+    "heading",
+    ["Failing test case: <state machine>", "Falsifying example:"],
+    ids=["one-note", "bare-heading"],
+)
+def test_a_state_machine_heading_is_read_in_either_hypothesis_shape(heading: str) -> None:
+    """Hypothesis heads a failing state machine's steps with "Failing test case: <state
+    machine>" (newer releases) or a bare "Falsifying example:" (6.139, the declared floor),
+    the steps in the notes after it: either way the heading is kvcheck's, once, first, and
+    the steps follow."""
+    error = AssertionError("boom")
+    for note in (heading, "state = M()", "state.boom()"):
+        error.add_note(note)
+    entry = failures_from_exception(error)[0]
+    lines = entry["reproduction"].splitlines()
+    assert lines[0].startswith("Minimal example:") and lines[1:] == ["state = M()", "state.boom()"]
+    assert not any("Falsifying" in line or "Failing test" in line for line in lines)
+
+
 def _failing_results(**failure: Any) -> dict[str, Any]:
     return {
         "tests": [

@@ -92,8 +92,10 @@ FAILING_OUTCOMES = ("failed", "error", "xpassed")
 _EXAMPLE_PHASES = ("explicit", "reuse", "generate", "target")
 _BLOB = re.compile(r"@reproduce_failure\([^)]*\)")
 #: A note that starts with a heading ("Falsifying example:", "Failing test case:" ...)
-#: followed by a call or, for state machines, by steps on the next lines.
-_EXAMPLE_NOTE = re.compile(r"\A[A-Z][A-Za-z ]*:[ \n]")
+#: followed by a call or, for state machines, by steps on the next lines; older Hypothesis
+#: releases (6.139) give a state machine's heading as a note of its own, its steps in the
+#: notes after it.
+_EXAMPLE_NOTE = re.compile(r"\A[A-Z][A-Za-z ]*:(?:[ \n]|\Z)")
 _DRAW = re.compile(r"\ADraw \d+")
 #: A step of a state machine as Hypothesis lists it (``state.step(data=data(...))``).
 _STATE_STEP = re.compile(r"\Astate(\.| = )")
@@ -451,7 +453,9 @@ def _reproduction_text(
     if example is None and not draws and not other:
         return None
     lines: list[str] = []
-    if example is not None:
+    if example == "":
+        lines.append(heading)  # a bare heading: the steps are the notes after it
+    elif example is not None:
         first = example.split("\n", 1)[0].rstrip()
         # A call starts on the heading's line; state-machine steps start on the next one.
         starts_a_call = "\n" not in example or first.endswith("(")
