@@ -103,10 +103,10 @@ def _raised_finding(
 ) -> Finding | None:
     """The declared finding about the pool raising ``error`` from one of ``calls``, in
     the signatures the suite's other properties give a raise (``check="raises"`` or the
-    call's own check; the kind as the exception's type, with or without its message), as
-    else None. As a refusal of bad input ("instead of
-    ValueError") only by a finding that names one of ``calls``: the census passes valid
-    calls, so a broad input-validation finding must not claim a raise it did not cause."""
+    call's own check; the kind as the exception's type, with or without its message),
+    else None. As a refusal of bad input ("instead of ValueError") only by a finding that
+    names one of ``calls``: the census passes valid calls, so a broad input-validation
+    finding must not claim a raise it did not cause."""
     name = type(error).__name__
     kinds = (f"raises {name}", f"{name}: {error}", name, f"{name} instead of ValueError")
     checks = (*(call.removeprefix("get_") for call in calls), "raises")
@@ -131,8 +131,7 @@ def _known_finding(
     """The declared finding a property failure (by its signature) or a raise (by
     :func:`_raised_finding`) of ``calls`` is, else None."""
     if isinstance(error, PropertyFailure):
-        finding = matching_finding(declared_findings(target), error.signature)
-        return finding
+        return matching_finding(declared_findings(target), error.signature)
     return _raised_finding(target, error, calls=calls, family=family)
 
 

@@ -626,6 +626,17 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         kind="buffer undescribed",
         family="swa:dsa",
     ),
+    # The same omission in the hybrid's own descriptions (get_contiguous_buf_infos forwards
+    # to the full side's latent rows, get_state_buf_infos is the window side's).
+    _part(
+        "PD1",
+        "PD1.descriptions",
+        pinned=_pinned("test_pd1_descriptions_*"),
+        check="descriptions",
+        call="get_*buf_infos",
+        kind="buffer undescribed",
+        family="swa:dsa",
+    ),
     _finding(
         # qs1.py shows it on each release (QSATokenToKVPool inherits HybridLinearKVPool's
         # copies there too). The census meets the ring first (its entries' order).
@@ -639,17 +650,6 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         call="load_cpu_copy",
         kind="qsa_*",
         family="qsa",
-    ),
-    # The same omission in the hybrid's own descriptions (get_contiguous_buf_infos forwards
-    # to the full side's latent rows, get_state_buf_infos is the window side's).
-    _part(
-        "PD1",
-        "PD1.descriptions",
-        pinned=_pinned("test_pd1_descriptions_*"),
-        check="descriptions",
-        call="get_*buf_infos",
-        kind="buffer undescribed",
-        family="swa:dsa",
     ),
     # One entry per variant: a V shape that differs on another MHA variant is another bug.
     # The exact kind is a shape difference (a byte difference adds " at row N").
