@@ -80,22 +80,31 @@ def _request_pool(spec: LinearHybridSpec, *, device: str) -> Any:
     )
 
 
-def build_linear_hybrid(spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
-    """``(HybridLinearKVPool, HybridReqToTokenPool)`` of sglang for ``spec`` on ``device``."""
-    pools = _module(MEMORY_POOL)
+def _hybrid(
+    pool_class: Any, spec: LinearHybridSpec, *, device: str, dtype: torch.dtype, **extra: Any
+) -> tuple[Any, Any]:
+    """``(pool_class(...), its HybridReqToTokenPool)``: the hybrid KV pool over the request
+    pool's mamba pool, with ``extra`` arguments of its own."""
     req_pool = _request_pool(spec, device=device)
     with env.native_kv_move():
-        kv_pool = pools.HybridLinearKVPool(
+        kv_pool = pool_class(
             size=spec.size,
-            dtype=torch.float32,
+            dtype=dtype,
             page_size=spec.page_size,
             head_num=spec.head_num,
             head_dim=spec.head_dim,
             full_attention_layer_ids=list(spec.full_layer_ids),
             device=device,
             mamba_pool=req_pool.mamba_pool,
+            **extra,
         )
     return kv_pool, req_pool
+
+
+def build_linear_hybrid(spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
+    """``(HybridLinearKVPool, HybridReqToTokenPool)`` of sglang for ``spec`` on ``device``."""
+    pools = _module(MEMORY_POOL)
+    return _hybrid(pools.HybridLinearKVPool, spec, device=device, dtype=torch.float32)
 
 
 #: QSA's index geometry the target builds with (a spec has no QSA fields: only the census
@@ -117,18 +126,11 @@ def build_qsa_hybrid(spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
     sglang's configurator builds it for a bf16 model. sglang refuses (ValueError) a page
     size that is not a multiple of the compress ratio above 1."""
     qsa = _module("sglang.srt.mem_cache.qsa_kv_pool")
-    req_pool = _request_pool(spec, device=device)
-    with env.native_kv_move():
-        kv_pool = qsa.QSATokenToKVPool(
-            size=spec.size,
-            dtype=torch.bfloat16,
-            page_size=spec.page_size,
-            head_num=spec.head_num,
-            head_dim=spec.head_dim,
-            full_attention_layer_ids=list(spec.full_layer_ids),
-            device=device,
-            mamba_pool=req_pool.mamba_pool,
-            num_request_slots=spec.rows,
-            **QSA_ARGUMENTS,
-        )
-    return kv_pool, req_pool
+    return _hybrid(
+        qsa.QSATokenToKVPool,
+        spec,
+        device=device,
+        dtype=torch.bfloat16,
+        num_request_slots=spec.rows,
+        **QSA_ARGUMENTS,
+    )
