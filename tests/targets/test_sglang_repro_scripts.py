@@ -78,6 +78,37 @@ def test_script_says_which_path_ran(script: Path):
         assert switch in docstring, f"{script.name} sets {switch} without saying so"
 
 
+def helper_comes_first(path: Path) -> bool:
+    """Whether the first top-level import of torch or sglang comes after the helper's."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        else:
+            continue
+        roots = {name.split(".")[0] for name in names}
+        if "cpu_stand_ins" in roots:
+            return True
+        if roots & {"torch", "sglang"}:
+            return False
+    return False
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[path.stem for path in SCRIPTS])
+def test_script_imports_the_helper_before_sglang(script: Path):
+    """The helper loads first (its stand-ins must exist before sglang imports), which is also
+    the order the warm Python of ``warm_python.py`` loads them in for the script."""
+    assert helper_comes_first(script), f"{script.name} imports torch or sglang before the helper"
+
+
+def test_the_order_check_catches_sglang_first(tmp_path: Path):
+    """The order check fails on a script that imports sglang before the helper."""
+    bad = tmp_path / "z9.py"
+    bad.write_text('"""Z9: path."""\nimport sglang\nimport cpu_stand_ins\n')
+    assert not helper_comes_first(bad)
+
+
 def test_helper_imports_sglang_torch_and_the_stdlib_only():
     """The shared helper needs nothing beyond what the scripts may import."""
     extra = not_allowed(imported_roots(HELPER), ALLOWED | HELPER_ALSO)

@@ -15,8 +15,11 @@ error, a crash, a control step that fails: exit 2) fails the test too: it must r
 verdict; exit 3 skips, saying why.
 
 Marked ``sglang``: runs only when the kvcheck target is sglang
-(``KVCHECK_TARGET=sglang python -m pytest tests/targets``). Each script starts a fresh
-Python that imports sglang (7-25 s on a quiet machine; i10.py and l1.py start two more).
+(``KVCHECK_TARGET=sglang python -m pytest tests/targets``). A script runs in a child of a
+warm Python that has imported the helper and sglang's pool module once per test process
+(``warm_python.py``: a fresh start is 10-12 s of sglang import per script), or, where it
+sets an environment variable before that import, in a fresh Python; ``TESTS_REPROS_FRESH=1``
+runs every one fresh, as printed (i10.py and l1.py start more Pythons themselves).
 ``TESTS_REPROS=differing`` (CI's older releases) runs, on a release older than the newest
 known one, only the scripts whose finding holds on some known releases and not others (the
 verdicts that change with the release); the scripts of findings that hold on every known
@@ -26,8 +29,7 @@ release run on the newest, and their pins check each finding on every release.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -35,6 +37,7 @@ import pytest
 
 from kvcheck.targets.sglang.findings import CLASSES, RELEASES
 from kvcheck.targets.sglang.release import KNOWN_RELEASES
+from tests.targets.warm_python import WarmPython, run_fresh, runs_warm
 
 pytestmark = pytest.mark.kvcheck_target("sglang")
 
@@ -42,6 +45,14 @@ REPROS = Path(__file__).resolve().parents[2] / "docs" / "sglang-repros"
 SCRIPTS = sorted(REPROS.glob("*.py"))
 #: Enough for sglang's import on a loaded 2-core machine; a hang still ends the test.
 TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def warm_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmPython]:
+    """One warm Python per test process (``warm_python.py``), started on first use."""
+    warm = WarmPython(REPROS, tmp_path_factory.mktemp("warm") / "server.log")
+    yield warm
+    warm.close()
 
 
 def test_there_are_reproductions():
@@ -56,7 +67,7 @@ def finding_of(script: Path) -> str:
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[path.stem for path in SCRIPTS])
-def test_reproduction_shows_the_bug(script: Path):
+def test_reproduction_shows_the_bug(script: Path, warm_python: WarmPython):
     """The script exits 1 saying BUG PRESENT where the installed release has its finding,
     and 0 saying fixed (or not applicable) where it does not, run as a user would."""
     installed = version("sglang")
@@ -70,17 +81,10 @@ def test_reproduction_shows_the_bug(script: Path):
             f"TESTS_REPROS=differing: {finding_of(script)} holds on every known release "
             f"({releases.describe()}); its script runs on {KNOWN_RELEASES[-1]}, its pins here"
         )
-    env = {name: value for name, value in os.environ.items() if not name.startswith("KVCHECK")}
-    env.pop("PYTHONPATH", None)  # sglang alone: the script must not need kvcheck
-    completed = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env=env,
-        cwd=script.parent,
-        check=False,
-    )
+    if runs_warm(script):
+        completed = warm_python.run(script, TIMEOUT_S)
+    else:
+        completed = run_fresh(script, TIMEOUT_S)
     output = completed.stdout + completed.stderr
     lines = completed.stdout.splitlines()
     if completed.returncode == 3:
