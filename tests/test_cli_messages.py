@@ -2,7 +2,8 @@
 a did-you-mean for a mistyped target, "has no attribute" once, the traceback of a target
 module that raised with -v, an output path under a file, KVCHECK_DB on a dangling link,
 the fp8 dtype names for a bare ``fp8``, ``--`` in the run commands' help, and one wording
-for a byte that differs in verify's failure and in the reproduction script.
+for a byte that differs in verify's failure and in the reproduction script; and (item 7)
+the elapsed time on each progress line.
 
 Every check here stops before pytest starts, so each runs in well under a second.
 """
@@ -181,3 +182,18 @@ def test_the_reproduction_script_uses_the_same_byte_wording() -> None:
 
     source = Path(repro.__file__).read_text()
     assert "row {row} byte {byte} is 0x{int(got[row, byte]):02x} but should be" in source
+
+
+def test_a_progress_line_off_a_terminal_says_how_long_the_run_has_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 7: off a terminal each progress line carries the elapsed seconds, so a long
+    run (``--target sglang``) gives a sense of its length while it goes."""
+    from kvcheck.runner.launch import SuiteRun
+
+    run = SuiteRun(command="verify", verbosity=0, log_path=tmp_path / "pytest.log")
+    run._tty = False  # capsys is no terminal either; said here so the test reads alone
+    run.total = 4
+    run.counts["passed"] = 1
+    run._progress("tests/test_x.py::test_a")
+    assert capsys.readouterr().out.strip() == "[1/4] 1 passed at 0 s"

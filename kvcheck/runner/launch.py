@@ -235,6 +235,7 @@ class SuiteRun:
         self.finished: list[dict[str, Any]] = []
         self._tty = sys.stdout.isatty()
         self._next_report = 0
+        self._started = time.monotonic()
 
     def run(self, argv: list[str], interrupts: Interrupts) -> int:
         """Run pytest with ``argv``; return its exit status."""
@@ -316,7 +317,9 @@ class SuiteRun:
         done = sum(self.counts.values())
         total = self.total or 0
         counts = ", ".join(f"{n} {outcome}" for outcome, n in sorted(self.counts.items()))
-        text = f"[{done}/{total or '?'}] {counts}"
+        # The elapsed time gives a sense of the whole run's length (issue 36, item 7).
+        elapsed = round(time.monotonic() - self._started)
+        text = f"[{done}/{total or '?'}] {counts} at {elapsed} s"
         if self._tty:
             width = shutil.get_terminal_size().columns
             line = f"{text}  {short_name(nodeid)}"[: max(width - 1, 20)]
