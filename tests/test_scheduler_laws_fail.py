@@ -50,6 +50,30 @@ def test_machine_passes_on_the_reference() -> None:
     assert machine.TestCase.settings.max_examples == 60
 
 
+def test_the_machine_draws_each_prefix_cache_with_its_own_policies() -> None:
+    """Given several prefix caches, the machine passes the one it drew as
+    ``prefix_cache=`` and draws the eviction policy from that cache's own."""
+    built: list[tuple[str, str]] = []
+
+    def memory(*, prefix_cache: str, eviction: str, **geometry: Any) -> Any:
+        built.append((prefix_cache, eviction))
+        return ReferenceSchedulerMemory(eviction="lru", **geometry)
+
+    caches = {"first": ("lru",), "second": ("lfu", "tlru")}
+    quick = settings(SEARCH, max_examples=30, phases=[Phase.generate], stateful_step_count=2)
+    machine = scheduler_machine(memory, settings=quick, prefix_caches=caches)
+    run_state_machine_as_test(machine, settings=quick)
+    assert {cache for cache, _ in built} == set(caches)
+    assert all(eviction in caches[cache] for cache, eviction in built)
+
+
+@pytest.mark.parametrize("caches", [{}, {"unified": ()}, {3: ("lru",)}])
+def test_prefix_caches_must_name_each_cache_and_its_policies(caches: Any) -> None:
+    """An empty mapping, a cache with no policies or an unnamed cache is refused."""
+    with pytest.raises(ValueError, match="prefix_caches="):
+        scheduler_machine(ReferenceSchedulerMemory, prefix_caches=caches)
+
+
 def _busy_snapshot() -> Any:
     memory = ReferenceSchedulerMemory(total=8, page_size=2, rows=2, max_len=8)
     assert memory.admit("a", [1, 1, 2, 2], first_chunk=4)

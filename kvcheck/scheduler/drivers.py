@@ -25,7 +25,13 @@ from kvcheck.scheduler.snapshot import CachedNode, OwnCheck, RequestHolding, Sna
 from kvcheck.targets.tier_support import allocator_skip_reason
 from kvcheck.validation import check_one_of
 
-__all__ = ["PAGINGS", "memory_eviction_policies", "memory_factory", "memory_skip_reason"]
+__all__ = [
+    "PAGINGS",
+    "memory_eviction_policies",
+    "memory_factory",
+    "memory_prefix_caches",
+    "memory_skip_reason",
+]
 
 #: The targets whose scheduler memory kvcheck can drive.
 DRIVEN_TARGETS = ("kvcheck", "sglang")
@@ -73,6 +79,25 @@ def memory_eviction_policies(target: Any) -> tuple[str, ...]:
 
         return eviction_policies()
     return EVICTION_POLICIES
+
+
+def memory_prefix_caches(target: Any) -> dict[str, tuple[str, ...]] | None:
+    """The prefix caches the machine draws for ``target``'s memory, each with the eviction
+    policies it takes: ``None`` for the reference (it has one), sglang's
+    ``UnifiedRadixCache`` (the scheduler's, on the tree core sglang selects), the same on
+    sglang's Python tree core, and the plain ``RadixCache`` on the sglang target
+    (`kvcheck.targets.sglang.scheduler_trees`).
+
+    >>> class Builtin:
+    ...     name = "kvcheck"
+    >>> memory_prefix_caches(Builtin()) is None
+    True
+    """
+    if getattr(target, "name", None) == "sglang":
+        from kvcheck.targets.sglang.scheduler_memory import PREFIX_CACHES, eviction_policies
+
+        return {cache: eviction_policies(cache) for cache in PREFIX_CACHES}
+    return None
 
 
 def memory_factory(target: Any) -> MemoryFactory:

@@ -8,8 +8,10 @@ prefill, decode (speculative: drafts allocated, some accepted, the rest given ba
 finish (the request is cached), abort at any point, retraction with its backup and a
 later restore, eviction to make room, and flush when idle. The memory's geometry (a
 page size and an eviction policy from those the machine is given, by default page size
-1, 2 or 4 and LRU or LFU; a few pages and rows) is drawn once per example. Examples
-shrink towards one short request and the first page size and policy given.
+1, 2 or 4 and LRU or LFU; a few pages and rows) is drawn once per example, and so is the
+prefix cache where the memory offers several (``prefix_caches``: each with the eviction
+policies it takes). Examples shrink towards one short request and the first page size,
+prefix cache and policy given.
 
 Example::
 
@@ -72,7 +74,8 @@ class SchedulerMemory(Protocol):
 
 
 #: Builds a memory from its geometry: ``total``, ``page_size``, ``rows``, ``max_len`` and
-#: ``eviction``, all keyword arguments.
+#: ``eviction``, and ``prefix_cache`` where the machine is given several, all keyword
+#: arguments.
 MemoryFactory = Callable[..., SchedulerMemory]
 
 MAX_LEN = 24
@@ -87,6 +90,7 @@ class SchedulerMemoryMachine(RuleBasedStateMachine):
     make_memory: MemoryFactory
     page_sizes: tuple[int, ...]
     eviction_policies: tuple[str, ...]
+    prefix_caches: dict[str, tuple[str, ...]] | None
 
     def __init__(self) -> None:
         super().__init__()
@@ -103,17 +107,20 @@ class SchedulerMemoryMachine(RuleBasedStateMachine):
     )
     def build(self, data: st.DataObject, pages: int, rows: int) -> None:
         page_size = data.draw(st.sampled_from(type(self).page_sizes), label="page size")
-        eviction = data.draw(st.sampled_from(type(self).eviction_policies), label="eviction")
+        caches = type(self).prefix_caches
+        chosen: dict[str, str] = {}
+        policies = type(self).eviction_policies
+        if caches is not None:
+            chosen["prefix_cache"] = data.draw(st.sampled_from(list(caches)), label="prefix cache")
+            policies = caches[chosen["prefix_cache"]]
+        chosen["eviction"] = data.draw(st.sampled_from(policies), label="eviction")
         self.memory = type(self).make_memory(
-            total=pages * page_size,
-            page_size=page_size,
-            rows=rows,
-            max_len=MAX_LEN,
-            eviction=eviction,
+            total=pages * page_size, page_size=page_size, rows=rows, max_len=MAX_LEN, **chosen
         )
         self.steps.append(
             f"memory(total={pages * page_size}, page_size={page_size}, rows={rows}, "
-            f"eviction={eviction!r})"
+            + ", ".join(f"{name}={value!r}" for name, value in chosen.items())
+            + ")"
         )
 
     @property
@@ -238,12 +245,15 @@ def scheduler_machine(
     settings: Settings | None = None,
     page_sizes: tuple[int, ...] = PAGE_SIZES,
     eviction_policies: tuple[str, ...] = EVICTION_POLICIES,
+    prefix_caches: dict[str, tuple[str, ...]] | None = None,
 ) -> type[SchedulerMemoryMachine]:
     """A machine class driving the memories ``make_memory`` builds (called with the
     geometry as keyword arguments: ``total``, ``page_size``, ``rows``, ``max_len``,
     ``eviction``), under ``settings`` (default: the current profile), drawing the page
     size from ``page_sizes`` and the eviction policy from ``eviction_policies`` (each
-    shrinking towards its first).
+    shrinking towards its first). With ``prefix_caches`` (each prefix cache the memory
+    builds, with the eviction policies it takes), the machine draws one and passes it as
+    ``prefix_cache=``, and draws the policy from its own.
 
     >>> from kvcheck.scheduler.model import ReferenceSchedulerMemory
     >>> scheduler_machine(ReferenceSchedulerMemory).__name__
@@ -257,6 +267,14 @@ def scheduler_machine(
         raise ValueError(
             f"eviction_policies={eviction_policies!r} must be a non-empty tuple of names"
         )
+    if prefix_caches is not None and (
+        not prefix_caches
+        or any(not isinstance(name, str) or not kinds for name, kinds in prefix_caches.items())
+    ):
+        raise ValueError(
+            f"prefix_caches={prefix_caches!r} must map each prefix cache's name to a "
+            "non-empty tuple of its eviction policies"
+        )
     machine: type[SchedulerMemoryMachine] = type(
         "SchedulerMemoryMachine",
         (SchedulerMemoryMachine,),
@@ -264,6 +282,7 @@ def scheduler_machine(
             "make_memory": staticmethod(make_memory),
             "page_sizes": tuple(page_sizes),
             "eviction_policies": tuple(eviction_policies),
+            "prefix_caches": None if prefix_caches is None else dict(prefix_caches),
         },
     )
     machine.TestCase.settings = settings if settings is not None else Settings()

@@ -19,6 +19,7 @@ from kvcheck.scheduler.drivers import (
     PAGINGS,
     memory_eviction_policies,
     memory_factory,
+    memory_prefix_caches,
     memory_skip_reason,
 )
 from kvcheck.scheduler.machine import scheduler_machine
@@ -33,8 +34,8 @@ def scheduler_settings() -> settings:
 @pytest.mark.parametrize("paging", PAGINGS)
 def test_scheduler_memory_keeps_its_laws(kvcheck_target: Any, paging: str) -> None:
     """conservation, ownership, bookkeeping and bytes hold after every scheduler step, with
-    the token allocator (page size 1) and with a paged one, under every eviction policy
-    the target's prefix cache takes."""
+    the token allocator (page size 1) and with a paged one, on every prefix cache the
+    target's memory builds under every eviction policy it takes."""
     reason = memory_skip_reason(kvcheck_target, paging=paging)
     if reason is not None:
         pytest.skip(reason)
@@ -43,6 +44,7 @@ def test_scheduler_memory_keeps_its_laws(kvcheck_target: Any, paging: str) -> No
         settings=scheduler_settings(),
         page_sizes=PAGINGS[paging],
         eviction_policies=memory_eviction_policies(kvcheck_target),
+        prefix_caches=memory_prefix_caches(kvcheck_target),
     )
     run_state_machine_as_test(machine, settings=machine.TestCase.settings)
     assert machine.TestCase.settings.stateful_step_count == 30

@@ -135,7 +135,7 @@ class LockReceipts(SchedulerApi):
         self.m.common.release_kv_cache(req, tree, checkpoint=cache)
 
     def start_unmatched(self, req: Any, tree: Any) -> None:
-        req.prefix_len, req.last_node, req.lock = 0, tree.root_node, None
+        req.prefix_len, req.last_node, req.lock = 0, tree.root_node_handle(), None
 
 
 class LastNodePins(SchedulerApi):
@@ -177,7 +177,7 @@ class LastNodePins(SchedulerApi):
 
     def start_unmatched(self, req: Any, tree: Any) -> None:
         req.prefix_indices = torch.empty((0,), dtype=torch.int64)
-        req.last_node = tree.root_node
+        req.last_node = tree.root_node_handle()
 
 
 #: Every spelling, newest first (the first that fits the installed release is used).

@@ -3,9 +3,12 @@ machine (`kvcheck.scheduler`): ``mem_cache/allocation.py`` (``alloc_for_extend``
 ``alloc_for_decode``) and ``mem_cache/common.py`` (the prefix match through
 ``Req.init_next_round_input``, as the scheduler makes it; the chunk checkpoint;
 ``release_kv_cache``; ``backup_kv_cache`` / ``restore_kv_cache``;
-``evict_from_tree_cache``) over sglang's ``RadixCache``, ``ReqToTokenPool``, token or
-paged allocator and an ``MHATokenToKVPool`` (float32, one layer, one head of width 1: the
-KV value a step writes is one exact number per slot). Requests are sglang's own ``Req``.
+``evict_from_tree_cache``) over the prefix cache sglang's scheduler gets
+(``UnifiedRadixCache``, built by sglang's own registry; see
+`kvcheck.targets.sglang.scheduler_trees` for the three the driver offers and how each
+tree is read), ``ReqToTokenPool``, token or paged allocator and an
+``MHATokenToKVPool`` (float32, one layer, one head of width 1: the KV value a step
+writes is one exact number per slot). Requests are sglang's own ``Req``.
 Every function is called, none copied. What the releases spell differently (the prefix
 lock, the chunk checkpoint, the request's prefix fields) goes through
 `kvcheck.targets.sglang.scheduler_api`, which reads the spelling off the installed
@@ -50,8 +53,15 @@ from kvcheck.targets.sglang.scheduler_api import (
     scheduler_api,
 )
 from kvcheck.targets.sglang.scheduler_checker import SglangInvariantChecker, why_not_checked
+from kvcheck.targets.sglang.scheduler_trees import PREFIX_CACHES, build_prefix_cache, read_nodes
 
-__all__ = ["REFUSED_POLICIES", "SglangSchedulerMemory", "eviction_policies", "why_not_driven"]
+__all__ = [
+    "PREFIX_CACHES",
+    "REFUSED_POLICIES",
+    "SglangSchedulerMemory",
+    "eviction_policies",
+    "why_not_driven",
+]
 
 
 def _kv_value(tokens: tuple[int, ...]) -> int:
@@ -102,26 +112,28 @@ def why_not_driven() -> str | None:
     return None
 
 
-#: ``--radix-eviction-policy`` choices a plain ``RadixCache`` is refused, and why (the
-#: driver draws every other choice the installed release offers).
+#: ``--radix-eviction-policy`` choices the plain ``RadixCache`` is refused, and why (the
+#: driver draws every other choice the installed release offers; the unified caches take
+#: every one).
 REFUSED_POLICIES: dict[str, str] = {
     "tlru": "sglang's cache registry (mem_cache/registry.py) refuses "
     "--radix-eviction-policy tlru unless the cache is a UnifiedRadixCache",
 }
 
 
-def eviction_policies() -> tuple[str, ...]:
-    """The eviction policies the driver's ``RadixCache`` is drawn with: the installed
-    release's ``--radix-eviction-policy`` choices, ``lru`` first (what examples shrink
-    towards), less `REFUSED_POLICIES`.
+def eviction_policies(prefix_cache: str = PREFIX_CACHES[0]) -> tuple[str, ...]:
+    """The eviction policies the driver's ``prefix_cache`` (one of `PREFIX_CACHES`) is
+    drawn with: the installed release's ``--radix-eviction-policy`` choices, ``lru`` first
+    (what examples shrink towards), less `REFUSED_POLICIES` for the plain ``RadixCache``.
 
     Example, where sglang is installed::
 
-        eviction_policies()  # ('lru', 'lfu', 'slru', 'priority') on 0.5.21 to 0.5.23
+        eviction_policies("radix")  # ('lru', 'lfu', 'slru', 'priority') on 0.5.21 to 0.5.23
     """
     with env.torchvision_stand_in():
         from sglang.srt.arg_groups.choices import RADIX_EVICTION_POLICY_CHOICES
-    offered = [p for p in RADIX_EVICTION_POLICY_CHOICES if p not in REFUSED_POLICIES]
+    refused = REFUSED_POLICIES if prefix_cache == "radix" else {}
+    offered = [p for p in RADIX_EVICTION_POLICY_CHOICES if p not in refused]
     return tuple(sorted(offered, key=lambda policy: policy != "lru"))
 
 
@@ -134,6 +146,7 @@ def _modules() -> SimpleNamespace:
             common,
             memory_pool,
             radix_cache,
+            registry,
         )
         from sglang.srt.runtime_context import get_context
         from sglang.srt.sampling import sampling_params
@@ -145,6 +158,7 @@ def _modules() -> SimpleNamespace:
         MHATokenToKVPool=memory_pool.MHATokenToKVPool,
         ReqToTokenPool=memory_pool.ReqToTokenPool,
         RadixCache=radix_cache.RadixCache,
+        registry=registry,
         get_context=get_context,
         SamplingParams=sampling_params.SamplingParams,
     )
@@ -191,11 +205,19 @@ class _Batch:
 
 class SglangSchedulerMemory:
     """sglang's scheduler memory with ``total`` KV slots in pages of ``page_size``,
-    ``rows`` req-to-token rows of ``max_len`` positions and ``eviction`` (one of
-    `eviction_policies`); the same steps and `snapshot` as kvcheck's reference."""
+    ``rows`` req-to-token rows of ``max_len`` positions, ``prefix_cache`` (one of
+    `PREFIX_CACHES`) and ``eviction`` (one of `eviction_policies`); the same steps and
+    `snapshot` as kvcheck's reference."""
 
     def __init__(
-        self, *, total: int, page_size: int, rows: int, max_len: int, eviction: str = "lru"
+        self,
+        *,
+        total: int,
+        page_size: int,
+        rows: int,
+        max_len: int,
+        eviction: str = "lru",
+        prefix_cache: str = PREFIX_CACHES[0],
     ) -> None:
         self.m = _modules()
         api = scheduler_api(self.m)
@@ -228,15 +250,18 @@ class SglangSchedulerMemory:
         self.req_to_token_pool = self.m.ReqToTokenPool(
             size=rows, max_context_len=max_len, device="cpu", enable_memory_saver=False
         )
-        self.tree = self.m.RadixCache(
-            self.m.CacheInitParams(
-                disable=False,
-                req_to_token_pool=self.req_to_token_pool,
-                token_to_kv_pool_allocator=self.allocator,
-                page_size=page_size,
-                eviction_policy=eviction,
-            )
+        params = self.m.CacheInitParams(
+            disable=False,
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.allocator,
+            page_size=page_size,
+            eviction_policy=eviction,
         )
+        self.prefix_cache = prefix_cache
+        self.tree = self._run(build_prefix_cache, self.m, prefix_cache, params)
+        # The token each written slot holds the KV of, as the last of its prefix (the
+        # Rust tree core hands out no keys: see scheduler_trees).
+        self.written: dict[int, tuple[int, ...]] = {}
         self.requests: dict[str, Any] = {}
         self.backups: dict[str, Any] = {}
         # sglang's own invariant checker, asked after every step beside kvcheck's laws.
@@ -259,6 +284,7 @@ class SglangSchedulerMemory:
         row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
         for position in range(start, end):
             value = float(_kv_value(tuple(tokens[: position + 1])))
+            self.written[int(row[position])] = tuple(tokens[: position + 1])
             self.pool.k_buffer[0][int(row[position])] = value
             self.pool.v_buffer[0][int(row[position])] = value
 
@@ -362,6 +388,10 @@ class SglangSchedulerMemory:
             req, self.tree, self.req_to_token_pool, self.allocator, "cpu_tensor"
         )
         self._write(req, committed - 1, committed)  # the backup holds seqlen - 1 positions
+        row = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx]
+        tokens = tuple(req.origin_input_ids) + tuple(req.output_ids)
+        for position in range(committed - 1):  # what the restore copied back
+            self.written[int(row[position])] = tokens[: position + 1]
         del self.backups[rid]
         self.requests[rid] = req
         return True
@@ -397,25 +427,16 @@ class SglangSchedulerMemory:
             for p in part.tolist()
         ]
         free = {int(p) * ps + off for p in pages for off in range(ps)}
-        nodes, stack = [], list(self.tree.root_node.children.values())
-        while stack:
-            node = stack.pop()
-            stack += node.children.values()
-            parent = node.parent
-            nodes.append(
-                dict(
-                    node_id=node.id,
-                    parent_id=None if parent is self.tree.root_node else parent.id,
-                    tokens=tuple(int(t) for t in node.key.token_ids),
-                    slots=tuple(int(s) for s in node.value.tolist()),
-                    lock_ref=int(node.lock_ref),
-                )
-            )
+        nodes, locked_nodes = read_nodes(
+            self.tree,
+            page_size=ps,
+            written=self.written,
+            locks=[self.api.locked_node(req) for req in self.requests.values()],
+        )
         requests = []
-        for rid, req in self.requests.items():
+        for (rid, req), locked_node in zip(self.requests.items(), locked_nodes, strict=True):
             kv = req.kv
             row = self.req_to_token_pool.req_to_token[kv.req_pool_idx]
-            locked = self.api.locked_node(req)
             requests.append(
                 dict(
                     rid=rid,
@@ -425,9 +446,7 @@ class SglangSchedulerMemory:
                     committed=int(kv.kv_committed_len),
                     allocated=int(kv.kv_allocated_len),
                     tokens=tuple(int(t) for t in list(req.origin_input_ids) + list(req.output_ids)),
-                    locked_node=None
-                    if locked is None or locked is self.tree.root_node
-                    else locked.id,
+                    locked_node=locked_node,
                 )
             )
         return dict(
