@@ -30,6 +30,7 @@ from kvcheck.properties.census import (
     assert_accounting_covers_census,
     assert_clear_resets_census,
     assert_descriptions_cover_census,
+    assert_hicache_assembly_whole,
     assert_host_copy_restores_census,
     assert_move_carries_census,
     assert_registration_covers_census,
@@ -221,3 +222,32 @@ def test_grouped_state_is_restored_by_group_and_named_when_a_reload_forgets_it()
         assert_host_copy_restores_census(ReloadForgetsCompressedKeys(), (1,), req_pool_index=1)
     with pytest.raises(PropertyFailure, match=r"ring differs at row 2"):
         assert_host_copy_restores_census(ReloadForgetsTheRing(), (1,), req_pool_index=1)
+
+
+def _assembly_raising(pool: Any) -> list[str]:
+    raise AttributeError("'MLABufferInfo' object has no attribute 'head_dim'")
+
+
+@pytest.mark.parametrize(
+    ("assemble", "check", "kind"),
+    [
+        (
+            lambda pool: ["full_kv_pool (DSATokenToKVPool): indexer"],
+            "descriptions",
+            "host pool unassembled",
+        ),
+        (_assembly_raising, "raises", "raises AttributeError"),
+    ],
+    ids=["a-side-left-out", "the-assembly-raises"],
+)
+def test_the_hicache_assembly_fails_when_it_leaves_a_pool_out_or_raises(
+    assemble: Any, check: str, kind: str
+) -> None:
+    """A host pool group that leaves a declared pool out, or an assembly that raises, fails
+    with the call and what went wrong; a whole group passes."""
+    with pytest.raises(PropertyFailure) as failed:
+        assert_hicache_assembly_whole(assemble, object(), family="swa:dsa")
+    signature = failed.value.signature
+    assert (signature.check, signature.call, signature.kind) == (check, "hicache_assembly", kind)
+    assert "[hicache_assembly]" in str(failed.value)
+    assert_hicache_assembly_whole(lambda pool: [], object(), family="swa:dsa")

@@ -39,7 +39,7 @@ import contextlib
 import itertools
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -54,6 +54,7 @@ __all__ = [
     "assert_accounting_covers_census",
     "assert_clear_resets_census",
     "assert_descriptions_cover_census",
+    "assert_hicache_assembly_whole",
     "assert_host_copy_restores_census",
     "assert_move_carries_census",
     "assert_registration_covers_census",
@@ -415,6 +416,42 @@ def assert_descriptions_cover_census(
             continue
     _assert_described_once(described, census, family=family, call="get_*buf_infos")
     return tuple(described)
+
+
+def assert_hicache_assembly_whole(
+    assemble: Callable[[Any], Sequence[str]], pool: Any, *, family: str = ""
+) -> None:
+    """The HiCache host pool group a target assembles for ``pool`` (``assemble``: its
+    ``hicache_assembly`` member, which answers what the group leaves out) is built, and
+    leaves out no host pool the pool or a sub-pool declares: a side left out is never
+    offloaded to host memory nor loaded back. A raise fails as ``raises <error>``.
+
+    Example:
+        >>> assert_hicache_assembly_whole(lambda pool: [], object(), family="swa:mha")
+        >>> try:
+        ...     assert_hicache_assembly_whole(lambda pool: ["full_kv_pool: indexer"], object())
+        ... except AssertionError as failure:
+        ...     print(failure)
+        the HiCache host pool group leaves out full_kv_pool: indexer [hicache_assembly]
+    """
+    __tracebackhide__ = True
+    call = "hicache_assembly"
+    try:
+        missing = list(assemble(pool))
+    except Exception as error:
+        raise PropertyFailure(
+            f"the HiCache assembly raised {type(error).__name__}: {error} [{call}]",
+            signature=FailureSignature(
+                check="raises", call=call, kind=f"raises {type(error).__name__}", family=family
+            ),
+        ) from error
+    if missing:
+        raise PropertyFailure(
+            f"the HiCache host pool group leaves out {', '.join(missing)} [{call}]",
+            signature=FailureSignature(
+                check="descriptions", call=call, kind="host pool unassembled", family=family
+            ),
+        )
 
 
 def assert_registration_covers_census(

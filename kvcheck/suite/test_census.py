@@ -36,6 +36,7 @@ from kvcheck.properties.census import (
     assert_accounting_covers_census,
     assert_clear_resets_census,
     assert_descriptions_cover_census,
+    assert_hicache_assembly_whole,
     assert_host_copy_restores_census,
     assert_move_carries_census,
     assert_registration_covers_census,
@@ -436,6 +437,23 @@ def test_swa_hybrid_census(kvcheck_target: Any, kvcheck_device: str, family: str
     met = _Met(kvcheck_target)
     _check_hybrid(kvcheck_target, pool, census, family=f"swa:{family}", met=met)
     met.end()
+
+
+@pytest.mark.parametrize("family", SWA_FAMILIES)
+def test_swa_hybrid_hicache_assembly(kvcheck_target: Any, kvcheck_device: str, family: str) -> None:
+    """The HiCache host pool group the target assembles for the hybrid has an entry for
+    every host pool the hybrid and its sides declare (a side left out is never offloaded
+    to host memory, nor loaded back)."""
+    assemble = getattr(kvcheck_target, "hicache_assembly", None)
+    if assemble is None:
+        _skip(kvcheck_target, "declares no hicache_assembly (what its HiCache assembles)")
+    pool = _swa_pool(kvcheck_target, family, kvcheck_device)
+    _as_finding(
+        kvcheck_target,
+        lambda: assert_hicache_assembly_whole(assemble, pool, family=f"swa:{family}"),
+        calls=("hicache_assembly",),
+        family=f"swa:{family}",
+    )
 
 
 def test_linear_hybrid_census(kvcheck_target: Any, kvcheck_device: str) -> None:

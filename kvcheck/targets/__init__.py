@@ -368,7 +368,7 @@ def _unsupported_key_problem(key: object) -> str | None:
 def _optional_member_problems(target: object) -> list[str]:
     """Problems with the optional members (:data:`OPTIONAL_MEMBERS`) the target has."""
     problems: list[str] = []
-    for member in ("prepare", "describe", "pd_registration"):
+    for member in ("prepare", "describe", "pd_registration", "hicache_assembly"):
         value = getattr(target, member, None)
         if value is not None and not callable(value):
             problems.append(f"{member}: {value!r} is not callable")

@@ -110,6 +110,12 @@ FAMILY_SEPARATOR = ":"
 #:     covers every state tensor once
 #:     (:func:`kvcheck.properties.census.assert_registration_covers_census`); no member:
 #:     that check is skipped, quoting why.
+#: ``hicache_assembly(pool) -> list[str]``
+#:     What the target's HiCache (its hierarchical host cache) fails to assemble for a
+#:     composed ``pool``: one line per host pool the pool or a sub-pool declares that the
+#:     assembled group leaves out (empty: whole); an error the assembly raises propagates.
+#:     The census's ``test_swa_hybrid_hicache_assembly`` reads it; no member: that test
+#:     is skipped, quoting why.
 #: ``make_qsa_hybrid(spec: LinearHybridSpec, *, device) -> (kv_pool, req_to_token_pool)``
 #:     A linear-attention hybrid with a QSA index cache (compressed keys, one row per group
 #:     of token slots; a pending ring of rows per request). Only the census runs on it
@@ -153,6 +159,7 @@ OPTIONAL_MEMBERS: tuple[str, ...] = (
     "findings",
     "unsized_kv_cache_dtypes",
     "pd_registration",
+    "hicache_assembly",
     "make_qsa_hybrid",
 )
 

@@ -41,6 +41,7 @@ from kvcheck.properties.allocators import allocator_sizes, assert_allocator_stat
 from kvcheck.properties.apply import apply_op_like_reference
 from kvcheck.properties.census import (
     assert_descriptions_cover_census,
+    assert_hicache_assembly_whole,
     assert_host_copy_restores_census,
     assert_registration_covers_census,
 )
@@ -784,11 +785,17 @@ def test_m2_alloc_refused_for_a_mamba_slot_takes_no_row(
 def _dsa_swa_hybrid(target: Any, device: str) -> Any:
     """A DSA model's sliding-window hybrid, a full layer then a window layer, inside the
     target's surface (sglang's DSA pools: 64-token index pages)."""
-    reason = swa_skip_reason(target, "dsa")
+    return _mla_swa_hybrid(target, device, "dsa")
+
+
+def _mla_swa_hybrid(target: Any, device: str, family: str) -> Any:
+    """An MLA (``family="mla"``) or DSA model's sliding-window hybrid, a full layer then a
+    window layer, inside the target's surface."""
+    reason = swa_skip_reason(target, family)
     if reason is not None:
         pytest.skip(reason)
     plain = PoolSpec(
-        family="dsa",
+        family=family,
         size=2,
         page_size=1,
         layer_num=2,
@@ -818,6 +825,22 @@ def test_pd1_descriptions_cover_the_index_keys(kvcheck_target: Any, kvcheck_devi
     pool = _dsa_swa_hybrid(kvcheck_target, kvcheck_device)
     census = take_census(pool, declared=KNOWN_ROLES)
     assert_descriptions_cover_census(pool, census=census, family="swa:dsa")
+
+
+# --- HS1: HiCache for an MLA model's sliding-window hybrid ----------------------------------
+
+
+@pytest.mark.parametrize("family", ["mla", "dsa"])
+def test_hs1_hicache_assembles_an_mla_sliding_window_hybrid(
+    kvcheck_target: Any, kvcheck_device: str, family: str
+) -> None:
+    """HS1: the HiCache host pool group for a sliding-window hybrid with MLA (or DSA) sides
+    is built and leaves out no host pool its sides declare."""
+    assemble = getattr(kvcheck_target, "hicache_assembly", None)
+    if assemble is None:
+        pytest.skip(f"target {kvcheck_target.name!r} declares no hicache_assembly")
+    pool = _mla_swa_hybrid(kvcheck_target, kvcheck_device, family)
+    assert_hicache_assembly_whole(assemble, pool, family=f"swa:{family}")
 
 
 # --- QS1: QSA's hybrid pool ------------------------------------------------------------------

@@ -354,3 +354,54 @@ def new_request(rid):
         holds_mamba=False, mamba_ping_pong_track_buffer=None,
     )  # fmt: skip
     return types.SimpleNamespace(rid=rid, kv=kv)
+
+
+def dsa_swa_hybrid(page=64):
+    """The ``SWAKVPool`` sglang's configurator builds for a DSA model with sliding-window
+    layers (``_build_hybrid_mla_swa_kv_pool``): a one-layer DSA full side and a one-layer
+    MLA window side, two pages of ``page`` tokens each (DSA: 64-token index pages)."""
+    from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    side = dict(page_size=page, device="cpu", enable_memory_saver=False, kv_lora_rank=4)
+    full = dict(side, qk_rope_head_dim=4, index_head_dim=128, kv_cache_dim=8)
+    with one_rank():
+        return SWAKVPool(
+            size=2 * page, size_swa=2 * page, page_size=page, dtype=DSA["dtype"], head_num=0,
+            head_dim=0, swa_attention_layer_ids=[1], full_attention_layer_ids=[0],
+            device="cpu", full_kv_pool_class=DSATokenToKVPool,
+            swa_kv_pool_class=MLATokenToKVPool, full_kv_pool_kwargs=full,
+            swa_kv_pool_kwargs=dict(side, qk_rope_head_dim=4),
+        )  # fmt: skip
+
+
+def server_args(**fields):
+    """The server arguments a launched server publishes, with ``fields`` set (sglang's own
+    scoped override): what ``get_memory()`` and its siblings read."""
+    from sglang.srt.runtime_context import get_context
+
+    config = get_context().override_server_args(**fields)
+
+    @contextlib.contextmanager
+    def scope():
+        config.install()
+        try:
+            yield
+        finally:
+            config.restore()
+
+    return scope()
+
+
+class Stopped(Exception):
+    """Raised by :func:`stop_with` to end a build at the step this machine cannot run,
+    carrying what had been built for it (``value``)."""
+
+    def __init__(self, value):
+        super().__init__("stopped")
+        self.value = value
+
+
+def stop_with(value):
+    """Stop the build here, handing ``value`` back (see :class:`Stopped`)."""
+    raise Stopped(value)

@@ -651,6 +651,31 @@ SGLANG_FINDINGS: tuple[Finding, ...] = (
         kind="qsa_*",
         family="qsa",
     ),
+    _finding(
+        # hs1.py shows it on each release (_SwaStrategy passes use_mla=False there too).
+        # Built with MLA host pools, a DSA full side's indexer would still be left out:
+        # the census then fails as "host pool unassembled", a finding of its own.
+        "HS1",
+        "serving bug",
+        _ALL,
+        "HiCache for an MLA model with sliding-window layers (SWAKVPool with MLA or DSA "
+        "sides, as the configurator builds them) cannot start: the SWA stack strategy builds "
+        "MHA host pools for them (use_mla=False) and raises AttributeError",
+        pinned=_pinned("test_hs1_*[mla]"),
+        check="raises",
+        call="hicache_assembly",
+        kind="raises AttributeError",
+        family="swa:mla",
+    ),
+    _part(
+        "HS1",
+        "HS1.dsa",
+        pinned=_pinned("test_hs1_*[dsa]"),
+        check="raises",
+        call="hicache_assembly",
+        kind="raises AttributeError",
+        family="swa:dsa",
+    ),
     # One entry per variant: a V shape that differs on another MHA variant is another bug.
     # The exact kind is a shape difference (a byte difference adds " at row N").
     _finding(
