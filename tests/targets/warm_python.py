@@ -116,9 +116,10 @@ class WarmPython:
     def close(self) -> None:
         """End the interpreter (its children have all been waited for)."""
         if self._process is not None:
-            assert self._process.stdin is not None
+            assert self._process.stdin is not None and self._process.stdout is not None
             self._process.stdin.close()
             self._process.wait(timeout=60)
+            self._process.stdout.close()  # an unclosed pipe is a ResourceWarning (an error)
             self._process = None
         if self._log_file is not None:
             self._log_file.close()
