@@ -27,7 +27,7 @@ prefix, not the core's key.
 Example, where sglang is installed::
 
     tree = build_prefix_cache(modules, "unified", params)  # UnifiedRadixCache
-    nodes = read_nodes(tree, page_size=1, written={}, locks=[])  # [] while empty
+    nodes, locked = read_nodes(tree, page_size=1, written={}, locks=[])  # ([], []) empty
 """
 
 from __future__ import annotations
