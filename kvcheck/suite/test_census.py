@@ -444,9 +444,7 @@ def test_swa_hybrid_hicache_assembly(kvcheck_target: Any, kvcheck_device: str, f
     """The HiCache host pool group the target assembles for the hybrid has an entry for
     every host pool the hybrid and its sides declare (a side left out is never offloaded
     to host memory, nor loaded back)."""
-    assemble = getattr(kvcheck_target, "hicache_assembly", None)
-    if assemble is None:
-        _skip(kvcheck_target, "declares no hicache_assembly (what its HiCache assembles)")
+    assemble = _hicache_assembly(kvcheck_target)
     pool = _swa_pool(kvcheck_target, family, kvcheck_device)
     _as_finding(
         kvcheck_target,
@@ -474,6 +472,13 @@ def test_linear_hybrid_census(kvcheck_target: Any, kvcheck_device: str) -> None:
         kvcheck_target, kv_pool, kv_census, family="linear", met=met, exempt=_NOT_OWNED_BY_KV_POOL
     )
     met.end()
+
+
+def _hicache_assembly(target: Any) -> Callable[..., Any]:
+    assemble = getattr(target, "hicache_assembly", None)
+    if assemble is None:
+        _skip(target, "declares no hicache_assembly (what its HiCache assembles)")
+    return assemble  # type: ignore[no-any-return]
 
 
 #: A QSA hybrid: pages of 4 (a multiple of the compress ratio above 1, as sglang requires),
@@ -507,3 +512,33 @@ def test_qsa_hybrid_census(kvcheck_target: Any, kvcheck_device: str) -> None:
     )
     assert checked is None or checked > 0
     met.end()
+
+
+@pytest.mark.parametrize("hybrid", ["linear", "qsa"])
+def test_linear_hybrid_hicache_assembly(
+    kvcheck_target: Any, kvcheck_device: str, hybrid: str
+) -> None:
+    """The HiCache host pool group the target assembles for a linear-attention hybrid
+    (KV, mamba state; QSA's index cache too) has an entry for every host pool it
+    declares."""
+    assemble = _hicache_assembly(kvcheck_target)
+    if hybrid == "qsa":
+        make = getattr(kvcheck_target, "make_qsa_hybrid", None)
+        if make is None:
+            _skip(kvcheck_target, "has no make_qsa_hybrid (a linear hybrid with a QSA index cache)")
+        kv_pool, req_pool = make(_QSA_SPEC, device=kvcheck_device)
+    else:
+        why = linear_hybrid_skip_reason(kvcheck_target)
+        if why is not None:
+            pytest.skip(why)
+        kv_pool, req_pool = kvcheck_target.make_linear_hybrid(
+            small_linear_hybrid_spec(), device=kvcheck_device
+        )
+    _as_finding(
+        kvcheck_target,
+        lambda: assert_hicache_assembly_whole(
+            lambda pool: assemble(pool, req_pool), kv_pool, family=hybrid
+        ),
+        calls=("hicache_assembly",),
+        family=hybrid,
+    )

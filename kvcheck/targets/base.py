@@ -110,12 +110,12 @@ FAMILY_SEPARATOR = ":"
 #:     covers every state tensor once
 #:     (:func:`kvcheck.properties.census.assert_registration_covers_census`); no member:
 #:     that check is skipped, quoting why.
-#: ``hicache_assembly(pool) -> list[str]``
+#: ``hicache_assembly(pool, req_to_token_pool=None) -> list[str]``
 #:     What the target's HiCache (its hierarchical host cache) fails to assemble for a
-#:     composed ``pool``: one line per host pool the pool or a sub-pool declares that the
-#:     assembled group leaves out (empty: whole); an error the assembly raises propagates.
-#:     The census's ``test_swa_hybrid_hicache_assembly`` reads it; no member: that test
-#:     is skipped, quoting why.
+#:     composed ``pool`` (a linear hybrid's with its ``req_to_token_pool``): one line per
+#:     host pool the pool or a sub-pool declares that the assembled group leaves out
+#:     (empty: whole); an error the assembly raises propagates. The census's
+#:     ``test_*_hicache_assembly`` tests read it; no member: they are skipped, quoting why.
 #: ``make_qsa_hybrid(spec: LinearHybridSpec, *, device) -> (kv_pool, req_to_token_pool)``
 #:     A linear-attention hybrid with a QSA index cache (compressed keys, one row per group
 #:     of token slots; a pending ring of rows per request). Only the census runs on it

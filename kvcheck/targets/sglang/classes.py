@@ -100,9 +100,10 @@ _QSA_BUILT = Builds(
     "head of 4, compress ratio 2, pages of 4), the census only (no machine: kvcheck has no "
     "model of the compressed keys or the pending ring, and the census needs none)"
 )
-_QSA_HOST = Refuses(
-    "QSA's HiCache host pool (a DeepSeekV4PagedHostPool), assembled only by a launched "
-    "server's hybrid_pool_assembler; the target builds no HiCache assembly yet"
+_HICACHE_BUILT = Builds(
+    "hicache_assembly: the HiCache stack strategy sglang's hybrid_pool_assembler selects for "
+    "the linear (and QSA) hybrid, run up to its cache controller; the census checks the "
+    "group holds every pool the hybrid declares (test_linear_hybrid_hicache_assembly)"
 )
 _LAYER_SPLIT = Refuses(
     "GLM DSA's context-parallel layer split (shard_size > 1): each rank holds a shard of "
@@ -113,10 +114,6 @@ _SERVING_STATE = Refuses(
     "per-request state pools a launched server keeps beside the KV pool (mamba checkpoints, "
     "ShortConv/NGram state, DeepSeek-V4 compress state, embeddings); outside the KV pool "
     "kvcheck models"
-)
-_HOST_SERVING = Refuses(
-    "a host pool of a pool kvcheck does not build (see that pool's row), assembled only by "
-    "a launched server's hybrid_pool_assembler for HiCache"
 )
 _NOT_BUILT_BY_SGLANG = Refuses(
     "nothing in sglang {release} builds it (FP4 MHA caches are MHATokenToKVPool with a "
@@ -233,7 +230,8 @@ CLASS_ROWS: tuple[Row, ...] = (
     *_rows("memory_pool", ("HybridReqToTokenPool",), _LINEAR_BUILT),
     *_rows("allocator.mamba", ("MambaSlotAllocator",), _LINEAR_BUILT),
     *_rows("qsa_kv_pool", ("QSATokenToKVPool",), _QSA_BUILT),
-    *_rows("pool_host.mamba", ("MambaPoolHost",), _HOST_SERVING),
+    *_rows("pool_host.mamba", ("MambaPoolHost",), _HICACHE_BUILT),
+    *_rows("pool_host.qsa", ("QSAIndexerPoolHost",), _HICACHE_BUILT),
     # --- not built, with why
     *_rows(
         "memory_pool",
@@ -273,7 +271,6 @@ CLASS_ROWS: tuple[Row, ...] = (
         ("MiniMaxM3Nvfp4IndexKPoolHost", "MiniMaxM3Nvfp4MainKVPoolHost"),
         _MINIMAX,
     ),
-    *_rows("pool_host.qsa", ("QSAIndexerPoolHost",), _QSA_HOST),
     *_rows(
         "deepseek_v4_memory_pool",
         (

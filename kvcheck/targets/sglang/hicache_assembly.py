@@ -108,16 +108,19 @@ def _stand_ins(modules: SimpleNamespace) -> Iterator[None]:
         assembler.HybridCacheController, host_common._cuda_host_register = saved
 
 
-def hicache_assembly(pool: Any, *, allocator: Any = None) -> list[HostEntry]:
+def hicache_assembly(
+    pool: Any, *, allocator: Any = None, req_to_token_pool: Any = None
+) -> list[HostEntry]:
     """The entries of the host pool group sglang's HiCache strategy assembles for
     ``pool`` (its error propagates: that is what a server starting with HiCache meets).
     ``allocator`` is the pool's token allocator where the strategy reads it (the SWA
-    allocator of a sliding-window hybrid)."""
+    allocator of a sliding-window hybrid), ``req_to_token_pool`` the request pool whose
+    mamba slots a linear-attention hybrid's strategy reads."""
     m = _modules()
     strategy = m.assembler._select_strategy(pool, _components(m, pool))
     params = m.CacheInitParams(
         disable=False,
-        req_to_token_pool=None,
+        req_to_token_pool=req_to_token_pool,
         token_to_kv_pool_allocator=allocator
         if allocator is not None
         else SimpleNamespace(swa_attn_allocator=None),

@@ -446,13 +446,15 @@ class SGLangTarget:
 
         return pd_registration(pool)
 
-    def hicache_assembly(self, pool: Any) -> list[str]:
-        """What sglang's HiCache stack strategy for ``pool`` leaves out of the host pool
-        group it assembles (:mod:`kvcheck.targets.sglang.hicache_assembly`)."""
+    def hicache_assembly(self, pool: Any, req_to_token_pool: Any = None) -> list[str]:
+        """What sglang's HiCache stack strategy for ``pool`` (with a linear hybrid's
+        ``req_to_token_pool``) leaves out of the host pool group it assembles
+        (:mod:`kvcheck.targets.sglang.hicache_assembly`)."""
         _sglang()
         from kvcheck.targets.sglang.hicache_assembly import hicache_assembly, missing_entries
 
-        return missing_entries(pool, hicache_assembly(pool))
+        entries = hicache_assembly(pool, req_to_token_pool=req_to_token_pool)
+        return missing_entries(pool, entries)
 
     def make_linear_hybrid(self, spec: LinearHybridSpec, *, device: str) -> tuple[Any, Any]:
         """sglang's ``(HybridLinearKVPool, HybridReqToTokenPool)`` for ``spec``
