@@ -10,8 +10,7 @@ default path runs. Exit 1 and "BUG PRESENT: ..." while so; 0 and "fixed" once re
 import cpu_stand_ins as cpu
 from sglang.srt.disaggregation.base.conn import KVArgs
 from sglang.srt.disaggregation.utils import get_kv_transfer_buf_infos, setup_state_kv_args
-from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool, MLATokenToKVPool
-from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
 
 
 def index_keys_registered(pool, dsa_pool):
@@ -23,15 +22,10 @@ def index_keys_registered(pool, dsa_pool):
     return any(p <= keys.data_ptr() <= p + n - keys.nbytes for p, n in spans)
 
 
-PAGE, DTYPE = 64, cpu.DSA["dtype"]  # the DSA pool's 64-token index pages
-side = dict(page_size=PAGE, device="cpu", enable_memory_saver=False, kv_lora_rank=4)
-full = dict(side, qk_rope_head_dim=4, index_head_dim=128, kv_cache_dim=8)
+PAGE = 64  # the DSA pool's 64-token index pages
+hybrid = cpu.dsa_swa_hybrid(PAGE)  # DSA full side, MLA window side, as the configurator builds
 with cpu.one_rank():
-    hybrid = SWAKVPool(size=2 * PAGE, size_swa=2 * PAGE, page_size=PAGE, dtype=DTYPE,
-        head_num=0, head_dim=0, swa_attention_layer_ids=[1], full_attention_layer_ids=[0],
-        device="cpu", full_kv_pool_class=DSATokenToKVPool, swa_kv_pool_class=MLATokenToKVPool,
-        full_kv_pool_kwargs=full, swa_kv_pool_kwargs=dict(side, qk_rope_head_dim=4))  # fmt: skip
-    alone = DSATokenToKVPool(size=2 * PAGE, dtype=DTYPE, layer_num=1, **full)
+    alone = DSATokenToKVPool(size=2 * PAGE, page_size=PAGE, **cpu.DSA)
     sent = index_keys_registered(hybrid, hybrid.full_kv_pool), index_keys_registered(alone, alone)
 alone = "registered" if sent[1] else "unregistered"
 cpu.verdict(

@@ -102,6 +102,18 @@ def test_script_imports_the_helper_before_sglang(script: Path):
     assert helper_comes_first(script), f"{script.name} imports torch or sglang before the helper"
 
 
+def test_scripts_that_set_the_environment_first_run_fresh(monkeypatch: pytest.MonkeyPatch):
+    """The warm Python (``warm_python.py``) takes only scripts that touch no environment
+    variable before the helper import (sglang and Triton may read it while loading)."""
+    from tests.targets.warm_python import runs_warm
+
+    monkeypatch.delenv("TESTS_REPROS_FRESH", raising=False)
+    fresh = {script.stem for script in SCRIPTS if not runs_warm(script)}
+    assert fresh == {"p1", "q6", "q13", "q16"}
+    monkeypatch.setenv("TESTS_REPROS_FRESH", "1")
+    assert not any(runs_warm(script) for script in SCRIPTS)
+
+
 def test_the_order_check_catches_sglang_first(tmp_path: Path):
     """The order check fails on a script that imports sglang before the helper."""
     bad = tmp_path / "z9.py"

@@ -108,14 +108,14 @@ def test_the_laws_catch_a_lock_no_request_holds(prefix_cache: str) -> None:
     memory.finish("a")
     check_laws(memory.snapshot())
     tree = memory.tree
-    node = tree.match_prefix(_match_params(memory, [1, 2, 0])).last_device_node
+    node = tree.match_prefix(_match_params([1, 2, 0])).last_device_node
     tree.inc_lock_ref(node)
     with pytest.raises(LawBroken) as broken:
         check_laws(memory.snapshot())
     assert broken.value.law in ("bookkeeping", "conservation")
 
 
-def _match_params(memory: Any, tokens: list[int]) -> Any:
+def _match_params(tokens: list[int]) -> Any:
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 

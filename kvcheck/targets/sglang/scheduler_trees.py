@@ -91,7 +91,7 @@ def lock_handle_id(tree: Any, handle: Any) -> int | None:
 
 def _is_rust(tree: Any) -> bool:
     core = getattr(tree, "tree_core", None)
-    return core is not None and type(core).__module__.split(".")[-2:-1] == ["rust_tree_core"]
+    return core is not None and ".rust_tree_core." in type(core).__module__
 
 
 def read_nodes(
